@@ -1,0 +1,168 @@
+//! JSON-RPC error codes and the one place where internal errors become them.
+//!
+//! Each boundary has its own typed error ([`crate::store::StoreError`],
+//! [`crate::task::TransitionError`], [`crate::tool::ToolError`], [`RuntimeError`]).
+//! The dispatcher turns every failure into an [`RpcError`] through the `From` impls in this
+//! file and nowhere else.
+
+use serde_json::{Value, json};
+
+use crate::store::StoreError;
+use crate::task::TransitionError;
+
+/// JSON-RPC and MCP `2026-07-28` error codes (digest §2.4).
+pub mod code {
+    pub const PARSE_ERROR: i64 = -32700;
+    pub const INVALID_REQUEST: i64 = -32600;
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    pub const INVALID_PARAMS: i64 = -32602;
+    pub const INTERNAL_ERROR: i64 = -32603;
+    pub const HEADER_MISMATCH: i64 = -32020;
+    pub const MISSING_REQUIRED_CLIENT_CAPABILITY: i64 = -32021;
+    pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
+}
+
+/// A JSON-RPC error object ready for the wire.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("JSON-RPC error {code}: {message}")]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+    pub data: Option<Value>,
+}
+
+impl RpcError {
+    pub fn new(code: i64, message: impl Into<String>) -> Self {
+        Self { code, message: message.into(), data: None }
+    }
+
+    pub fn with_data(mut self, data: Value) -> Self {
+        self.data = Some(data);
+        self
+    }
+
+    pub fn parse_error(detail: impl std::fmt::Display) -> Self {
+        Self::new(code::PARSE_ERROR, format!("Parse error: {detail}"))
+    }
+
+    pub fn invalid_request(detail: impl std::fmt::Display) -> Self {
+        Self::new(code::INVALID_REQUEST, format!("Invalid request: {detail}"))
+    }
+
+    pub fn method_not_found(method: &str) -> Self {
+        Self::new(code::METHOD_NOT_FOUND, format!("Method not found: {method}"))
+    }
+
+    pub fn invalid_params(detail: impl std::fmt::Display) -> Self {
+        Self::new(code::INVALID_PARAMS, format!("Invalid params: {detail}"))
+    }
+
+    pub fn internal(detail: impl std::fmt::Display) -> Self {
+        Self::new(code::INTERNAL_ERROR, format!("Internal error: {detail}"))
+    }
+
+    /// `-32021` with `data.requiredCapabilities` as a `ClientCapabilities` object.
+    pub fn missing_capability(required: Value, detail: impl std::fmt::Display) -> Self {
+        Self::new(
+            code::MISSING_REQUIRED_CLIENT_CAPABILITY,
+            format!("Missing required client capability: {detail}"),
+        )
+        .with_data(json!({ "requiredCapabilities": required }))
+    }
+
+    /// `-32021` naming the Tasks extension.
+    pub fn tasks_extension_required() -> Self {
+        Self::missing_capability(
+            json!({ "extensions": { crate::wire::TASKS_EXTENSION: {} } }),
+            format!("this request needs the {} extension", crate::wire::TASKS_EXTENSION),
+        )
+    }
+
+    /// `-32022` with the supported versions and the one requested.
+    pub fn unsupported_version(requested: &str) -> Self {
+        Self::new(
+            code::UNSUPPORTED_PROTOCOL_VERSION,
+            format!("Unsupported protocol version: {requested}"),
+        )
+        .with_data(json!({
+            "supported": crate::wire::SUPPORTED_VERSIONS,
+            "requested": requested,
+        }))
+    }
+
+    /// `-32020`: a transport header disagrees with the body or is missing.
+    pub fn header_mismatch(detail: impl std::fmt::Display) -> Self {
+        Self::new(code::HEADER_MISMATCH, format!("Header mismatch: {detail}"))
+    }
+
+    /// The unknown-task answer, also given for another principal's task.
+    pub fn task_not_found() -> Self {
+        Self::invalid_params("Failed to retrieve task: Task not found")
+    }
+
+    /// The answer for an expired task, given to its owner only.
+    pub fn task_expired() -> Self {
+        Self::invalid_params("Failed to retrieve task: Task has expired")
+    }
+
+    /// The error object as JSON.
+    pub fn to_json(&self) -> Value {
+        let mut obj = json!({ "code": self.code, "message": self.message });
+        if let Some(data) = &self.data {
+            obj["data"] = data.clone();
+        }
+        obj
+    }
+}
+
+impl From<StoreError> for RpcError {
+    fn from(e: StoreError) -> Self {
+        tracing::error!(error = %e, "store error while serving a request");
+        Self::internal(format!("the task store failed: {e}"))
+    }
+}
+
+impl From<TransitionError> for RpcError {
+    fn from(e: TransitionError) -> Self {
+        match e {
+            TransitionError::InvalidInputResponse(_) => Self::invalid_params(e),
+            other => Self::internal(other),
+        }
+    }
+}
+
+impl From<crate::tool::ToolError> for RpcError {
+    fn from(e: crate::tool::ToolError) -> Self {
+        use crate::tool::ToolError;
+        match e {
+            ToolError::Rpc(err) => err,
+            ToolError::InputRequiresTask => Self::tasks_extension_required(),
+            ToolError::Cancelled => Self::internal("the call was cancelled"),
+            other => Self::internal(other),
+        }
+    }
+}
+
+impl From<RuntimeError> for RpcError {
+    fn from(e: RuntimeError) -> Self {
+        match e {
+            RuntimeError::Store(s) => s.into(),
+            RuntimeError::Transition(t) => t.into(),
+            other => Self::internal(other),
+        }
+    }
+}
+
+/// Errors of the runtime's internals (actors, supervision) as seen by the dispatcher.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Transition(#[from] TransitionError),
+    #[error("the task actor is not reachable: {0}")]
+    Actor(String),
+    #[error("the runtime is shutting down")]
+    ShuttingDown,
+}

@@ -1,0 +1,1 @@
+//! Versioned postcard snapshots (being written).

@@ -1,0 +1,117 @@
+//! Task identifiers and owners.
+
+use std::fmt;
+
+/// A server-generated, unguessable, header-safe task id: `tsk_` followed by 32 lowercase hex
+/// digits (128 random bits).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TaskId(String);
+
+/// Why a string is not a task id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TaskIdError {
+    #[error("malformed task id: expected `tsk_` followed by 32 lowercase hex digits")]
+    Malformed,
+}
+
+const PREFIX: &str = "tsk_";
+const HEX_LEN: usize = 32;
+
+impl TaskId {
+    /// A new random id from the operating system's random source.
+    pub fn generate() -> Self {
+        let mut bytes = [0u8; HEX_LEN / 2];
+        // getrandom only fails when the OS has no entropy source at all; there is no safe
+        // fallback for an unguessable id, so that is a fatal environment error.
+        getrandom::fill(&mut bytes).expect("the operating system random source is unavailable");
+        Self::from_bytes(bytes)
+    }
+
+    /// An id built from given bytes (tests and seeded simulations).
+    pub fn from_bytes(bytes: [u8; HEX_LEN / 2]) -> Self {
+        let mut s = String::with_capacity(PREFIX.len() + HEX_LEN);
+        s.push_str(PREFIX);
+        for b in bytes {
+            s.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
+            s.push(char::from(b"0123456789abcdef"[usize::from(b & 0xf)]));
+        }
+        Self(s)
+    }
+
+    /// Parses an id received from a client.
+    pub fn parse(s: &str) -> Result<Self, TaskIdError> {
+        let hex = s.strip_prefix(PREFIX).ok_or(TaskIdError::Malformed)?;
+        if hex.len() == HEX_LEN && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(TaskIdError::Malformed)
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Who a task belongs to: the authenticated tenant and principal that created it. Every task
+/// method compares the caller's owner with the task's; a mismatch looks like an unknown id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Owner {
+    pub tenant: String,
+    pub principal: String,
+}
+
+impl Owner {
+    pub fn new(tenant: impl Into<String>, principal: impl Into<String>) -> Self {
+        Self { tenant: tenant.into(), principal: principal.into() }
+    }
+
+    /// The owner used when a transport has no authentication (a local stdio or loopback
+    /// server): every caller is the same anonymous principal.
+    pub fn anonymous() -> Self {
+        Self::new("default", "anonymous")
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.tenant, self.principal)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_ids_parse_and_differ() {
+        let a = TaskId::generate();
+        let b = TaskId::generate();
+        assert_ne!(a, b);
+        assert_eq!(TaskId::parse(a.as_str()), Ok(a));
+    }
+
+    #[test]
+    fn malformed_ids_are_rejected() {
+        for bad in [
+            "",
+            "tsk_",
+            "786512e2",
+            "tsk_0123456789abcdef0123456789abcde",
+            "tsk_0123456789abcdef0123456789abcdef0",
+            "tsk_0123456789ABCDEF0123456789abcdef",
+            "TSK_0123456789abcdef0123456789abcdef",
+            "tsk_0123456789abcdef0123456789abcdeg",
+            "gate-test",
+        ] {
+            assert_eq!(TaskId::parse(bad), Err(TaskIdError::Malformed), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! The task domain: identifiers, owners, the task record and its pure state machine.
+//!
+//! Nothing in this module does IO. Every change to a task is expressed as an [`Event`]
+//! applied to a [`TaskRecord`] by [`apply`], which either refuses the event, reports that it
+//! changes nothing, or returns the next record with its sequence number raised by one.
+//! The actors persist exactly the records this function returns.
+
+mod id;
+mod machine;
+
+pub use id::{Owner, TaskId, TaskIdError};
+pub use machine::{Event, TransitionError, apply};
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+
+/// The five statuses of the Tasks extension (digest §3.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TaskStatus {
+    Working,
+    InputRequired,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl TaskStatus {
+    /// `completed`, `failed` and `cancelled` are final: no event changes them.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Working => "working",
+            Self::InputRequired => "input_required",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether the state machine allows moving from `self` to `next` (digest §3.8): every
+    /// non-terminal status may become any status (staying put records a new status message
+    /// or a journaled step); a terminal status never changes.
+    pub fn may_become(self, _next: TaskStatus) -> bool {
+        !self.is_terminal()
+    }
+}
+
+/// A JSON-RPC error object as the task keeps it (`failed` tasks carry one).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskError {
+    pub code: i64,
+    pub message: String,
+    pub data: Option<Value>,
+}
+
+/// How a task ended, when it ended with an outcome of the tool.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The tool produced a `CallToolResult` (also with `isError: true`): the task is `completed`.
+    Result(Value),
+    /// The tool produced a JSON-RPC error: the task is `failed`.
+    Error(TaskError),
+}
+
+/// Everything mcp-tasks knows about one task. This is the state a task actor owns and the
+/// value every snapshot persists (through the versioned envelope in `persist`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskRecord {
+    pub id: TaskId,
+    pub owner: Owner,
+    /// The tool this task runs, and the arguments it was called with.
+    pub tool: String,
+    pub arguments: Value,
+    /// The client capabilities declared on the creating request.
+    pub client_capabilities: Value,
+    pub status: TaskStatus,
+    pub status_message: Option<String>,
+    /// Milliseconds since the Unix epoch.
+    pub created_at_ms: u64,
+    pub last_updated_at_ms: u64,
+    /// Time to live from creation; `None` is unlimited.
+    pub ttl_ms: Option<u64>,
+    pub poll_interval_ms: Option<u64>,
+    /// Grows by one with every persisted transition, starting at 1 for the created task.
+    pub seq: u64,
+    /// Input requests still waiting for an answer, by key (JSON `InputRequest` objects).
+    pub pending_inputs: BTreeMap<String, Value>,
+    /// Every key ever issued for this task: keys are never reused.
+    pub issued_keys: BTreeSet<String>,
+    /// Answers received for issued keys; they replay into the tool after a restart.
+    pub answers: BTreeMap<String, Value>,
+    /// Recorded results of journaled steps, by step name.
+    pub journal: BTreeMap<String, Value>,
+    /// Set once the task is `completed` or `failed`.
+    pub outcome: Option<Outcome>,
+    /// A client asked for cancellation; the tool sees it cooperatively.
+    pub cancel_requested: bool,
+}
+
+impl TaskRecord {
+    /// A freshly created task, `working`, at sequence number 1.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: TaskId,
+        owner: Owner,
+        tool: String,
+        arguments: Value,
+        client_capabilities: Value,
+        now_ms: u64,
+        ttl_ms: Option<u64>,
+        poll_interval_ms: Option<u64>,
+        status_message: Option<String>,
+    ) -> Self {
+        Self {
+            id,
+            owner,
+            tool,
+            arguments,
+            client_capabilities,
+            status: TaskStatus::Working,
+            status_message,
+            created_at_ms: now_ms,
+            last_updated_at_ms: now_ms,
+            ttl_ms,
+            poll_interval_ms,
+            seq: 1,
+            pending_inputs: BTreeMap::new(),
+            issued_keys: BTreeSet::new(),
+            answers: BTreeMap::new(),
+            journal: BTreeMap::new(),
+            outcome: None,
+            cancel_requested: false,
+        }
+    }
+
+    /// The instant (ms since epoch) from which the task counts as expired, if it ever does.
+    pub fn expires_at_ms(&self) -> Option<u64> {
+        self.ttl_ms.map(|ttl| self.created_at_ms.saturating_add(ttl))
+    }
+
+    /// Whether the task is past `createdAt + ttlMs` at `now_ms`.
+    pub fn is_expired(&self, now_ms: u64) -> bool {
+        self.expires_at_ms().is_some_and(|at| now_ms >= at)
+    }
+}
