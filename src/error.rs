@@ -161,8 +161,24 @@ pub enum RuntimeError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Transition(#[from] TransitionError),
+    #[error("a stored snapshot could not be read or written: {0}")]
+    Persist(#[from] crate::persist::PersistError),
     #[error("the task actor is not reachable: {0}")]
     Actor(String),
     #[error("the runtime is shutting down")]
     ShuttingDown,
+}
+
+/// The HTTP status a transport uses for a JSON-RPC error code (digest §4).
+pub fn http_status(error_code: i64) -> u16 {
+    match error_code {
+        code::METHOD_NOT_FOUND => 404,
+        code::PARSE_ERROR
+        | code::INVALID_REQUEST
+        | code::INVALID_PARAMS
+        | code::HEADER_MISMATCH
+        | code::MISSING_REQUIRED_CLIENT_CAPABILITY
+        | code::UNSUPPORTED_PROTOCOL_VERSION => 400,
+        _ => 500,
+    }
 }

@@ -3,10 +3,23 @@
 //! A tool call that takes long becomes a *task*: it is stored in redb before its handle is
 //! returned, runs inside an actor that snapshots every transition, and survives crashes and
 //! restarts of the server. See `ARCHITECTURE.md` for the map.
+//!
+//! Embedding in three lines: build a [`Runtime`] on a redb file with your [`tool::Tool`]s,
+//! hand it JSON-RPC messages with [`Runtime::handle_message`], and [`Runtime::shutdown`] it.
 
+pub mod actor;
+pub mod clock;
+pub mod demo;
 pub mod error;
 pub mod persist;
+pub mod protocol;
+pub mod runtime;
 pub mod store;
 pub mod task;
 pub mod tool;
 pub mod wire;
+
+pub use error::{RpcError, RuntimeError};
+pub use protocol::{Reply, RequestContext};
+pub use runtime::{Runtime, RuntimeBuilder, RuntimeConfig, RuntimeHandle, StartError};
+pub use task::{Owner, TaskId, TaskStatus};

@@ -1,17 +1,212 @@
-//! Tools hosted by the runtime (being written).
+//! Tools hosted by the runtime: the public API a host application implements.
+//!
+//! A tool is a descriptor (name, description, `inputSchema`, [`TaskPolicy`]) and an async
+//! function of a [`ToolContext`] and the call's arguments. When a call becomes a task the
+//! function runs inside the task's actor; after a restart it runs again from the top, and
+//! the context replays what was already committed: journaled [`ToolContext::step`]s return
+//! their recorded values, answered [`ToolContext::input`]s return their answers.
+
+pub(crate) mod context;
+pub mod registry;
+
+pub use context::{ElicitAction, ElicitResponse, InputRequest, ToolContext};
+pub use registry::ToolRegistry;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use serde_json::{Map, Value, json};
+
+use crate::error::RpcError;
+
+/// Whether a call of this tool becomes a task (the server decides per call, digest §3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskPolicy {
+    /// Always answered synchronously with a `CallToolResult`.
+    Never,
+    /// A task when the request declares the Tasks extension, a synchronous call otherwise.
+    WhenSupported,
+    /// Always a task; a client that did not declare the extension gets `-32021`.
+    Always,
+}
+
+/// What `tools/list` shows of a tool, plus how the server runs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolDescriptor {
+    pub name: String,
+    pub title: Option<String>,
+    pub description: String,
+    /// A JSON Schema object with `"type": "object"`; arguments are validated against it.
+    pub input_schema: Value,
+    pub output_schema: Option<Value>,
+    pub annotations: Option<Value>,
+    pub task_policy: TaskPolicy,
+    /// Time to live of this tool's tasks; `None` takes the runtime's default.
+    pub ttl_ms: Option<u64>,
+    /// The first `statusMessage` of a task of this tool.
+    pub initial_status_message: Option<String>,
+}
+
+impl ToolDescriptor {
+    /// A descriptor with an empty-object input schema and [`TaskPolicy::WhenSupported`].
+    pub fn new(name: impl Into<String>, description: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            title: None,
+            description: description.into(),
+            input_schema: json!({ "type": "object", "properties": {} }),
+            output_schema: None,
+            annotations: None,
+            task_policy: TaskPolicy::WhenSupported,
+            ttl_ms: None,
+            initial_status_message: None,
+        }
+    }
+
+    pub fn title(mut self, title: impl Into<String>) -> Self {
+        self.title = Some(title.into());
+        self
+    }
+
+    pub fn input_schema(mut self, schema: Value) -> Self {
+        self.input_schema = schema;
+        self
+    }
+
+    pub fn task_policy(mut self, policy: TaskPolicy) -> Self {
+        self.task_policy = policy;
+        self
+    }
+
+    pub fn ttl_ms(mut self, ttl_ms: u64) -> Self {
+        self.ttl_ms = Some(ttl_ms);
+        self
+    }
+
+    pub fn initial_status_message(mut self, message: impl Into<String>) -> Self {
+        self.initial_status_message = Some(message.into());
+        self
+    }
+
+    /// The `Tool` object of `tools/list`.
+    pub fn to_json(&self) -> Value {
+        let mut t = Map::new();
+        t.insert("name".into(), json!(self.name));
+        if let Some(title) = &self.title {
+            t.insert("title".into(), json!(title));
+        }
+        t.insert("description".into(), json!(self.description));
+        t.insert("inputSchema".into(), self.input_schema.clone());
+        if let Some(o) = &self.output_schema {
+            t.insert("outputSchema".into(), o.clone());
+        }
+        if let Some(a) = &self.annotations {
+            t.insert("annotations".into(), a.clone());
+        }
+        Value::Object(t)
+    }
+}
+
+/// What a tool returns: the `CallToolResult` of MCP. `is_error: true` is still a result (the
+/// task ends `completed`); protocol failures are [`ToolError::Rpc`] (the task ends `failed`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CallToolResult {
+    pub content: Vec<Value>,
+    pub structured_content: Option<Value>,
+    pub is_error: bool,
+}
+
+impl CallToolResult {
+    /// One text content block.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self { content: vec![json!({ "type": "text", "text": text.into() })], ..Self::default() }
+    }
+
+    /// A tool-level error reported to the model (`isError: true`).
+    pub fn error_text(text: impl Into<String>) -> Self {
+        Self { is_error: true, ..Self::text(text) }
+    }
+
+    pub fn with_structured(mut self, value: Value) -> Self {
+        self.structured_content = Some(value);
+        self
+    }
+
+    /// The JSON object, without `resultType` and `_meta` (the wire layer adds both).
+    pub fn to_json(&self) -> Value {
+        let mut r = Map::new();
+        r.insert("content".into(), Value::Array(self.content.clone()));
+        if let Some(s) = &self.structured_content {
+            r.insert("structuredContent".into(), s.clone());
+        }
+        r.insert("isError".into(), json!(self.is_error));
+        Value::Object(r)
+    }
+}
 
 /// Why a tool call did not produce a result.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ToolError {
-    /// The tool ends with a JSON-RPC error: the task becomes `failed`.
+    /// The tool ends with a JSON-RPC error: the task becomes `failed` with this `error`.
     #[error(transparent)]
-    Rpc(crate::error::RpcError),
+    Rpc(RpcError),
     /// The tool asked for input but runs without a task (the client did not declare the
-    /// Tasks extension).
+    /// Tasks extension), so there is nowhere to ask.
     #[error("this tool needs client input, which requires the Tasks extension")]
     InputRequiresTask,
-    /// The task was cancelled while the tool waited or worked.
+    /// The task was cancelled while the tool waited or worked: the task becomes `cancelled`.
     #[error("the task was cancelled")]
     Cancelled,
+    /// The runtime could not record what the tool did (the store failed, the task actor is
+    /// gone). The tool should return this error as it is.
+    #[error("the task runtime failed: {0}")]
+    Runtime(String),
+}
+
+impl ToolError {
+    /// A JSON-RPC error with the given code and message.
+    pub fn rpc(code: i64, message: impl Into<String>) -> Self {
+        Self::Rpc(RpcError::new(code, message))
+    }
+}
+
+/// The boxed future a tool returns.
+pub type ToolFuture = BoxFuture<'static, Result<CallToolResult, ToolError>>;
+
+/// A tool a host registers with the runtime.
+pub trait Tool: Send + Sync + 'static {
+    fn descriptor(&self) -> &ToolDescriptor;
+    /// Runs the tool. Arguments were validated against the input schema already.
+    fn call(&self, ctx: ToolContext, arguments: Map<String, Value>) -> ToolFuture;
+}
+
+/// A tool made of a descriptor and an async closure; see [`tool_fn`].
+pub struct FnTool<F> {
+    descriptor: ToolDescriptor,
+    f: F,
+}
+
+impl<F, Fut> Tool for FnTool<F>
+where
+    F: Fn(ToolContext, Map<String, Value>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<CallToolResult, ToolError>> + Send + 'static,
+{
+    fn descriptor(&self) -> &ToolDescriptor {
+        &self.descriptor
+    }
+
+    fn call(&self, ctx: ToolContext, arguments: Map<String, Value>) -> ToolFuture {
+        Box::pin((self.f)(ctx, arguments))
+    }
+}
+
+/// Builds a tool from a descriptor and an async closure.
+pub fn tool_fn<F, Fut>(descriptor: ToolDescriptor, f: F) -> Arc<dyn Tool>
+where
+    F: Fn(ToolContext, Map<String, Value>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<CallToolResult, ToolError>> + Send + 'static,
+{
+    Arc::new(FnTool { descriptor, f })
 }

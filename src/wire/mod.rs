@@ -1,6 +1,103 @@
-//! Wire types of JSON-RPC 2.0 and MCP `2026-07-28` (pure: no IO, no actors).
+//! Wire types of JSON-RPC 2.0 and MCP `2026-07-28` with the Tasks extension.
+//!
+//! Pure: no IO, no actors, no store. [`jsonrpc`] reads one message into an envelope,
+//! [`meta`] validates the per-request `_meta`, [`params`] reads the parameters of the methods
+//! this server handles, and [`results`] builds every result shape (flat task objects,
+//! cache hints, `resultType`, server identity).
+
+pub mod jsonrpc;
+pub mod meta;
+pub mod params;
+pub mod results;
+
+use serde_json::Value;
 
 /// The Tasks extension identifier.
 pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
 /// The protocol versions this server implements.
 pub const SUPPORTED_VERSIONS: &[&str] = &["2026-07-28"];
+/// The current protocol version.
+pub const PROTOCOL_VERSION: &str = "2026-07-28";
+
+/// `_meta` keys of the core protocol.
+pub mod keys {
+    pub const PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+    pub const CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+    pub const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+    pub const LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
+    pub const SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+    pub const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
+}
+
+/// Methods this server answers.
+pub mod methods {
+    pub const DISCOVER: &str = "server/discover";
+    pub const TOOLS_LIST: &str = "tools/list";
+    pub const TOOLS_CALL: &str = "tools/call";
+    pub const TASKS_GET: &str = "tasks/get";
+    pub const TASKS_UPDATE: &str = "tasks/update";
+    pub const TASKS_CANCEL: &str = "tasks/cancel";
+
+    /// Methods removed from `2026-07-28` (or from the Tasks extension): always `-32601`.
+    pub const REMOVED: &[&str] = &[
+        "initialize",
+        "notifications/initialized",
+        "ping",
+        "logging/setLevel",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "tasks/result",
+        "tasks/list",
+    ];
+}
+
+/// Limits that keep hostile input cheap to reject.
+pub mod limits {
+    /// Largest accepted message, in bytes.
+    pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+    /// Longest accepted method name, tool name, string request id or `_meta` string.
+    pub const MAX_NAME_LEN: usize = 256;
+    /// Longest accepted protocol version string.
+    pub const MAX_VERSION_LEN: usize = 64;
+}
+
+/// Name and version this server reports in every result's `_meta`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    pub name: String,
+    pub version: String,
+}
+
+impl ServerInfo {
+    pub fn new(name: impl Into<String>, version: impl Into<String>) -> Self {
+        Self { name: name.into(), version: version.into() }
+    }
+
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({ "name": self.name, "version": self.version })
+    }
+}
+
+impl Default for ServerInfo {
+    fn default() -> Self {
+        Self::new("mcp-tasks", env!("CARGO_PKG_VERSION"))
+    }
+}
+
+/// Formats milliseconds since the Unix epoch as an RFC 3339 / ISO 8601 UTC timestamp.
+pub fn iso8601(ms: u64) -> String {
+    let nanos = i128::from(ms) * 1_000_000;
+    time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_else(|| "1970-01-01T00:00:00Z".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn iso8601_formats_utc() {
+        assert_eq!(super::iso8601(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::iso8601(1_787_308_200_123), "2026-08-21T10:30:00.123Z");
+    }
+}

@@ -1,0 +1,127 @@
+//! The actors: one task actor per live task, and the supervisor that spawns, rehydrates and
+//! restarts them.
+//!
+//! Ordering rule for every transition (see ARCHITECTURE.md): compute the next record with
+//! the pure [`crate::task::apply`], commit it to the store and wait for the durable ack, then
+//! swap the actor's state, reply, and publish the snapshot. Nothing is observable before it
+//! is committed.
+
+mod supervisor;
+mod task;
+
+pub(crate) use supervisor::{Supervisor, SupervisorMsg};
+pub use task::TaskMsg;
+pub(crate) use task::TaskActor;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use ractor::{ActorId, ActorRef};
+use tokio::sync::watch;
+
+use crate::clock::Clock;
+use crate::error::RuntimeError;
+use crate::persist;
+use crate::runtime::RuntimeConfig;
+use crate::store::{Store, WriteOp};
+use crate::task::{TaskId, TaskRecord};
+use crate::tool::ToolRegistry;
+
+/// What every actor and the dispatcher of one runtime share. Nothing here is global: two
+/// runtimes in one process have two of these.
+pub(crate) struct Shared {
+    pub(crate) store: Store,
+    pub(crate) tools: ToolRegistry,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) config: RuntimeConfig,
+    pub(crate) live: LiveTasks,
+}
+
+impl Shared {
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// The store operation that persists `record`, with its live and expiry index entries.
+    /// A live task is due at its expiry (the reaper fails it); a finished one is due when its
+    /// retention after expiry ends (the reaper deletes it).
+    pub(crate) fn write_op(&self, record: &TaskRecord) -> Result<WriteOp, RuntimeError> {
+        let bytes = persist::encode(record)?;
+        let live = !record.status.is_terminal();
+        let retention = self.config.expired_retention.as_millis();
+        let due_ms = record.expires_at_ms().map(|at| {
+            if live { at } else { at.saturating_add(u64::try_from(retention).unwrap_or(u64::MAX)) }
+        });
+        Ok(WriteOp::Put { id: record.id.as_str().to_owned(), bytes, live, due_ms })
+    }
+
+    /// Commits `record` durably (group-committed with whatever else is queued).
+    pub(crate) async fn commit(&self, record: &TaskRecord) -> Result<(), RuntimeError> {
+        let op = self.write_op(record)?;
+        self.store.commit(vec![op]).await?;
+        Ok(())
+    }
+
+    /// The latest committed snapshot of a task: from its live actor when there is one, from
+    /// the store otherwise.
+    pub(crate) async fn load(&self, id: &TaskId) -> Result<Option<Arc<TaskRecord>>, RuntimeError> {
+        if let Some(snapshot) = self.live.snapshot(id) {
+            return Ok(Some(snapshot));
+        }
+        self.load_stored(id).await
+    }
+
+    /// The task as the store has it.
+    pub(crate) async fn load_stored(
+        &self,
+        id: &TaskId,
+    ) -> Result<Option<Arc<TaskRecord>>, RuntimeError> {
+        match self.store.get(id.as_str()).await? {
+            Some(bytes) => Ok(Some(Arc::new(persist::decode(&bytes)?))),
+            None => Ok(None),
+        }
+    }
+}
+
+/// A live task: its actor and the stream of its committed snapshots.
+#[derive(Clone)]
+pub(crate) struct LiveTask {
+    pub(crate) actor: ActorRef<TaskMsg>,
+    pub(crate) snapshots: watch::Receiver<Arc<TaskRecord>>,
+}
+
+/// The live tasks of one runtime, by id.
+#[derive(Default)]
+pub(crate) struct LiveTasks {
+    map: Mutex<HashMap<TaskId, LiveTask>>,
+}
+
+impl LiveTasks {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TaskId, LiveTask>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn insert(&self, id: TaskId, task: LiveTask) {
+        self.lock().insert(id, task);
+    }
+
+    pub(crate) fn get(&self, id: &TaskId) -> Option<LiveTask> {
+        self.lock().get(id).cloned()
+    }
+
+    pub(crate) fn snapshot(&self, id: &TaskId) -> Option<Arc<TaskRecord>> {
+        self.lock().get(id).map(|t| t.snapshots.borrow().clone())
+    }
+
+    /// Removes the entry of `id` if it still belongs to actor `actor`.
+    pub(crate) fn remove_if(&self, id: &TaskId, actor: ActorId) {
+        let mut map = self.lock();
+        if map.get(id).is_some_and(|t| t.actor.get_id() == actor) {
+            map.remove(id);
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+}

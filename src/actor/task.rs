@@ -1,0 +1,235 @@
+//! The task actor: owns one live task's record and runs its tool.
+
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures::FutureExt;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde_json::Value;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::{LiveTask, Shared};
+use crate::error::{RpcError, RuntimeError, code};
+use crate::task::{Event, Outcome, TaskError, TaskRecord, TransitionError, apply};
+use crate::tool::{CallToolResult, ToolContext, ToolError, context::TaskLink};
+
+/// Messages a task actor handles.
+pub enum TaskMsg {
+    /// `tasks/update`: answers for outstanding input keys.
+    Update(BTreeMap<String, Value>, RpcReplyPort<Result<(), RpcError>>),
+    /// `tasks/cancel`.
+    Cancel(RpcReplyPort<Result<(), RpcError>>),
+    /// The reaper found the task past its time to live.
+    Expire(RpcReplyPort<Result<(), RpcError>>),
+    /// An event recorded by the running tool (a step, an input request, a status message).
+    Tool(Event, RpcReplyPort<Result<(), RpcError>>),
+    /// The tool's future ended.
+    ToolExited(Result<CallToolResult, ToolError>),
+    /// The tool's future panicked: the actor fails and the supervisor restarts it.
+    ToolPanicked(String),
+    /// The grace period after a cancellation request ended.
+    CancelGraceElapsed,
+}
+
+/// Aborts the tool's tokio task when the actor's state is dropped, also when the actor
+/// fails (ractor does not run `post_stop` then).
+pub(crate) struct ToolHandle(JoinHandle<()>);
+
+impl Drop for ToolHandle {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+pub(crate) struct TaskActor {
+    pub(crate) shared: Arc<Shared>,
+}
+
+pub(crate) struct TaskState {
+    record: Arc<TaskRecord>,
+    publisher: watch::Sender<Arc<TaskRecord>>,
+    tool: Option<ToolHandle>,
+}
+
+impl TaskActor {
+    /// Applies `event`: pure next state, durable commit, swap, publish. Returns whether the
+    /// record changed. A terminal record stops the actor (reads then go to the store).
+    async fn transition(
+        &self,
+        myself: &ActorRef<TaskMsg>,
+        state: &mut TaskState,
+        event: Event,
+    ) -> Result<bool, RuntimeError> {
+        let Some(next) = apply(&state.record, event, self.shared.now_ms())? else {
+            return Ok(false);
+        };
+        self.shared.commit(&next).await?;
+        let next = Arc::new(next);
+        state.record = next.clone();
+        state.publisher.send_replace(next.clone());
+        if next.status.is_terminal() {
+            tracing::debug!(task = %next.id, status = next.status.as_str(), "task finished");
+            state.tool = None;
+            myself.stop(None);
+        }
+        Ok(true)
+    }
+
+    fn arm_cancel_grace(&self, myself: &ActorRef<TaskMsg>) {
+        myself.send_after(self.shared.config.cancel_grace, || TaskMsg::CancelGraceElapsed);
+    }
+
+    fn start_tool(&self, myself: &ActorRef<TaskMsg>, state: &mut TaskState) -> Result<(), String> {
+        let record = &state.record;
+        let tool = self
+            .shared
+            .tools
+            .get(&record.tool)
+            .cloned()
+            .ok_or_else(|| format!("tool `{}` is not registered in this runtime", record.tool))?;
+        let link = TaskLink { actor: myself.clone(), snapshots: state.publisher.subscribe() };
+        let ctx = ToolContext::for_task(record, link);
+        let arguments = record.arguments.as_object().cloned().unwrap_or_default();
+        let future = tool.call(ctx, arguments);
+        let me = myself.clone();
+        let handle = tokio::spawn(async move {
+            let message = match AssertUnwindSafe(future).catch_unwind().await {
+                Ok(outcome) => TaskMsg::ToolExited(outcome),
+                Err(panic) => TaskMsg::ToolPanicked(panic_message(panic.as_ref())),
+            };
+            // The actor may be gone (the task ended by cancellation, or the runtime stops).
+            let _ = me.cast(message);
+        });
+        state.tool = Some(ToolHandle(handle));
+        Ok(())
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+fn reply(port: RpcReplyPort<Result<(), RpcError>>, result: Result<bool, RuntimeError>) {
+    let _ = port.send(result.map(|_| ()).map_err(RpcError::from));
+}
+
+impl Actor for TaskActor {
+    type Msg = TaskMsg;
+    type State = TaskState;
+    type Arguments = Arc<TaskRecord>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<TaskMsg>,
+        record: Arc<TaskRecord>,
+    ) -> Result<TaskState, ActorProcessingErr> {
+        let (publisher, snapshots) = watch::channel(record.clone());
+        self.shared
+            .live
+            .insert(record.id.clone(), LiveTask { actor: myself.clone(), snapshots });
+        Ok(TaskState { record, publisher, tool: None })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<TaskMsg>,
+        state: &mut TaskState,
+    ) -> Result<(), ActorProcessingErr> {
+        if state.record.status.is_terminal() {
+            myself.stop(None);
+            return Ok(());
+        }
+        if let Err(detail) = self.start_tool(&myself, state) {
+            let error = TaskError { code: code::INTERNAL_ERROR, message: detail, data: None };
+            self.transition(&myself, state, Event::Finish(Outcome::Error(error))).await?;
+            return Ok(());
+        }
+        if state.record.cancel_requested {
+            self.arm_cancel_grace(&myself);
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        myself: ActorRef<TaskMsg>,
+        state: &mut TaskState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.tool = None;
+        self.shared.live.remove_if(&state.record.id, myself.get_id());
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<TaskMsg>,
+        message: TaskMsg,
+        state: &mut TaskState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            TaskMsg::Update(responses, port) => {
+                let r = self.transition(&myself, state, Event::ProvideInputs { responses }).await;
+                reply(port, r);
+            }
+            TaskMsg::Cancel(port) => {
+                let r = self.transition(&myself, state, Event::RequestCancel).await;
+                if matches!(r, Ok(true)) && !state.record.status.is_terminal() {
+                    self.arm_cancel_grace(&myself);
+                }
+                reply(port, r);
+            }
+            TaskMsg::Expire(port) => {
+                let r = self.transition(&myself, state, Event::Expire).await;
+                reply(port, r);
+            }
+            TaskMsg::Tool(event, port) => {
+                let r = self.transition(&myself, state, event).await;
+                reply(port, r);
+            }
+            TaskMsg::ToolExited(outcome) => {
+                state.tool = None;
+                let event = match outcome {
+                    Ok(result) => Event::Finish(Outcome::Result(result.to_json())),
+                    Err(ToolError::Rpc(e)) => Event::Finish(Outcome::Error(TaskError {
+                        code: e.code,
+                        message: e.message,
+                        data: e.data,
+                    })),
+                    Err(ToolError::Cancelled) => Event::Cancelled { status_message: None },
+                    Err(ToolError::InputRequiresTask) => {
+                        Event::Finish(Outcome::Error(TaskError {
+                            code: code::INTERNAL_ERROR,
+                            message: "the tool asked for input outside a task".into(),
+                            data: None,
+                        }))
+                    }
+                    // The runtime could not record the tool's progress (store failure): fail
+                    // the actor; the supervisor restarts it from the last durable snapshot.
+                    Err(ToolError::Runtime(detail)) => return Err(detail.into()),
+                };
+                match self.transition(&myself, state, event).await {
+                    Ok(_) | Err(RuntimeError::Transition(TransitionError::Terminal(_))) => {}
+                    Err(e) => return Err(Box::new(e)),
+                }
+            }
+            TaskMsg::ToolPanicked(detail) => {
+                return Err(format!("tool `{}` panicked: {detail}", state.record.tool).into());
+            }
+            TaskMsg::CancelGraceElapsed => {
+                if !state.record.status.is_terminal() {
+                    state.tool = None;
+                    let message = "Cancelled: the tool did not stop within the grace period.";
+                    let event = Event::Cancelled { status_message: Some(message.into()) };
+                    self.transition(&myself, state, event).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,106 @@
+//! `tasks/get`, `tasks/update`, `tasks/cancel`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ractor::rpc::CallResult;
+use serde_json::{Map, Value};
+
+use super::{Dispatcher, RequestContext};
+use crate::actor::{SupervisorMsg, TaskMsg};
+use crate::error::RpcError;
+use crate::task::{TaskId, TaskRecord};
+use crate::wire::params::{TaskIdParams, UpdateTaskParams};
+use crate::wire::results;
+
+/// A client's request to a live task's actor.
+enum Command {
+    Update(BTreeMap<String, Value>),
+    Cancel,
+}
+
+impl Dispatcher {
+    /// Resolves a task id for `ctx`'s owner: malformed, unknown, foreign and expired ids are
+    /// all `-32602`; a foreign task reads exactly like an unknown one.
+    async fn resolve(&self, raw_id: &str, ctx: &RequestContext) -> Result<Arc<TaskRecord>, RpcError> {
+        let id = TaskId::parse(raw_id).map_err(RpcError::invalid_params)?;
+        let record = self.shared.load(&id).await?.ok_or_else(RpcError::task_not_found)?;
+        if record.owner != ctx.owner {
+            return Err(RpcError::task_not_found());
+        }
+        if record.is_expired(self.shared.now_ms()) {
+            return Err(RpcError::task_expired());
+        }
+        Ok(record)
+    }
+
+    pub(super) async fn get_task(
+        &self,
+        params: Option<&Map<String, Value>>,
+        ctx: &RequestContext,
+    ) -> Result<Value, RpcError> {
+        let p = TaskIdParams::parse(params)?;
+        let record = self.resolve(&p.task_id, ctx).await?;
+        Ok(results::get_task(&record, &self.shared.config.server_info))
+    }
+
+    pub(super) async fn update_task(
+        &self,
+        params: Option<&Map<String, Value>>,
+        ctx: &RequestContext,
+    ) -> Result<Value, RpcError> {
+        let p = UpdateTaskParams::parse(params)?;
+        let record = self.resolve(&p.task_id, ctx).await?;
+        let responses = p.input_responses.into_iter().collect();
+        self.command(&record, Command::Update(responses)).await?;
+        Ok(results::ack(&self.shared.config.server_info))
+    }
+
+    pub(super) async fn cancel_task(
+        &self,
+        params: Option<&Map<String, Value>>,
+        ctx: &RequestContext,
+    ) -> Result<Value, RpcError> {
+        let p = TaskIdParams::parse(params)?;
+        let record = self.resolve(&p.task_id, ctx).await?;
+        self.command(&record, Command::Cancel).await?;
+        Ok(results::ack(&self.shared.config.server_info))
+    }
+
+    /// Delivers a command to the task's actor and waits until it is committed. A finished
+    /// task acknowledges without change (late answers and cancels are ignored).
+    async fn command(&self, record: &TaskRecord, command: Command) -> Result<(), RpcError> {
+        if record.status.is_terminal() {
+            return Ok(());
+        }
+        for attempt in 0..2 {
+            let live = match self.shared.live.get(&record.id) {
+                Some(live) => live,
+                None if attempt == 0 => {
+                    // A stored live task without an actor (restarting, or its spawn failed).
+                    let id = record.id.clone();
+                    let _ = self.supervisor.call(|port| SupervisorMsg::Ensure(id, port), None).await;
+                    continue;
+                }
+                None => break,
+            };
+            let outcome = match &command {
+                Command::Update(responses) => {
+                    let responses = responses.clone();
+                    live.actor.call(|port| TaskMsg::Update(responses, port), None).await
+                }
+                Command::Cancel => live.actor.call(TaskMsg::Cancel, None).await,
+            };
+            match outcome {
+                Ok(CallResult::Success(result)) => return result,
+                // The actor stopped between lookup and call: look again.
+                _ => continue,
+            }
+        }
+        // No actor answered: the task may have just finished, which acknowledges.
+        match self.shared.load_stored(&record.id).await? {
+            Some(stored) if stored.status.is_terminal() => Ok(()),
+            _ => Err(RpcError::internal("the task is restarting; retry shortly")),
+        }
+    }
+}

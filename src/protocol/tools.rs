@@ -1,0 +1,80 @@
+//! `tools/call`: synchronous calls and task creation.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures::FutureExt;
+use serde_json::{Map, Value};
+
+use super::{Dispatcher, RequestContext};
+use crate::actor::SupervisorMsg;
+use crate::error::RpcError;
+use crate::task::{TaskId, TaskRecord};
+use crate::tool::{TaskPolicy, ToolContext};
+use crate::wire::meta::RequestMeta;
+use crate::wire::params::CallToolParams;
+use crate::wire::results;
+
+impl Dispatcher {
+    pub(super) async fn call_tool(
+        &self,
+        params: Option<&Map<String, Value>>,
+        meta: &RequestMeta,
+        ctx: &RequestContext,
+    ) -> Result<Value, RpcError> {
+        let call = CallToolParams::parse(params)?;
+        let tool = self
+            .shared
+            .tools
+            .get(&call.name)
+            .cloned()
+            .ok_or_else(|| RpcError::invalid_params(format!("Unknown tool: {}", call.name)))?;
+        let descriptor = tool.descriptor();
+        let as_task = match descriptor.task_policy {
+            TaskPolicy::Never => false,
+            TaskPolicy::WhenSupported => meta.declares_tasks(),
+            TaskPolicy::Always if meta.declares_tasks() => true,
+            TaskPolicy::Always => return Err(RpcError::tasks_extension_required()),
+        };
+        self.shared.tools.validate(&call.name, &call.arguments)?;
+        let capabilities = Value::Object(meta.client_capabilities.clone());
+        let server = &self.shared.config.server_info;
+
+        if !as_task {
+            let tool_ctx = ToolContext::inline(ctx.owner.clone(), capabilities);
+            let outcome = AssertUnwindSafe(tool.call(tool_ctx, call.arguments)).catch_unwind().await;
+            return match outcome {
+                Ok(Ok(result)) => Ok(results::call_tool_result(server, result.to_json())),
+                Ok(Err(e)) => Err(e.into()),
+                Err(_) => Err(RpcError::internal(format!("tool `{}` panicked", call.name))),
+            };
+        }
+
+        let config = &self.shared.config;
+        let ttl_ms = descriptor
+            .ttl_ms
+            .or_else(|| config.default_ttl.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
+        let poll_ms = u64::try_from(config.poll_interval.as_millis()).unwrap_or(u64::MAX).max(1);
+        let record = TaskRecord::new(
+            TaskId::generate(),
+            ctx.owner.clone(),
+            call.name.clone(),
+            Value::Object(call.arguments),
+            capabilities,
+            self.shared.now_ms(),
+            ttl_ms,
+            Some(poll_ms),
+            descriptor.initial_status_message.clone(),
+        );
+        // Durable before return: the handle leaves only after the commit holding the task.
+        self.shared.commit(&record).await?;
+        let record = Arc::new(record);
+        let spawned = self.supervisor.call(|port| SupervisorMsg::Spawn(record.clone(), port), None).await;
+        if !matches!(spawned, Ok(ractor::rpc::CallResult::Success(Ok(())))) {
+            // The task is stored; it runs once an actor is ensured (next touch or next start).
+            tracing::error!(task = %record.id, "task stored but its actor did not start");
+        }
+        tracing::debug!(task = %record.id, tool = %record.tool, owner = %record.owner, "task created");
+        Ok(results::create_task(&record, server))
+    }
+}

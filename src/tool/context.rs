@@ -1,0 +1,248 @@
+//! The context a tool runs in: journaled steps, durable input requests, status messages and
+//! cooperative cancellation.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use ractor::ActorRef;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value, json};
+use tokio::sync::watch;
+
+use super::ToolError;
+use crate::actor::TaskMsg;
+use crate::task::{Event, Owner, TaskId, TaskRecord, TaskStatus};
+
+/// One request for client input (`InputRequest` of MRTR): an `elicitation/create`,
+/// `sampling/createMessage` or `roots/list` request without `jsonrpc` and `id`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InputRequest(Value);
+
+impl InputRequest {
+    /// A form-mode elicitation: `message` and a flat `requestedSchema` object.
+    pub fn elicit_form(message: impl Into<String>, requested_schema: Value) -> Self {
+        Self(json!({
+            "method": "elicitation/create",
+            "params": { "mode": "form", "message": message.into(), "requestedSchema": requested_schema }
+        }))
+    }
+
+    /// Any input request object, as given.
+    pub fn raw(request: Value) -> Self {
+        Self(request)
+    }
+
+    pub fn into_json(self) -> Value {
+        self.0
+    }
+}
+
+/// What the user did with an elicitation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ElicitAction {
+    Accept,
+    Decline,
+    Cancel,
+}
+
+/// An `ElicitResult` read from a client's input response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ElicitResponse {
+    pub action: ElicitAction,
+    pub content: Map<String, Value>,
+}
+
+impl ElicitResponse {
+    /// Reads an `ElicitResult`. An unreadable response counts as `cancel`, the safe outcome.
+    pub fn from_json(v: &Value) -> Self {
+        let action = match v.get("action").and_then(Value::as_str) {
+            Some("accept") => ElicitAction::Accept,
+            Some("decline") => ElicitAction::Decline,
+            _ => ElicitAction::Cancel,
+        };
+        let content = v.get("content").and_then(Value::as_object).cloned().unwrap_or_default();
+        Self { action, content }
+    }
+}
+
+/// The link between a running tool and its task actor.
+pub(crate) struct TaskLink {
+    pub(crate) actor: ActorRef<TaskMsg>,
+    pub(crate) snapshots: watch::Receiver<Arc<TaskRecord>>,
+}
+
+enum Mode {
+    Task(TaskLink),
+    Inline,
+}
+
+struct Inner {
+    owner: Owner,
+    client_capabilities: Value,
+    task_id: Option<TaskId>,
+    mode: Mode,
+}
+
+/// Handed to every tool call. Cheap to clone.
+#[derive(Clone)]
+pub struct ToolContext {
+    inner: Arc<Inner>,
+}
+
+impl ToolContext {
+    pub(crate) fn for_task(record: &TaskRecord, link: TaskLink) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                owner: record.owner.clone(),
+                client_capabilities: record.client_capabilities.clone(),
+                task_id: Some(record.id.clone()),
+                mode: Mode::Task(link),
+            }),
+        }
+    }
+
+    /// A context for a synchronous call: steps run directly, nothing is journaled, and input
+    /// requests fail with [`ToolError::InputRequiresTask`].
+    pub fn inline(owner: Owner, client_capabilities: Value) -> Self {
+        Self {
+            inner: Arc::new(Inner { owner, client_capabilities, task_id: None, mode: Mode::Inline }),
+        }
+    }
+
+    /// The task this call runs in, if it is one.
+    pub fn task_id(&self) -> Option<&TaskId> {
+        self.inner.task_id.as_ref()
+    }
+
+    /// Who called the tool.
+    pub fn owner(&self) -> &Owner {
+        &self.inner.owner
+    }
+
+    /// The client capabilities declared on the request that started the call.
+    pub fn client_capabilities(&self) -> &Value {
+        &self.inner.client_capabilities
+    }
+
+    fn snapshot(&self) -> Option<Arc<TaskRecord>> {
+        match &self.inner.mode {
+            Mode::Task(link) => Some(link.snapshots.borrow().clone()),
+            Mode::Inline => None,
+        }
+    }
+
+    async fn record(&self, event: Event) -> Result<(), ToolError> {
+        let Mode::Task(link) = &self.inner.mode else { return Ok(()) };
+        match link.actor.call(|reply| TaskMsg::Tool(event, reply), None).await {
+            Ok(ractor::rpc::CallResult::Success(Ok(()))) => Ok(()),
+            Ok(ractor::rpc::CallResult::Success(Err(e))) => Err(ToolError::Runtime(e.message)),
+            Ok(_) => Err(ToolError::Runtime("the task actor did not answer".into())),
+            Err(e) => Err(ToolError::Runtime(format!("the task actor is gone: {e}"))),
+        }
+    }
+
+    /// Runs `f` once per task. Its result is committed under `name` before this returns;
+    /// when the tool runs again after a restart, the recorded value is returned and `f` is not
+    /// called. Step names are keys: use each name once per task. A step that fails is not
+    /// recorded and runs again next time.
+    pub async fn step<T, F, Fut>(&self, name: &str, f: F) -> Result<T, ToolError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, ToolError>>,
+    {
+        if let Some(snap) = self.snapshot() {
+            if let Some(recorded) = snap.journal.get(name) {
+                return serde_json::from_value(recorded.clone()).map_err(|e| {
+                    ToolError::Runtime(format!("the recorded value of step `{name}` no longer decodes: {e}"))
+                });
+            }
+            if snap.cancel_requested || snap.status.is_terminal() {
+                return Err(ToolError::Cancelled);
+            }
+        }
+        let value = f().await?;
+        if self.snapshot().is_some() {
+            let json = serde_json::to_value(&value).map_err(|e| {
+                ToolError::Runtime(format!("the value of step `{name}` does not serialize: {e}"))
+            })?;
+            self.record(Event::StepCompleted { name: name.to_owned(), value: json }).await?;
+        }
+        Ok(value)
+    }
+
+    /// Asks the client for input under `key` and waits for the answer (the task is
+    /// `input_required` meanwhile). Keys are unique over the task's lifetime; after a restart
+    /// an answered key returns its recorded answer at once.
+    pub async fn input(&self, key: &str, request: InputRequest) -> Result<Value, ToolError> {
+        let mut answers = self.inputs(BTreeMap::from([(key.to_owned(), request)])).await?;
+        answers.remove(key).ok_or_else(|| ToolError::Runtime(format!("no answer for `{key}`")))
+    }
+
+    /// Asks for several inputs at once; returns when every key is answered. A partial answer
+    /// keeps the task `input_required`.
+    pub async fn inputs(
+        &self,
+        requests: BTreeMap<String, InputRequest>,
+    ) -> Result<BTreeMap<String, Value>, ToolError> {
+        let Mode::Task(link) = &self.inner.mode else {
+            return Err(ToolError::InputRequiresTask);
+        };
+        let keys: Vec<String> = requests.keys().cloned().collect();
+        let snap = link.snapshots.borrow().clone();
+        let fresh: BTreeMap<String, Value> = requests
+            .into_iter()
+            .filter(|(k, _)| !snap.issued_keys.contains(k))
+            .map(|(k, r)| (k, r.into_json()))
+            .collect();
+        if let Some(k) = keys
+            .iter()
+            .find(|k| snap.issued_keys.contains(*k) && !snap.answers.contains_key(*k) && !snap.pending_inputs.contains_key(*k))
+        {
+            return Err(ToolError::Runtime(format!("input key `{k}` was superseded and cannot be asked again")));
+        }
+        if !fresh.is_empty() {
+            self.record(Event::RequestInputs { requests: fresh, status_message: None }).await?;
+        }
+        let mut rx = link.snapshots.clone();
+        let done = rx
+            .wait_for(|r| {
+                keys.iter().all(|k| r.answers.contains_key(k))
+                    || r.status.is_terminal()
+                    || r.cancel_requested
+            })
+            .await
+            .map_err(|_| ToolError::Runtime("the task actor stopped".into()))?
+            .clone();
+        if keys.iter().all(|k| done.answers.contains_key(k)) {
+            Ok(keys.into_iter().filter_map(|k| done.answers.get(&k).map(|v| (k, v.clone()))).collect())
+        } else {
+            Err(ToolError::Cancelled)
+        }
+    }
+
+    /// Sets the task's `statusMessage` (committed before this returns).
+    pub async fn set_status(&self, message: impl Into<String>) -> Result<(), ToolError> {
+        self.record(Event::StatusMessage(Some(message.into()))).await
+    }
+
+    /// Whether a client asked to cancel the task.
+    pub fn is_cancelled(&self) -> bool {
+        self.snapshot().is_some_and(|s| s.cancel_requested || s.status == TaskStatus::Cancelled)
+    }
+
+    /// Resolves when a client asks to cancel the task (never, for a synchronous call).
+    pub async fn cancelled(&self) {
+        match &self.inner.mode {
+            Mode::Task(link) => {
+                let mut rx = link.snapshots.clone();
+                if rx.wait_for(|r| r.cancel_requested || r.status.is_terminal()).await.is_err() {
+                    futures::future::pending::<()>().await;
+                }
+            }
+            Mode::Inline => futures::future::pending::<()>().await,
+        }
+    }
+}

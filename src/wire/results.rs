@@ -1,0 +1,149 @@
+//! Result shapes. Every result carries `resultType` and
+//! `_meta["io.modelcontextprotocol/serverInfo"]`; task objects are flat (digest §3.2–3.6).
+
+use serde_json::{Map, Value, json};
+
+use super::{ServerInfo, TASKS_EXTENSION, iso8601, keys};
+use crate::task::{Outcome, TaskRecord, TaskStatus};
+
+/// Cache hints of `server/discover` and list results (SEP-2549).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheHints {
+    pub ttl_ms: u64,
+    pub public: bool,
+}
+
+impl Default for CacheHints {
+    fn default() -> Self {
+        Self { ttl_ms: 300_000, public: true }
+    }
+}
+
+fn with_server_info(mut result: Map<String, Value>, server: &ServerInfo) -> Value {
+    let meta = result.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
+    if let Value::Object(meta) = meta {
+        meta.insert(keys::SERVER_INFO.to_owned(), server.to_json());
+    }
+    Value::Object(result)
+}
+
+fn obj(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
+/// The empty `{"resultType":"complete"}` acknowledgement of `tasks/update` and `tasks/cancel`.
+pub fn ack(server: &ServerInfo) -> Value {
+    with_server_info(obj(json!({ "resultType": "complete" })), server)
+}
+
+/// `DiscoverResult`.
+pub fn discover(
+    server: &ServerInfo,
+    capabilities: Map<String, Value>,
+    instructions: Option<&str>,
+    hints: CacheHints,
+) -> Value {
+    let mut r = obj(json!({
+        "resultType": "complete",
+        "supportedVersions": super::SUPPORTED_VERSIONS,
+        "capabilities": capabilities,
+    }));
+    if let Some(i) = instructions {
+        r.insert("instructions".into(), Value::String(i.to_owned()));
+    }
+    insert_hints(&mut r, hints);
+    with_server_info(r, server)
+}
+
+/// The server capabilities this runtime advertises: tools, and the Tasks extension.
+pub fn capabilities() -> Map<String, Value> {
+    obj(json!({ "tools": {}, "extensions": { TASKS_EXTENSION: {} } }))
+}
+
+/// `ListToolsResult` (one page: every tool, in the given order).
+pub fn tools_list(server: &ServerInfo, tools: Vec<Value>, hints: CacheHints) -> Value {
+    let mut r = obj(json!({ "resultType": "complete", "tools": tools }));
+    insert_hints(&mut r, hints);
+    with_server_info(r, server)
+}
+
+fn insert_hints(r: &mut Map<String, Value>, hints: CacheHints) {
+    r.insert("ttlMs".into(), json!(hints.ttl_ms));
+    r.insert("cacheScope".into(), json!(if hints.public { "public" } else { "private" }));
+}
+
+/// A `CallToolResult` as it leaves the server: the tool's object with
+/// `resultType: "complete"` and the server's identity in `_meta` added. A value that is not an
+/// object becomes a text result (tools built through [`crate::tool`] always return objects).
+pub fn call_tool_result(server: &ServerInfo, result: Value) -> Value {
+    let mut r = match result {
+        Value::Object(m) => m,
+        other => obj(json!({ "content": [{ "type": "text", "text": other.to_string() }] })),
+    };
+    r.insert("resultType".into(), json!("complete"));
+    r.entry("content").or_insert_with(|| json!([]));
+    with_server_info(r, server)
+}
+
+/// The flat `Task` fields shared by every task object.
+fn task_fields(record: &TaskRecord) -> Map<String, Value> {
+    let mut t = Map::new();
+    t.insert("taskId".into(), json!(record.id.as_str()));
+    t.insert("status".into(), json!(record.status.as_str()));
+    if let Some(m) = &record.status_message {
+        t.insert("statusMessage".into(), json!(m));
+    }
+    t.insert("createdAt".into(), json!(iso8601(record.created_at_ms)));
+    t.insert("lastUpdatedAt".into(), json!(iso8601(record.last_updated_at_ms)));
+    t.insert("ttlMs".into(), record.ttl_ms.map_or(Value::Null, |v| json!(v)));
+    if let Some(p) = record.poll_interval_ms {
+        t.insert("pollIntervalMs".into(), json!(p));
+    }
+    t
+}
+
+/// `DetailedTask`: the task fields plus what its status carries (`inputRequests`, `result`
+/// or `error`). This is the body of `tasks/get` and of every `notifications/tasks`.
+pub fn detailed_task(record: &TaskRecord, server: &ServerInfo) -> Map<String, Value> {
+    let mut t = task_fields(record);
+    match record.status {
+        TaskStatus::InputRequired => {
+            let requests: Map<String, Value> =
+                record.pending_inputs.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            t.insert("inputRequests".into(), Value::Object(requests));
+        }
+        TaskStatus::Completed => {
+            if let Some(Outcome::Result(r)) = &record.outcome {
+                t.insert("result".into(), call_tool_result(server, r.clone()));
+            }
+        }
+        TaskStatus::Failed => {
+            if let Some(Outcome::Error(e)) = &record.outcome {
+                let mut err = obj(json!({ "code": e.code, "message": e.message }));
+                if let Some(d) = &e.data {
+                    err.insert("data".into(), d.clone());
+                }
+                t.insert("error".into(), Value::Object(err));
+            }
+        }
+        TaskStatus::Working | TaskStatus::Cancelled => {}
+    }
+    t
+}
+
+/// `CreateTaskResult`: `resultType: "task"` and the flat task fields, nothing else.
+pub fn create_task(record: &TaskRecord, server: &ServerInfo) -> Value {
+    let mut r = obj(json!({ "resultType": "task" }));
+    r.extend(task_fields(record));
+    with_server_info(r, server)
+}
+
+/// `GetTaskResult`: `resultType: "complete"` and the detailed task.
+pub fn get_task(record: &TaskRecord, server: &ServerInfo) -> Value {
+    let mut r = obj(json!({ "resultType": "complete" }));
+    r.extend(detailed_task(record, server));
+    with_server_info(r, server)
+}
