@@ -141,21 +141,37 @@ impl RuntimeBuilder {
         let reaper = tokio::spawn(reap(shared.clone(), stop_rx));
         Ok(Runtime {
             dispatcher: Arc::new(Dispatcher { shared, supervisor: supervisor.clone() }),
-            supervisor,
-            supervisor_task,
-            reaper,
-            stop: stop_tx,
+            parts: Some(Parts { supervisor, supervisor_task, reaper, stop: stop_tx }),
         })
     }
 }
 
 /// A running mcp-tasks runtime. Several can live in one process (on different files).
+///
+/// Dropping it without [`Runtime::shutdown`] stops its actors and reaper in the background
+/// (like a crash of the server: nothing acknowledged is lost); the store file is released once
+/// they are gone.
 pub struct Runtime {
     dispatcher: Arc<Dispatcher>,
+    parts: Option<Parts>,
+}
+
+struct Parts {
     supervisor: ActorRef<SupervisorMsg>,
     supervisor_task: JoinHandle<()>,
     reaper: JoinHandle<()>,
     stop: watch::Sender<bool>,
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if let Some(parts) = self.parts.take() {
+            let _ = parts.stop.send(true);
+            parts.reaper.abort();
+            parts.supervisor.stop_children(Some("runtime dropped".into()));
+            parts.supervisor.stop(Some("runtime dropped".into()));
+        }
+    }
 }
 
 impl Runtime {
@@ -203,14 +219,16 @@ impl Runtime {
     /// Stops the reaper and every task actor (running tools are dropped where they are; they
     /// resume from their journal at the next start), then closes the store. Everything that
     /// was acknowledged is durable already. Once this returns the file can be opened again.
-    pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        let _ = self.reaper.await;
-        self.supervisor
+    pub async fn shutdown(mut self) {
+        let Some(parts) = self.parts.take() else { return };
+        let _ = parts.stop.send(true);
+        let _ = parts.reaper.await;
+        parts
+            .supervisor
             .stop_children_and_wait(Some("runtime shutdown".into()), Some(Duration::from_secs(10)))
             .await;
-        self.supervisor.stop(Some("runtime shutdown".into()));
-        let _ = self.supervisor_task.await;
+        parts.supervisor.stop(Some("runtime shutdown".into()));
+        let _ = parts.supervisor_task.await;
         self.dispatcher.shared.store.close().await;
         tracing::info!("runtime stopped");
     }

@@ -1,9 +1,826 @@
-//! The redb store (being written).
+//! The redb store: one file, one writer OS thread, group commit.
+//!
+//! The store knows nothing about tasks. It keeps opaque snapshot bytes keyed by task id and
+//! three index tables that the runtime maintains through [`WriteOp::Put`]:
+//!
+//! | table       | key              | value    | purpose                                        |
+//! |-------------|------------------|----------|------------------------------------------------|
+//! | `tasks`     | id               | bytes    | the latest snapshot of every stored task       |
+//! | `live`      | id               | `()`     | non-terminal tasks, read at start to rehydrate |
+//! | `due`       | `(due_ms, id)`   | `()`     | when the reaper must next look at a task       |
+//! | `due_by_id` | id               | `due_ms` | reverse of `due`, so a re-put replaces it      |
+//! | `meta`      | key              | bytes    | schema version, boot epoch, ...                |
+//!
+//! Writes go through [`Store::commit`]: the ops are queued to a dedicated writer thread that
+//! drains everything queued, applies all of it in one write transaction with one commit (one
+//! fsync), and only then acknowledges every waiter. Reads run in `spawn_blocking` so they never
+//! block tokio workers.
+
+use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use redb::{
+    Database, DatabaseError, ReadableDatabase, ReadableTable, ReadableTableMetadata, StorageError,
+    TableDefinition, WriteTransaction,
+};
+use tokio::sync::oneshot;
+
+#[cfg(test)]
+mod tests;
+
+/// id → snapshot bytes.
+const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
+/// ids of non-terminal tasks.
+const LIVE: TableDefinition<&str, ()> = TableDefinition::new("live");
+/// (due_ms, id) for the expiry reaper.
+const DUE: TableDefinition<(u64, &str), ()> = TableDefinition::new("due");
+/// id → due_ms, the reverse of [`DUE`].
+const DUE_BY_ID: TableDefinition<&str, u64> = TableDefinition::new("due_by_id");
+/// Free-form metadata.
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+
+/// The meta key of the boot epoch (u64, little endian), incremented by every [`Store::open`].
+pub const META_BOOT_EPOCH: &str = "boot_epoch";
 
 /// Errors of the store boundary.
+///
+/// `Clone` because one failed group commit is reported to every waiter of that batch.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    #[error("the store is closed")]
+    /// The store was closed with [`Store::close`].
+    #[error("the task store is closed")]
     Closed,
+    /// The file is already open, in this process or in another one.
+    #[error(
+        "the task store {} is already open (by this process or another one); only one may open it at a time",
+        path.display()
+    )]
+    AlreadyOpen { path: PathBuf },
+    /// The file could not be opened or initialised (permissions, missing directory, I/O, ...).
+    #[error("cannot open the task store {}: {detail}", path.display())]
+    Open { path: PathBuf, detail: String },
+    /// The file is not a redb database or is damaged. It is left untouched.
+    #[error(
+        "the task store {} is corrupt or not a redb database ({detail}); the file was left untouched",
+        path.display()
+    )]
+    Corrupt { path: PathBuf, detail: String },
+    /// A write transaction failed; none of the ops of that batch (or job) are stored.
+    #[error("committing to the task store failed: {0}")]
+    Commit(String),
+    /// A read transaction failed.
+    #[error("reading the task store failed: {0}")]
+    Read(String),
+}
+
+/// How hard a commit waits for the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Every group commit is fsynced before it is acknowledged (the default).
+    #[default]
+    Immediate,
+    /// Commits are not fsynced (redb `Durability::None`); a crash may lose them. Tests and
+    /// benchmarks only. [`Store::close`] still makes them durable.
+    None,
+}
+
+/// Options of [`Store::open`].
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// See [`Durability`]; default [`Durability::Immediate`].
+    pub durability: Durability,
+    /// Upper bound of ops per write transaction; a single larger job still commits alone.
+    /// Default 4096.
+    pub max_batch_ops: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            durability: Durability::Immediate,
+            max_batch_ops: 4096,
+        }
+    }
+}
+
+/// One write of a [`Store::commit`] batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteOp {
+    /// Insert or replace the snapshot of task `id`. `live` = the task is non-terminal (kept in
+    /// the live index for rehydration, removed from it when false). `due_ms` = when the expiry
+    /// reaper must next look at this task (None = never); replaces any earlier due entry of
+    /// this id.
+    Put {
+        id: String,
+        bytes: Vec<u8>,
+        live: bool,
+        due_ms: Option<u64>,
+    },
+    /// Remove the task and all its index entries.
+    Delete { id: String },
+    /// Set a key in the meta table.
+    PutMeta { key: String, value: Vec<u8> },
+}
+
+/// Counters since open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreStats {
+    /// Successful write transactions of the writer thread (the boot-epoch commit of
+    /// [`Store::open`] is not counted).
+    pub commits: u64,
+    /// Ops in those transactions.
+    pub ops: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    commits: AtomicU64,
+    ops: AtomicU64,
+}
+
+/// One [`Store::commit`] call waiting on the writer.
+struct Job {
+    ops: Vec<WriteOp>,
+    ack: oneshot::Sender<Result<(), StoreError>>,
+}
+
+/// The durable store. Cheap to clone; all clones share one database and one writer thread.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    boot_epoch: u64,
+    /// The database for reads; `None` once closed. Readers clone the `Arc` and run in
+    /// `spawn_blocking`; [`Store::close`] waits until it holds the last reference.
+    db: RwLock<Option<Arc<Database>>>,
+    /// The writer's queue; `None` once closed. Dropping it (also when the last clone of the
+    /// store is dropped) lets the writer finish what is queued and exit.
+    tx: RwLock<Option<mpsc::Sender<Job>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    /// Serialises [`Store::close`] calls, so that each returns only once the file is released.
+    close_lock: tokio::sync::Mutex<()>,
+    counters: Arc<Counters>,
+    #[cfg(test)]
+    test_hooks: Arc<tests_support::Hooks>,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.inner.path)
+            .field("boot_epoch", &self.inner.boot_epoch)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens (or creates) the store file. Blocking: call it from `spawn_blocking` or before the
+    /// runtime starts (or use [`Store::open_async`]).
+    ///
+    /// - A missing file is created, and its parent directory is fsynced once (redb does not).
+    /// - An existing file must be a redb database; a corrupt, truncated or foreign file gives
+    ///   [`StoreError::Corrupt`] (or [`StoreError::Open`]) naming the file, and is never
+    ///   recreated or overwritten. An *empty* (0 byte) file is initialised as a new database.
+    /// - A file already open (also in this process) gives [`StoreError::AlreadyOpen`].
+    ///
+    /// Creates the tables, increments the boot epoch in meta and commits it durably, then starts
+    /// the writer thread.
+    pub fn open(path: &Path, options: StoreOptions) -> Result<Store, StoreError> {
+        Self::open_inner(path, options)
+    }
+
+    /// [`Store::open`] on the blocking pool.
+    pub async fn open_async(path: PathBuf, options: StoreOptions) -> Result<Store, StoreError> {
+        let p = path.clone();
+        match tokio::task::spawn_blocking(move || Store::open(&p, options)).await {
+            Ok(result) => result,
+            Err(e) => Err(StoreError::Open {
+                path,
+                detail: format!("the open task failed: {e}"),
+            }),
+        }
+    }
+
+    fn open_inner(path: &Path, options: StoreOptions) -> Result<Store, StoreError> {
+        let path = path.to_path_buf();
+        let open_err = |detail: String| StoreError::Open {
+            path: path.clone(),
+            detail,
+        };
+
+        let existed = path
+            .try_exists()
+            .map_err(|e| open_err(format!("cannot check whether the file exists: {e}")))?;
+
+        // redb may panic on a file damaged outside redb; never let that escape.
+        let opened = catch_unwind(AssertUnwindSafe(|| redb::Builder::new().create(&path)));
+        let db = match opened {
+            Ok(Ok(db)) => db,
+            Ok(Err(e)) => return Err(map_open_error(&path, e)),
+            Err(panic) => {
+                return Err(StoreError::Corrupt {
+                    path: path.clone(),
+                    detail: format!("redb panicked while opening it: {}", panic_message(&panic)),
+                });
+            }
+        };
+
+        if !existed {
+            sync_parent_dir(&path).map_err(|e| {
+                open_err(format!(
+                    "created the file but could not fsync its directory: {e}"
+                ))
+            })?;
+        }
+
+        let boot_epoch = init_tables_and_boot(&db, &path)?;
+
+        let db = Arc::new(db);
+        let counters = Arc::new(Counters::default());
+        let (tx, rx) = mpsc::channel::<Job>();
+        #[cfg(test)]
+        let test_hooks = Arc::new(tests_support::Hooks::default());
+        let writer = Writer {
+            db: Arc::clone(&db),
+            rx,
+            durability: options.durability,
+            max_batch_ops: options.max_batch_ops.max(1),
+            counters: Arc::clone(&counters),
+            path: path.clone(),
+            #[cfg(test)]
+            hooks: Arc::clone(&test_hooks),
+        };
+        let handle = std::thread::Builder::new()
+            .name("mcp-tasks-store-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|e| open_err(format!("cannot start the writer thread: {e}")))?;
+
+        tracing::info!(path = %path.display(), boot_epoch, "task store opened");
+        Ok(Store {
+            inner: Arc::new(Inner {
+                path,
+                boot_epoch,
+                db: RwLock::new(Some(db)),
+                tx: RwLock::new(Some(tx)),
+                writer: Mutex::new(Some(handle)),
+                close_lock: tokio::sync::Mutex::new(()),
+                counters,
+                #[cfg(test)]
+                test_hooks,
+            }),
+        })
+    }
+
+    /// The file of this store.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The boot epoch this open recorded (1 for a new file, +1 per open).
+    pub fn boot_epoch(&self) -> u64 {
+        self.inner.boot_epoch
+    }
+
+    /// Commits `ops` durably (group commit) and returns once the transaction holding them has
+    /// committed. The writer drains every queued job (whole jobs, up to `max_batch_ops` ops per
+    /// transaction), applies them in one write transaction and one commit, then acks each waiter.
+    ///
+    /// On failure nothing of this call is stored. A failed commit (e.g. I/O) gives every job of
+    /// its batch the same [`StoreError::Commit`]; the writer stays up for later jobs, but note
+    /// that redb answers `PreviousIo` to every write after an I/O error until the file is
+    /// reopened. A job whose ops fail to *apply* (e.g. a value too large) fails alone: the rest of
+    /// its batch is retried job by job.
+    pub async fn commit(&self, ops: Vec<WriteOp>) -> Result<(), StoreError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let (ack, rx) = oneshot::channel();
+        {
+            let tx = self.inner.tx.read().unwrap_or_else(|e| e.into_inner());
+            let Some(tx) = tx.as_ref() else {
+                return Err(StoreError::Closed);
+            };
+            tx.send(Job { ops, ack }).map_err(|_| StoreError::Closed)?;
+        }
+        #[cfg(test)]
+        self.inner
+            .test_hooks
+            .enqueued
+            .fetch_add(1, Ordering::SeqCst);
+        match rx.await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Commit(format!(
+                "{}: the writer thread stopped before acknowledging the commit",
+                self.inner.path.display()
+            ))),
+        }
+    }
+
+    /// The snapshot bytes of task `id`.
+    pub async fn get(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let id = id.to_owned();
+        self.read(move |txn| {
+            let tasks = txn.open_table(TASKS)?;
+            Ok(tasks.get(id.as_str())?.map(|v| v.value().to_vec()))
+        })
+        .await
+    }
+
+    /// All (id, bytes) of live tasks, ordered by id, via the live index only.
+    pub async fn live(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        self.read(|txn| {
+            let live = txn.open_table(LIVE)?;
+            let tasks = txn.open_table(TASKS)?;
+            let mut out = Vec::with_capacity(usize::try_from(live.len()?).unwrap_or(0));
+            for entry in live.iter()? {
+                let (id, _) = entry?;
+                let id = id.value();
+                match tasks.get(id)? {
+                    Some(bytes) => out.push((id.to_owned(), bytes.value().to_vec())),
+                    None => tracing::warn!(id, "live index names a task that is not stored"),
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Ids whose due_ms <= `now_ms`, earliest first (ties by id), at most `limit`.
+    pub async fn due(&self, now_ms: u64, limit: usize) -> Result<Vec<String>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.read(move |txn| {
+            let due = txn.open_table(DUE)?;
+            let mut out = Vec::new();
+            for entry in due.iter()? {
+                let (key, _) = entry?;
+                let (at, id) = key.value();
+                if at > now_ms || out.len() >= limit {
+                    break;
+                }
+                out.push(id.to_owned());
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// The earliest due_ms in the index, if any.
+    pub async fn next_due(&self) -> Result<Option<u64>, StoreError> {
+        self.read(|txn| {
+            let due = txn.open_table(DUE)?;
+            Ok(due.first()?.map(|(k, _)| k.value().0))
+        })
+        .await
+    }
+
+    /// A value of the meta table.
+    pub async fn meta_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let key = key.to_owned();
+        self.read(move |txn| {
+            let meta = txn.open_table(META)?;
+            Ok(meta.get(key.as_str())?.map(|v| v.value().to_vec()))
+        })
+        .await
+    }
+
+    /// Number of stored tasks and of live tasks.
+    pub async fn counts(&self) -> Result<(u64, u64), StoreError> {
+        self.read(|txn| {
+            let tasks = txn.open_table(TASKS)?;
+            let live = txn.open_table(LIVE)?;
+            Ok((tasks.len()?, live.len()?))
+        })
+        .await
+    }
+
+    /// Counters since open.
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
+            commits: self.inner.counters.commits.load(Ordering::Relaxed),
+            ops: self.inner.counters.ops.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether [`Store::close`] was called (on any clone).
+    pub fn is_closed(&self) -> bool {
+        self.inner
+            .db
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+    }
+
+    /// Stops the writer thread after it has finished the queued work, waits for in-flight reads
+    /// to release the database, and closes it, so the same file can be opened again in this
+    /// process once this returns. Later calls on any clone return [`StoreError::Closed`].
+    /// Idempotent; concurrent calls all return after the file is released.
+    pub async fn close(&self) {
+        let _serial = self.inner.close_lock.lock().await;
+        let tx = self
+            .inner
+            .tx
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let writer = self
+            .inner
+            .writer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let db = self
+            .inner
+            .db
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if tx.is_none() && writer.is_none() && db.is_none() {
+            return;
+        }
+        drop(tx);
+        let path = self.inner.path.clone();
+        let work = move || {
+            if let Some(writer) = writer
+                && writer.join().is_err()
+            {
+                tracing::error!(path = %path.display(), "the store writer thread panicked");
+            }
+            if let Some(mut db) = db {
+                // Readers hold clones only for the length of one read transaction.
+                let db = loop {
+                    match Arc::try_unwrap(db) {
+                        Ok(db) => break db,
+                        Err(shared) => {
+                            db = shared;
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                    }
+                };
+                if let Err(e) = db.close() {
+                    tracing::error!(path = %path.display(), error = %e, "closing the task store failed");
+                }
+            }
+            tracing::info!(path = %path.display(), "task store closed");
+        };
+        if let Err(e) = tokio::task::spawn_blocking(work).await {
+            tracing::error!(error = %e, "the store close task failed");
+        }
+    }
+
+    /// Runs a read transaction on the blocking pool.
+    async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&redb::ReadTransaction) -> Result<T, redb::Error> + Send + 'static,
+    {
+        let db = self
+            .inner
+            .db
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or(StoreError::Closed)?;
+        let path = self.inner.path.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let run = || -> Result<T, redb::Error> {
+                let txn = db.begin_read()?;
+                f(&txn)
+            };
+            match catch_unwind(AssertUnwindSafe(run)) {
+                Ok(result) => {
+                    result.map_err(|e| StoreError::Read(format!("{}: {e}", path.display())))
+                }
+                Err(panic) => Err(StoreError::Read(format!(
+                    "{}: redb panicked: {}",
+                    path.display(),
+                    panic_message(&panic)
+                ))),
+            }
+        });
+        match task.await {
+            Ok(result) => result,
+            Err(e) => Err(StoreError::Read(format!("the read task failed: {e}"))),
+        }
+    }
+}
+
+/// The single writer: owns all write transactions.
+struct Writer {
+    db: Arc<Database>,
+    rx: mpsc::Receiver<Job>,
+    durability: Durability,
+    max_batch_ops: usize,
+    counters: Arc<Counters>,
+    path: PathBuf,
+    #[cfg(test)]
+    hooks: Arc<tests_support::Hooks>,
+}
+
+impl Writer {
+    fn run(self) {
+        let mut pending: Option<Job> = None;
+        loop {
+            let first = match pending.take() {
+                Some(job) => job,
+                // Disconnected: every sender is gone (closed, or last Store dropped) and the
+                // queue is drained.
+                None => match self.rx.recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                },
+            };
+            #[cfg(test)]
+            drop(self.hooks.gate.lock().unwrap_or_else(|e| e.into_inner()));
+
+            let mut ops = first.ops.len();
+            let mut batch = vec![first];
+            while ops < self.max_batch_ops {
+                match self.rx.try_recv() {
+                    Ok(job) if ops + job.ops.len() > self.max_batch_ops => {
+                        pending = Some(job);
+                        break;
+                    }
+                    Ok(job) => {
+                        ops += job.ops.len();
+                        batch.push(job);
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.commit_batch(batch);
+        }
+        tracing::debug!(path = %self.path.display(), "store writer stopped");
+    }
+
+    /// Applies `batch` in one transaction and acks every job.
+    fn commit_batch(&self, batch: Vec<Job>) {
+        let (opss, acks): (Vec<Vec<WriteOp>>, Vec<_>) =
+            batch.into_iter().map(|j| (j.ops, j.ack)).unzip();
+        let results = apply_jobs(&self.db, &self.path, self.durability, &opss, &self.counters);
+        for (ack, result) in acks.into_iter().zip(results) {
+            // The waiter may have given up (dropped its future); the commit stands regardless.
+            let _ = ack.send(result);
+        }
+    }
+}
+
+/// Applies every job of `jobs` in one write transaction with one commit and returns one result
+/// per job. If applying fails (not committing), the transaction is aborted and each job is
+/// retried in its own transaction so that one bad job does not fail the others. Never panics:
+/// a panic inside redb becomes a [`StoreError::Commit`].
+fn apply_jobs(
+    db: &Database,
+    path: &Path,
+    durability: Durability,
+    jobs: &[Vec<WriteOp>],
+    counters: &Counters,
+) -> Vec<Result<(), StoreError>> {
+    let ops: usize = jobs.iter().map(Vec::len).sum();
+    let started = Instant::now();
+    match guarded(path, || one_transaction(db, durability, jobs)) {
+        Ok(()) => {
+            counters.commits.fetch_add(1, Ordering::Relaxed);
+            counters.ops.fetch_add(ops as u64, Ordering::Relaxed);
+            tracing::debug!(
+                jobs = jobs.len(),
+                ops,
+                micros = started.elapsed().as_micros() as u64,
+                "store group commit"
+            );
+            vec![Ok(()); jobs.len()]
+        }
+        Err(Failure::Apply(e)) if jobs.len() > 1 => {
+            tracing::warn!(path = %path.display(), error = %e, jobs = jobs.len(),
+                "applying a group commit failed; retrying its jobs one by one");
+            jobs.iter()
+                .map(|job| apply_jobs(db, path, durability, std::slice::from_ref(job), counters))
+                .map(|mut r| {
+                    r.pop()
+                        .unwrap_or_else(|| Err(StoreError::Commit("no result".into())))
+                })
+                .collect()
+        }
+        Err(Failure::Apply(e) | Failure::Commit(e)) => {
+            let err = StoreError::Commit(format!("{}: {e}", path.display()));
+            tracing::error!(error = %err, jobs = jobs.len(), ops, "store commit failed");
+            vec![Err(err); jobs.len()]
+        }
+    }
+}
+
+/// Why a transaction failed: while applying ops (the transaction was aborted) or while
+/// committing (maybe an I/O error: the batch's outcome is reported to all its jobs).
+enum Failure {
+    Apply(String),
+    Commit(String),
+}
+
+fn guarded(path: &Path, f: impl FnOnce() -> Result<(), Failure>) -> Result<(), Failure> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(panic) => {
+            let msg = panic_message(&panic);
+            tracing::error!(path = %path.display(), panic = %msg, "redb panicked in a write");
+            Err(Failure::Commit(format!("redb panicked: {msg}")))
+        }
+    }
+}
+
+fn one_transaction(
+    db: &Database,
+    durability: Durability,
+    jobs: &[Vec<WriteOp>],
+) -> Result<(), Failure> {
+    let mut txn = db
+        .begin_write()
+        .map_err(|e| Failure::Commit(e.to_string()))?;
+    if durability == Durability::None {
+        txn.set_durability(redb::Durability::None)
+            .map_err(|e| Failure::Commit(e.to_string()))?;
+    }
+    apply_ops(&txn, jobs.iter().flatten()).map_err(|e| Failure::Apply(e.to_string()))?;
+    txn.commit().map_err(|e| Failure::Commit(e.to_string()))
+}
+
+fn apply_ops<'a>(
+    txn: &WriteTransaction,
+    ops: impl Iterator<Item = &'a WriteOp>,
+) -> Result<(), redb::Error> {
+    let mut tasks = txn.open_table(TASKS)?;
+    let mut live = txn.open_table(LIVE)?;
+    let mut due = txn.open_table(DUE)?;
+    let mut due_by_id = txn.open_table(DUE_BY_ID)?;
+    let mut meta = txn.open_table(META)?;
+    for op in ops {
+        match op {
+            WriteOp::Put {
+                id,
+                bytes,
+                live: is_live,
+                due_ms,
+            } => {
+                let id = id.as_str();
+                tasks.insert(id, bytes.as_slice())?;
+                if *is_live {
+                    live.insert(id, ())?;
+                } else {
+                    live.remove(id)?;
+                }
+                let old = due_by_id.remove(id)?.map(|v| v.value());
+                if let Some(old) = old {
+                    due.remove((old, id))?;
+                }
+                if let Some(at) = *due_ms {
+                    due.insert((at, id), ())?;
+                    due_by_id.insert(id, at)?;
+                }
+            }
+            WriteOp::Delete { id } => {
+                let id = id.as_str();
+                tasks.remove(id)?;
+                live.remove(id)?;
+                let old = due_by_id.remove(id)?.map(|v| v.value());
+                if let Some(old) = old {
+                    due.remove((old, id))?;
+                }
+            }
+            WriteOp::PutMeta { key, value } => {
+                meta.insert(key.as_str(), value.as_slice())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Creates the tables, increments the boot epoch and commits durably. Returns the new epoch.
+fn init_tables_and_boot(db: &Database, path: &Path) -> Result<u64, StoreError> {
+    let fail = |e: &dyn fmt::Display| StoreError::Open {
+        path: path.to_path_buf(),
+        detail: format!("initialising the tables failed: {e}"),
+    };
+    let run = || -> Result<u64, StoreError> {
+        let txn = db.begin_write().map_err(|e| fail(&e))?;
+        let epoch = {
+            txn.open_table(TASKS).map_err(|e| fail(&e))?;
+            txn.open_table(LIVE).map_err(|e| fail(&e))?;
+            txn.open_table(DUE).map_err(|e| fail(&e))?;
+            txn.open_table(DUE_BY_ID).map_err(|e| fail(&e))?;
+            let mut meta = txn.open_table(META).map_err(|e| fail(&e))?;
+            let previous = match meta.get(META_BOOT_EPOCH).map_err(|e| fail(&e))? {
+                None => 0,
+                Some(v) => {
+                    let bytes: [u8; 8] = v.value().try_into().map_err(|_| StoreError::Corrupt {
+                        path: path.to_path_buf(),
+                        detail: format!(
+                            "meta \"{META_BOOT_EPOCH}\" has {} bytes, expected 8",
+                            v.value().len()
+                        ),
+                    })?;
+                    u64::from_le_bytes(bytes)
+                }
+            };
+            let epoch = previous.checked_add(1).ok_or_else(|| StoreError::Corrupt {
+                path: path.to_path_buf(),
+                detail: format!("meta \"{META_BOOT_EPOCH}\" is at its maximum"),
+            })?;
+            meta.insert(META_BOOT_EPOCH, epoch.to_le_bytes().as_slice())
+                .map_err(|e| fail(&e))?;
+            epoch
+        };
+        txn.commit().map_err(|e| fail(&e))?;
+        Ok(epoch)
+    };
+    match catch_unwind(AssertUnwindSafe(run)) {
+        Ok(r) => r,
+        Err(panic) => Err(StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail: format!(
+                "redb panicked while initialising it: {}",
+                panic_message(&panic)
+            ),
+        }),
+    }
+}
+
+fn map_open_error(path: &Path, e: DatabaseError) -> StoreError {
+    let path = path.to_path_buf();
+    match e {
+        DatabaseError::DatabaseAlreadyOpen => StoreError::AlreadyOpen { path },
+        DatabaseError::Storage(StorageError::Corrupted(detail)) => {
+            StoreError::Corrupt { path, detail }
+        }
+        DatabaseError::Storage(StorageError::Io(io))
+            if io.kind() == std::io::ErrorKind::InvalidData =>
+        {
+            StoreError::Corrupt {
+                path,
+                detail: io.to_string(),
+            }
+        }
+        DatabaseError::UpgradeRequired(v) => StoreError::Open {
+            path,
+            detail: format!("the file has redb format version {v} and needs an upgrade"),
+        },
+        other => StoreError::Open {
+            path,
+            detail: other.to_string(),
+        },
+    }
+}
+
+/// fsyncs the directory holding `path`, so that a newly created file's entry survives a crash.
+fn sync_parent_dir(path: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        std::fs::File::open(dir)?.sync_all()
+    }
+    #[cfg(not(unix))]
+    {
+        // Directories cannot be opened for fsync on this platform.
+        let _ = path;
+        Ok(())
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests_support {
+    use std::sync::Mutex;
+    use std::sync::atomic::AtomicU64;
+
+    /// Test-only hooks to make group commit deterministic.
+    #[derive(Default)]
+    pub(super) struct Hooks {
+        /// The writer takes (and releases) this lock after receiving the first job of a batch
+        /// and before draining the queue; a test holding it lets jobs pile up.
+        pub gate: Mutex<()>,
+        /// Jobs sent to the writer.
+        pub enqueued: AtomicU64,
+    }
 }

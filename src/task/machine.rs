@@ -155,7 +155,7 @@ pub fn apply(
             }));
         }
     }
-    next.seq = record.seq + 1;
+    next.seq = record.seq.saturating_add(1);
     next.last_updated_at_ms = now_ms.max(record.last_updated_at_ms);
     Ok(Some(next))
 }

@@ -192,6 +192,10 @@ impl ToolContext {
         };
         let keys: Vec<String> = requests.keys().cloned().collect();
         let snap = link.snapshots.borrow().clone();
+        let all_answered = keys.iter().all(|k| snap.answers.contains_key(k));
+        if !all_answered && (snap.cancel_requested || snap.status.is_terminal()) {
+            return Err(ToolError::Cancelled);
+        }
         let fresh: BTreeMap<String, Value> = requests
             .into_iter()
             .filter(|(k, _)| !snap.issued_keys.contains(k))

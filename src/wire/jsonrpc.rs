@@ -24,40 +24,34 @@ pub struct Rejection {
 }
 
 /// Reads one JSON-RPC message (digest §2.1, §2.5 steps 2–3).
-pub fn parse(bytes: &[u8]) -> Result<Incoming, Rejection> {
+pub fn parse(bytes: &[u8]) -> Result<Incoming, Box<Rejection>> {
     if bytes.len() > limits::MAX_MESSAGE_BYTES {
-        return Err(Rejection {
+        return Err(Box::new(Rejection {
             id: None,
             error: RpcError::invalid_request(format!(
                 "message of {} bytes exceeds the limit of {} bytes",
                 bytes.len(),
                 limits::MAX_MESSAGE_BYTES
             )),
-        });
+        }));
     }
     let value: Value = serde_json::from_slice(bytes)
-        .map_err(|e| Rejection { id: None, error: RpcError::parse_error(e) })?;
+        .map_err(|e| Box::new(Rejection { id: None, error: RpcError::parse_error(e) }))?;
     from_value(value)
 }
 
 /// Reads one JSON-RPC message that is already JSON.
-pub fn from_value(value: Value) -> Result<Incoming, Rejection> {
+pub fn from_value(value: Value) -> Result<Incoming, Box<Rejection>> {
     let mut obj = match value {
         Value::Object(obj) => obj,
         Value::Array(_) => {
-            return Err(Rejection {
-                id: None,
-                error: RpcError::invalid_request("batches are not supported"),
-            });
+            return Err(reject(None, "batches are not supported"));
         }
         other => {
-            return Err(Rejection {
-                id: None,
-                error: RpcError::invalid_request(format!(
-                    "a message must be a JSON object, not {}",
-                    kind(&other)
-                )),
-            });
+            return Err(reject(
+                None,
+                format!("a message must be a JSON object, not {}", kind(&other)),
+            ));
         }
     };
     let id = match obj.remove("id") {
@@ -113,8 +107,8 @@ pub fn from_value(value: Value) -> Result<Incoming, Rejection> {
     })
 }
 
-fn reject(id: Option<Value>, detail: impl std::fmt::Display) -> Rejection {
-    Rejection { id, error: RpcError::invalid_request(detail) }
+fn reject(id: Option<Value>, detail: impl std::fmt::Display) -> Box<Rejection> {
+    Box::new(Rejection { id, error: RpcError::invalid_request(detail) })
 }
 
 /// A short name for a JSON value's type, for error messages.

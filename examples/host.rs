@@ -1,0 +1,130 @@
+//! A host application that embeds mcp-tasks: it registers its own durable tool and drives it
+//! through the embedding API, exactly as an MCP client would over a transport.
+//!
+//! The tool `import_invoices {source}` fetches a batch (journaled step), asks the user which
+//! currency to book the batch in (a durable input request), then books it (journaled step).
+//!
+//! Run: `cargo run --example host`
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use mcp_tasks::tool::{
+    CallToolResult, ElicitAction, ElicitResponse, InputRequest, TaskPolicy, Tool, ToolDescriptor,
+    ToolError, tool_fn,
+};
+use mcp_tasks::{Owner, Runtime};
+use serde_json::{Value, json};
+
+/// Counts how often the expensive fetch really ran (journaled steps run once per task).
+static FETCHES: AtomicUsize = AtomicUsize::new(0);
+
+fn import_invoices() -> Arc<dyn Tool> {
+    let descriptor = ToolDescriptor::new(
+        "import_invoices",
+        "Imports a batch of invoices from a source and books them in a currency the user picks.",
+    )
+    .input_schema(json!({
+        "type": "object",
+        "properties": { "source": { "type": "string", "minLength": 1 } },
+        "required": ["source"]
+    }))
+    .task_policy(TaskPolicy::Always)
+    .initial_status_message("Fetching invoices.");
+    tool_fn(descriptor, |ctx, args| async move {
+        let source = args.get("source").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let invoices: Vec<u32> = ctx
+            .step("fetch", || async {
+                FETCHES.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok(vec![120, 80, 455])
+            })
+            .await?;
+        ctx.set_status(format!("Fetched {} invoices from {source}.", invoices.len())).await?;
+        let answer = ctx
+            .input(
+                "currency",
+                InputRequest::elicit_form(
+                    "Which currency should the batch be booked in?",
+                    json!({
+                        "type": "object",
+                        "properties": { "currency": { "type": "string", "enum": ["EUR", "USD"] } },
+                        "required": ["currency"]
+                    }),
+                ),
+            )
+            .await?;
+        let answer = ElicitResponse::from_json(&answer);
+        if answer.action != ElicitAction::Accept {
+            return Err(ToolError::Cancelled);
+        }
+        let currency = answer.content.get("currency").and_then(Value::as_str).unwrap_or("EUR").to_owned();
+        let total: u32 = ctx.step("book", || async { Ok(invoices.iter().sum::<u32>()) }).await?;
+        Ok(CallToolResult::text(format!("Booked {} invoices: {total} {currency}.", invoices.len()))
+            .with_structured(json!({ "count": invoices.len(), "total": total, "currency": currency })))
+    })
+}
+
+fn request(id: u64, method: &str, mut params: Value) -> Value {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": { "extensions": { "io.modelcontextprotocol/tasks": {} } }
+    });
+    json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params })
+}
+
+async fn wait_for(runtime: &Runtime, owner: &Owner, task: &str, status: &str) -> Result<Value, String> {
+    for _ in 0..200 {
+        let r = runtime
+            .handle_json(request(99, "tasks/get", json!({ "taskId": task })), owner)
+            .await
+            .ok_or("no response")?;
+        if r["result"]["status"] == status {
+            return Ok(r["result"].clone());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(format!("task {task} did not become {status}"))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("host.redb");
+    let owner = Owner::new("acme", "alice");
+
+    let runtime = Runtime::builder(&path).server_info("invoice-host", "0.1.0").tool(import_invoices()).start().await?;
+    let created = runtime
+        .handle_json(request(1, "tools/call", json!({ "name": "import_invoices", "arguments": { "source": "s3://batch-7" } })), &owner)
+        .await
+        .ok_or("no response")?;
+    let task = created["result"]["taskId"].as_str().ok_or("no task id")?.to_owned();
+    println!("created {task}: {}", created["result"]["status"]);
+
+    let waiting = wait_for(&runtime, &owner, &task, "input_required").await?;
+    println!("asks for: {}", waiting["inputRequests"]["currency"]["params"]["message"]);
+
+    // The host restarts (a deploy, a crash): the task and its journal survive.
+    runtime.shutdown().await;
+    let runtime = Runtime::builder(&path).server_info("invoice-host", "0.1.0").tool(import_invoices()).start().await?;
+    println!("restarted; task is {}", wait_for(&runtime, &owner, &task, "input_required").await?["status"]);
+
+    let ack = runtime
+        .handle_json(
+            request(2, "tasks/update", json!({ "taskId": task, "inputResponses": { "currency": { "action": "accept", "content": { "currency": "EUR" } } } })),
+            &owner,
+        )
+        .await
+        .ok_or("no response")?;
+    println!("update: {}", ack["result"]["resultType"]);
+
+    let done = wait_for(&runtime, &owner, &task, "completed").await?;
+    println!("result: {}", done["result"]["content"][0]["text"]);
+    println!("the fetch step ran {} time(s)", FETCHES.load(Ordering::SeqCst));
+    runtime.shutdown().await;
+    if FETCHES.load(Ordering::SeqCst) != 1 {
+        return Err("the journaled fetch step ran more than once".into());
+    }
+    Ok(())
+}
