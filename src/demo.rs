@@ -48,14 +48,21 @@ pub fn generate_report(outline_time: Duration) -> Arc<dyn Tool> {
     .task_policy(TaskPolicy::Always)
     .initial_status_message("Preparing report outline.");
     tool_fn(descriptor, move |ctx, args| async move {
-        let size = args.get("size").and_then(Value::as_str).unwrap_or("small").to_owned();
+        let size = args
+            .get("size")
+            .and_then(Value::as_str)
+            .unwrap_or("small")
+            .to_owned();
         let outline = ctx
             .step("outline", || async {
                 tokio::time::sleep(outline_time).await;
-                Ok(format!("Outline of a {size} report: summary, findings, next steps."))
+                Ok(format!(
+                    "Outline of a {size} report: summary, findings, next steps."
+                ))
             })
             .await?;
-        ctx.set_status("Waiting for the client to approve the outline.").await?;
+        ctx.set_status("Waiting for the client to approve the outline.")
+            .await?;
         let answer = ctx
             .input(
                 APPROVE_OUTLINE,
@@ -71,18 +78,24 @@ pub fn generate_report(outline_time: Duration) -> Arc<dyn Tool> {
             .await?;
         let response = ElicitResponse::from_json(&answer);
         let approved = match response.action {
-            ElicitAction::Accept => response.content.get("approved").and_then(Value::as_bool) == Some(true),
+            ElicitAction::Accept => {
+                response.content.get("approved").and_then(Value::as_bool) == Some(true)
+            }
             ElicitAction::Decline => false,
             ElicitAction::Cancel => return Err(ToolError::Cancelled),
         };
         if !approved {
-            return Ok(CallToolResult::text("Report not generated: the outline was not approved.")
-                .with_structured(json!({ "size": size, "approved": false })));
+            return Ok(
+                CallToolResult::text("Report not generated: the outline was not approved.")
+                    .with_structured(json!({ "size": size, "approved": false })),
+            );
         }
         ctx.set_status("Rendering the report.").await?;
         let report = ctx
             .step("render", || async {
-                Ok(format!("Generated {size} report with approved outline. ({outline})"))
+                Ok(format!(
+                    "Generated {size} report with approved outline. ({outline})"
+                ))
             })
             .await?;
         Ok(CallToolResult::text(report).with_structured(json!({ "size": size, "approved": true })))
@@ -118,13 +131,22 @@ struct Client<'a, W: Write> {
 
 impl<W: Write> Client<'_, W> {
     /// One request and its response, without printing.
-    async fn exchange(&self, runtime: &Runtime, id: u64, method: &str, mut params: Value) -> Result<(Value, Value), DemoError> {
+    async fn exchange(
+        &self,
+        runtime: &Runtime,
+        id: u64,
+        method: &str,
+        mut params: Value,
+    ) -> Result<(Value, Value), DemoError> {
         params["_meta"] = client_meta();
         let request = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
         let response = runtime
             .handle_json(request.clone(), &self.owner)
             .await
-            .ok_or_else(|| DemoError::Unexpected { id, detail: "no response".into() })?;
+            .ok_or_else(|| DemoError::Unexpected {
+                id,
+                detail: "no response".into(),
+            })?;
         Ok((request, response))
     }
 
@@ -136,36 +158,63 @@ impl<W: Write> Client<'_, W> {
         Ok(())
     }
 
-    async fn send(&mut self, runtime: &Runtime, id: u64, method: &str, params: Value) -> Result<Value, DemoError> {
+    async fn send(
+        &mut self,
+        runtime: &Runtime,
+        id: u64,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, DemoError> {
         let (request, response) = self.exchange(runtime, id, method, params).await?;
         self.show(&request, &response)?;
         Ok(response)
     }
 
     fn print(&mut self, id: u64, response: &Value) -> Result<(), DemoError> {
-        let result = response.get("result").ok_or_else(|| DemoError::Unexpected {
-            id,
-            detail: format!("an error: {}", response["error"]),
-        })?;
+        let result = response
+            .get("result")
+            .ok_or_else(|| DemoError::Unexpected {
+                id,
+                detail: format!("an error: {}", response["error"]),
+            })?;
         let result_type = result["resultType"].as_str().unwrap_or("?");
-        let status = result.get("status").and_then(Value::as_str).unwrap_or("ack");
+        let status = result
+            .get("status")
+            .and_then(Value::as_str)
+            .unwrap_or("ack");
         writeln!(self.out, "id={id} resultType={result_type} status={status}")?;
         Ok(())
     }
 
     /// Polls `tasks/get` (same request id each time) until the task is `want`; shows only the
     /// last exchange.
-    async fn poll_until(&mut self, runtime: &Runtime, id: u64, task: &str, want: &str) -> Result<Value, DemoError> {
+    async fn poll_until(
+        &mut self,
+        runtime: &Runtime,
+        id: u64,
+        task: &str,
+        want: &str,
+    ) -> Result<Value, DemoError> {
         for _ in 0..600 {
-            let (request, r) = self.exchange(runtime, id, "tasks/get", json!({ "taskId": task })).await?;
+            let (request, r) = self
+                .exchange(runtime, id, "tasks/get", json!({ "taskId": task }))
+                .await?;
             let status = r["result"]["status"].as_str().unwrap_or_default();
-            if status == want || r.get("error").is_some() || r["result"]["status"].as_str().is_some_and(|s| ["completed", "failed", "cancelled"].contains(&s)) {
+            if status == want
+                || r.get("error").is_some()
+                || r["result"]["status"]
+                    .as_str()
+                    .is_some_and(|s| ["completed", "failed", "cancelled"].contains(&s))
+            {
                 self.show(&request, &r)?;
                 return Ok(r);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Err(DemoError::Unexpected { id, detail: format!("task did not become {want} within 30 s") })
+        Err(DemoError::Unexpected {
+            id,
+            detail: format!("task did not become {want} within 30 s"),
+        })
     }
 }
 
@@ -178,16 +227,30 @@ pub async fn run(store: &Path, verbose: bool, out: &mut impl Write) -> Result<()
             .tool(generate_report(Duration::from_millis(1500)))
             .start()
     };
-    let mut client = Client { owner: Owner::anonymous(), out, verbose };
+    let mut client = Client {
+        owner: Owner::anonymous(),
+        out,
+        verbose,
+    };
 
     let runtime = start().await?;
-    let r = client.send(&runtime, 0, "server/discover", json!({})).await?;
+    let r = client
+        .send(&runtime, 0, "server/discover", json!({}))
+        .await?;
     client.print(0, &r)?;
     let r = client
-        .send(&runtime, 1, "tools/call", json!({ "name": "generate_report", "arguments": { "size": "large" } }))
+        .send(
+            &runtime,
+            1,
+            "tools/call",
+            json!({ "name": "generate_report", "arguments": { "size": "large" } }),
+        )
         .await?;
     client.print(1, &r)?;
-    let task = r["result"]["taskId"].as_str().unwrap_or_default().to_owned();
+    let task = r["result"]["taskId"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
 
     // The server goes away right after the task was created, and a new one takes over.
     runtime.shutdown().await;
@@ -196,9 +259,13 @@ pub async fn run(store: &Path, verbose: bool, out: &mut impl Write) -> Result<()
     }
     let runtime = start().await?;
 
-    let r = client.send(&runtime, 2, "tasks/get", json!({ "taskId": task })).await?;
+    let r = client
+        .send(&runtime, 2, "tasks/get", json!({ "taskId": task }))
+        .await?;
     client.print(2, &r)?;
-    let r = client.poll_until(&runtime, 3, &task, "input_required").await?;
+    let r = client
+        .poll_until(&runtime, 3, &task, "input_required")
+        .await?;
     client.print(3, &r)?;
     let update = json!({
         "taskId": task,
@@ -210,9 +277,15 @@ pub async fn run(store: &Path, verbose: bool, out: &mut impl Write) -> Result<()
     client.print(5, &r)?;
 
     for (id, method) in [(6, "tasks/result"), (7, "tasks/list")] {
-        let r = client.send(&runtime, id, method, json!({ "taskId": task })).await?;
+        let r = client
+            .send(&runtime, id, method, json!({ "taskId": task }))
+            .await?;
         let code = r["error"]["code"].as_i64().unwrap_or_default();
-        writeln!(client.out, "id={id} method={method} error={code} ({})", r["error"]["message"].as_str().unwrap_or(""))?;
+        writeln!(
+            client.out,
+            "id={id} method={method} error={code} ({})",
+            r["error"]["message"].as_str().unwrap_or("")
+        )?;
     }
     runtime.shutdown().await;
     Ok(())

@@ -33,7 +33,11 @@ pub struct RpcError {
 
 impl RpcError {
     pub fn new(code: i64, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), data: None }
+        Self {
+            code,
+            message: message.into(),
+            data: None,
+        }
     }
 
     pub fn with_data(mut self, data: Value) -> Self {
@@ -50,7 +54,10 @@ impl RpcError {
     }
 
     pub fn method_not_found(method: &str) -> Self {
-        Self::new(code::METHOD_NOT_FOUND, format!("Method not found: {method}"))
+        Self::new(
+            code::METHOD_NOT_FOUND,
+            format!("Method not found: {method}"),
+        )
     }
 
     pub fn invalid_params(detail: impl std::fmt::Display) -> Self {
@@ -74,7 +81,10 @@ impl RpcError {
     pub fn tasks_extension_required() -> Self {
         Self::missing_capability(
             json!({ "extensions": { crate::wire::TASKS_EXTENSION: {} } }),
-            format!("this request needs the {} extension", crate::wire::TASKS_EXTENSION),
+            format!(
+                "this request needs the {} extension",
+                crate::wire::TASKS_EXTENSION
+            ),
         )
     }
 

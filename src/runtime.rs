@@ -129,19 +129,34 @@ impl RuntimeBuilder {
             config: self.config,
             live: LiveTasks::default(),
         });
-        let (supervisor, supervisor_task) =
-            match Actor::spawn(None, Supervisor { shared: shared.clone() }, ()).await {
-                Ok(spawned) => spawned,
-                Err(e) => {
-                    store.close().await;
-                    return Err(StartError::Supervisor(e.to_string()));
-                }
-            };
+        let (supervisor, supervisor_task) = match Actor::spawn(
+            None,
+            Supervisor {
+                shared: shared.clone(),
+            },
+            (),
+        )
+        .await
+        {
+            Ok(spawned) => spawned,
+            Err(e) => {
+                store.close().await;
+                return Err(StartError::Supervisor(e.to_string()));
+            }
+        };
         let (stop_tx, stop_rx) = watch::channel(false);
         let reaper = tokio::spawn(reap(shared.clone(), stop_rx));
         Ok(Runtime {
-            dispatcher: Arc::new(Dispatcher { shared, supervisor: supervisor.clone() }),
-            parts: Some(Parts { supervisor, supervisor_task, reaper, stop: stop_tx }),
+            dispatcher: Arc::new(Dispatcher {
+                shared,
+                supervisor: supervisor.clone(),
+            }),
+            parts: Some(Parts {
+                supervisor,
+                supervisor_task,
+                reaper,
+                stop: stop_tx,
+            }),
         })
     }
 }
@@ -168,7 +183,9 @@ impl Drop for Runtime {
         if let Some(parts) = self.parts.take() {
             let _ = parts.stop.send(true);
             parts.reaper.abort();
-            parts.supervisor.stop_children(Some("runtime dropped".into()));
+            parts
+                .supervisor
+                .stop_children(Some("runtime dropped".into()));
             parts.supervisor.stop(Some("runtime dropped".into()));
         }
     }
@@ -188,7 +205,9 @@ impl Runtime {
 
     /// A cheap handle that transports use to dispatch messages concurrently.
     pub fn handle(&self) -> RuntimeHandle {
-        RuntimeHandle { dispatcher: self.dispatcher.clone() }
+        RuntimeHandle {
+            dispatcher: self.dispatcher.clone(),
+        }
     }
 
     /// Handles one raw JSON-RPC message from `owner`. `None` for a notification.
@@ -220,12 +239,17 @@ impl Runtime {
     /// resume from their journal at the next start), then closes the store. Everything that
     /// was acknowledged is durable already. Once this returns the file can be opened again.
     pub async fn shutdown(mut self) {
-        let Some(parts) = self.parts.take() else { return };
+        let Some(parts) = self.parts.take() else {
+            return;
+        };
         let _ = parts.stop.send(true);
         let _ = parts.reaper.await;
         parts
             .supervisor
-            .stop_children_and_wait(Some("runtime shutdown".into()), Some(Duration::from_secs(10)))
+            .stop_children_and_wait(
+                Some("runtime shutdown".into()),
+                Some(Duration::from_secs(10)),
+            )
             .await;
         parts.supervisor.stop(Some("runtime shutdown".into()));
         let _ = parts.supervisor_task.await;
@@ -248,13 +272,17 @@ impl RuntimeHandle {
 
     /// Handles one raw JSON-RPC message from `owner`. `None` for a notification.
     pub async fn handle_message(&self, message: &[u8], owner: &Owner) -> Option<Reply> {
-        self.dispatch(message, &RequestContext::new(owner.clone())).await
+        self.dispatch(message, &RequestContext::new(owner.clone()))
+            .await
     }
 
     /// Handles one JSON-RPC message given as JSON; returns the response body.
     pub async fn handle_json(&self, message: Value, owner: &Owner) -> Option<Value> {
         let ctx = RequestContext::new(owner.clone());
-        self.dispatcher.handle_value(message, &ctx).await.map(|r| r.body)
+        self.dispatcher
+            .handle_value(message, &ctx)
+            .await
+            .map(|r| r.body)
     }
 }
 
@@ -276,10 +304,15 @@ async fn reap_once(shared: &Shared) -> Result<(), crate::error::RuntimeError> {
     let now = shared.now_ms();
     for raw in shared.store.due(now, 256).await? {
         let Ok(id) = crate::task::TaskId::parse(&raw) else {
-            shared.store.commit(vec![WriteOp::Delete { id: raw }]).await?;
+            shared
+                .store
+                .commit(vec![WriteOp::Delete { id: raw }])
+                .await?;
             continue;
         };
-        let Some(record) = shared.load(&id).await? else { continue };
+        let Some(record) = shared.load(&id).await? else {
+            continue;
+        };
         if !record.status.is_terminal() {
             if !record.is_expired(now) {
                 continue;
@@ -291,9 +324,16 @@ async fn reap_once(shared: &Shared) -> Result<(), crate::error::RuntimeError> {
             }
             tracing::info!(task = %id, "task expired before it finished");
         } else {
-            let retention = u64::try_from(shared.config.expired_retention.as_millis()).unwrap_or(u64::MAX);
-            if record.expires_at_ms().is_some_and(|at| now >= at.saturating_add(retention)) {
-                shared.store.commit(vec![WriteOp::Delete { id: raw }]).await?;
+            let retention =
+                u64::try_from(shared.config.expired_retention.as_millis()).unwrap_or(u64::MAX);
+            if record
+                .expires_at_ms()
+                .is_some_and(|at| now >= at.saturating_add(retention))
+            {
+                shared
+                    .store
+                    .commit(vec![WriteOp::Delete { id: raw }])
+                    .await?;
                 tracing::debug!(task = %id, "expired task deleted");
             }
         }

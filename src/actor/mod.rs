@@ -10,8 +10,8 @@ mod supervisor;
 mod task;
 
 pub(crate) use supervisor::{Supervisor, SupervisorMsg};
-pub use task::TaskMsg;
 pub(crate) use task::TaskActor;
+pub use task::TaskMsg;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -50,9 +50,18 @@ impl Shared {
         let live = !record.status.is_terminal();
         let retention = self.config.expired_retention.as_millis();
         let due_ms = record.expires_at_ms().map(|at| {
-            if live { at } else { at.saturating_add(u64::try_from(retention).unwrap_or(u64::MAX)) }
+            if live {
+                at
+            } else {
+                at.saturating_add(u64::try_from(retention).unwrap_or(u64::MAX))
+            }
         });
-        Ok(WriteOp::Put { id: record.id.as_str().to_owned(), bytes, live, due_ms })
+        Ok(WriteOp::Put {
+            id: record.id.as_str().to_owned(),
+            bytes,
+            live,
+            due_ms,
+        })
     }
 
     /// Commits `record` durably (group-committed with whatever else is queued).

@@ -44,7 +44,9 @@ impl Supervisor {
             return Ok(());
         }
         let id = record.id.clone();
-        let actor = TaskActor { shared: self.shared.clone() };
+        let actor = TaskActor {
+            shared: self.shared.clone(),
+        };
         let (actor_ref, _) = Actor::spawn_linked(None, actor, record, myself.get_cell())
             .await
             .map_err(|e| RuntimeError::Actor(format!("task actor {id} did not start: {e}")))?;
@@ -84,7 +86,9 @@ impl Supervisor {
                         tracing::error!(task = %id, error = %e, "could not rehydrate task");
                     }
                 }
-                Err(e) => tracing::error!(task = %id, error = %e, "stored snapshot does not decode"),
+                Err(e) => {
+                    tracing::error!(task = %id, error = %e, "stored snapshot does not decode")
+                }
             }
         }
         if count > 0 {
@@ -101,13 +105,19 @@ impl Supervisor {
 
     /// Marks a task that failed too often as `failed`, durably.
     async fn give_up(&self, id: &TaskId, failures: u32, detail: &str) -> Result<(), RuntimeError> {
-        let Some(record) = self.shared.load_stored(id).await? else { return Ok(()) };
+        let Some(record) = self.shared.load_stored(id).await? else {
+            return Ok(());
+        };
         let error = TaskError {
             code: code::INTERNAL_ERROR,
             message: format!("the task failed {failures} times and was given up: {detail}"),
             data: None,
         };
-        if let Some(next) = apply(&record, Event::Finish(Outcome::Error(error)), self.shared.now_ms())? {
+        if let Some(next) = apply(
+            &record,
+            Event::Finish(Outcome::Error(error)),
+            self.shared.now_ms(),
+        )? {
             self.shared.commit(&next).await?;
         }
         Ok(())
@@ -174,7 +184,9 @@ impl Actor for Supervisor {
                 }
             }
             SupervisionEvent::ActorFailed(cell, error) => {
-                let Some(id) = state.tasks_by_actor.remove(&cell.get_id()) else { return Ok(()) };
+                let Some(id) = state.tasks_by_actor.remove(&cell.get_id()) else {
+                    return Ok(());
+                };
                 self.shared.live.remove_if(&id, cell.get_id());
                 let failures = state.failures.entry(id.clone()).or_default();
                 *failures += 1;

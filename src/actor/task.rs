@@ -78,7 +78,9 @@ impl TaskActor {
     }
 
     fn arm_cancel_grace(&self, myself: &ActorRef<TaskMsg>) {
-        myself.send_after(self.shared.config.cancel_grace, || TaskMsg::CancelGraceElapsed);
+        myself.send_after(self.shared.config.cancel_grace, || {
+            TaskMsg::CancelGraceElapsed
+        });
     }
 
     fn start_tool(&self, myself: &ActorRef<TaskMsg>, state: &mut TaskState) -> Result<(), String> {
@@ -89,7 +91,10 @@ impl TaskActor {
             .get(&record.tool)
             .cloned()
             .ok_or_else(|| format!("tool `{}` is not registered in this runtime", record.tool))?;
-        let link = TaskLink { actor: myself.clone(), snapshots: state.publisher.subscribe() };
+        let link = TaskLink {
+            actor: myself.clone(),
+            snapshots: state.publisher.subscribe(),
+        };
         let ctx = ToolContext::for_task(record, link);
         let arguments = record.arguments.as_object().cloned().unwrap_or_default();
         let future = tool.call(ctx, arguments);
@@ -130,10 +135,18 @@ impl Actor for TaskActor {
         record: Arc<TaskRecord>,
     ) -> Result<TaskState, ActorProcessingErr> {
         let (publisher, snapshots) = watch::channel(record.clone());
-        self.shared
-            .live
-            .insert(record.id.clone(), LiveTask { actor: myself.clone(), snapshots });
-        Ok(TaskState { record, publisher, tool: None })
+        self.shared.live.insert(
+            record.id.clone(),
+            LiveTask {
+                actor: myself.clone(),
+                snapshots,
+            },
+        );
+        Ok(TaskState {
+            record,
+            publisher,
+            tool: None,
+        })
     }
 
     async fn post_start(
@@ -146,8 +159,13 @@ impl Actor for TaskActor {
             return Ok(());
         }
         if let Err(detail) = self.start_tool(&myself, state) {
-            let error = TaskError { code: code::INTERNAL_ERROR, message: detail, data: None };
-            self.transition(&myself, state, Event::Finish(Outcome::Error(error))).await?;
+            let error = TaskError {
+                code: code::INTERNAL_ERROR,
+                message: detail,
+                data: None,
+            };
+            self.transition(&myself, state, Event::Finish(Outcome::Error(error)))
+                .await?;
             return Ok(());
         }
         if state.record.cancel_requested {
@@ -162,7 +180,9 @@ impl Actor for TaskActor {
         state: &mut TaskState,
     ) -> Result<(), ActorProcessingErr> {
         state.tool = None;
-        self.shared.live.remove_if(&state.record.id, myself.get_id());
+        self.shared
+            .live
+            .remove_if(&state.record.id, myself.get_id());
         Ok(())
     }
 
@@ -174,7 +194,9 @@ impl Actor for TaskActor {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             TaskMsg::Update(responses, port) => {
-                let r = self.transition(&myself, state, Event::ProvideInputs { responses }).await;
+                let r = self
+                    .transition(&myself, state, Event::ProvideInputs { responses })
+                    .await;
                 reply(port, r);
             }
             TaskMsg::Cancel(port) => {
@@ -201,14 +223,14 @@ impl Actor for TaskActor {
                         message: e.message,
                         data: e.data,
                     })),
-                    Err(ToolError::Cancelled) => Event::Cancelled { status_message: None },
-                    Err(ToolError::InputRequiresTask) => {
-                        Event::Finish(Outcome::Error(TaskError {
-                            code: code::INTERNAL_ERROR,
-                            message: "the tool asked for input outside a task".into(),
-                            data: None,
-                        }))
-                    }
+                    Err(ToolError::Cancelled) => Event::Cancelled {
+                        status_message: None,
+                    },
+                    Err(ToolError::InputRequiresTask) => Event::Finish(Outcome::Error(TaskError {
+                        code: code::INTERNAL_ERROR,
+                        message: "the tool asked for input outside a task".into(),
+                        data: None,
+                    })),
                     // The runtime could not record the tool's progress (store failure): fail
                     // the actor; the supervisor restarts it from the last durable snapshot.
                     Err(ToolError::Runtime(detail)) => return Err(detail.into()),
@@ -225,7 +247,9 @@ impl Actor for TaskActor {
                 if !state.record.status.is_terminal() {
                     state.tool = None;
                     let message = "Cancelled: the tool did not stop within the grace period.";
-                    let event = Event::Cancelled { status_message: Some(message.into()) };
+                    let event = Event::Cancelled {
+                        status_message: Some(message.into()),
+                    };
                     self.transition(&myself, state, event).await?;
                 }
             }

@@ -45,11 +45,17 @@ pub struct Reply {
 
 impl Reply {
     fn ok(id: &Value, result: Value) -> Self {
-        Self { body: jsonrpc::result_response(id, result), http_status: 200 }
+        Self {
+            body: jsonrpc::result_response(id, result),
+            http_status: 200,
+        }
     }
 
     fn error(id: Option<&Value>, error: &RpcError) -> Self {
-        Self { body: jsonrpc::error_response(id, error), http_status: http_status(error.code) }
+        Self {
+            body: jsonrpc::error_response(id, error),
+            http_status: http_status(error.code),
+        }
     }
 }
 
@@ -101,6 +107,11 @@ impl Dispatcher {
         params: Option<&Map<String, Value>>,
         ctx: &RequestContext,
     ) -> Result<Value, RpcError> {
+        // Removed methods answer -32601 whatever else is wrong with the request, so that a
+        // client of an older revision learns that the method is gone.
+        if methods::REMOVED.contains(&method) {
+            return Err(RpcError::method_not_found(method));
+        }
         let meta = RequestMeta::from_params(params)?;
         meta.check_version()?;
         let server = &self.shared.config.server_info;
@@ -113,9 +124,15 @@ impl Dispatcher {
             )),
             methods::TOOLS_LIST => {
                 if ListParams::parse(params)?.cursor.is_some() {
-                    return Err(RpcError::invalid_params("invalid cursor: the tool list has one page"));
+                    return Err(RpcError::invalid_params(
+                        "invalid cursor: the tool list has one page",
+                    ));
                 }
-                Ok(results::tools_list(server, self.shared.tools.list(), self.shared.config.cache_hints))
+                Ok(results::tools_list(
+                    server,
+                    self.shared.tools.list(),
+                    self.shared.config.cache_hints,
+                ))
             }
             methods::TOOLS_CALL => self.call_tool(params, &meta, ctx).await,
             methods::TASKS_GET | methods::TASKS_UPDATE | methods::TASKS_CANCEL => {

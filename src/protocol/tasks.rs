@@ -22,9 +22,17 @@ enum Command {
 impl Dispatcher {
     /// Resolves a task id for `ctx`'s owner: malformed, unknown, foreign and expired ids are
     /// all `-32602`; a foreign task reads exactly like an unknown one.
-    async fn resolve(&self, raw_id: &str, ctx: &RequestContext) -> Result<Arc<TaskRecord>, RpcError> {
+    async fn resolve(
+        &self,
+        raw_id: &str,
+        ctx: &RequestContext,
+    ) -> Result<Arc<TaskRecord>, RpcError> {
         let id = TaskId::parse(raw_id).map_err(RpcError::invalid_params)?;
-        let record = self.shared.load(&id).await?.ok_or_else(RpcError::task_not_found)?;
+        let record = self
+            .shared
+            .load(&id)
+            .await?
+            .ok_or_else(RpcError::task_not_found)?;
         if record.owner != ctx.owner {
             return Err(RpcError::task_not_found());
         }
@@ -79,7 +87,10 @@ impl Dispatcher {
                 None if attempt == 0 => {
                     // A stored live task without an actor (restarting, or its spawn failed).
                     let id = record.id.clone();
-                    let _ = self.supervisor.call(|port| SupervisorMsg::Ensure(id, port), None).await;
+                    let _ = self
+                        .supervisor
+                        .call(|port| SupervisorMsg::Ensure(id, port), None)
+                        .await;
                     continue;
                 }
                 None => break,
@@ -87,7 +98,9 @@ impl Dispatcher {
             let outcome = match &command {
                 Command::Update(responses) => {
                     let responses = responses.clone();
-                    live.actor.call(|port| TaskMsg::Update(responses, port), None).await
+                    live.actor
+                        .call(|port| TaskMsg::Update(responses, port), None)
+                        .await
                 }
                 Command::Cancel => live.actor.call(TaskMsg::Cancel, None).await,
             };

@@ -42,7 +42,9 @@ impl Dispatcher {
 
         if !as_task {
             let tool_ctx = ToolContext::inline(ctx.owner.clone(), capabilities);
-            let outcome = AssertUnwindSafe(tool.call(tool_ctx, call.arguments)).catch_unwind().await;
+            let outcome = AssertUnwindSafe(tool.call(tool_ctx, call.arguments))
+                .catch_unwind()
+                .await;
             return match outcome {
                 Ok(Ok(result)) => Ok(results::call_tool_result(server, result.to_json())),
                 Ok(Err(e)) => Err(e.into()),
@@ -51,10 +53,14 @@ impl Dispatcher {
         }
 
         let config = &self.shared.config;
-        let ttl_ms = descriptor
-            .ttl_ms
-            .or_else(|| config.default_ttl.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
-        let poll_ms = u64::try_from(config.poll_interval.as_millis()).unwrap_or(u64::MAX).max(1);
+        let ttl_ms = descriptor.ttl_ms.or_else(|| {
+            config
+                .default_ttl
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        });
+        let poll_ms = u64::try_from(config.poll_interval.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
         let record = TaskRecord::new(
             TaskId::generate(),
             ctx.owner.clone(),
@@ -69,7 +75,10 @@ impl Dispatcher {
         // Durable before return: the handle leaves only after the commit holding the task.
         self.shared.commit(&record).await?;
         let record = Arc::new(record);
-        let spawned = self.supervisor.call(|port| SupervisorMsg::Spawn(record.clone(), port), None).await;
+        let spawned = self
+            .supervisor
+            .call(|port| SupervisorMsg::Spawn(record.clone(), port), None)
+            .await;
         if !matches!(spawned, Ok(ractor::rpc::CallResult::Success(Ok(())))) {
             // The task is stored; it runs once an actor is ensured (next touch or next start).
             tracing::error!(task = %record.id, "task stored but its actor did not start");

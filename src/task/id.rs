@@ -70,7 +70,10 @@ pub struct Owner {
 
 impl Owner {
     pub fn new(tenant: impl Into<String>, principal: impl Into<String>) -> Self {
-        Self { tenant: tenant.into(), principal: principal.into() }
+        Self {
+            tenant: tenant.into(),
+            principal: principal.into(),
+        }
     }
 
     /// The owner used when a transport has no authentication (a local stdio or loopback

@@ -15,7 +15,10 @@ pub enum Event {
     /// A journaled step finished with this recorded value.
     StepCompleted { name: String, value: Value },
     /// The tool asks the client for input under fresh keys (JSON `InputRequest`s).
-    RequestInputs { requests: BTreeMap<String, Value>, status_message: Option<String> },
+    RequestInputs {
+        requests: BTreeMap<String, Value>,
+        status_message: Option<String>,
+    },
     /// A client answered input requests (`tasks/update`). Keys that are not outstanding are
     /// ignored; a partial answer keeps the task `input_required`.
     ProvideInputs { responses: BTreeMap<String, Value> },
@@ -75,7 +78,10 @@ pub fn apply(
             }
             next.journal.insert(name, value);
         }
-        Event::RequestInputs { requests, status_message } => {
+        Event::RequestInputs {
+            requests,
+            status_message,
+        } => {
             refuse_if_terminal(record)?;
             if requests.is_empty() {
                 return Err(TransitionError::NoInputRequests);
@@ -138,7 +144,10 @@ pub fn apply(
         }
         Event::Cancelled { status_message } => {
             refuse_if_terminal(record)?;
-            end_cancelled(&mut next, status_message.or_else(|| Some("Cancelled.".into())));
+            end_cancelled(
+                &mut next,
+                status_message.or_else(|| Some("Cancelled.".into())),
+            );
         }
         Event::Expire => {
             refuse_if_terminal(record)?;

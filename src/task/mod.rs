@@ -140,7 +140,8 @@ impl TaskRecord {
 
     /// The instant (ms since epoch) from which the task counts as expired, if it ever does.
     pub fn expires_at_ms(&self) -> Option<u64> {
-        self.ttl_ms.map(|ttl| self.created_at_ms.saturating_add(ttl))
+        self.ttl_ms
+            .map(|ttl| self.created_at_ms.saturating_add(ttl))
     }
 
     /// Whether the task is past `createdAt + ttlMs` at `now_ms`.

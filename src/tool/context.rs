@@ -62,7 +62,11 @@ impl ElicitResponse {
             Some("decline") => ElicitAction::Decline,
             _ => ElicitAction::Cancel,
         };
-        let content = v.get("content").and_then(Value::as_object).cloned().unwrap_or_default();
+        let content = v
+            .get("content")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
         Self { action, content }
     }
 }
@@ -107,7 +111,12 @@ impl ToolContext {
     /// requests fail with [`ToolError::InputRequiresTask`].
     pub fn inline(owner: Owner, client_capabilities: Value) -> Self {
         Self {
-            inner: Arc::new(Inner { owner, client_capabilities, task_id: None, mode: Mode::Inline }),
+            inner: Arc::new(Inner {
+                owner,
+                client_capabilities,
+                task_id: None,
+                mode: Mode::Inline,
+            }),
         }
     }
 
@@ -134,8 +143,14 @@ impl ToolContext {
     }
 
     async fn record(&self, event: Event) -> Result<(), ToolError> {
-        let Mode::Task(link) = &self.inner.mode else { return Ok(()) };
-        match link.actor.call(|reply| TaskMsg::Tool(event, reply), None).await {
+        let Mode::Task(link) = &self.inner.mode else {
+            return Ok(());
+        };
+        match link
+            .actor
+            .call(|reply| TaskMsg::Tool(event, reply), None)
+            .await
+        {
             Ok(ractor::rpc::CallResult::Success(Ok(()))) => Ok(()),
             Ok(ractor::rpc::CallResult::Success(Err(e))) => Err(ToolError::Runtime(e.message)),
             Ok(_) => Err(ToolError::Runtime("the task actor did not answer".into())),
@@ -156,7 +171,9 @@ impl ToolContext {
         if let Some(snap) = self.snapshot() {
             if let Some(recorded) = snap.journal.get(name) {
                 return serde_json::from_value(recorded.clone()).map_err(|e| {
-                    ToolError::Runtime(format!("the recorded value of step `{name}` no longer decodes: {e}"))
+                    ToolError::Runtime(format!(
+                        "the recorded value of step `{name}` no longer decodes: {e}"
+                    ))
                 });
             }
             if snap.cancel_requested || snap.status.is_terminal() {
@@ -166,9 +183,15 @@ impl ToolContext {
         let value = f().await?;
         if self.snapshot().is_some() {
             let json = serde_json::to_value(&value).map_err(|e| {
-                ToolError::Runtime(format!("the value of step `{name}` does not serialize: {e}"))
+                ToolError::Runtime(format!(
+                    "the value of step `{name}` does not serialize: {e}"
+                ))
             })?;
-            self.record(Event::StepCompleted { name: name.to_owned(), value: json }).await?;
+            self.record(Event::StepCompleted {
+                name: name.to_owned(),
+                value: json,
+            })
+            .await?;
         }
         Ok(value)
     }
@@ -177,8 +200,12 @@ impl ToolContext {
     /// `input_required` meanwhile). Keys are unique over the task's lifetime; after a restart
     /// an answered key returns its recorded answer at once.
     pub async fn input(&self, key: &str, request: InputRequest) -> Result<Value, ToolError> {
-        let mut answers = self.inputs(BTreeMap::from([(key.to_owned(), request)])).await?;
-        answers.remove(key).ok_or_else(|| ToolError::Runtime(format!("no answer for `{key}`")))
+        let mut answers = self
+            .inputs(BTreeMap::from([(key.to_owned(), request)]))
+            .await?;
+        answers
+            .remove(key)
+            .ok_or_else(|| ToolError::Runtime(format!("no answer for `{key}`")))
     }
 
     /// Asks for several inputs at once; returns when every key is answered. A partial answer
@@ -201,14 +228,21 @@ impl ToolContext {
             .filter(|(k, _)| !snap.issued_keys.contains(k))
             .map(|(k, r)| (k, r.into_json()))
             .collect();
-        if let Some(k) = keys
-            .iter()
-            .find(|k| snap.issued_keys.contains(*k) && !snap.answers.contains_key(*k) && !snap.pending_inputs.contains_key(*k))
-        {
-            return Err(ToolError::Runtime(format!("input key `{k}` was superseded and cannot be asked again")));
+        if let Some(k) = keys.iter().find(|k| {
+            snap.issued_keys.contains(*k)
+                && !snap.answers.contains_key(*k)
+                && !snap.pending_inputs.contains_key(*k)
+        }) {
+            return Err(ToolError::Runtime(format!(
+                "input key `{k}` was superseded and cannot be asked again"
+            )));
         }
         if !fresh.is_empty() {
-            self.record(Event::RequestInputs { requests: fresh, status_message: None }).await?;
+            self.record(Event::RequestInputs {
+                requests: fresh,
+                status_message: None,
+            })
+            .await?;
         }
         let mut rx = link.snapshots.clone();
         let done = rx
@@ -221,7 +255,10 @@ impl ToolContext {
             .map_err(|_| ToolError::Runtime("the task actor stopped".into()))?
             .clone();
         if keys.iter().all(|k| done.answers.contains_key(k)) {
-            Ok(keys.into_iter().filter_map(|k| done.answers.get(&k).map(|v| (k, v.clone()))).collect())
+            Ok(keys
+                .into_iter()
+                .filter_map(|k| done.answers.get(&k).map(|v| (k, v.clone())))
+                .collect())
         } else {
             Err(ToolError::Cancelled)
         }
@@ -229,12 +266,14 @@ impl ToolContext {
 
     /// Sets the task's `statusMessage` (committed before this returns).
     pub async fn set_status(&self, message: impl Into<String>) -> Result<(), ToolError> {
-        self.record(Event::StatusMessage(Some(message.into()))).await
+        self.record(Event::StatusMessage(Some(message.into())))
+            .await
     }
 
     /// Whether a client asked to cancel the task.
     pub fn is_cancelled(&self) -> bool {
-        self.snapshot().is_some_and(|s| s.cancel_requested || s.status == TaskStatus::Cancelled)
+        self.snapshot()
+            .is_some_and(|s| s.cancel_requested || s.status == TaskStatus::Cancelled)
     }
 
     /// Resolves when a client asks to cancel the task (never, for a synchronous call).
@@ -242,7 +281,11 @@ impl ToolContext {
         match &self.inner.mode {
             Mode::Task(link) => {
                 let mut rx = link.snapshots.clone();
-                if rx.wait_for(|r| r.cancel_requested || r.status.is_terminal()).await.is_err() {
+                if rx
+                    .wait_for(|r| r.cancel_requested || r.status.is_terminal())
+                    .await
+                    .is_err()
+                {
                     futures::future::pending::<()>().await;
                 }
             }

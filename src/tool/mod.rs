@@ -120,12 +120,18 @@ pub struct CallToolResult {
 impl CallToolResult {
     /// One text content block.
     pub fn text(text: impl Into<String>) -> Self {
-        Self { content: vec![json!({ "type": "text", "text": text.into() })], ..Self::default() }
+        Self {
+            content: vec![json!({ "type": "text", "text": text.into() })],
+            ..Self::default()
+        }
     }
 
     /// A tool-level error reported to the model (`isError: true`).
     pub fn error_text(text: impl Into<String>) -> Self {
-        Self { is_error: true, ..Self::text(text) }
+        Self {
+            is_error: true,
+            ..Self::text(text)
+        }
     }
 
     pub fn with_structured(mut self, value: Value) -> Self {

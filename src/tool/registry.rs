@@ -13,6 +13,9 @@ struct Entry {
     validator: jsonschema::Validator,
 }
 
+/// Longest validation detail quoted back to a client.
+const MAX_DETAIL: usize = 256;
+
 /// Tools by name, listed in name order (deterministic `tools/list`).
 #[derive(Default)]
 pub struct ToolRegistry {
@@ -42,7 +45,9 @@ impl ToolRegistry {
         let name = d.name.clone();
         let valid_name = !name.is_empty()
             && name.len() <= 128
-            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
         if !valid_name {
             return Err(RegistryError::InvalidName(name));
         }
@@ -56,7 +61,10 @@ impl ToolRegistry {
             });
         }
         let validator = jsonschema::validator_for(&d.input_schema).map_err(|e| {
-            RegistryError::InvalidSchema { name: name.clone(), detail: e.to_string() }
+            RegistryError::InvalidSchema {
+                name: name.clone(),
+                detail: e.to_string(),
+            }
         })?;
         self.tools.insert(name, Entry { tool, validator });
         Ok(())
@@ -72,7 +80,10 @@ impl ToolRegistry {
 
     /// The `tools/list` objects in name order.
     pub fn list(&self) -> Vec<Value> {
-        self.tools.values().map(|e| e.tool.descriptor().to_json()).collect()
+        self.tools
+            .values()
+            .map(|e| e.tool.descriptor().to_json())
+            .collect()
     }
 
     /// `-32602` naming the first offending field when `arguments` do not match the tool's
@@ -87,11 +98,23 @@ impl ToolRegistry {
             None => Ok(()),
             Some(err) => {
                 let path = err.instance_path().to_string();
-                let field = if path.is_empty() { "arguments".to_owned() } else {
+                let field = if path.is_empty() {
+                    "arguments".to_owned()
+                } else {
                     format!("arguments{}", path.replace('/', "."))
                 };
+                // The validator's text quotes the offending value, which may be huge: cap it.
+                let mut detail = err.to_string();
+                if detail.len() > MAX_DETAIL {
+                    let mut cut = MAX_DETAIL;
+                    while !detail.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    detail.truncate(cut);
+                    detail.push('…');
+                }
                 Err(RpcError::invalid_params(format!(
-                    "invalid arguments for tool `{name}`: `{field}`: {err}"
+                    "invalid arguments for tool `{name}`: `{field}`: {detail}"
                 )))
             }
         }

@@ -9,9 +9,16 @@ use crate::error::RpcError;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Incoming {
     /// Has an `id`: exactly one response is owed.
-    Request { id: Value, method: String, params: Option<Map<String, Value>> },
+    Request {
+        id: Value,
+        method: String,
+        params: Option<Map<String, Value>>,
+    },
     /// Has no `id`: no response is ever sent.
-    Notification { method: String, params: Option<Map<String, Value>> },
+    Notification {
+        method: String,
+        params: Option<Map<String, Value>>,
+    },
 }
 
 /// An envelope that could not be read. `id` is the request id when it could be read (error
@@ -35,8 +42,12 @@ pub fn parse(bytes: &[u8]) -> Result<Incoming, Box<Rejection>> {
             )),
         }));
     }
-    let value: Value = serde_json::from_slice(bytes)
-        .map_err(|e| Box::new(Rejection { id: None, error: RpcError::parse_error(e) }))?;
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+        Box::new(Rejection {
+            id: None,
+            error: RpcError::parse_error(e),
+        })
+    })?;
     from_value(value)
 }
 
@@ -84,7 +95,10 @@ pub fn from_value(value: Value) -> Result<Incoming, Box<Rejection>> {
         }
         Some(Value::String(m)) => m,
         Some(other) => {
-            return Err(reject(id, format!("`method` must be a string, not {}", kind(&other))));
+            return Err(reject(
+                id,
+                format!("`method` must be a string, not {}", kind(&other)),
+            ));
         }
         None if obj.contains_key("result") || obj.contains_key("error") => {
             return Err(reject(id, "clients must not send responses to this server"));
@@ -108,7 +122,10 @@ pub fn from_value(value: Value) -> Result<Incoming, Box<Rejection>> {
 }
 
 fn reject(id: Option<Value>, detail: impl std::fmt::Display) -> Box<Rejection> {
-    Box::new(Rejection { id, error: RpcError::invalid_request(detail) })
+    Box::new(Rejection {
+        id,
+        error: RpcError::invalid_request(detail),
+    })
 }
 
 /// A short name for a JSON value's type, for error messages.
@@ -158,15 +175,35 @@ mod tests {
             (b"{", code::PARSE_ERROR),
             (b"[]", code::INVALID_REQUEST),
             (b"3", code::INVALID_REQUEST),
-            (br#"{"jsonrpc":"1.0","id":1,"method":"x"}"#, code::INVALID_REQUEST),
-            (br#"{"jsonrpc":"2.0","id":null,"method":"x"}"#, code::INVALID_REQUEST),
-            (br#"{"jsonrpc":"2.0","id":1.5,"method":"x"}"#, code::INVALID_REQUEST),
-            (br#"{"jsonrpc":"2.0","id":1,"method":7}"#, code::INVALID_REQUEST),
-            (br#"{"jsonrpc":"2.0","id":1,"method":"x","params":[]}"#, code::INVALID_REQUEST),
+            (
+                br#"{"jsonrpc":"1.0","id":1,"method":"x"}"#,
+                code::INVALID_REQUEST,
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":null,"method":"x"}"#,
+                code::INVALID_REQUEST,
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":1.5,"method":"x"}"#,
+                code::INVALID_REQUEST,
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":1,"method":7}"#,
+                code::INVALID_REQUEST,
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":1,"method":"x","params":[]}"#,
+                code::INVALID_REQUEST,
+            ),
         ];
         for (bytes, expected) in cases {
             let err = parse(bytes).unwrap_err();
-            assert_eq!(err.error.code, *expected, "{}", String::from_utf8_lossy(bytes));
+            assert_eq!(
+                err.error.code,
+                *expected,
+                "{}",
+                String::from_utf8_lossy(bytes)
+            );
         }
     }
 

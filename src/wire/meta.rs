@@ -91,7 +91,11 @@ impl RequestMeta {
                 )));
             }
         };
-        Ok(Self { protocol_version, client_capabilities, client_info })
+        Ok(Self {
+            protocol_version,
+            client_capabilities,
+            client_info,
+        })
     }
 
     /// `-32022` unless the requested version is implemented.
@@ -117,7 +121,9 @@ impl RequestMeta {
 
     /// Whether a top-level capability (`sampling`, `elicitation`, `roots`) is declared.
     pub fn declares(&self, capability: &str) -> bool {
-        self.client_capabilities.get(capability).is_some_and(Value::is_object)
+        self.client_capabilities
+            .get(capability)
+            .is_some_and(Value::is_object)
     }
 }
 

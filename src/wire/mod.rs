@@ -70,7 +70,10 @@ pub struct ServerInfo {
 
 impl ServerInfo {
     pub fn new(name: impl Into<String>, version: impl Into<String>) -> Self {
-        Self { name: name.into(), version: version.into() }
+        Self {
+            name: name.into(),
+            version: version.into(),
+        }
     }
 
     pub fn to_json(&self) -> Value {
@@ -89,7 +92,10 @@ pub fn iso8601(ms: u64) -> String {
     let nanos = i128::from(ms) * 1_000_000;
     time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
         .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
         .unwrap_or_else(|| "1970-01-01T00:00:00Z".to_owned())
 }
 
@@ -98,6 +104,9 @@ mod tests {
     #[test]
     fn iso8601_formats_utc() {
         assert_eq!(super::iso8601(0), "1970-01-01T00:00:00Z");
-        assert_eq!(super::iso8601(1_787_308_200_123), "2026-08-21T10:30:00.123Z");
+        assert_eq!(
+            super::iso8601(1_787_308_200_123),
+            "2026-08-21T10:30:00.123Z"
+        );
     }
 }

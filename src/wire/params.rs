@@ -82,13 +82,20 @@ impl CallToolParams {
                 )));
             }
         };
-        Ok(Self { name, arguments, input_responses, request_state })
+        Ok(Self {
+            name,
+            arguments,
+            input_responses,
+            request_state,
+        })
     }
 }
 
 impl TaskIdParams {
     pub fn parse(params: Params<'_>) -> Result<Self, RpcError> {
-        Ok(Self { task_id: required_str(params, "taskId", limits::MAX_NAME_LEN)? })
+        Ok(Self {
+            task_id: required_str(params, "taskId", limits::MAX_NAME_LEN)?,
+        })
     }
 }
 
@@ -97,7 +104,10 @@ impl UpdateTaskParams {
         let task_id = required_str(params, "taskId", limits::MAX_NAME_LEN)?;
         let input_responses = optional_object(params, "inputResponses")?
             .ok_or_else(|| RpcError::invalid_params("`inputResponses` is required"))?;
-        Ok(Self { task_id, input_responses })
+        Ok(Self {
+            task_id,
+            input_responses,
+        })
     }
 }
 

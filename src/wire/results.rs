@@ -15,12 +15,17 @@ pub struct CacheHints {
 
 impl Default for CacheHints {
     fn default() -> Self {
-        Self { ttl_ms: 300_000, public: true }
+        Self {
+            ttl_ms: 300_000,
+            public: true,
+        }
     }
 }
 
 fn with_server_info(mut result: Map<String, Value>, server: &ServerInfo) -> Value {
-    let meta = result.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
+    let meta = result
+        .entry("_meta")
+        .or_insert_with(|| Value::Object(Map::new()));
     if let Value::Object(meta) = meta {
         meta.insert(keys::SERVER_INFO.to_owned(), server.to_json());
     }
@@ -72,7 +77,10 @@ pub fn tools_list(server: &ServerInfo, tools: Vec<Value>, hints: CacheHints) -> 
 
 fn insert_hints(r: &mut Map<String, Value>, hints: CacheHints) {
     r.insert("ttlMs".into(), json!(hints.ttl_ms));
-    r.insert("cacheScope".into(), json!(if hints.public { "public" } else { "private" }));
+    r.insert(
+        "cacheScope".into(),
+        json!(if hints.public { "public" } else { "private" }),
+    );
 }
 
 /// A `CallToolResult` as it leaves the server: the tool's object with
@@ -97,8 +105,14 @@ fn task_fields(record: &TaskRecord) -> Map<String, Value> {
         t.insert("statusMessage".into(), json!(m));
     }
     t.insert("createdAt".into(), json!(iso8601(record.created_at_ms)));
-    t.insert("lastUpdatedAt".into(), json!(iso8601(record.last_updated_at_ms)));
-    t.insert("ttlMs".into(), record.ttl_ms.map_or(Value::Null, |v| json!(v)));
+    t.insert(
+        "lastUpdatedAt".into(),
+        json!(iso8601(record.last_updated_at_ms)),
+    );
+    t.insert(
+        "ttlMs".into(),
+        record.ttl_ms.map_or(Value::Null, |v| json!(v)),
+    );
     if let Some(p) = record.poll_interval_ms {
         t.insert("pollIntervalMs".into(), json!(p));
     }
@@ -111,8 +125,11 @@ pub fn detailed_task(record: &TaskRecord, server: &ServerInfo) -> Map<String, Va
     let mut t = task_fields(record);
     match record.status {
         TaskStatus::InputRequired => {
-            let requests: Map<String, Value> =
-                record.pending_inputs.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            let requests: Map<String, Value> = record
+                .pending_inputs
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
             t.insert("inputRequests".into(), Value::Object(requests));
         }
         TaskStatus::Completed => {

@@ -1,0 +1,451 @@
+//! Behaviour of the runtime through the embedding API: several runtimes in one process,
+//! supervision, cancellation, expiry, synchronous calls and the demo.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use mcp_tasks::clock::ManualClock;
+use mcp_tasks::store::StoreError;
+use mcp_tasks::tool::{CallToolResult, TaskPolicy, ToolDescriptor, ToolError, tool_fn};
+use mcp_tasks::{Owner, Runtime, RuntimeConfig, StartError};
+use serde_json::{Value, json};
+
+fn meta(tasks: bool) -> Value {
+    let caps = if tasks {
+        json!({ "extensions": { "io.modelcontextprotocol/tasks": {} } })
+    } else {
+        json!({})
+    };
+    json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": caps
+    })
+}
+
+fn req(id: u64, method: &str, mut params: Value, tasks: bool) -> Value {
+    params["_meta"] = meta(tasks);
+    json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params })
+}
+
+async fn call(rt: &Runtime, method: &str, params: Value) -> Value {
+    rt.handle_json(req(1, method, params, true), &Owner::anonymous())
+        .await
+        .expect("a response")
+}
+
+async fn create(rt: &Runtime, tool: &str, arguments: Value) -> String {
+    let r = call(
+        rt,
+        "tools/call",
+        json!({ "name": tool, "arguments": arguments }),
+    )
+    .await;
+    assert_eq!(r["result"]["resultType"], "task", "{r}");
+    r["result"]["taskId"].as_str().unwrap().to_owned()
+}
+
+async fn get(rt: &Runtime, task: &str) -> Value {
+    call(rt, "tasks/get", json!({ "taskId": task })).await
+}
+
+/// Polls until the task has `status` (bounded; real time because tools run on real timers).
+async fn wait_status(rt: &Runtime, task: &str, status: &str) -> Value {
+    for _ in 0..400 {
+        let r = get(rt, task).await;
+        if r["result"]["status"] == status {
+            return r["result"].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("task {task} never became {status}: {}", get(rt, task).await);
+}
+
+fn forever() -> Arc<dyn mcp_tasks::tool::Tool> {
+    tool_fn(
+        ToolDescriptor::new("forever", "never ends").task_policy(TaskPolicy::Always),
+        |_ctx, _| async {
+            std::future::pending::<()>().await;
+            Ok(CallToolResult::text("unreachable"))
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_runtimes_in_one_process_do_not_interfere() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Runtime::builder(dir.path().join("a.redb"))
+        .tool(forever())
+        .start()
+        .await
+        .unwrap();
+    let b = Runtime::builder(dir.path().join("b.redb"))
+        .tool(forever())
+        .start()
+        .await
+        .unwrap();
+    let ta = create(&a, "forever", json!({})).await;
+    let tb = create(&b, "forever", json!({})).await;
+    assert_eq!(get(&a, &ta).await["result"]["status"], "working");
+    assert_eq!(get(&b, &tb).await["result"]["status"], "working");
+    // Each runtime knows only its own tasks.
+    assert_eq!(get(&a, &tb).await["error"]["code"], -32602);
+    assert_eq!(get(&b, &ta).await["error"]["code"], -32602);
+    assert_eq!((a.live_tasks(), b.live_tasks()), (1, 1));
+    a.shutdown().await;
+    assert_eq!(
+        get(&b, &tb).await["result"]["status"],
+        "working",
+        "b survives a's shutdown"
+    );
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opening_an_open_file_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("one.redb");
+    let first = Runtime::builder(&path).start().await.unwrap();
+    let err = Runtime::builder(&path)
+        .start()
+        .await
+        .err()
+        .expect("second open must fail");
+    assert!(
+        matches!(err, StartError::Store(StoreError::AlreadyOpen { .. })),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("one.redb"),
+        "the error names the file: {text}"
+    );
+    first.shutdown().await;
+    let again = Runtime::builder(&path)
+        .start()
+        .await
+        .expect("reopens after shutdown");
+    again.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_task_actor_is_restarted_then_given_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let tool = tool_fn(
+        ToolDescriptor::new("crashy", "panics").task_policy(TaskPolicy::Always),
+        move |_ctx, _| {
+            let counter = counter.clone();
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                panic!("boom");
+            }
+        },
+    );
+    let mut config = RuntimeConfig::default();
+    config.restart_budget = 2;
+    config.restart_backoff = Duration::from_millis(10);
+    let rt = Runtime::builder(dir.path().join("s.redb"))
+        .config(config)
+        .tool(tool)
+        .start()
+        .await
+        .unwrap();
+    let task = create(&rt, "crashy", json!({})).await;
+    let failed = wait_status(&rt, &task, "failed").await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "first run plus two restarts"
+    );
+    assert_eq!(failed["error"]["code"], -32603);
+    let message = failed["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("given up") && message.contains("boom"),
+        "{message}"
+    );
+    assert_eq!(rt.live_tasks(), 0);
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_is_cooperative_with_a_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let polite = tool_fn(
+        ToolDescriptor::new("polite", "stops when asked").task_policy(TaskPolicy::Always),
+        |ctx, _| async move {
+            ctx.cancelled().await;
+            Err(ToolError::Cancelled)
+        },
+    );
+    let stubborn = tool_fn(
+        ToolDescriptor::new("stubborn", "ignores cancel").task_policy(TaskPolicy::Always),
+        |_ctx, _| async {
+            std::future::pending::<()>().await;
+            Ok(CallToolResult::text("unreachable"))
+        },
+    );
+    let mut config = RuntimeConfig::default();
+    config.cancel_grace = Duration::from_millis(200);
+    let rt = Runtime::builder(dir.path().join("c.redb"))
+        .config(config)
+        .tools([polite, stubborn])
+        .start()
+        .await
+        .unwrap();
+
+    let p = create(&rt, "polite", json!({})).await;
+    let ack = call(&rt, "tasks/cancel", json!({ "taskId": p })).await;
+    assert_eq!(ack["result"]["resultType"], "complete");
+    for field in ["taskId", "status", "result", "error", "inputRequests"] {
+        assert!(
+            ack["result"].get(field).is_none(),
+            "the ack carries no {field}"
+        );
+    }
+    wait_status(&rt, &p, "cancelled").await;
+
+    let s = create(&rt, "stubborn", json!({})).await;
+    call(&rt, "tasks/cancel", json!({ "taskId": s })).await;
+    let cancelled = wait_status(&rt, &s, "cancelled").await;
+    assert!(
+        cancelled["statusMessage"]
+            .as_str()
+            .unwrap()
+            .contains("grace"),
+        "{cancelled}"
+    );
+
+    // Cancelling a finished task acknowledges and changes nothing.
+    let before = get(&rt, &s).await;
+    let again = call(&rt, "tasks/cancel", json!({ "taskId": s })).await;
+    assert_eq!(again["result"]["resultType"], "complete");
+    assert_eq!(get(&rt, &s).await, before);
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_fails_live_tasks_then_forgets_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_800_000_000_000);
+    let mut config = RuntimeConfig::default();
+    config.default_ttl = Some(Duration::from_secs(60));
+    config.expired_retention = Duration::from_secs(600);
+    config.reaper_interval = Duration::from_millis(10);
+    let rt = Runtime::builder(dir.path().join("e.redb"))
+        .config(config)
+        .clock(Arc::new(clock.clone()))
+        .tool(forever())
+        .start()
+        .await
+        .unwrap();
+    let task = create(&rt, "forever", json!({})).await;
+    assert_eq!(get(&rt, &task).await["result"]["ttlMs"], 60_000);
+
+    // Never early: one millisecond before the ttl the task is still there and working.
+    clock.advance(59_999);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(get(&rt, &task).await["result"]["status"], "working");
+
+    // At the ttl it reads as expired (to its owner), and the reaper fails it.
+    clock.advance(1);
+    let expired = get(&rt, &task).await;
+    assert_eq!(expired["error"]["code"], -32602);
+    assert!(
+        expired["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("expired"),
+        "{expired}"
+    );
+    for _ in 0..200 {
+        if rt.live_tasks() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(rt.live_tasks(), 0, "the reaper stopped the expired task");
+    let stored = rt
+        .store()
+        .get(&task)
+        .await
+        .unwrap()
+        .expect("kept during retention");
+    let record = mcp_tasks::persist::decode(&stored).unwrap();
+    assert_eq!(record.status, mcp_tasks::TaskStatus::Failed);
+
+    // Another principal cannot tell an expired task from an unknown one.
+    let foreign = rt
+        .handle_json(
+            req(2, "tasks/get", json!({ "taskId": task }), true),
+            &Owner::new("t", "mallory"),
+        )
+        .await
+        .unwrap();
+    assert!(
+        foreign["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not found"),
+        "{foreign}"
+    );
+
+    // After the retention the record is deleted: not found.
+    clock.advance(600_000);
+    for _ in 0..200 {
+        if rt.store().get(&task).await.unwrap().is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let gone = get(&rt, &task).await;
+    assert!(
+        gone["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not found"),
+        "{gone}"
+    );
+
+    // A malformed id says so.
+    let bad = get(&rt, "not-a-task").await;
+    assert_eq!(bad["error"]["code"], -32602);
+    assert!(
+        bad["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("malformed"),
+        "{bad}"
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_policy_decides_per_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let greet = tool_fn(
+        ToolDescriptor::new("greet", "says hello")
+            .task_policy(TaskPolicy::Never)
+            .input_schema(json!({ "type": "object", "properties": { "name": { "type": "string" } }, "required": ["name"] })),
+        |_ctx, args| async move { Ok(CallToolResult::text(format!("Hello, {}!", args["name"].as_str().unwrap_or("")))) },
+    );
+    let maybe = tool_fn(
+        ToolDescriptor::new("maybe", "a task when possible"),
+        |ctx, _| async move {
+            Ok(CallToolResult::text(if ctx.task_id().is_some() {
+                "as a task"
+            } else {
+                "inline"
+            }))
+        },
+    );
+    let rt = Runtime::builder(dir.path().join("p.redb"))
+        .tools([greet, maybe, forever()])
+        .start()
+        .await
+        .unwrap();
+    let owner = Owner::anonymous();
+    let call_with = |tool: &str, args: Value, tasks: bool| {
+        req(
+            1,
+            "tools/call",
+            json!({ "name": tool, "arguments": args }),
+            tasks,
+        )
+    };
+
+    let r = rt
+        .handle_json(call_with("greet", json!({ "name": "Ada" }), true), &owner)
+        .await
+        .unwrap();
+    assert_eq!(r["result"]["content"][0]["text"], "Hello, Ada!");
+    assert_eq!(r["result"]["resultType"], "complete");
+
+    let r = rt
+        .handle_json(call_with("maybe", json!({}), false), &owner)
+        .await
+        .unwrap();
+    assert_eq!(r["result"]["content"][0]["text"], "inline");
+    let r = rt
+        .handle_json(call_with("maybe", json!({}), true), &owner)
+        .await
+        .unwrap();
+    assert_eq!(r["result"]["resultType"], "task");
+    let task = r["result"]["taskId"].as_str().unwrap().to_owned();
+    let done = wait_status(&rt, &task, "completed").await;
+    assert_eq!(done["result"]["content"][0]["text"], "as a task");
+    assert_eq!(done["result"]["resultType"], "complete");
+
+    let r = rt
+        .handle_json(call_with("forever", json!({}), false), &owner)
+        .await
+        .unwrap();
+    assert_eq!(r["error"]["code"], -32021);
+    assert_eq!(
+        r["error"]["data"]["requiredCapabilities"],
+        json!({ "extensions": { "io.modelcontextprotocol/tasks": {} } })
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declined_approval_is_a_safe_completed_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder(dir.path().join("d.redb"))
+        .tool(mcp_tasks::demo::generate_report(Duration::from_millis(10)))
+        .start()
+        .await
+        .unwrap();
+    let task = create(&rt, "generate_report", json!({ "size": "small" })).await;
+    wait_status(&rt, &task, "input_required").await;
+    let answer =
+        json!({ "taskId": task, "inputResponses": { "approve_outline": { "action": "decline" } } });
+    call(&rt, "tasks/update", answer).await;
+    let done = wait_status(&rt, &task, "completed").await;
+    assert_eq!(done["result"]["isError"], false);
+    assert_eq!(
+        done["result"]["structuredContent"],
+        json!({ "size": "small", "approved": false })
+    );
+
+    let task = create(&rt, "generate_report", json!({ "size": "small" })).await;
+    wait_status(&rt, &task, "input_required").await;
+    let answer =
+        json!({ "taskId": task, "inputResponses": { "approve_outline": { "action": "cancel" } } });
+    call(&rt, "tasks/update", answer).await;
+    wait_status(&rt, &task, "cancelled").await;
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_prints_the_lesson_sequence() {
+    let expected =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/demo-output.txt"))
+            .unwrap();
+    for _ in 0..3 {
+        let dir = tempfile::tempdir().unwrap();
+        let mut out = Vec::new();
+        mcp_tasks::demo::run(&dir.path().join("demo.redb"), false, &mut out)
+            .await
+            .unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), expected);
+    }
+}
+
+#[test]
+fn the_binary_plays_the_demo() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mcp-tasks"))
+        .arg("demo")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/demo-output.txt"))
+            .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+}
