@@ -33,7 +33,11 @@ fn import_invoices() -> Arc<dyn Tool> {
     .task_policy(TaskPolicy::Always)
     .initial_status_message("Fetching invoices.");
     tool_fn(descriptor, |ctx, args| async move {
-        let source = args.get("source").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let source = args
+            .get("source")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
         let invoices: Vec<u32> = ctx
             .step("fetch", || async {
                 FETCHES.fetch_add(1, Ordering::SeqCst);
@@ -41,7 +45,11 @@ fn import_invoices() -> Arc<dyn Tool> {
                 Ok(vec![120, 80, 455])
             })
             .await?;
-        ctx.set_status(format!("Fetched {} invoices from {source}.", invoices.len())).await?;
+        ctx.set_status(format!(
+            "Fetched {} invoices from {source}.",
+            invoices.len()
+        ))
+        .await?;
         let answer = ctx
             .input(
                 "currency",
@@ -59,10 +67,20 @@ fn import_invoices() -> Arc<dyn Tool> {
         if answer.action != ElicitAction::Accept {
             return Err(ToolError::Cancelled);
         }
-        let currency = answer.content.get("currency").and_then(Value::as_str).unwrap_or("EUR").to_owned();
-        let total: u32 = ctx.step("book", || async { Ok(invoices.iter().sum::<u32>()) }).await?;
-        Ok(CallToolResult::text(format!("Booked {} invoices: {total} {currency}.", invoices.len()))
-            .with_structured(json!({ "count": invoices.len(), "total": total, "currency": currency })))
+        let currency = answer
+            .content
+            .get("currency")
+            .and_then(Value::as_str)
+            .unwrap_or("EUR")
+            .to_owned();
+        let total: u32 = ctx
+            .step("book", || async { Ok(invoices.iter().sum::<u32>()) })
+            .await?;
+        Ok(CallToolResult::text(format!(
+            "Booked {} invoices: {total} {currency}.",
+            invoices.len()
+        ))
+        .with_structured(json!({ "count": invoices.len(), "total": total, "currency": currency })))
     })
 }
 
@@ -74,7 +92,12 @@ fn request(id: u64, method: &str, mut params: Value) -> Value {
     json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params })
 }
 
-async fn wait_for(runtime: &Runtime, owner: &Owner, task: &str, status: &str) -> Result<Value, String> {
+async fn wait_for(
+    runtime: &Runtime,
+    owner: &Owner,
+    task: &str,
+    status: &str,
+) -> Result<Value, String> {
     for _ in 0..200 {
         let r = runtime
             .handle_json(request(99, "tasks/get", json!({ "taskId": task })), owner)
@@ -94,21 +117,45 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = dir.path().join("host.redb");
     let owner = Owner::new("acme", "alice");
 
-    let runtime = Runtime::builder(&path).server_info("invoice-host", "0.1.0").tool(import_invoices()).start().await?;
+    let runtime = Runtime::builder(&path)
+        .server_info("invoice-host", "0.1.0")
+        .tool(import_invoices())
+        .start()
+        .await?;
     let created = runtime
-        .handle_json(request(1, "tools/call", json!({ "name": "import_invoices", "arguments": { "source": "s3://batch-7" } })), &owner)
+        .handle_json(
+            request(
+                1,
+                "tools/call",
+                json!({ "name": "import_invoices", "arguments": { "source": "s3://batch-7" } }),
+            ),
+            &owner,
+        )
         .await
         .ok_or("no response")?;
-    let task = created["result"]["taskId"].as_str().ok_or("no task id")?.to_owned();
+    let task = created["result"]["taskId"]
+        .as_str()
+        .ok_or("no task id")?
+        .to_owned();
     println!("created {task}: {}", created["result"]["status"]);
 
     let waiting = wait_for(&runtime, &owner, &task, "input_required").await?;
-    println!("asks for: {}", waiting["inputRequests"]["currency"]["params"]["message"]);
+    println!(
+        "asks for: {}",
+        waiting["inputRequests"]["currency"]["params"]["message"]
+    );
 
     // The host restarts (a deploy, a crash): the task and its journal survive.
     runtime.shutdown().await;
-    let runtime = Runtime::builder(&path).server_info("invoice-host", "0.1.0").tool(import_invoices()).start().await?;
-    println!("restarted; task is {}", wait_for(&runtime, &owner, &task, "input_required").await?["status"]);
+    let runtime = Runtime::builder(&path)
+        .server_info("invoice-host", "0.1.0")
+        .tool(import_invoices())
+        .start()
+        .await?;
+    println!(
+        "restarted; task is {}",
+        wait_for(&runtime, &owner, &task, "input_required").await?["status"]
+    );
 
     let ack = runtime
         .handle_json(
@@ -121,7 +168,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let done = wait_for(&runtime, &owner, &task, "completed").await?;
     println!("result: {}", done["result"]["content"][0]["text"]);
-    println!("the fetch step ran {} time(s)", FETCHES.load(Ordering::SeqCst));
+    println!(
+        "the fetch step ran {} time(s)",
+        FETCHES.load(Ordering::SeqCst)
+    );
     runtime.shutdown().await;
     if FETCHES.load(Ordering::SeqCst) != 1 {
         return Err("the journaled fetch step ran more than once".into());
