@@ -114,7 +114,8 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Opens the store, rehydrates every live task and starts the expiry reaper.
+    /// Opens the store, rehydrates every live task (done when this returns) and starts the
+    /// expiry reaper.
     pub async fn start(self) -> Result<Runtime, StartError> {
         let mut tools = ToolRegistry::new();
         for tool in self.tools {
@@ -144,6 +145,13 @@ impl RuntimeBuilder {
                 return Err(StartError::Supervisor(e.to_string()));
             }
         };
+        // The supervisor rehydrates in `post_start`; it answers messages only after that.
+        if supervisor.call(SupervisorMsg::Ready, None).await.is_err() {
+            store.close().await;
+            return Err(StartError::Supervisor(
+                "the supervisor stopped while rehydrating".into(),
+            ));
+        }
         let (stop_tx, stop_rx) = watch::channel(false);
         let reaper = tokio::spawn(reap(shared.clone(), stop_rx));
         Ok(Runtime {

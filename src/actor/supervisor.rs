@@ -21,6 +21,8 @@ pub(crate) enum SupervisorMsg {
     Ensure(TaskId, RpcReplyPort<Result<(), RpcError>>),
     /// Restart a failed task actor (sent by the backoff timer).
     Restart(TaskId),
+    /// Answers once the supervisor handles messages, i.e. after start-up rehydration.
+    Ready(RpcReplyPort<()>),
 }
 
 pub(crate) struct Supervisor {
@@ -159,6 +161,9 @@ impl Actor for Supervisor {
             SupervisorMsg::Ensure(id, port) => {
                 let r = self.rehydrate(&myself, state, &id).await;
                 let _ = port.send(r.map_err(RpcError::from));
+            }
+            SupervisorMsg::Ready(port) => {
+                let _ = port.send(());
             }
             SupervisorMsg::Restart(id) => {
                 if let Err(e) = self.rehydrate(&myself, state, &id).await {
