@@ -146,7 +146,7 @@ impl From<crate::tool::ToolError> for RpcError {
         use crate::tool::ToolError;
         match e {
             ToolError::Rpc(err) => err,
-            ToolError::InputRequiresTask => Self::tasks_extension_required(),
+            ToolError::InputRequired(_) => Self::internal("input was requested outside a call"),
             ToolError::Cancelled => Self::internal("the call was cancelled"),
             other => Self::internal(other),
         }

@@ -8,6 +8,7 @@
 //! hand it JSON-RPC messages with [`Runtime::handle_message`], and [`Runtime::shutdown`] it.
 
 pub mod actor;
+pub mod catalog;
 pub mod clock;
 pub mod demo;
 pub mod error;
@@ -20,6 +21,6 @@ pub mod tool;
 pub mod wire;
 
 pub use error::{RpcError, RuntimeError};
-pub use protocol::{Reply, RequestContext};
+pub use protocol::{MessageStream, Outcome, Reply, RequestContext, RoutingHeaders};
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeConfig, RuntimeHandle, StartError};
 pub use task::{Owner, TaskId, TaskStatus};

@@ -11,8 +11,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::actor::{LiveTasks, Shared, Supervisor, SupervisorMsg, TaskMsg};
+use crate::catalog::{Catalog, Prompt, Resource, ResourceTemplate};
 use crate::clock::{Clock, SystemClock};
-use crate::protocol::{Dispatcher, Reply, RequestContext};
+use crate::protocol::request_state::{KEY_META, RequestStateCodec};
+use crate::protocol::{Dispatcher, Outcome, Reply, RequestContext};
 use crate::store::{Store, StoreError, StoreOptions, WriteOp};
 use crate::task::{Event, Owner, apply};
 use crate::tool::registry::RegistryError;
@@ -77,6 +79,7 @@ pub enum StartError {
 pub struct RuntimeBuilder {
     path: PathBuf,
     tools: Vec<Arc<dyn Tool>>,
+    catalog: Catalog,
     config: RuntimeConfig,
     store_options: StoreOptions,
     clock: Arc<dyn Clock>,
@@ -90,6 +93,24 @@ impl RuntimeBuilder {
 
     pub fn tools(mut self, tools: impl IntoIterator<Item = Arc<dyn Tool>>) -> Self {
         self.tools.extend(tools);
+        self
+    }
+
+    /// Serves a prompt (`prompts/list`, `prompts/get`).
+    pub fn prompt(mut self, prompt: Arc<dyn Prompt>) -> Self {
+        self.catalog.add_prompt(prompt);
+        self
+    }
+
+    /// Serves a resource (`resources/list`, `resources/read`).
+    pub fn resource(mut self, resource: Resource) -> Self {
+        self.catalog.add_resource(resource);
+        self
+    }
+
+    /// Lists a resource template (`resources/templates/list`).
+    pub fn resource_template(mut self, template: ResourceTemplate) -> Self {
+        self.catalog.add_template(template);
         self
     }
 
@@ -123,12 +144,23 @@ impl RuntimeBuilder {
         }
         let store = Store::open_async(self.path.clone(), self.store_options).await?;
         tracing::info!(path = %self.path.display(), epoch = store.boot_epoch(), "store open");
+        let key = match request_state_key(&store).await {
+            Ok(key) => key,
+            Err(e) => {
+                store.close().await;
+                return Err(e.into());
+            }
+        };
+        let (stop_tx, stop_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             store: store.clone(),
             tools,
             clock: self.clock,
             config: self.config,
             live: LiveTasks::default(),
+            catalog: self.catalog,
+            request_state: RequestStateCodec::new(key),
+            closing: stop_rx.clone(),
         });
         let (supervisor, supervisor_task) = match Actor::spawn(
             None,
@@ -152,7 +184,6 @@ impl RuntimeBuilder {
                 "the supervisor stopped while rehydrating".into(),
             ));
         }
-        let (stop_tx, stop_rx) = watch::channel(false);
         let reaper = tokio::spawn(reap(shared.clone(), stop_rx));
         Ok(Runtime {
             dispatcher: Arc::new(Dispatcher {
@@ -205,6 +236,7 @@ impl Runtime {
         RuntimeBuilder {
             path: path.as_ref().to_owned(),
             tools: Vec::new(),
+            catalog: Catalog::default(),
             config: RuntimeConfig::default(),
             store_options: StoreOptions::default(),
             clock: Arc::new(SystemClock),
@@ -266,32 +298,59 @@ impl Runtime {
     }
 }
 
-/// A cloneable handle to a runtime's dispatcher.
+/// A cloneable handle to a runtime's dispatcher, for transports.
 #[derive(Clone)]
 pub struct RuntimeHandle {
     dispatcher: Arc<Dispatcher>,
 }
 
 impl RuntimeHandle {
-    /// Handles one raw JSON-RPC message with a full request context.
-    pub async fn dispatch(&self, message: &[u8], ctx: &RequestContext) -> Option<Reply> {
+    /// Handles one raw JSON-RPC message with a full request context: nothing (a
+    /// notification), one response, or a stream (`subscriptions/listen`).
+    pub async fn dispatch(&self, message: &[u8], ctx: &RequestContext) -> Outcome {
         self.dispatcher.handle(message, ctx).await
     }
 
-    /// Handles one raw JSON-RPC message from `owner`. `None` for a notification.
+    /// Handles one JSON-RPC message given as JSON with a full request context.
+    pub async fn dispatch_json(&self, message: Value, ctx: &RequestContext) -> Outcome {
+        self.dispatcher.handle_value(message, ctx).await
+    }
+
+    /// Handles one raw JSON-RPC message from `owner` and returns its single response: `None`
+    /// for a notification, and for a streamed answer (use [`RuntimeHandle::dispatch`] for
+    /// `subscriptions/listen`).
     pub async fn handle_message(&self, message: &[u8], owner: &Owner) -> Option<Reply> {
         self.dispatch(message, &RequestContext::new(owner.clone()))
             .await
+            .into_reply()
     }
 
-    /// Handles one JSON-RPC message given as JSON; returns the response body.
+    /// Like [`RuntimeHandle::handle_message`] for a message given as JSON; returns the body.
     pub async fn handle_json(&self, message: Value, owner: &Owner) -> Option<Value> {
         let ctx = RequestContext::new(owner.clone());
-        self.dispatcher
-            .handle_value(message, &ctx)
+        self.dispatch_json(message, &ctx)
             .await
+            .into_reply()
             .map(|r| r.body)
     }
+}
+
+/// The key that signs MRTR `requestState`s: made on first start, kept in the store so that
+/// every replica and restart verifies the same states.
+async fn request_state_key(store: &Store) -> Result<Vec<u8>, StoreError> {
+    if let Some(key) = store.meta_get(KEY_META).await?
+        && key.len() >= 32
+    {
+        return Ok(key);
+    }
+    let key = RequestStateCodec::generate_key();
+    store
+        .commit(vec![WriteOp::PutMeta {
+            key: KEY_META.to_owned(),
+            value: key.clone(),
+        }])
+        .await?;
+    Ok(key)
 }
 
 /// The expiry reaper: fails live tasks past their time to live, deletes finished ones whose

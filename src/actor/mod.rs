@@ -6,9 +6,11 @@
 //! swap the actor's state, reply, and publish the snapshot. Nothing is observable before it
 //! is committed.
 
+mod subscriber;
 mod supervisor;
 mod task;
 
+pub(crate) use subscriber::{OUTPUT_CAPACITY, Subscriber, SubscriberArgs};
 pub(crate) use supervisor::{Supervisor, SupervisorMsg};
 pub(crate) use task::TaskActor;
 pub use task::TaskMsg;
@@ -35,6 +37,10 @@ pub(crate) struct Shared {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) config: RuntimeConfig,
     pub(crate) live: LiveTasks,
+    pub(crate) catalog: crate::catalog::Catalog,
+    pub(crate) request_state: crate::protocol::request_state::RequestStateCodec,
+    /// Becomes `true` when the runtime shuts down: listen streams end with their result.
+    pub(crate) closing: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Shared {

@@ -226,7 +226,7 @@ impl Actor for TaskActor {
                     Err(ToolError::Cancelled) => Event::Cancelled {
                         status_message: None,
                     },
-                    Err(ToolError::InputRequiresTask) => Event::Finish(Outcome::Error(TaskError {
+                    Err(ToolError::InputRequired(_)) => Event::Finish(Outcome::Error(TaskError {
                         code: code::INTERNAL_ERROR,
                         message: "the tool asked for input outside a task".into(),
                         data: None,

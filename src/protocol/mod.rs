@@ -1,16 +1,24 @@
-//! The dispatcher: one JSON-RPC message and the caller's identity in, zero or one JSON-RPC
-//! response out. It validates in the digest's order (§2.5), routes to the task actors and the
-//! supervisor, and maps every internal error to a JSON-RPC error through `crate::error`.
+//! The dispatcher: one JSON-RPC message and the caller's identity in, nothing, one JSON-RPC
+//! response, or a stream of messages out. It validates in the digest's order (§2.5), routes
+//! to the task actors, the supervisor and the subscriber actors, and maps every internal error
+//! to a JSON-RPC error through `crate::error`.
 //!
 //! It is not an actor on purpose: requests are handled concurrently on the caller's tokio
 //! task, so neither validation nor store reads serialize the server. Per-task ordering comes
 //! from the task actors.
 
+mod catalog;
+mod listen;
+pub(crate) mod request_state;
 mod tasks;
 mod tools;
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
+use futures::Stream;
+use futures::stream::BoxStream;
 use ractor::ActorRef;
 use serde_json::{Map, Value};
 
@@ -22,16 +30,44 @@ use crate::wire::meta::RequestMeta;
 use crate::wire::params::ListParams;
 use crate::wire::{methods, results};
 
-/// Who sends a message, as established by the transport (authentication is the host's job).
+/// The routing headers of a Streamable HTTP request, already decoded (`=?base64?…?=`) and
+/// trimmed. `None` members were absent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoutingHeaders {
+    pub protocol_version: Option<String>,
+    pub method: Option<String>,
+    pub name: Option<String>,
+}
+
+/// Who sends a message and how, as established by the transport (authentication is the
+/// host's job).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RequestContext {
     pub owner: Owner,
+    /// HTTP routing headers to check against the body; `None` for transports without headers.
+    pub headers: Option<RoutingHeaders>,
+    /// Whether a missing `Mcp-Name` on `tasks/*` is `-32020` (by default it is accepted: the
+    /// body is authoritative and some clients omit it).
+    pub strict_headers: bool,
 }
 
 impl RequestContext {
     pub fn new(owner: Owner) -> Self {
-        Self { owner }
+        Self {
+            owner,
+            headers: None,
+            strict_headers: false,
+        }
+    }
+
+    /// The context of an HTTP request with its routing headers.
+    pub fn http(owner: Owner, headers: RoutingHeaders, strict_headers: bool) -> Self {
+        Self {
+            owner,
+            headers: Some(headers),
+            strict_headers,
+        }
     }
 }
 
@@ -51,12 +87,66 @@ impl Reply {
         }
     }
 
-    fn error(id: Option<&Value>, error: &RpcError) -> Self {
+    pub(crate) fn error(id: Option<&Value>, error: &RpcError) -> Self {
         Self {
             body: jsonrpc::error_response(id, error),
             http_status: http_status(error.code),
         }
     }
+}
+
+/// A stream of JSON-RPC messages that answers one request (`subscriptions/listen`): the
+/// acknowledgement first, then notifications; when the server shuts down, the request's
+/// result last. Dropping it cancels the request.
+pub struct MessageStream {
+    inner: BoxStream<'static, Value>,
+}
+
+impl MessageStream {
+    pub(crate) fn new(inner: BoxStream<'static, Value>) -> Self {
+        Self { inner }
+    }
+}
+
+impl Stream for MessageStream {
+    type Item = Value;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Value>> {
+        self.inner.as_mut().poll_next(cx)
+    }
+}
+
+impl std::fmt::Debug for MessageStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MessageStream")
+    }
+}
+
+/// What a transport sends back for one incoming message.
+#[derive(Debug)]
+pub enum Outcome {
+    /// A notification: nothing is sent (HTTP `202 Accepted`).
+    Accepted,
+    /// One JSON-RPC response.
+    Reply(Reply),
+    /// Several messages scoped to the request (HTTP: an SSE response).
+    Stream(MessageStream),
+}
+
+impl Outcome {
+    /// The single response, if this is one.
+    pub fn into_reply(self) -> Option<Reply> {
+        match self {
+            Outcome::Reply(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+/// What a request produces before it is wrapped in an envelope.
+enum Answer {
+    Result(Value),
+    Stream(MessageStream),
 }
 
 /// One runtime's dispatcher.
@@ -65,87 +155,207 @@ pub(crate) struct Dispatcher {
     pub(crate) supervisor: ActorRef<SupervisorMsg>,
 }
 
+/// Methods whose `Mcp-Name` header mirrors a body member.
+fn named_member(method: &str) -> Option<&'static str> {
+    match method {
+        methods::TOOLS_CALL | methods::PROMPTS_GET => Some("name"),
+        methods::RESOURCES_READ => Some("uri"),
+        methods::TASKS_GET | methods::TASKS_UPDATE | methods::TASKS_CANCEL => Some("taskId"),
+        _ => None,
+    }
+}
+
 impl Dispatcher {
-    /// Handles one raw message. `None` for notifications (no response is ever sent).
-    pub(crate) async fn handle(&self, bytes: &[u8], ctx: &RequestContext) -> Option<Reply> {
+    /// Handles one raw message.
+    pub(crate) async fn handle(&self, bytes: &[u8], ctx: &RequestContext) -> Outcome {
         match jsonrpc::parse(bytes) {
             Ok(incoming) => self.handle_incoming(incoming, ctx).await,
-            Err(rejection) => Some(Reply::error(rejection.id.as_ref(), &rejection.error)),
+            Err(rejection) => Outcome::Reply(Reply::error(rejection.id.as_ref(), &rejection.error)),
         }
     }
 
     /// Handles one message that is already JSON.
-    pub(crate) async fn handle_value(&self, value: Value, ctx: &RequestContext) -> Option<Reply> {
+    pub(crate) async fn handle_value(&self, value: Value, ctx: &RequestContext) -> Outcome {
         match jsonrpc::from_value(value) {
             Ok(incoming) => self.handle_incoming(incoming, ctx).await,
-            Err(rejection) => Some(Reply::error(rejection.id.as_ref(), &rejection.error)),
+            Err(rejection) => Outcome::Reply(Reply::error(rejection.id.as_ref(), &rejection.error)),
         }
     }
 
-    async fn handle_incoming(&self, incoming: Incoming, ctx: &RequestContext) -> Option<Reply> {
+    async fn handle_incoming(&self, incoming: Incoming, ctx: &RequestContext) -> Outcome {
         match incoming {
             Incoming::Notification { method, .. } => {
                 tracing::debug!(%method, "notification accepted");
-                None
+                Outcome::Accepted
             }
             Incoming::Request { id, method, params } => {
-                let reply = match self.request(&method, params.as_ref(), ctx).await {
-                    Ok(result) => Reply::ok(&id, result),
+                match self.request(&id, &method, params.as_ref(), ctx).await {
+                    Ok(Answer::Result(result)) => Outcome::Reply(Reply::ok(&id, result)),
+                    Ok(Answer::Stream(stream)) => Outcome::Stream(stream),
                     Err(error) => {
                         tracing::debug!(%method, code = error.code, message = %error.message, "request failed");
-                        Reply::error(Some(&id), &error)
+                        Outcome::Reply(Reply::error(Some(&id), &error))
                     }
-                };
-                Some(reply)
+                }
             }
+        }
+    }
+
+    /// Digest §2.5 step 5: the `MCP-Protocol-Version` header equals the body's version.
+    fn check_version_header(
+        &self,
+        meta: &RequestMeta,
+        ctx: &RequestContext,
+    ) -> Result<(), RpcError> {
+        let Some(headers) = &ctx.headers else {
+            return Ok(());
+        };
+        match &headers.protocol_version {
+            None => Err(RpcError::header_mismatch(
+                "the MCP-Protocol-Version header is missing",
+            )),
+            Some(v) if *v != meta.protocol_version => Err(RpcError::header_mismatch(format!(
+                "MCP-Protocol-Version header `{v}` differs from the body's `{}`",
+                meta.protocol_version
+            ))),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Digest §2.5 step 7: `Mcp-Method` and `Mcp-Name` agree with the body.
+    fn check_routing_headers(
+        &self,
+        method: &str,
+        params: Option<&Map<String, Value>>,
+        ctx: &RequestContext,
+    ) -> Result<(), RpcError> {
+        let Some(headers) = &ctx.headers else {
+            return Ok(());
+        };
+        match &headers.method {
+            None => {
+                return Err(RpcError::header_mismatch(
+                    "the Mcp-Method header is missing",
+                ));
+            }
+            Some(m) if m != method => {
+                return Err(RpcError::header_mismatch(format!(
+                    "Mcp-Method header `{m}` differs from the body's method `{method}`"
+                )));
+            }
+            Some(_) => {}
+        }
+        let Some(member) = named_member(method) else {
+            return Ok(());
+        };
+        let body = params.and_then(|p| p.get(member)).and_then(Value::as_str);
+        match (&headers.name, body) {
+            (Some(name), Some(body)) if name != body => Err(RpcError::header_mismatch(format!(
+                "Mcp-Name header `{name}` differs from the body's `{member}`"
+            ))),
+            (Some(_), _) => Ok(()),
+            (None, _) if member == "taskId" && !ctx.strict_headers => {
+                tracing::debug!(%method, "Mcp-Name header missing; the body is authoritative");
+                Ok(())
+            }
+            (None, _) => Err(RpcError::header_mismatch("the Mcp-Name header is missing")),
         }
     }
 
     async fn request(
         &self,
+        id: &Value,
         method: &str,
         params: Option<&Map<String, Value>>,
         ctx: &RequestContext,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<Answer, RpcError> {
         // Removed methods answer -32601 whatever else is wrong with the request, so that a
         // client of an older revision learns that the method is gone.
         if methods::REMOVED.contains(&method) {
             return Err(RpcError::method_not_found(method));
         }
         let meta = RequestMeta::from_params(params)?;
+        self.check_version_header(&meta, ctx)?;
         meta.check_version()?;
-        let server = &self.shared.config.server_info;
-        match method {
-            methods::DISCOVER => Ok(results::discover(
+        self.check_routing_headers(method, params, ctx)?;
+        let shared = &self.shared;
+        let server = &shared.config.server_info;
+        let hints = shared.config.cache_hints;
+        let result = match method {
+            methods::DISCOVER => results::discover(
                 server,
-                results::capabilities(),
-                self.shared.config.instructions.as_deref(),
-                self.shared.config.cache_hints,
-            )),
+                self.capabilities(),
+                shared.config.instructions.as_deref(),
+                hints,
+            ),
             methods::TOOLS_LIST => {
-                if ListParams::parse(params)?.cursor.is_some() {
-                    return Err(RpcError::invalid_params(
-                        "invalid cursor: the tool list has one page",
-                    ));
-                }
-                Ok(results::tools_list(
-                    server,
-                    self.shared.tools.list(),
-                    self.shared.config.cache_hints,
-                ))
+                single_page(params)?;
+                results::list(server, "tools", shared.tools.list(), hints)
             }
-            methods::TOOLS_CALL => self.call_tool(params, &meta, ctx).await,
+            methods::TOOLS_CALL => self.call_tool(params, &meta, ctx).await?,
             methods::TASKS_GET | methods::TASKS_UPDATE | methods::TASKS_CANCEL => {
                 if !meta.declares_tasks() {
                     return Err(RpcError::tasks_extension_required());
                 }
                 match method {
-                    methods::TASKS_GET => self.get_task(params, ctx).await,
-                    methods::TASKS_UPDATE => self.update_task(params, ctx).await,
-                    _ => self.cancel_task(params, ctx).await,
+                    methods::TASKS_GET => self.get_task(params, ctx).await?,
+                    methods::TASKS_UPDATE => self.update_task(params, ctx).await?,
+                    _ => self.cancel_task(params, ctx).await?,
                 }
             }
-            other => Err(RpcError::method_not_found(other)),
-        }
+            methods::SUBSCRIPTIONS_LISTEN => {
+                return self
+                    .listen(id, params, &meta, ctx)
+                    .await
+                    .map(Answer::Stream);
+            }
+            methods::PROMPTS_LIST if shared.catalog.has_prompts() => {
+                single_page(params)?;
+                results::list(server, "prompts", shared.catalog.prompts(), hints)
+            }
+            methods::PROMPTS_GET if shared.catalog.has_prompts() => {
+                self.get_prompt(params, &meta, ctx).await?
+            }
+            methods::RESOURCES_LIST if shared.catalog.has_resources() => {
+                single_page(params)?;
+                results::list(server, "resources", shared.catalog.resources(), hints)
+            }
+            methods::RESOURCES_TEMPLATES_LIST if shared.catalog.has_resources() => {
+                single_page(params)?;
+                results::list(
+                    server,
+                    "resourceTemplates",
+                    shared.catalog.templates(),
+                    hints,
+                )
+            }
+            methods::RESOURCES_READ if shared.catalog.has_resources() => {
+                self.read_resource(params)?
+            }
+            other => return Err(RpcError::method_not_found(other)),
+        };
+        Ok(Answer::Result(result))
     }
+
+    /// Tools and the Tasks extension always; prompts and resources when registered.
+    fn capabilities(&self) -> Map<String, Value> {
+        let mut caps = results::capabilities();
+        if self.shared.catalog.has_prompts() {
+            caps.insert("prompts".into(), Value::Object(Map::new()));
+        }
+        if self.shared.catalog.has_resources() {
+            caps.insert("resources".into(), Value::Object(Map::new()));
+        }
+        caps
+    }
+}
+
+/// Lists have one page: a cursor is never valid.
+fn single_page(params: Option<&Map<String, Value>>) -> Result<(), RpcError> {
+    if ListParams::parse(params)?.cursor.is_some() {
+        return Err(RpcError::invalid_params(
+            "invalid cursor: the list has one page",
+        ));
+    }
+    Ok(())
 }

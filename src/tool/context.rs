@@ -79,7 +79,24 @@ pub(crate) struct TaskLink {
 
 enum Mode {
     Task(TaskLink),
-    Inline,
+    Inline(InlineInputs),
+}
+
+/// Input of a synchronous call: the answers the client sent with this round of core MRTR
+/// (`inputResponses`, plus those carried in a verified `requestState`).
+struct InlineInputs {
+    responses: Map<String, Value>,
+    consumed: std::sync::Mutex<BTreeMap<String, Value>>,
+}
+
+/// The client capability an input request needs (`elicitation/create` needs `elicitation`).
+fn capability_for(request: &Value) -> Option<&'static str> {
+    match request.get("method").and_then(Value::as_str) {
+        Some("elicitation/create") => Some("elicitation"),
+        Some("sampling/createMessage") => Some("sampling"),
+        Some("roots/list") => Some("roots"),
+        _ => None,
+    }
 }
 
 struct Inner {
@@ -107,16 +124,41 @@ impl ToolContext {
         }
     }
 
-    /// A context for a synchronous call: steps run directly, nothing is journaled, and input
-    /// requests fail with [`ToolError::InputRequiresTask`].
+    /// A context for a synchronous call without input responses: steps run directly and
+    /// nothing is journaled; an input request ends the round with an `input_required` result.
     pub fn inline(owner: Owner, client_capabilities: Value) -> Self {
+        Self::for_request(owner, client_capabilities, Map::new())
+    }
+
+    /// A context for one round of a synchronous call (core MRTR) with the answers known so far.
+    pub(crate) fn for_request(
+        owner: Owner,
+        client_capabilities: Value,
+        responses: Map<String, Value>,
+    ) -> Self {
+        let inputs = InlineInputs {
+            responses,
+            consumed: Default::default(),
+        };
         Self {
             inner: Arc::new(Inner {
                 owner,
                 client_capabilities,
                 task_id: None,
-                mode: Mode::Inline,
+                mode: Mode::Inline(inputs),
             }),
+        }
+    }
+
+    /// The answers this round used (they travel to the next round in `requestState`).
+    pub(crate) fn consumed_answers(&self) -> BTreeMap<String, Value> {
+        match &self.inner.mode {
+            Mode::Inline(inputs) => inputs
+                .consumed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            Mode::Task(_) => BTreeMap::new(),
         }
     }
 
@@ -138,7 +180,7 @@ impl ToolContext {
     fn snapshot(&self) -> Option<Arc<TaskRecord>> {
         match &self.inner.mode {
             Mode::Task(link) => Some(link.snapshots.borrow().clone()),
-            Mode::Inline => None,
+            Mode::Inline(_) => None,
         }
     }
 
@@ -214,8 +256,9 @@ impl ToolContext {
         &self,
         requests: BTreeMap<String, InputRequest>,
     ) -> Result<BTreeMap<String, Value>, ToolError> {
-        let Mode::Task(link) = &self.inner.mode else {
-            return Err(ToolError::InputRequiresTask);
+        let link = match &self.inner.mode {
+            Mode::Task(link) => link,
+            Mode::Inline(inputs) => return self.inline_inputs(inputs, requests),
         };
         let keys: Vec<String> = requests.keys().cloned().collect();
         let snap = link.snapshots.borrow().clone();
@@ -264,6 +307,51 @@ impl ToolContext {
         }
     }
 
+    /// One round of core MRTR: answered keys return their answers; if any key is unanswered
+    /// the call ends with `input_required` for the missing ones. A request the client has no
+    /// capability for is `-32021` naming that capability.
+    fn inline_inputs(
+        &self,
+        inputs: &InlineInputs,
+        requests: BTreeMap<String, InputRequest>,
+    ) -> Result<BTreeMap<String, Value>, ToolError> {
+        let mut answers = BTreeMap::new();
+        let mut missing = BTreeMap::new();
+        for (key, request) in requests {
+            let request = request.into_json();
+            if let Some(cap) = capability_for(&request)
+                && !self
+                    .inner
+                    .client_capabilities
+                    .get(cap)
+                    .is_some_and(Value::is_object)
+            {
+                return Err(ToolError::Rpc(crate::error::RpcError::missing_capability(
+                    json!({ cap: {} }),
+                    format!("input `{key}` needs the client capability `{cap}`"),
+                )));
+            }
+            match inputs.responses.get(&key) {
+                Some(answer) if answer.is_object() => {
+                    answers.insert(key, answer.clone());
+                }
+                _ => {
+                    missing.insert(key, request);
+                }
+            }
+        }
+        inputs
+            .consumed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(answers.iter().map(|(k, v)| (k.clone(), v.clone())));
+        if missing.is_empty() {
+            Ok(answers)
+        } else {
+            Err(ToolError::InputRequired(missing))
+        }
+    }
+
     /// Sets the task's `statusMessage` (committed before this returns).
     pub async fn set_status(&self, message: impl Into<String>) -> Result<(), ToolError> {
         self.record(Event::StatusMessage(Some(message.into())))
@@ -289,7 +377,7 @@ impl ToolContext {
                     futures::future::pending::<()>().await;
                 }
             }
-            Mode::Inline => futures::future::pending::<()>().await,
+            Mode::Inline(_) => futures::future::pending::<()>().await,
         }
     }
 }

@@ -158,10 +158,11 @@ pub enum ToolError {
     /// The tool ends with a JSON-RPC error: the task becomes `failed` with this `error`.
     #[error(transparent)]
     Rpc(RpcError),
-    /// The tool asked for input but runs without a task (the client did not declare the
-    /// Tasks extension), so there is nowhere to ask.
-    #[error("this tool needs client input, which requires the Tasks extension")]
-    InputRequiresTask,
+    /// A synchronous call needs client input first (core MRTR): the call answers
+    /// `input_required` with these requests. Produced by [`ToolContext::input`]; return it as
+    /// it is.
+    #[error("the call needs client input: {}", .0.keys().cloned().collect::<Vec<_>>().join(", "))]
+    InputRequired(std::collections::BTreeMap<String, Value>),
     /// The task was cancelled while the tool waited or worked: the task becomes `cancelled`.
     #[error("the task was cancelled")]
     Cancelled,
@@ -181,11 +182,54 @@ impl ToolError {
 /// The boxed future a tool returns.
 pub type ToolFuture = BoxFuture<'static, Result<CallToolResult, ToolError>>;
 
+/// The boxed future of [`Tool::prepare`].
+pub type PrepareFuture = BoxFuture<'static, Result<Map<String, Value>, ToolError>>;
+
 /// A tool a host registers with the runtime.
 pub trait Tool: Send + Sync + 'static {
     fn descriptor(&self) -> &ToolDescriptor;
     /// Runs the tool. Arguments were validated against the input schema already.
     fn call(&self, ctx: ToolContext, arguments: Map<String, Value>) -> ToolFuture;
+    /// Runs synchronously, inside the `tools/call` request, before the call becomes a task.
+    /// It may ask for input through core MRTR ([`ToolContext::input`] answers come from the
+    /// request's `inputResponses` and `requestState`); the arguments it returns are the ones
+    /// the task runs with. The default passes the arguments through.
+    fn prepare(&self, _ctx: ToolContext, arguments: Map<String, Value>) -> PrepareFuture {
+        Box::pin(async move { Ok(arguments) })
+    }
+}
+
+/// A tool with a [`Tool::prepare`] phase; see [`with_prepare`].
+struct Prepared<P> {
+    tool: Arc<dyn Tool>,
+    prepare: P,
+}
+
+impl<P, Fut> Tool for Prepared<P>
+where
+    P: Fn(ToolContext, Map<String, Value>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Map<String, Value>, ToolError>> + Send + 'static,
+{
+    fn descriptor(&self) -> &ToolDescriptor {
+        self.tool.descriptor()
+    }
+
+    fn call(&self, ctx: ToolContext, arguments: Map<String, Value>) -> ToolFuture {
+        self.tool.call(ctx, arguments)
+    }
+
+    fn prepare(&self, ctx: ToolContext, arguments: Map<String, Value>) -> PrepareFuture {
+        Box::pin((self.prepare)(ctx, arguments))
+    }
+}
+
+/// Adds a synchronous preparation phase (with core MRTR input) to a tool.
+pub fn with_prepare<P, Fut>(tool: Arc<dyn Tool>, prepare: P) -> Arc<dyn Tool>
+where
+    P: Fn(ToolContext, Map<String, Value>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Map<String, Value>, ToolError>> + Send + 'static,
+{
+    Arc::new(Prepared { tool, prepare })
 }
 
 /// A tool made of a descriptor and an async closure; see [`tool_fn`].

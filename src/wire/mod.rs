@@ -37,6 +37,12 @@ pub mod methods {
     pub const TASKS_GET: &str = "tasks/get";
     pub const TASKS_UPDATE: &str = "tasks/update";
     pub const TASKS_CANCEL: &str = "tasks/cancel";
+    pub const SUBSCRIPTIONS_LISTEN: &str = "subscriptions/listen";
+    pub const PROMPTS_LIST: &str = "prompts/list";
+    pub const PROMPTS_GET: &str = "prompts/get";
+    pub const RESOURCES_LIST: &str = "resources/list";
+    pub const RESOURCES_TEMPLATES_LIST: &str = "resources/templates/list";
+    pub const RESOURCES_READ: &str = "resources/read";
 
     /// Methods removed from `2026-07-28` (or from the Tasks extension): always `-32601`.
     pub const REMOVED: &[&str] = &[

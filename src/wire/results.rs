@@ -68,10 +68,45 @@ pub fn capabilities() -> Map<String, Value> {
     obj(json!({ "tools": {}, "extensions": { TASKS_EXTENSION: {} } }))
 }
 
+/// A list result (`tools`, `prompts`, `resources`, `resourceTemplates`) of one page, with
+/// cache hints.
+pub fn list(server: &ServerInfo, key: &str, items: Vec<Value>, hints: CacheHints) -> Value {
+    let mut r = obj(json!({ "resultType": "complete" }));
+    r.insert(key.to_owned(), Value::Array(items));
+    insert_hints(&mut r, hints);
+    with_server_info(r, server)
+}
+
 /// `ListToolsResult` (one page: every tool, in the given order).
 pub fn tools_list(server: &ServerInfo, tools: Vec<Value>, hints: CacheHints) -> Value {
-    let mut r = obj(json!({ "resultType": "complete", "tools": tools }));
+    list(server, "tools", tools, hints)
+}
+
+/// `ReadResourceResult`, with cache hints.
+pub fn read_resource(server: &ServerInfo, contents: Vec<Value>, hints: CacheHints) -> Value {
+    let mut r = obj(json!({ "resultType": "complete", "contents": contents }));
     insert_hints(&mut r, hints);
+    with_server_info(r, server)
+}
+
+/// `GetPromptResult`.
+pub fn get_prompt(server: &ServerInfo, result: Value) -> Value {
+    let mut r = obj(json!({ "resultType": "complete" }));
+    r.extend(obj(result));
+    with_server_info(r, server)
+}
+
+/// Core MRTR `InputRequiredResult`: the outstanding requests and the signed state.
+pub fn input_required(
+    server: &ServerInfo,
+    requests: Map<String, Value>,
+    request_state: String,
+) -> Value {
+    let r = obj(json!({
+        "resultType": "input_required",
+        "inputRequests": requests,
+        "requestState": request_state,
+    }));
     with_server_info(r, server)
 }
 
