@@ -275,6 +275,15 @@ impl Runtime {
         &self.dispatcher.shared.store
     }
 
+    /// The first half of a graceful shutdown, for servers: `subscriptions/listen` streams send
+    /// their result and end, so that a transport's graceful shutdown can finish. Requests are
+    /// still served. Call [`Runtime::shutdown`] once the transport has stopped.
+    pub fn begin_shutdown(&self) {
+        if let Some(parts) = &self.parts {
+            let _ = parts.stop.send(true);
+        }
+    }
+
     /// Stops the reaper and every task actor (running tools are dropped where they are; they
     /// resume from their journal at the next start), then closes the store. Everything that
     /// was acknowledged is durable already. Once this returns the file can be opened again.
