@@ -93,23 +93,28 @@ impl Default for ServerInfo {
     }
 }
 
-/// Formats milliseconds since the Unix epoch as an RFC 3339 / ISO 8601 UTC timestamp.
+/// Formats milliseconds since the Unix epoch as an ISO 8601 / RFC 3339 UTC timestamp with
+/// exactly three fractional digits, so that timestamps of one task sort as text too.
 pub fn iso8601(ms: u64) -> String {
+    const FORMAT: &[time::format_description::BorrowedFormatItem<'static>] = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
     let nanos = i128::from(ms) * 1_000_000;
     time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
         .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| "1970-01-01T00:00:00Z".to_owned())
+        .and_then(|t| t.format(FORMAT).ok())
+        .unwrap_or_else(|| "1970-01-01T00:00:00.000Z".to_owned())
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn iso8601_formats_utc() {
-        assert_eq!(super::iso8601(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::iso8601(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            super::iso8601(1_787_308_200_000),
+            "2026-08-21T10:30:00.000Z"
+        );
         assert_eq!(
             super::iso8601(1_787_308_200_123),
             "2026-08-21T10:30:00.123Z"
