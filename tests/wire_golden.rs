@@ -65,6 +65,17 @@ const ALL_GOLDENS: &[&str] = &[
     "error_missing_capability_tasks_get",
     "error_missing_capability_tools_call",
     "error_unsupported_protocol_version",
+    "tools_call_input_required_result",
+    "tools_call_after_input_result",
+    "subscriptions_acknowledged_notification",
+    "tasks_status_notification",
+    "subscriptions_listen_result",
+    "prompts_list_result",
+    "prompts_get_input_required_result",
+    "prompts_get_result",
+    "resources_list_result",
+    "resources_templates_list_result",
+    "resources_read_result",
 ];
 
 // ---------------------------------------------------------------------------------------------
@@ -190,6 +201,10 @@ fn normalize(v: &Value) -> Value {
                     let v = match (k.as_str(), v) {
                         ("taskId", Value::String(_)) => json!("tsk_<id>"),
                         ("createdAt" | "lastUpdatedAt", Value::String(_)) => json!("<timestamp>"),
+                        ("requestState", Value::String(_)) => json!("<requestState>"),
+                        ("taskIds", Value::Array(ids)) => {
+                            Value::Array(ids.iter().map(|_| json!("tsk_<id>")).collect())
+                        }
                         _ => normalize(v),
                     };
                     (k.clone(), v)
@@ -1359,4 +1374,253 @@ fn no_stale_goldens() {
         "stale golden files in {}: {stale:?} (remove them or add them to ALL_GOLDENS)",
         dir.display()
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Core MRTR, subscriptions, prompts and resources
+// ---------------------------------------------------------------------------------------------
+
+fn ask_name() -> Arc<dyn mcp_tasks::tool::Tool> {
+    tool_fn(
+        ToolDescriptor::new("ask_name", "Asks for a name, then greets.")
+            .task_policy(TaskPolicy::Never),
+        |ctx, _| async move {
+            let answer = ctx
+                .input(
+                    "user_name",
+                    InputRequest::elicit_form(
+                        "What is your name?",
+                        json!({ "type": "object", "properties": { "name": { "type": "string" } }, "required": ["name"] }),
+                    ),
+                )
+                .await?;
+            let name = answer["content"]["name"].as_str().unwrap_or("?").to_owned();
+            Ok(CallToolResult::text(format!("Hello, {name}!")))
+        },
+    )
+}
+
+fn request_with(id: u64, method: &str, mut params: Value, caps: Value) -> Value {
+    params["_meta"] = json!({
+        KEY_PROTOCOL_VERSION: PROTOCOL_VERSION,
+        KEY_CLIENT_CAPABILITIES: caps,
+        KEY_CLIENT_INFO: { "name": "wire-golden-client", "version": "1.0.0" }
+    });
+    json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mrtr_subscriptions_prompts_and_resources() {
+    use futures::StreamExt;
+    use mcp_tasks::catalog::{
+        GetPromptResult, PromptDescriptor, Resource, ResourceTemplate, prompt_fn,
+    };
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prompt = prompt_fn(
+        PromptDescriptor::new("summarize", "Summarizes with the user's context."),
+        |ctx, _| async move {
+            let answer = ctx
+                .input(
+                    "user_context",
+                    InputRequest::elicit_form(
+                        "What context should the prompt use?",
+                        json!({ "type": "object", "properties": { "context": { "type": "string" } } }),
+                    ),
+                )
+                .await?;
+            let context = answer["content"]["context"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            Ok(GetPromptResult::user_text(format!(
+                "Summarize with context: {context}"
+            )))
+        },
+    );
+    let runtime = Runtime::builder(dir.path().join("tasks.redb"))
+        .server_info(SERVER_NAME, SERVER_VERSION)
+        .tool(ask_name())
+        .tool(generate_report(Duration::from_millis(10)))
+        .prompt(prompt)
+        .resource(Resource::text(
+            "test://static-text",
+            "static-text",
+            "Static text.",
+        ))
+        .resource_template(ResourceTemplate {
+            uri_template: "test://items/{id}".into(),
+            name: "item".into(),
+            description: Some("One item by id.".into()),
+            mime_type: Some("text/plain".into()),
+        })
+        .start()
+        .await
+        .expect("runtime starts");
+    let owner = Owner::anonymous();
+    let caps = json!({ "elicitation": {}, "extensions": { TASKS_EXT: {} } });
+    let mut goldens = Goldens::default();
+    let send = |id: u64, method: &'static str, params: Value| {
+        let msg = request_with(id, method, params, caps.clone());
+        let runtime = &runtime;
+        let owner = &owner;
+        async move { runtime.handle_json(msg, owner).await.expect("a response") }
+    };
+
+    // Core MRTR on tools/call: input_required, then the answer.
+    let r = send(
+        1,
+        "tools/call",
+        json!({ "name": "ask_name", "arguments": {} }),
+    )
+    .await;
+    check_result_response(&r, 1);
+    assert_valid(
+        Doc::Core,
+        "InputRequiredResult",
+        &r["result"],
+        "input_required result",
+    );
+    assert_eq!(r["result"]["resultType"], "input_required");
+    goldens.check("tools_call_input_required_result", &r);
+    let state = r["result"]["requestState"].clone();
+    let r = send(
+        2,
+        "tools/call",
+        json!({ "name": "ask_name", "arguments": {}, "requestState": state,
+                "inputResponses": { "user_name": { "action": "accept", "content": { "name": "Ada" } } } }),
+    )
+    .await;
+    check_result_response(&r, 2);
+    assert_valid(
+        Doc::Core,
+        "CallToolResult",
+        &r["result"],
+        "call result after input",
+    );
+    goldens.check("tools_call_after_input_result", &r);
+
+    // Prompts.
+    let r = send(3, "prompts/list", json!({})).await;
+    check_result_response(&r, 3);
+    assert_valid(Doc::Core, "ListPromptsResult", &r["result"], "prompts/list");
+    goldens.check("prompts_list_result", &r);
+    let r = send(4, "prompts/get", json!({ "name": "summarize" })).await;
+    check_result_response(&r, 4);
+    assert_valid(
+        Doc::Core,
+        "InputRequiredResult",
+        &r["result"],
+        "prompts/get input_required",
+    );
+    goldens.check("prompts_get_input_required_result", &r);
+    let state = r["result"]["requestState"].clone();
+    let r = send(
+        5,
+        "prompts/get",
+        json!({ "name": "summarize", "requestState": state,
+                "inputResponses": { "user_context": { "action": "accept", "content": { "context": "wire" } } } }),
+    )
+    .await;
+    check_result_response(&r, 5);
+    assert_valid(Doc::Core, "GetPromptResult", &r["result"], "prompts/get");
+    goldens.check("prompts_get_result", &r);
+
+    // Resources.
+    for (id, method, def, name) in [
+        (
+            6,
+            "resources/list",
+            "ListResourcesResult",
+            "resources_list_result",
+        ),
+        (
+            7,
+            "resources/templates/list",
+            "ListResourceTemplatesResult",
+            "resources_templates_list_result",
+        ),
+    ] {
+        let r = send(id, method, json!({})).await;
+        check_result_response(&r, id);
+        assert_valid(Doc::Core, def, &r["result"], method);
+        goldens.check(name, &r);
+    }
+    let r = send(8, "resources/read", json!({ "uri": "test://static-text" })).await;
+    check_result_response(&r, 8);
+    assert_valid(
+        Doc::Core,
+        "ReadResourceResult",
+        &r["result"],
+        "resources/read",
+    );
+    goldens.check("resources_read_result", &r);
+
+    // A task and a listen on it: acknowledgement, then notifications/tasks.
+    let r = send(
+        9,
+        "tools/call",
+        json!({ "name": "generate_report", "arguments": { "size": "small" } }),
+    )
+    .await;
+    let task = r["result"]["taskId"].as_str().expect("a task").to_owned();
+    let listen = request_with(
+        10,
+        "subscriptions/listen",
+        json!({ "notifications": { "taskIds": [task] } }),
+        caps.clone(),
+    );
+    let mcp_tasks::Outcome::Stream(mut stream) = runtime
+        .handle()
+        .dispatch_json(listen, &mcp_tasks::RequestContext::new(owner.clone()))
+        .await
+    else {
+        panic!("listen must stream");
+    };
+    let ack = next_message(&mut stream).await;
+    assert_valid(
+        Doc::Core,
+        "SubscriptionsAcknowledgedNotification",
+        &ack,
+        "acknowledgement",
+    );
+    assert_valid(Doc::Core, "JSONRPCMessage", &ack, "acknowledgement");
+    goldens.check("subscriptions_acknowledged_notification", &ack);
+    let mut last = next_message(&mut stream).await;
+    while last["params"]["status"] != "input_required" {
+        assert_valid(
+            Doc::Tasks,
+            "TaskStatusNotification",
+            &last,
+            "notifications/tasks",
+        );
+        last = next_message(&mut stream).await;
+    }
+    assert_valid(
+        Doc::Tasks,
+        "TaskStatusNotification",
+        &last,
+        "notifications/tasks",
+    );
+    assert_valid(Doc::Core, "JSONRPCMessage", &last, "notifications/tasks");
+    goldens.check("tasks_status_notification", &last);
+    runtime.begin_shutdown();
+    let done = next_message(&mut stream).await;
+    assert_valid(
+        Doc::Core,
+        "SubscriptionsListenResultResponse",
+        &done,
+        "listen result",
+    );
+    goldens.check("subscriptions_listen_result", &done);
+    goldens.finish();
+    runtime.shutdown().await;
+}
+
+async fn next_message(stream: &mut mcp_tasks::MessageStream) -> Value {
+    use futures::StreamExt;
+    tokio::time::timeout(POLL_LIMIT, stream.next())
+        .await
+        .expect("a message in time")
+        .expect("the stream is open")
 }
