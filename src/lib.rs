@@ -12,12 +12,17 @@ pub mod catalog;
 pub mod clock;
 pub mod demo;
 pub mod error;
+#[cfg(feature = "failpoints")]
+pub mod failpoints;
+pub mod fixtures;
 pub mod persist;
 pub mod protocol;
 pub mod runtime;
+pub mod sim;
 pub mod store;
 pub mod task;
 pub mod tool;
+pub mod transport;
 pub mod wire;
 
 pub use error::{RpcError, RuntimeError};

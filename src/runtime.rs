@@ -15,7 +15,7 @@ use crate::catalog::{Catalog, Prompt, Resource, ResourceTemplate};
 use crate::clock::{Clock, SystemClock};
 use crate::protocol::request_state::{KEY_META, RequestStateCodec};
 use crate::protocol::{Dispatcher, Outcome, Reply, RequestContext};
-use crate::store::{Store, StoreError, StoreOptions, WriteOp};
+use crate::store::{BackendFactory, Store, StoreError, StoreOptions, WriteOp};
 use crate::task::{Event, Owner, apply};
 use crate::tool::registry::RegistryError;
 use crate::tool::{Tool, ToolRegistry};
@@ -82,6 +82,7 @@ pub struct RuntimeBuilder {
     catalog: Catalog,
     config: RuntimeConfig,
     store_options: StoreOptions,
+    backend: Option<BackendFactory>,
     clock: Arc<dyn Clock>,
 }
 
@@ -129,6 +130,14 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Keeps the store on a redb [`redb::StorageBackend`] made by `factory` instead of the file
+    /// (simulated disks and fault injection; see [`Store::open_with_backend`]). The builder's
+    /// path then only names the store in errors and logs.
+    pub fn store_backend(mut self, factory: BackendFactory) -> Self {
+        self.backend = Some(factory);
+        self
+    }
+
     /// Replaces the wall clock (tests and simulations).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
@@ -142,7 +151,13 @@ impl RuntimeBuilder {
         for tool in self.tools {
             tools.register(tool)?;
         }
-        let store = Store::open_async(self.path.clone(), self.store_options).await?;
+        let store = match self.backend {
+            Some(factory) => {
+                Store::open_with_backend_async(self.path.clone(), factory, self.store_options)
+                    .await?
+            }
+            None => Store::open_async(self.path.clone(), self.store_options).await?,
+        };
         tracing::info!(path = %self.path.display(), epoch = store.boot_epoch(), "store open");
         let key = match request_state_key(&store).await {
             Ok(key) => key,
@@ -239,6 +254,7 @@ impl Runtime {
             catalog: Catalog::default(),
             config: RuntimeConfig::default(),
             store_options: StoreOptions::default(),
+            backend: None,
             clock: Arc::new(SystemClock),
         }
     }

@@ -1411,7 +1411,6 @@ fn request_with(id: u64, method: &str, mut params: Value, caps: Value) -> Value 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mrtr_subscriptions_prompts_and_resources() {
-    use futures::StreamExt;
     use mcp_tasks::catalog::{
         GetPromptResult, PromptDescriptor, Resource, ResourceTemplate, prompt_fn,
     };

@@ -12,8 +12,8 @@ mod task;
 
 pub(crate) use subscriber::{OUTPUT_CAPACITY, Subscriber, SubscriberArgs};
 pub(crate) use supervisor::{Supervisor, SupervisorMsg};
-pub(crate) use task::TaskActor;
 pub use task::TaskMsg;
+pub(crate) use task::{StoreFailure, TaskActor};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

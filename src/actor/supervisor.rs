@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use super::{Shared, TaskActor};
+use super::{Shared, StoreFailure, TaskActor};
 use crate::error::{RpcError, RuntimeError, code};
 use crate::persist;
 use crate::task::{Event, Outcome, TaskError, TaskId, TaskRecord, apply};
@@ -33,6 +33,9 @@ pub(crate) struct Supervisor {
 pub(crate) struct SupervisorState {
     tasks_by_actor: HashMap<ActorId, TaskId>,
     failures: HashMap<TaskId, u32>,
+    /// Consecutive store failures per task (commits or reads that failed): they set the
+    /// backoff of the next restart but never use up the restart budget.
+    store_failures: HashMap<TaskId, u32>,
 }
 
 impl Supervisor {
@@ -82,6 +85,8 @@ impl Supervisor {
         let live = self.shared.store.live().await?;
         let count = live.len();
         for (id, bytes) in live {
+            #[cfg(feature = "failpoints")]
+            fail::fail_point!("supervisor::rehydrate");
             match persist::decode(&bytes) {
                 Ok(record) => {
                     if let Err(e) = self.spawn_task(myself, state, Arc::new(record)).await {
@@ -165,11 +170,21 @@ impl Actor for Supervisor {
             SupervisorMsg::Ready(port) => {
                 let _ = port.send(());
             }
-            SupervisorMsg::Restart(id) => {
-                if let Err(e) = self.rehydrate(&myself, state, &id).await {
+            SupervisorMsg::Restart(id) => match self.rehydrate(&myself, state, &id).await {
+                Ok(()) => {}
+                Err(RuntimeError::Store(e)) => {
+                    // The store is failing (I/O error, reopening): try again later; the task
+                    // must not stay without an actor once the store is back.
+                    let failures = state.store_failures.entry(id.clone()).or_default();
+                    *failures += 1;
+                    let delay = self.backoff(*failures);
+                    tracing::warn!(task = %id, error = %e, ?delay, "could not restart task actor; retrying");
+                    myself.send_after(delay, move || SupervisorMsg::Restart(id));
+                }
+                Err(e) => {
                     tracing::error!(task = %id, error = %e, "could not restart task actor");
                 }
-            }
+            },
         }
         Ok(())
     }
@@ -186,6 +201,7 @@ impl Actor for Supervisor {
                 if let Some(id) = state.tasks_by_actor.remove(&cell.get_id()) {
                     self.shared.live.remove_if(&id, cell.get_id());
                     state.failures.remove(&id);
+                    state.store_failures.remove(&id);
                 }
             }
             SupervisionEvent::ActorFailed(cell, error) => {
@@ -193,6 +209,14 @@ impl Actor for Supervisor {
                     return Ok(());
                 };
                 self.shared.live.remove_if(&id, cell.get_id());
+                if error.downcast_ref::<StoreFailure>().is_some() {
+                    let failures = state.store_failures.entry(id.clone()).or_default();
+                    *failures += 1;
+                    let delay = self.backoff(*failures);
+                    tracing::warn!(task = %id, ?delay, error = %error, "a commit of the task failed; restarting its actor from the store");
+                    myself.send_after(delay, move || SupervisorMsg::Restart(id));
+                    return Ok(());
+                }
                 let failures = state.failures.entry(id.clone()).or_default();
                 *failures += 1;
                 let failures = *failures;

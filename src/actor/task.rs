@@ -65,8 +65,16 @@ impl TaskActor {
         let Some(next) = apply(&state.record, event, self.shared.now_ms())? else {
             return Ok(false);
         };
-        self.shared.commit(&next).await?;
         let next = Arc::new(next);
+        #[cfg(feature = "failpoints")]
+        if crate::failpoints::breaker("break::reply_before_commit") {
+            // Deliberately broken (test-only): observable before it is durable.
+            state.record = next.clone();
+            state.publisher.send_replace(next.clone());
+        }
+        self.shared.commit(&next).await?;
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("task::after_commit");
         state.record = next.clone();
         state.publisher.send_replace(next.clone());
         if next.status.is_terminal() {
@@ -120,8 +128,44 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
-fn reply(port: RpcReplyPort<Result<(), RpcError>>, result: Result<bool, RuntimeError>) {
+/// Replies to `port`. A failed commit then fails the actor (with [`StoreFailure`]): the store
+/// may or may not hold the transition that failed, so the actor's state is rebuilt from the
+/// store by the supervisor rather than trusted.
+fn reply(
+    port: RpcReplyPort<Result<(), RpcError>>,
+    result: Result<bool, RuntimeError>,
+) -> Result<(), ActorProcessingErr> {
+    let failed = store_failure(&result);
     let _ = port.send(result.map(|_| ()).map_err(RpcError::from));
+    failed
+}
+
+/// `Err(StoreFailure)` when `result` is a store error.
+fn store_failure<T>(result: &Result<T, RuntimeError>) -> Result<(), ActorProcessingErr> {
+    match result {
+        Err(RuntimeError::Store(e)) => Err(Box::new(StoreFailure(e.to_string()))),
+        _ => Ok(()),
+    }
+}
+
+/// A task actor failed because a commit failed (I/O error, disk full, store reopening). The
+/// supervisor restarts it from the store without counting it against the restart budget:
+/// it is not the task's fault.
+#[derive(Debug)]
+pub(crate) struct StoreFailure(pub(crate) String);
+
+impl std::fmt::Display for StoreFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "a commit of the task failed: {}", self.0)
+    }
+}
+
+impl std::error::Error for StoreFailure {}
+
+/// `result`, with a store error turned into [`StoreFailure`].
+fn or_store_failure<T>(result: Result<T, RuntimeError>) -> Result<T, ActorProcessingErr> {
+    store_failure(&result)?;
+    result.map_err(|e| Box::new(e) as ActorProcessingErr)
 }
 
 impl Actor for TaskActor {
@@ -164,8 +208,10 @@ impl Actor for TaskActor {
                 message: detail,
                 data: None,
             };
-            self.transition(&myself, state, Event::Finish(Outcome::Error(error)))
-                .await?;
+            or_store_failure(
+                self.transition(&myself, state, Event::Finish(Outcome::Error(error)))
+                    .await,
+            )?;
             return Ok(());
         }
         if state.record.cancel_requested {
@@ -197,22 +243,22 @@ impl Actor for TaskActor {
                 let r = self
                     .transition(&myself, state, Event::ProvideInputs { responses })
                     .await;
-                reply(port, r);
+                reply(port, r)?;
             }
             TaskMsg::Cancel(port) => {
                 let r = self.transition(&myself, state, Event::RequestCancel).await;
                 if matches!(r, Ok(true)) && !state.record.status.is_terminal() {
                     self.arm_cancel_grace(&myself);
                 }
-                reply(port, r);
+                reply(port, r)?;
             }
             TaskMsg::Expire(port) => {
                 let r = self.transition(&myself, state, Event::Expire).await;
-                reply(port, r);
+                reply(port, r)?;
             }
             TaskMsg::Tool(event, port) => {
                 let r = self.transition(&myself, state, event).await;
-                reply(port, r);
+                reply(port, r)?;
             }
             TaskMsg::ToolExited(outcome) => {
                 state.tool = None;
@@ -237,7 +283,7 @@ impl Actor for TaskActor {
                 };
                 match self.transition(&myself, state, event).await {
                     Ok(_) | Err(RuntimeError::Transition(TransitionError::Terminal(_))) => {}
-                    Err(e) => return Err(Box::new(e)),
+                    Err(e) => return or_store_failure(Err(e)),
                 }
             }
             TaskMsg::ToolPanicked(detail) => {
@@ -250,7 +296,7 @@ impl Actor for TaskActor {
                     let event = Event::Cancelled {
                         status_message: Some(message.into()),
                     };
-                    self.transition(&myself, state, event).await?;
+                    or_store_failure(self.transition(&myself, state, event).await)?;
                 }
             }
         }

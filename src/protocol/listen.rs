@@ -133,22 +133,30 @@ fn stream(
         _keep_open: mpsc::Sender<Value>,
         closing: watch::Receiver<bool>,
         done: Option<Value>,
+        acknowledged: bool,
     }
     let state = State {
         rx,
         _keep_open: keep_open,
         closing,
+        acknowledged: false,
         done: Some(done),
     };
     let s = futures::stream::unfold(state, |mut st| async move {
         let done = st.done.take()?;
-        let next = tokio::select! {
-            biased;
-            _ = st.closing.wait_for(|c| *c) => None,
-            msg = st.rx.recv() => msg,
+        let next = if st.acknowledged {
+            tokio::select! {
+                biased;
+                _ = st.closing.wait_for(|c| *c) => None,
+                msg = st.rx.recv() => msg,
+            }
+        } else {
+            // The acknowledgement is always first, even when the runtime is closing.
+            st.rx.recv().await
         };
         match next {
             Some(msg) => {
+                st.acknowledged = true;
                 st.done = Some(done);
                 Some((msg, st))
             }

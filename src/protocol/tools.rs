@@ -145,16 +145,27 @@ impl Dispatcher {
             descriptor.initial_status_message.clone(),
         );
         // Durable before return: the handle leaves only after the commit holding the task.
-        self.shared.commit(&record).await?;
+        // Commit and actor start run detached, so a caller that goes away mid-request (an HTTP
+        // client disconnecting) cannot leave a stored task without its actor.
         let record = Arc::new(record);
-        let spawned = self
-            .supervisor
-            .call(|port| SupervisorMsg::Spawn(record.clone(), port), None)
-            .await;
-        if !matches!(spawned, Ok(ractor::rpc::CallResult::Success(Ok(())))) {
-            // The task is stored; it runs once an actor is ensured (next touch or next start).
-            tracing::error!(task = %record.id, "task stored but its actor did not start");
-        }
+        let shared = self.shared.clone();
+        let supervisor = self.supervisor.clone();
+        let detached = record.clone();
+        tokio::spawn(async move {
+            shared.commit(&detached).await?;
+            #[cfg(feature = "failpoints")]
+            fail::fail_point!("create::after_commit");
+            let spawned = supervisor
+                .call(|port| SupervisorMsg::Spawn(detached.clone(), port), None)
+                .await;
+            if !matches!(spawned, Ok(ractor::rpc::CallResult::Success(Ok(())))) {
+                // The task is stored; it runs once an actor is ensured (next touch or start).
+                tracing::error!(task = %detached.id, "task stored but its actor did not start");
+            }
+            Ok::<(), RpcError>(())
+        })
+        .await
+        .map_err(|e| RpcError::internal(format!("task creation was interrupted: {e}")))??;
         tracing::debug!(task = %record.id, tool = %record.tool, owner = %record.owner, "task created");
         Ok(results::create_task(&record, server))
     }

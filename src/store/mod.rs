@@ -26,8 +26,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use redb::{
-    Database, DatabaseError, ReadableDatabase, ReadableTable, ReadableTableMetadata, StorageError,
-    TableDefinition, WriteTransaction,
+    Database, DatabaseError, ReadableDatabase, ReadableTable, ReadableTableMetadata,
+    StorageBackend, StorageError, TableDefinition, WriteTransaction,
 };
 use tokio::sync::oneshot;
 
@@ -78,6 +78,112 @@ pub enum StoreError {
     /// A read transaction failed.
     #[error("reading the task store failed: {0}")]
     Read(String),
+    /// An I/O error made the store unusable and reopening it failed; every write tries to reopen
+    /// it again first. Nothing acknowledged before the error is lost.
+    #[error(
+        "the task store {} is unavailable after an I/O error and could not be reopened: {detail}",
+        path.display()
+    )]
+    Unavailable { path: PathBuf, detail: String },
+}
+
+/// Makes a fresh [`StorageBackend`] over the same bytes, for [`Store::open_with_backend`]. Called
+/// once at open and again whenever the store reopens after an I/O error (redb answers
+/// `PreviousIo` to everything until then).
+pub type BackendFactory = Arc<dyn Fn() -> std::io::Result<Box<dyn StorageBackend>> + Send + Sync>;
+
+/// Where the bytes of a store live.
+#[derive(Clone)]
+enum Target {
+    File(PathBuf),
+    Backend {
+        label: PathBuf,
+        factory: BackendFactory,
+    },
+}
+
+impl Target {
+    fn path(&self) -> &Path {
+        match self {
+            Target::File(p) => p,
+            Target::Backend { label, .. } => label,
+        }
+    }
+}
+
+/// A `Box<dyn StorageBackend>` as a `StorageBackend` (redb takes `impl StorageBackend`).
+#[derive(Debug)]
+struct BoxedBackend(Box<dyn StorageBackend>);
+
+impl StorageBackend for BoxedBackend {
+    fn len(&self) -> std::io::Result<u64> {
+        self.0.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.0.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.0.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.0.write(offset, data)
+    }
+    fn close(&self) -> std::io::Result<()> {
+        self.0.close()
+    }
+    fn try_lock_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> Result<bool, redb::BackendError> {
+        self.0.try_lock_range(start, end)
+    }
+    fn try_lock_shared_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> Result<bool, redb::BackendError> {
+        self.0.try_lock_shared_range(start, end)
+    }
+    fn lock_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> Result<(), redb::BackendError> {
+        self.0.lock_range(start, end)
+    }
+    fn lock_shared_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> Result<(), redb::BackendError> {
+        self.0.lock_shared_range(start, end)
+    }
+    fn unlock_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> Result<(), redb::BackendError> {
+        self.0.unlock_range(start, end)
+    }
+    fn query_lock_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> Result<bool, redb::BackendError> {
+        self.0.query_lock_range(start, end)
+    }
+}
+
+/// The database as readers and the writer find it.
+enum DbState {
+    Open(Arc<Database>),
+    /// An I/O error poisoned the database and reopening it failed (the detail says why).
+    Broken(String),
+    Closed,
 }
 
 /// How hard a commit waits for the disk.
@@ -160,9 +266,10 @@ pub struct Store {
 struct Inner {
     path: PathBuf,
     boot_epoch: u64,
-    /// The database for reads; `None` once closed. Readers clone the `Arc` and run in
-    /// `spawn_blocking`; [`Store::close`] waits until it holds the last reference.
-    db: RwLock<Option<Arc<Database>>>,
+    /// The database for reads and writes. Readers and the writer clone the `Arc` for one
+    /// transaction; the writer swaps it when it reopens the file after an I/O error, and
+    /// [`Store::close`] waits until it holds the last reference.
+    db: Arc<RwLock<DbState>>,
     /// The writer's queue; `None` once closed. Dropping it (also when the last clone of the
     /// store is dropped) lets the writer finish what is queued and exit.
     tx: RwLock<Option<mpsc::Sender<Job>>>,
@@ -197,13 +304,44 @@ impl Store {
     /// Creates the tables, increments the boot epoch in meta and commits it durably, then starts
     /// the writer thread.
     pub fn open(path: &Path, options: StoreOptions) -> Result<Store, StoreError> {
-        Self::open_inner(path, options)
+        Self::open_inner(Target::File(path.to_path_buf()), options)
+    }
+
+    /// Like [`Store::open`] on a redb [`StorageBackend`] instead of a file (simulated disks,
+    /// fault injection). `label` names the store in errors and logs. `factory` is called once
+    /// now and again whenever the store reopens after an I/O error; each backend it returns
+    /// must see the bytes the previous one left.
+    pub fn open_with_backend(
+        label: &Path,
+        factory: BackendFactory,
+        options: StoreOptions,
+    ) -> Result<Store, StoreError> {
+        Self::open_inner(
+            Target::Backend {
+                label: label.to_path_buf(),
+                factory,
+            },
+            options,
+        )
     }
 
     /// [`Store::open`] on the blocking pool.
     pub async fn open_async(path: PathBuf, options: StoreOptions) -> Result<Store, StoreError> {
-        let p = path.clone();
-        match tokio::task::spawn_blocking(move || Store::open(&p, options)).await {
+        Self::open_target_async(Target::File(path), options).await
+    }
+
+    /// [`Store::open_with_backend`] on the blocking pool.
+    pub async fn open_with_backend_async(
+        label: PathBuf,
+        factory: BackendFactory,
+        options: StoreOptions,
+    ) -> Result<Store, StoreError> {
+        Self::open_target_async(Target::Backend { label, factory }, options).await
+    }
+
+    async fn open_target_async(target: Target, options: StoreOptions) -> Result<Store, StoreError> {
+        let path = target.path().to_path_buf();
+        match tokio::task::spawn_blocking(move || Store::open_inner(target, options)).await {
             Ok(result) => result,
             Err(e) => Err(StoreError::Open {
                 path,
@@ -212,47 +350,23 @@ impl Store {
         }
     }
 
-    fn open_inner(path: &Path, options: StoreOptions) -> Result<Store, StoreError> {
-        let path = path.to_path_buf();
+    fn open_inner(target: Target, options: StoreOptions) -> Result<Store, StoreError> {
+        let path = target.path().to_path_buf();
         let open_err = |detail: String| StoreError::Open {
             path: path.clone(),
             detail,
         };
+        let db = open_database(&target)?;
+        let boot_epoch = init_tables_and_boot(&db, &path, true)?;
 
-        let existed = path
-            .try_exists()
-            .map_err(|e| open_err(format!("cannot check whether the file exists: {e}")))?;
-
-        // redb may panic on a file damaged outside redb; never let that escape.
-        let opened = catch_unwind(AssertUnwindSafe(|| redb::Builder::new().create(&path)));
-        let db = match opened {
-            Ok(Ok(db)) => db,
-            Ok(Err(e)) => return Err(map_open_error(&path, e)),
-            Err(panic) => {
-                return Err(StoreError::Corrupt {
-                    path: path.clone(),
-                    detail: format!("redb panicked while opening it: {}", panic_message(&panic)),
-                });
-            }
-        };
-
-        if !existed {
-            sync_parent_dir(&path).map_err(|e| {
-                open_err(format!(
-                    "created the file but could not fsync its directory: {e}"
-                ))
-            })?;
-        }
-
-        let boot_epoch = init_tables_and_boot(&db, &path)?;
-
-        let db = Arc::new(db);
+        let db = Arc::new(RwLock::new(DbState::Open(Arc::new(db))));
         let counters = Arc::new(Counters::default());
         let (tx, rx) = mpsc::channel::<Job>();
         #[cfg(test)]
         let test_hooks = Arc::new(tests_support::Hooks::default());
         let writer = Writer {
             db: Arc::clone(&db),
+            target,
             rx,
             durability: options.durability,
             max_batch_ops: options.max_batch_ops.max(1),
@@ -271,7 +385,7 @@ impl Store {
             inner: Arc::new(Inner {
                 path,
                 boot_epoch,
-                db: RwLock::new(Some(db)),
+                db,
                 tx: RwLock::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),
                 close_lock: tokio::sync::Mutex::new(()),
@@ -396,6 +510,21 @@ impl Store {
         .await
     }
 
+    /// Every stored task (id, bytes), ordered by id. Reads the whole table: for checks and
+    /// tools, not for serving requests.
+    pub async fn tasks(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        self.read(|txn| {
+            let tasks = txn.open_table(TASKS)?;
+            let mut out = Vec::with_capacity(usize::try_from(tasks.len()?).unwrap_or(0));
+            for entry in tasks.iter()? {
+                let (id, bytes) = entry?;
+                out.push((id.value().to_owned(), bytes.value().to_vec()));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     /// Number of stored tasks and of live tasks.
     pub async fn counts(&self) -> Result<(u64, u64), StoreError> {
         self.read(|txn| {
@@ -416,11 +545,19 @@ impl Store {
 
     /// Whether [`Store::close`] was called (on any clone).
     pub fn is_closed(&self) -> bool {
-        self.inner
-            .db
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_none()
+        matches!(
+            *self.inner.db.read().unwrap_or_else(|e| e.into_inner()),
+            DbState::Closed
+        )
+    }
+
+    /// `Some(detail)` while the store is unusable after an I/O error that reopening did not
+    /// cure (every write tries again first).
+    pub fn unavailable(&self) -> Option<String> {
+        match &*self.inner.db.read().unwrap_or_else(|e| e.into_inner()) {
+            DbState::Broken(detail) => Some(detail.clone()),
+            _ => None,
+        }
     }
 
     /// Stops the writer thread after it has finished the queued work, waits for in-flight reads
@@ -441,24 +578,24 @@ impl Store {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        let db = self
-            .inner
-            .db
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if tx.is_none() && writer.is_none() && db.is_none() {
+        if tx.is_none() && writer.is_none() && self.is_closed() {
             return;
         }
         drop(tx);
         let path = self.inner.path.clone();
+        let slot = Arc::clone(&self.inner.db);
         let work = move || {
             if let Some(writer) = writer
                 && writer.join().is_err()
             {
                 tracing::error!(path = %path.display(), "the store writer thread panicked");
             }
-            if let Some(mut db) = db {
+            // Taken only once the writer is gone: it may swap the database while it reopens.
+            let db = std::mem::replace(
+                &mut *slot.write().unwrap_or_else(|e| e.into_inner()),
+                DbState::Closed,
+            );
+            if let DbState::Open(mut db) = db {
                 // Readers hold clones only for the length of one read transaction.
                 let db = loop {
                     match Arc::try_unwrap(db) {
@@ -486,13 +623,16 @@ impl Store {
         T: Send + 'static,
         F: FnOnce(&redb::ReadTransaction) -> Result<T, redb::Error> + Send + 'static,
     {
-        let db = self
-            .inner
-            .db
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .ok_or(StoreError::Closed)?;
+        let db = match &*self.inner.db.read().unwrap_or_else(|e| e.into_inner()) {
+            DbState::Open(db) => Arc::clone(db),
+            DbState::Closed => return Err(StoreError::Closed),
+            DbState::Broken(detail) => {
+                return Err(StoreError::Unavailable {
+                    path: self.inner.path.clone(),
+                    detail: detail.clone(),
+                });
+            }
+        };
         let path = self.inner.path.clone();
         let task = tokio::task::spawn_blocking(move || {
             let run = || -> Result<T, redb::Error> {
@@ -517,9 +657,10 @@ impl Store {
     }
 }
 
-/// The single writer: owns all write transactions.
+/// The single writer: owns all write transactions, and reopens the database after an I/O error.
 struct Writer {
-    db: Arc<Database>,
+    db: Arc<RwLock<DbState>>,
+    target: Target,
     rx: mpsc::Receiver<Job>,
     durability: Durability,
     max_batch_ops: usize,
@@ -565,15 +706,97 @@ impl Writer {
         tracing::debug!(path = %self.path.display(), "store writer stopped");
     }
 
+    /// The database to write to; after an I/O error that the last reopen did not cure, tries to
+    /// reopen it first.
+    fn database(&self) -> Result<Arc<Database>, StoreError> {
+        let detail = match &*self.db.read().unwrap_or_else(|e| e.into_inner()) {
+            DbState::Open(db) => return Ok(Arc::clone(db)),
+            DbState::Closed => return Err(StoreError::Closed),
+            DbState::Broken(detail) => detail.clone(),
+        };
+        tracing::info!(path = %self.path.display(), previous = %detail, "retrying to reopen the task store");
+        self.reopen();
+        match &*self.db.read().unwrap_or_else(|e| e.into_inner()) {
+            DbState::Open(db) => Ok(Arc::clone(db)),
+            DbState::Closed => Err(StoreError::Closed),
+            DbState::Broken(detail) => Err(StoreError::Unavailable {
+                path: self.path.clone(),
+                detail: detail.clone(),
+            }),
+        }
+    }
+
     /// Applies `batch` in one transaction and acks every job.
     fn commit_batch(&self, batch: Vec<Job>) {
         let (opss, acks): (Vec<Vec<WriteOp>>, Vec<_>) =
             batch.into_iter().map(|j| (j.ops, j.ack)).unzip();
-        let results = apply_jobs(&self.db, &self.path, self.durability, &opss, &self.counters);
+        let (results, poisoned) = match self.database() {
+            Ok(db) => apply_jobs_inner(&db, &self.path, self.durability, &opss, &self.counters),
+            Err(e) => (vec![Err(e); opss.len()], false),
+        };
+        if poisoned {
+            // redb answers `PreviousIo` to everything after an I/O error until the file is
+            // reopened; reopening also rolls back to the last durable commit. The waiters of
+            // this batch learn of the failure first (they may retry after the reopen).
+            for (ack, result) in acks.into_iter().zip(results) {
+                let _ = ack.send(result);
+            }
+            self.reopen();
+            return;
+        }
         for (ack, result) in acks.into_iter().zip(results) {
             // The waiter may have given up (dropped its future); the commit stands regardless.
             let _ = ack.send(result);
         }
+    }
+
+    /// Closes the database and opens it again (redb repairs it back to its last durable
+    /// commit). On failure the store is [`DbState::Broken`] until a later write reopens it.
+    fn reopen(&self) {
+        let old = std::mem::replace(
+            &mut *self.db.write().unwrap_or_else(|e| e.into_inner()),
+            DbState::Broken("reopening after an I/O error".into()),
+        );
+        if let DbState::Open(mut db) = old {
+            // Readers hold clones only for the length of one read transaction.
+            let started = Instant::now();
+            let db = loop {
+                match Arc::try_unwrap(db) {
+                    Ok(db) => break Some(db),
+                    Err(shared) if started.elapsed() < Duration::from_secs(10) => {
+                        db = shared;
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(_) => break None,
+                }
+            };
+            match db {
+                Some(db) => {
+                    if let Err(e) = db.close() {
+                        tracing::debug!(path = %self.path.display(), error = %e, "closing the failed database");
+                    }
+                }
+                None => {
+                    let detail = "a reader did not release the failed database".to_owned();
+                    tracing::error!(path = %self.path.display(), %detail);
+                    *self.db.write().unwrap_or_else(|e| e.into_inner()) = DbState::Broken(detail);
+                    return;
+                }
+            }
+        }
+        let reopened = open_database(&self.target)
+            .and_then(|db| init_tables_and_boot(&db, &self.path, false).map(|_| db));
+        let state = match reopened {
+            Ok(db) => {
+                tracing::warn!(path = %self.path.display(), "task store reopened after an I/O error");
+                DbState::Open(Arc::new(db))
+            }
+            Err(e) => {
+                tracing::error!(path = %self.path.display(), error = %e, "reopening the task store failed");
+                DbState::Broken(e.to_string())
+            }
+        };
+        *self.db.write().unwrap_or_else(|e| e.into_inner()) = state;
     }
 }
 
@@ -581,6 +804,7 @@ impl Writer {
 /// per job. If applying fails (not committing), the transaction is aborted and each job is
 /// retried in its own transaction so that one bad job does not fail the others. Never panics:
 /// a panic inside redb becomes a [`StoreError::Commit`].
+#[cfg(test)]
 fn apply_jobs(
     db: &Database,
     path: &Path,
@@ -588,6 +812,18 @@ fn apply_jobs(
     jobs: &[Vec<WriteOp>],
     counters: &Counters,
 ) -> Vec<Result<(), StoreError>> {
+    apply_jobs_inner(db, path, durability, jobs, counters).0
+}
+
+/// [`apply_jobs`], plus whether a transaction failed to begin or commit (after which the
+/// database must be reopened).
+fn apply_jobs_inner(
+    db: &Database,
+    path: &Path,
+    durability: Durability,
+    jobs: &[Vec<WriteOp>],
+    counters: &Counters,
+) -> (Vec<Result<(), StoreError>>, bool) {
     let ops: usize = jobs.iter().map(Vec::len).sum();
     let started = Instant::now();
     match guarded(path, || one_transaction(db, durability, jobs)) {
@@ -600,29 +836,45 @@ fn apply_jobs(
                 micros = started.elapsed().as_micros() as u64,
                 "store group commit"
             );
-            vec![Ok(()); jobs.len()]
+            (vec![Ok(()); jobs.len()], false)
         }
         Err(Failure::Apply(e)) if jobs.len() > 1 => {
             tracing::warn!(path = %path.display(), error = %e, jobs = jobs.len(),
                 "applying a group commit failed; retrying its jobs one by one");
-            jobs.iter()
-                .map(|job| apply_jobs(db, path, durability, std::slice::from_ref(job), counters))
-                .map(|mut r| {
+            let mut poisoned = false;
+            let results = jobs
+                .iter()
+                .map(|job| {
+                    if poisoned {
+                        return Err(StoreError::Commit(format!(
+                            "{}: not attempted after an I/O error in the same batch",
+                            path.display()
+                        )));
+                    }
+                    let (mut r, p) =
+                        apply_jobs_inner(db, path, durability, std::slice::from_ref(job), counters);
+                    poisoned |= p;
                     r.pop()
                         .unwrap_or_else(|| Err(StoreError::Commit("no result".into())))
                 })
-                .collect()
+                .collect();
+            (results, poisoned)
         }
-        Err(Failure::Apply(e) | Failure::Commit(e)) => {
+        Err(failure) => {
+            let (e, poisoned) = match failure {
+                Failure::Apply(e) => (e, false),
+                Failure::Commit(e) => (e, true),
+            };
             let err = StoreError::Commit(format!("{}: {e}", path.display()));
             tracing::error!(error = %err, jobs = jobs.len(), ops, "store commit failed");
-            vec![Err(err); jobs.len()]
+            (vec![Err(err); jobs.len()], poisoned)
         }
     }
 }
 
 /// Why a transaction failed: while applying ops (the transaction was aborted) or while
-/// committing (maybe an I/O error: the batch's outcome is reported to all its jobs).
+/// beginning or committing it (maybe an I/O error: the batch's outcome is reported to all its
+/// jobs, and the database is reopened).
 enum Failure {
     Apply(String),
     Commit(String),
@@ -652,6 +904,14 @@ fn one_transaction(
             .map_err(|e| Failure::Commit(e.to_string()))?;
     }
     apply_ops(&txn, jobs.iter().flatten()).map_err(|e| Failure::Apply(e.to_string()))?;
+    // Inside a group commit: the ops are applied, the commit has not started.
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!("store::group_commit", |arg| {
+        Err(Failure::Commit(format!(
+            "failpoint store::group_commit: {}",
+            arg.unwrap_or_default()
+        )))
+    });
     txn.commit().map_err(|e| Failure::Commit(e.to_string()))
 }
 
@@ -705,8 +965,9 @@ fn apply_ops<'a>(
     Ok(())
 }
 
-/// Creates the tables, increments the boot epoch and commits durably. Returns the new epoch.
-fn init_tables_and_boot(db: &Database, path: &Path) -> Result<u64, StoreError> {
+/// Creates the tables, increments the boot epoch (when `bump`) and commits durably. Returns the
+/// epoch.
+fn init_tables_and_boot(db: &Database, path: &Path, bump: bool) -> Result<u64, StoreError> {
     let fail = |e: &dyn fmt::Display| StoreError::Open {
         path: path.to_path_buf(),
         detail: format!("initialising the tables failed: {e}"),
@@ -732,6 +993,10 @@ fn init_tables_and_boot(db: &Database, path: &Path) -> Result<u64, StoreError> {
                     u64::from_le_bytes(bytes)
                 }
             };
+            if !bump {
+                drop(meta);
+                return Ok(previous);
+            }
             let epoch = previous.checked_add(1).ok_or_else(|| StoreError::Corrupt {
                 path: path.to_path_buf(),
                 detail: format!("meta \"{META_BOOT_EPOCH}\" is at its maximum"),
@@ -753,6 +1018,59 @@ fn init_tables_and_boot(db: &Database, path: &Path) -> Result<u64, StoreError> {
             ),
         }),
     }
+}
+
+/// Opens (or creates) the database of `target`; never panics (redb may panic on a file damaged
+/// outside redb).
+///
+/// - A missing file is created, and its parent directory is fsynced once (redb does not).
+/// - An existing file must be a redb database; a corrupt, truncated or foreign file gives
+///   [`StoreError::Corrupt`] (or [`StoreError::Open`]) naming the file, and is never recreated
+///   or overwritten.
+fn open_database(target: &Target) -> Result<Database, StoreError> {
+    let path = target.path();
+    let open_err = |detail: String| StoreError::Open {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let (opened, created) = match target {
+        Target::File(path) => {
+            let existed = path
+                .try_exists()
+                .map_err(|e| open_err(format!("cannot check whether the file exists: {e}")))?;
+            (
+                catch_unwind(AssertUnwindSafe(|| redb::Builder::new().create(path))),
+                !existed,
+            )
+        }
+        Target::Backend { factory, .. } => {
+            let backend = factory().map_err(|e| open_err(format!("the storage backend: {e}")))?;
+            (
+                catch_unwind(AssertUnwindSafe(|| {
+                    redb::Builder::new().create_with_backend(BoxedBackend(backend))
+                })),
+                false,
+            )
+        }
+    };
+    let db = match opened {
+        Ok(Ok(db)) => db,
+        Ok(Err(e)) => return Err(map_open_error(path, e)),
+        Err(panic) => {
+            return Err(StoreError::Corrupt {
+                path: path.to_path_buf(),
+                detail: format!("redb panicked while opening it: {}", panic_message(&panic)),
+            });
+        }
+    };
+    if created {
+        sync_parent_dir(path).map_err(|e| {
+            open_err(format!(
+                "created the file but could not fsync its directory: {e}"
+            ))
+        })?;
+    }
+    Ok(db)
 }
 
 fn map_open_error(path: &Path, e: DatabaseError) -> StoreError {

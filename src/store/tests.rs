@@ -484,7 +484,7 @@ fn apply_jobs_uses_one_transaction() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db.redb");
     let db = redb::Database::create(&path).unwrap();
-    init_tables_and_boot(&db, &path).unwrap();
+    init_tables_and_boot(&db, &path, true).unwrap();
     let counters = Counters::default();
     let jobs: Vec<Vec<WriteOp>> = (0..50)
         .map(|i| {

@@ -211,7 +211,15 @@ impl ToolContext {
         Fut: Future<Output = Result<T, ToolError>>,
     {
         if let Some(snap) = self.snapshot() {
-            if let Some(recorded) = snap.journal.get(name) {
+            #[cfg(feature = "failpoints")]
+            let recorded = if crate::failpoints::breaker("break::skip_step_journal") {
+                None // Deliberately broken (test-only): a committed step runs again.
+            } else {
+                snap.journal.get(name)
+            };
+            #[cfg(not(feature = "failpoints"))]
+            let recorded = snap.journal.get(name);
+            if let Some(recorded) = recorded {
                 return serde_json::from_value(recorded.clone()).map_err(|e| {
                     ToolError::Runtime(format!(
                         "the recorded value of step `{name}` no longer decodes: {e}"
@@ -223,6 +231,8 @@ impl ToolContext {
             }
         }
         let value = f().await?;
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("step::before_commit");
         if self.snapshot().is_some() {
             let json = serde_json::to_value(&value).map_err(|e| {
                 ToolError::Runtime(format!(

@@ -1,0 +1,666 @@
+//! Streamable HTTP transport (MCP `2026-07-28`, digest §4): one `POST` endpoint, JSON or SSE
+//! responses, `202` for notifications, `405` for every other method.
+//!
+//! The transport only extracts, decodes and maps: the dispatcher ([`RuntimeHandle::dispatch`])
+//! validates the envelope, compares the routing headers with the body and chooses the HTTP
+//! status of every JSON-RPC answer. What happens here, in order:
+//!
+//! 1. `Host` not allowed, or `Origin` present and not allowed (DNS rebinding) → `403`;
+//! 2. body larger than [`HttpConfig::max_body_bytes`] → `413`;
+//! 3. [`HttpConfig::authenticate`] refuses → `401`;
+//! 4. `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` are trimmed and `=?base64?…?=`-decoded
+//!    into [`RoutingHeaders`] and the message is dispatched;
+//! 5. [`Outcome::Accepted`] → `202` (no body), [`Outcome::Reply`] → its status with one compact
+//!    JSON body, [`Outcome::Stream`] → `200 text/event-stream`, one message per `data:` line,
+//!    keep-alive comments in between.
+//!
+//! The dispatch runs on its own tokio task: a client that drops its connection while a
+//! `tools/call` is in flight never interrupts task creation half-way (the task is committed
+//! *and* started, or not created at all). Closing an SSE response drops its
+//! [`MessageStream`], which ends the `subscriptions/listen` request (and its subscriber) but
+//! never a task.
+//!
+//! Sessions do not exist in `2026-07-28`: `Mcp-Session-Id` is neither minted nor echoed, and
+//! `Last-Event-ID` is ignored (SSE events carry no ids).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use base64::Engine as _;
+use futures::{Stream, StreamExt};
+use serde_json::Value;
+use tokio::time::Sleep;
+
+use crate::error::{RpcError, code};
+use crate::protocol::{MessageStream, Outcome, RequestContext, RoutingHeaders};
+use crate::runtime::RuntimeHandle;
+use crate::task::Owner;
+use crate::wire::jsonrpc;
+
+/// Decides who sends a request, from its headers. `None` refuses it with `401`.
+pub type Authenticator = Arc<dyn Fn(&HeaderMap) -> Option<Owner> + Send + Sync>;
+
+/// The `MCP-Protocol-Version` request header.
+pub const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
+/// The `Mcp-Method` request header.
+pub const METHOD_HEADER: &str = "mcp-method";
+/// The `Mcp-Name` request header.
+pub const NAME_HEADER: &str = "mcp-name";
+
+/// Configuration of the HTTP transport. `Default` serves `/mcp` to local callers, every one of
+/// them the anonymous principal.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct HttpConfig {
+    /// The endpoint's path (default `/mcp`).
+    pub path: String,
+    /// Allowed `Origin`s besides local ones, exactly as browsers send them
+    /// (`https://app.example`, compared case-insensitively). Local origins
+    /// (`http(s)://localhost|127.0.0.1|[::1]`, any port) are always allowed; `"*"` allows all.
+    pub allowed_origins: Vec<String>,
+    /// Allowed `Host` names besides `localhost`, `127.0.0.1` and `[::1]` (any port). An entry
+    /// without a port matches any port; `"*"` allows every host (behind a trusted proxy).
+    pub allowed_hosts: Vec<String>,
+    /// Largest accepted request body (default 4 MiB); larger ones get `413`.
+    pub max_body_bytes: usize,
+    /// Whether a missing `Mcp-Name` on `tasks/get|update|cancel` is rejected (`-32020`).
+    pub strict_headers: bool,
+    /// Interval of SSE keep-alive comments (default 15 s; zero disables them).
+    pub keep_alive: Duration,
+    /// Authenticates each request (default: everyone is [`Owner::anonymous`]).
+    pub authenticate: Authenticator,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            path: "/mcp".to_owned(),
+            allowed_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
+            max_body_bytes: 4 * 1024 * 1024,
+            strict_headers: false,
+            keep_alive: Duration::from_secs(15),
+            authenticate: Arc::new(|_| Some(Owner::anonymous())),
+        }
+    }
+}
+
+impl std::fmt::Debug for HttpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpConfig")
+            .field("path", &self.path)
+            .field("allowed_origins", &self.allowed_origins)
+            .field("allowed_hosts", &self.allowed_hosts)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("strict_headers", &self.strict_headers)
+            .field("keep_alive", &self.keep_alive)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpConfig {
+    pub fn path(mut self, path: impl Into<String>) -> Self {
+        self.path = path.into();
+        self
+    }
+
+    /// Allows one more `Origin` (e.g. `https://app.example`).
+    pub fn allow_origin(mut self, origin: impl Into<String>) -> Self {
+        self.allowed_origins.push(origin.into());
+        self
+    }
+
+    /// Allows one more `Host` name (e.g. `mcp.example.com`, any port).
+    pub fn allow_host(mut self, host: impl Into<String>) -> Self {
+        self.allowed_hosts.push(host.into());
+        self
+    }
+
+    pub fn max_body_bytes(mut self, bytes: usize) -> Self {
+        self.max_body_bytes = bytes;
+        self
+    }
+
+    pub fn strict_headers(mut self, strict: bool) -> Self {
+        self.strict_headers = strict;
+        self
+    }
+
+    pub fn keep_alive(mut self, interval: Duration) -> Self {
+        self.keep_alive = interval;
+        self
+    }
+
+    /// Sets the authenticator.
+    pub fn authenticate(
+        mut self,
+        f: impl Fn(&HeaderMap) -> Option<Owner> + Send + Sync + 'static,
+    ) -> Self {
+        self.authenticate = Arc::new(f);
+        self
+    }
+}
+
+struct Endpoint {
+    handle: RuntimeHandle,
+    config: HttpConfig,
+}
+
+/// The MCP endpoint as an axum router, to serve with [`serve`] or to mount in a host app.
+pub fn router(handle: RuntimeHandle, config: HttpConfig) -> Router {
+    let path = config.path.clone();
+    Router::new()
+        .route(&path, any(endpoint))
+        .with_state(Arc::new(Endpoint { handle, config }))
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, then drains open requests.
+///
+/// Open `subscriptions/listen` streams hold the drain until they end: call
+/// [`crate::Runtime::begin_shutdown`] before (or when) `shutdown` resolves so that they send
+/// their result and close.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::debug!(%addr, "MCP HTTP transport serving");
+    }
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn endpoint(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Response {
+    let started = Instant::now();
+    let method_header = request
+        .headers()
+        .get(METHOD_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    let (response, kind) = respond(&endpoint, request).await;
+    tracing::debug!(
+        method = %method_header,
+        status = response.status().as_u16(),
+        kind,
+        elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+        "MCP HTTP request"
+    );
+    response
+}
+
+async fn respond(endpoint: &Endpoint, request: Request) -> (Response, &'static str) {
+    let config = &endpoint.config;
+    let (parts, body) = request.into_parts();
+
+    // (1) DNS-rebinding protection.
+    if let Err(why) = check_host(&parts.headers, parts.uri.authority(), config) {
+        return (transport_error(StatusCode::FORBIDDEN, None, &why), "host");
+    }
+    if let Err(why) = check_origin(&parts.headers, config) {
+        return (transport_error(StatusCode::FORBIDDEN, None, &why), "origin");
+    }
+    if parts.method != Method::POST {
+        let mut response = transport_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            None,
+            &format!(
+                "{} is not supported: every MCP message is its own POST",
+                parts.method
+            ),
+        );
+        response
+            .headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("POST"));
+        return (response, "method");
+    }
+
+    // (2) The body, bounded.
+    let body = match read_body(&parts.headers, body, config.max_body_bytes).await {
+        Ok(body) => body,
+        Err(BodyError::TooLarge) => {
+            let why = format!(
+                "the request body exceeds the limit of {} bytes",
+                config.max_body_bytes
+            );
+            return (
+                transport_error(StatusCode::PAYLOAD_TOO_LARGE, None, &why),
+                "too-large",
+            );
+        }
+        Err(BodyError::Read(e)) => {
+            let why = format!("the request body could not be read: {e}");
+            return (transport_error(StatusCode::BAD_REQUEST, None, &why), "body");
+        }
+    };
+
+    // (3) Who is calling.
+    let Some(owner) = (config.authenticate)(&parts.headers) else {
+        let id = request_id(&body);
+        return (
+            transport_error(
+                StatusCode::UNAUTHORIZED,
+                id.as_ref(),
+                "Unauthorized: the request is not authenticated",
+            ),
+            "unauthorized",
+        );
+    };
+
+    // (4) Routing headers; a malformed one is -32020 for a request (a notification and an
+    // unreadable message get the dispatcher's usual answer).
+    let headers = match routing_headers(&parts.headers) {
+        Ok(headers) => headers,
+        Err(error) => match jsonrpc::parse(&body) {
+            Ok(jsonrpc::Incoming::Request { id, .. }) => {
+                let body = jsonrpc::error_response(Some(&id), &error);
+                return (json_response(StatusCode::BAD_REQUEST, &body), "json");
+            }
+            _ => RoutingHeaders::default(),
+        },
+    };
+    let ctx = RequestContext::http(owner, headers, config.strict_headers);
+
+    // The dispatch runs to completion even if the client goes away meanwhile.
+    let handle = endpoint.handle.clone();
+    let outcome = tokio::spawn(async move { handle.dispatch(&body, &ctx).await }).await;
+
+    // (5) Map the outcome.
+    match outcome {
+        Ok(Outcome::Accepted) => (StatusCode::ACCEPTED.into_response(), "accepted"),
+        Ok(Outcome::Reply(reply)) => {
+            let status = StatusCode::from_u16(reply.http_status)
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            (json_response(status, &reply.body), "json")
+        }
+        Ok(Outcome::Stream(stream)) => (sse_response(stream, config.keep_alive), "sse"),
+        Err(e) => {
+            tracing::error!(error = %e, "the dispatcher task failed");
+            let error = RpcError::internal("the request could not be completed");
+            let body = jsonrpc::error_response(None, &error);
+            (
+                json_response(StatusCode::INTERNAL_SERVER_ERROR, &body),
+                "json",
+            )
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host and Origin
+
+/// Whether `host` (a host name or IP literal, brackets kept for IPv6) is a loopback name.
+fn is_local_host(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost") || host == "127.0.0.1" || host == "[::1]"
+}
+
+/// The host part of an authority `host[:port]` (IPv6 literals keep their brackets).
+fn host_part(authority: &str) -> &str {
+    if authority.starts_with('[') {
+        match authority.find(']') {
+            Some(end) => &authority[..=end],
+            None => authority,
+        }
+    } else {
+        authority
+            .rsplit_once(':')
+            .map_or(authority, |(host, _port)| host)
+    }
+}
+
+fn check_host(
+    headers: &HeaderMap,
+    authority: Option<&axum::http::uri::Authority>,
+    config: &HttpConfig,
+) -> Result<(), String> {
+    if config.allowed_hosts.iter().any(|h| h == "*") {
+        return Ok(());
+    }
+    let host = match headers.get(header::HOST) {
+        Some(value) => value
+            .to_str()
+            .map_err(|_| "Forbidden: the Host header is malformed".to_owned())?
+            .trim()
+            .to_owned(),
+        None => match authority {
+            Some(a) => a.as_str().to_owned(),
+            None => return Err("Forbidden: the Host header is missing".to_owned()),
+        },
+    };
+    let name = host_part(&host);
+    let allowed = is_local_host(name)
+        || config
+            .allowed_hosts
+            .iter()
+            .any(|h| h.eq_ignore_ascii_case(&host) || h.eq_ignore_ascii_case(name));
+    if allowed {
+        Ok(())
+    } else {
+        Err(format!("Forbidden: Host `{host}` is not allowed"))
+    }
+}
+
+fn check_origin(headers: &HeaderMap, config: &HttpConfig) -> Result<(), String> {
+    let Some(value) = headers.get(header::ORIGIN) else {
+        return Ok(());
+    };
+    let origin = value
+        .to_str()
+        .map_err(|_| "Forbidden: the Origin header is malformed".to_owned())?
+        .trim();
+    let origin = origin.strip_suffix('/').unwrap_or(origin);
+    let local = origin.split_once("://").is_some_and(|(scheme, authority)| {
+        (scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https"))
+            && !authority.contains(['/', '@'])
+            && is_local_host(host_part(authority))
+    });
+    let allowed = local
+        || config.allowed_origins.iter().any(|o| {
+            o == "*" || {
+                let o = o.trim();
+                o.strip_suffix('/')
+                    .unwrap_or(o)
+                    .eq_ignore_ascii_case(origin)
+            }
+        });
+    if allowed {
+        Ok(())
+    } else {
+        Err(format!("Forbidden: Origin `{origin}` is not allowed"))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Body
+
+enum BodyError {
+    TooLarge,
+    Read(axum::Error),
+}
+
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, BodyError> {
+    if let Some(length) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        && length > limit as u64
+    {
+        return Err(BodyError::TooLarge);
+    }
+    let mut stream = body.into_data_stream();
+    let mut buf = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(BodyError::Read)?;
+        if buf.len() + chunk.len() > limit {
+            return Err(BodyError::TooLarge);
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// The request id of a message, when it has a valid one (string or integer).
+fn request_id(body: &[u8]) -> Option<Value> {
+    #[derive(serde::Deserialize)]
+    struct IdOnly {
+        id: Option<Value>,
+    }
+    let id = serde_json::from_slice::<IdOnly>(body).ok()?.id?;
+    match &id {
+        Value::String(s) if s.len() <= crate::wire::limits::MAX_NAME_LEN => Some(id),
+        Value::Number(n) if n.is_i64() || n.is_u64() => Some(id),
+        _ => None,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routing headers
+
+/// Reads the routing headers: each at most once, trimmed, `=?base64?…?=` decoded.
+pub fn routing_headers(headers: &HeaderMap) -> Result<RoutingHeaders, RpcError> {
+    Ok(RoutingHeaders {
+        protocol_version: header_value(headers, PROTOCOL_VERSION_HEADER, "MCP-Protocol-Version")?,
+        method: header_value(headers, METHOD_HEADER, "Mcp-Method")?,
+        name: header_value(headers, NAME_HEADER, "Mcp-Name")?,
+    })
+}
+
+fn header_value(
+    headers: &HeaderMap,
+    name: &'static str,
+    display: &str,
+) -> Result<Option<String>, RpcError> {
+    let name = HeaderName::from_static(name);
+    let mut values = headers.get_all(&name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(RpcError::header_mismatch(format!(
+            "the {display} header appears more than once"
+        )));
+    }
+    let text = std::str::from_utf8(value.as_bytes()).map_err(|_| {
+        RpcError::header_mismatch(format!(
+            "the {display} header is not UTF-8 (use =?base64?…?= for non-ASCII values)"
+        ))
+    })?;
+    let text = text.trim_matches([' ', '\t']);
+    decode_sentinel(text)
+        .map(Some)
+        .map_err(|why| RpcError::header_mismatch(format!("the {display} header {why}")))
+}
+
+/// Decodes a `=?base64?{base64 of UTF-8}?=` value; other values are returned as they are.
+pub fn decode_sentinel(value: &str) -> Result<String, &'static str> {
+    const PREFIX: &str = "=?base64?";
+    const SUFFIX: &str = "?=";
+    let is_sentinel = value.len() >= PREFIX.len() + SUFFIX.len()
+        && value
+            .get(..PREFIX.len())
+            .is_some_and(|p| p.eq_ignore_ascii_case(PREFIX))
+        && value.ends_with(SUFFIX);
+    if !is_sentinel {
+        return Ok(value.to_owned());
+    }
+    let encoded = &value[PREFIX.len()..value.len() - SUFFIX.len()];
+    let engine = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        base64::engine::GeneralPurposeConfig::new()
+            .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+    );
+    let bytes = engine
+        .decode(encoded.trim())
+        .map_err(|_| "holds invalid base64")?;
+    String::from_utf8(bytes).map_err(|_| "decodes to bytes that are not UTF-8")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Responses
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    // Serializing a `Value` cannot fail; compact output is always a single line.
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        bytes,
+    )
+        .into_response()
+}
+
+/// A transport-level refusal (403, 405, 413, 401) with a JSON-RPC error body.
+fn transport_error(status: StatusCode, id: Option<&Value>, message: &str) -> Response {
+    let error = RpcError::new(code::INVALID_REQUEST, message);
+    json_response(status, &jsonrpc::error_response(id, &error))
+}
+
+fn sse_response(stream: MessageStream, keep_alive: Duration) -> Response {
+    let body = Body::from_stream(SseBody::new(stream, keep_alive));
+    (
+        StatusCode::OK,
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+            (
+                HeaderName::from_static("x-accel-buffering"),
+                HeaderValue::from_static("no"),
+            ),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// The SSE body of a [`MessageStream`]: each message as one `data:` line, a comment line
+/// after every `keep_alive` of silence; ends with the stream. Dropping it drops the stream.
+struct SseBody {
+    messages: MessageStream,
+    keep_alive: Option<(Duration, Pin<Box<Sleep>>)>,
+    done: bool,
+}
+
+impl SseBody {
+    fn new(messages: MessageStream, keep_alive: Duration) -> Self {
+        let keep_alive =
+            (!keep_alive.is_zero()).then(|| (keep_alive, Box::pin(tokio::time::sleep(keep_alive))));
+        Self {
+            messages,
+            keep_alive,
+            done: false,
+        }
+    }
+
+    fn reset_keep_alive(&mut self) {
+        if let Some((period, sleep)) = &mut self.keep_alive {
+            sleep.as_mut().reset(tokio::time::Instant::now() + *period);
+        }
+    }
+}
+
+/// One SSE event carrying one JSON-RPC message on a single `data:` line.
+fn sse_event(message: &Value) -> Bytes {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(b"data: ");
+    // Compact JSON never contains a raw newline (strings escape it).
+    if serde_json::to_writer(&mut out, message).is_err() {
+        out.truncate(6);
+        out.extend_from_slice(b"null");
+    }
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+impl Stream for SseBody {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match self.messages.poll_next_unpin(cx) {
+            Poll::Ready(Some(message)) => {
+                self.reset_keep_alive();
+                return Poll::Ready(Some(Ok(sse_event(&message))));
+            }
+            Poll::Ready(None) => {
+                self.done = true;
+                return Poll::Ready(None);
+            }
+            Poll::Pending => {}
+        }
+        if let Some((_, sleep)) = &mut self.keep_alive
+            && sleep.as_mut().poll(cx).is_ready()
+        {
+            self.reset_keep_alive();
+            return Poll::Ready(Some(Ok(Bytes::from_static(b": keep-alive\n\n"))));
+        }
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sentinels_decode() {
+        assert_eq!(decode_sentinel("plain").unwrap(), "plain");
+        assert_eq!(decode_sentinel("=?base64?aMOpbGxv?=").unwrap(), "héllo");
+        assert_eq!(decode_sentinel("=?BASE64?aMOpbGxv?=").unwrap(), "héllo");
+        assert_eq!(decode_sentinel("=?base64?ZWNobw?=").unwrap(), "echo");
+        assert!(decode_sentinel("=?base64?!!!?=").is_err());
+        assert!(decode_sentinel("=?base64?/w==?=").is_err()); // 0xff is not UTF-8
+    }
+
+    #[test]
+    fn routing_headers_are_trimmed_and_single() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "MCP-Protocol-Version",
+            HeaderValue::from_static(" 2026-07-28\t"),
+        );
+        h.insert("mcp-method", HeaderValue::from_static("tools/call"));
+        let r = routing_headers(&h).unwrap();
+        assert_eq!(r.protocol_version.as_deref(), Some("2026-07-28"));
+        assert_eq!(r.method.as_deref(), Some("tools/call"));
+        assert_eq!(r.name, None);
+        h.append("Mcp-Name", HeaderValue::from_static("a"));
+        h.append("Mcp-Name", HeaderValue::from_static("b"));
+        assert_eq!(routing_headers(&h).unwrap_err().code, code::HEADER_MISMATCH);
+    }
+
+    #[test]
+    fn hosts_and_origins() {
+        let config = HttpConfig::default()
+            .allow_host("mcp.example.com")
+            .allow_origin("https://app.example");
+        let host = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::HOST, HeaderValue::from_static(v));
+            check_host(&h, None, &config).is_ok()
+        };
+        assert!(host("localhost:3000"));
+        assert!(host("127.0.0.1"));
+        assert!(host("[::1]:8080"));
+        assert!(host("LOCALHOST"));
+        assert!(host("mcp.example.com:443"));
+        assert!(!host("evil.example.com"));
+        assert!(!host("localhost.evil.example"));
+        assert!(!host("127.0.0.1.evil.example:80"));
+        let origin = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::ORIGIN, HeaderValue::from_static(v));
+            check_origin(&h, &config).is_ok()
+        };
+        assert!(origin("http://localhost:5173"));
+        assert!(origin("https://127.0.0.1"));
+        assert!(origin("http://[::1]:1"));
+        assert!(origin("https://app.example"));
+        assert!(!origin("https://app.example:8443"));
+        assert!(!origin("https://evil.example"));
+        assert!(!origin("null"));
+        assert!(!origin("http://localhost@evil.example"));
+        assert!(!origin("file://localhost"));
+        assert!(check_origin(&HeaderMap::new(), &config).is_ok());
+    }
+}

@@ -1,0 +1,5 @@
+//! Transports: Streamable HTTP ([`http`]) and stdio ([`stdio`]). Both hand raw JSON-RPC
+//! messages to a [`crate::RuntimeHandle`] and map its [`crate::Outcome`] to their wire.
+
+pub mod http;
+pub mod stdio;
