@@ -77,11 +77,6 @@ pub fn list(server: &ServerInfo, key: &str, items: Vec<Value>, hints: CacheHints
     with_server_info(r, server)
 }
 
-/// `ListToolsResult` (one page: every tool, in the given order).
-pub fn tools_list(server: &ServerInfo, tools: Vec<Value>, hints: CacheHints) -> Value {
-    list(server, "tools", tools, hints)
-}
-
 /// `ReadResourceResult`, with cache hints.
 pub fn read_resource(server: &ServerInfo, contents: Vec<Value>, hints: CacheHints) -> Value {
     let mut r = obj(json!({ "resultType": "complete", "contents": contents }));
