@@ -42,6 +42,10 @@ struct ServeArgs {
     /// An `Origin` accepted besides the loopback ones (repeatable).
     #[arg(long = "allowed-origin", value_name = "ORIGIN")]
     allowed_origins: Vec<String>,
+    /// A `Host` name accepted besides the loopback ones, e.g. when listening on a public
+    /// address behind a proxy (repeatable; `*` accepts any).
+    #[arg(long = "allowed-host", value_name = "HOST")]
+    allowed_hosts: Vec<String>,
     /// Serve a fixture set instead of the demo's `generate_report` tool.
     #[arg(long, value_enum, value_name = "SET")]
     fixtures: Option<Fixtures>,
@@ -49,7 +53,7 @@ struct ServeArgs {
     #[arg(long)]
     strict_headers: bool,
     /// Serve newline-delimited JSON-RPC on stdin/stdout instead of HTTP (logs on stderr).
-    #[arg(long, conflicts_with_all = ["listen", "allowed_origins", "strict_headers"])]
+    #[arg(long, conflicts_with_all = ["listen", "allowed_origins", "allowed_hosts", "strict_headers"])]
     stdio: bool,
 }
 
@@ -153,6 +157,7 @@ async fn serve_http(args: ServeArgs) -> ExitCode {
     };
     let mut config = http::HttpConfig::default();
     config.allowed_origins = args.allowed_origins;
+    config.allowed_hosts = args.allowed_hosts;
     config.strict_headers = args.strict_headers;
     let router = http::router(runtime.handle(), config);
     tracing::info!("listening on http://{addr}/mcp");
