@@ -387,6 +387,7 @@ async fn main() {
     let one_options = StoreOptions {
         durability: Durability::Immediate,
         max_batch_ops: 1,
+        ..StoreOptions::default()
     };
 
     let total = Instant::now();

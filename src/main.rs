@@ -52,6 +52,9 @@ struct ServeArgs {
     /// Answer `-32020` when a `tasks/*` request lacks its `Mcp-Name` header.
     #[arg(long)]
     strict_headers: bool,
+    /// Where `--fixtures crash` appends its step side effects (docs/CRASH-TESTING.md).
+    #[arg(long, value_name = "PATH", hide = true)]
+    side_effects: Option<PathBuf>,
     /// Serve newline-delimited JSON-RPC on stdin/stdout instead of HTTP (logs on stderr).
     #[arg(long, conflicts_with_all = ["listen", "allowed_origins", "allowed_hosts", "strict_headers"])]
     stdio: bool,
@@ -63,6 +66,9 @@ enum Fixtures {
     Conformance,
     /// The tools the load benchmarks drive.
     Bench,
+    /// The crash-simulation workload (`sim_job`), for the kill/restart suite.
+    #[value(hide = true)]
+    Crash,
 }
 
 fn main() -> ExitCode {
@@ -127,6 +133,12 @@ fn builder(args: &ServeArgs) -> RuntimeBuilder {
         None => builder.tool(demo::generate_report(Duration::from_millis(1500))),
         Some(Fixtures::Conformance) => fixtures::conformance::install(builder),
         Some(Fixtures::Bench) => fixtures::bench::install(builder),
+        Some(Fixtures::Crash) => mcp_tasks::sim::install(
+            builder,
+            args.side_effects
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("mcp-tasks-side-effects.log")),
+        ),
     }
 }
 

@@ -10,194 +10,12 @@
 
 mod sim;
 
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use mcp_tasks::clock::Clock;
-use mcp_tasks::sim::{SideEffect, SideEffects, StrictClock};
-use mcp_tasks::store::{Store, StoreOptions};
-use mcp_tasks::{Runtime, RuntimeConfig};
-use sim::checker::{Allow, Ev, History, Kind, Report, check};
-use sim::disk::SimDisk;
-use sim::driver::{Alive, Driver, DriverConfig, InProc};
-use sim::{Rng, env_u64, seeds, soak};
-
-/// The side-effect log of one seed: survives the simulated power losses (it is the outside
-/// world); a dead incarnation's steps cannot append to it.
-#[derive(Default)]
-pub struct MemLog {
-    inner: Mutex<(Vec<SideEffect>, Option<u32>)>,
-}
-
-impl MemLog {
-    fn begin(&self, epoch: u32) {
-        self.inner.lock().unwrap().1 = Some(epoch);
-    }
-
-    fn kill(&self) {
-        self.inner.lock().unwrap().1 = None;
-    }
-
-    fn effects(&self) -> Vec<SideEffect> {
-        self.inner.lock().unwrap().0.clone()
-    }
-}
-
-struct Incarnation {
-    log: Arc<MemLog>,
-    epoch: u32,
-}
-
-impl SideEffects for Incarnation {
-    fn record(&self, task: &str, step: &str, value: &str) -> bool {
-        let mut g = self.log.inner.lock().unwrap();
-        if g.1 != Some(self.epoch) {
-            return false;
-        }
-        g.0.push(SideEffect {
-            task: task.to_owned(),
-            step: step.to_owned(),
-            value: value.to_owned(),
-        });
-        true
-    }
-}
-
-fn config() -> RuntimeConfig {
-    let mut c = RuntimeConfig::default();
-    c.cancel_grace = Duration::from_millis(500);
-    c.restart_backoff = Duration::from_millis(10);
-    c.reaper_interval = Duration::from_millis(200);
-    c
-}
-
-fn label(seed: u64) -> PathBuf {
-    PathBuf::from(format!("simdisk-{seed:#018x}.redb"))
-}
-
-async fn start(
-    seed: u64,
-    disk: &SimDisk,
-    clock: &Arc<StrictClock>,
-    log: &Arc<MemLog>,
-    epoch: u32,
-) -> Result<Runtime, String> {
-    let builder = Runtime::builder(label(seed))
-        .store_backend(disk.factory())
-        .clock(clock.clone() as Arc<dyn Clock>)
-        .config(config());
-    let sink = Arc::new(Incarnation {
-        log: log.clone(),
-        epoch,
-    });
-    mcp_tasks::sim::install_with(builder, sink)
-        .start()
-        .await
-        .map_err(|e| e.to_string())
-}
-
-/// Opens the store on `disk` (recovering it), reads every task, closes it.
-async fn read_store(seed: u64, disk: &SimDisk) -> Result<Vec<(String, Vec<u8>)>, String> {
-    let store =
-        Store::open_with_backend_async(label(seed), disk.factory(), StoreOptions::default())
-            .await
-            .map_err(|e| e.to_string())?;
-    let tasks = store.tasks().await.map_err(|e| e.to_string());
-    store.close().await;
-    tasks
-}
-
-/// How a seed's run is broken on purpose (checker self-tests).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Breakage {
-    None,
-    /// The disk acknowledges syncs without making anything durable (a lying fsync).
-    LyingSyncs,
-}
-
-#[derive(Debug, Default)]
-pub struct SeedRun {
-    pub report: Report,
-    pub crashes: u32,
-    pub crashes_mid_run: u32,
-    pub ops: u64,
-}
-
-/// How many disk ops (writes, set_len, syncs) a crash point is drawn from. An incarnation of
-/// the default workload issues a few hundred; crash points past its end become a power cut
-/// once the workload's actions are done.
-const CRASH_WINDOW: u64 = 300;
-const ACTIONS: usize = 40;
-
-pub async fn run_seed(seed: u64, breakage: Breakage) -> SeedRun {
-    let mut rng = Rng::new(seed);
-    let clock = Arc::new(StrictClock::system());
-    let history = Arc::new(History::default());
-    let log = Arc::new(MemLog::default());
-    let crashes = rng.range(1, 4) as u32;
-    let mut disk = SimDisk::new();
-    let mut driver = Driver::new(rng.fork(1), history.clone(), DriverConfig::default());
-    let mut run = SeedRun::default();
-    for epoch in 0..=crashes {
-        let last = epoch == crashes;
-        log.begin(epoch);
-        if !last {
-            disk.crash_after(rng.range(1, CRASH_WINDOW));
-            let l = log.clone();
-            disk.on_crash(move || l.kill());
-        }
-        let ops_before = disk.ops();
-        match start(seed, &disk, &clock, &log, epoch).await {
-            Err(e) => {
-                if !disk.crashed() {
-                    history.push(Ev::ReopenFailed { epoch, error: e });
-                    break;
-                }
-            }
-            Ok(rt) => {
-                if breakage == Breakage::LyingSyncs && epoch == 0 {
-                    disk.set_lying_syncs(true);
-                }
-                let conn = InProc(rt.handle());
-                let alive: Alive = {
-                    let d = disk.clone();
-                    Arc::new(move || !d.crashed())
-                };
-                driver.run(&conn, epoch, ACTIONS, &alive).await;
-                if last {
-                    driver
-                        .settle(&conn, epoch, Duration::from_secs(20), &alive)
-                        .await;
-                    driver.stop_listeners();
-                    rt.shutdown().await;
-                } else {
-                    if disk.crashed() {
-                        run.crashes_mid_run += 1;
-                    }
-                    disk.crash_now();
-                    driver.stop_listeners();
-                    drop(rt);
-                }
-            }
-        }
-        run.ops += disk.ops() - ops_before;
-        if !last {
-            run.crashes += 1;
-            disk = SimDisk::from_image(disk.crash_image(&mut rng));
-        }
-        match read_store(seed, &disk).await {
-            Ok(tasks) => history.durable(epoch, tasks),
-            Err(error) => {
-                history.push(Ev::ReopenFailed { epoch, error });
-                break;
-            }
-        }
-    }
-    run.report = check(&history.events(), &log.effects(), &Allow::default());
-    run
-}
+use sim::checker::Kind;
+use sim::power::{Breakage, SeedRun, run_seed};
+use sim::{env_u64, seed_stream, seeds, soak};
 
 fn tokio_rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -209,7 +27,7 @@ fn tokio_rt() -> tokio::runtime::Runtime {
 
 /// Runs seeds (`parallel` at a time) until `count` are done or `until` passes.
 fn run_many(
-    seeds: Vec<u64>,
+    seeds: Box<dyn Iterator<Item = u64> + Send>,
     until: Option<Instant>,
     breakage: Breakage,
 ) -> Vec<(u64, SeedRun)> {
@@ -218,9 +36,13 @@ fn run_many(
         futures::stream::iter(seeds)
             .take_while(|_| futures::future::ready(until.is_none_or(|t| Instant::now() < t)))
             .map(|seed| async move {
+                let t = Instant::now();
                 let run = tokio::spawn(run_seed(seed, breakage))
                     .await
                     .unwrap_or_else(|e| panic!("seed {seed:#x} panicked: {e}"));
+                if t.elapsed() > Duration::from_secs(5) {
+                    eprintln!("seed {seed:#x} took {:.1}s", t.elapsed().as_secs_f64());
+                }
                 (seed, run)
             })
             .buffer_unordered(parallel)
@@ -232,9 +54,12 @@ fn run_many(
 #[test]
 fn power_loss_seeds_keep_every_invariant() {
     let started = Instant::now();
-    let (list, until) = match soak() {
-        Some(d) => (seeds(0x00C0_FFEE, u64::MAX >> 1), Some(started + d)),
-        None => (seeds(0x00C0_FFEE, env_u64("MCP_TASKS_POWER_SEEDS", 1200)), None),
+    let (list, until): (Box<dyn Iterator<Item = u64> + Send>, _) = match soak() {
+        Some(d) => (seed_stream(0x00C0_FFEE), Some(started + d)),
+        None => (
+            Box::new(seeds(0x00C0_FFEE, env_u64("MCP_TASKS_POWER_SEEDS", 1200)).into_iter()),
+            None,
+        ),
     };
     let runs = run_many(list, until, Breakage::None);
     let (mut crashes, mut mid, mut ops, mut tasks, mut obs, mut effects) = (0, 0, 0, 0, 0, 0);
@@ -281,7 +106,11 @@ fn power_loss_seeds_keep_every_invariant() {
 /// loss, and the checker must say so.
 #[test]
 fn a_lying_fsync_is_caught() {
-    let runs = run_many(seeds(0x0BAD_F5C, 16), None, Breakage::LyingSyncs);
+    let runs = run_many(
+        Box::new(seeds(0x00BA_DF5C, 16).into_iter()),
+        None,
+        Breakage::LyingSyncs,
+    );
     let caught: Vec<_> = runs
         .iter()
         .filter(|(_, r)| {

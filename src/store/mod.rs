@@ -205,6 +205,11 @@ pub struct StoreOptions {
     /// Upper bound of ops per write transaction; a single larger job still commits alone.
     /// Default 4096.
     pub max_batch_ops: usize,
+    /// Verify the checksum of every page when the file is opened (redb's integrity check), so
+    /// that a file damaged outside redb is refused with [`StoreError::Corrupt`] instead of
+    /// being trusted (a plain open of a cleanly closed file reads damaged bytes as data).
+    /// Costs one read of the whole file per open. Default `true`.
+    pub verify_on_open: bool,
 }
 
 impl Default for StoreOptions {
@@ -212,6 +217,7 @@ impl Default for StoreOptions {
         Self {
             durability: Durability::Immediate,
             max_batch_ops: 4096,
+            verify_on_open: true,
         }
     }
 }
@@ -295,7 +301,9 @@ impl Store {
     /// Opens (or creates) the store file. Blocking: call it from `spawn_blocking` or before the
     /// runtime starts (or use [`Store::open_async`]).
     ///
-    /// - A missing file is created, and its parent directory is fsynced once (redb does not).
+    /// - A missing file is created atomically: initialised in `<name>.creating` beside it,
+    ///   renamed into place, and the directory fsynced (redb does not), so a crash never leaves
+    ///   a half-initialised store.
     /// - An existing file must be a redb database; a corrupt, truncated or foreign file gives
     ///   [`StoreError::Corrupt`] (or [`StoreError::Open`]) naming the file, and is never
     ///   recreated or overwritten. An *empty* (0 byte) file is initialised as a new database.
@@ -356,7 +364,7 @@ impl Store {
             path: path.clone(),
             detail,
         };
-        let db = open_database(&target)?;
+        let db = open_database(&target, options.verify_on_open)?;
         let boot_epoch = init_tables_and_boot(&db, &path, true)?;
 
         let db = Arc::new(RwLock::new(DbState::Open(Arc::new(db))));
@@ -370,6 +378,7 @@ impl Store {
             rx,
             durability: options.durability,
             max_batch_ops: options.max_batch_ops.max(1),
+            verify_on_open: options.verify_on_open,
             counters: Arc::clone(&counters),
             path: path.clone(),
             #[cfg(test)]
@@ -419,6 +428,12 @@ impl Store {
         if ops.is_empty() {
             return Ok(());
         }
+        self.send(ops).await
+    }
+
+    /// Queues `ops` for the writer and waits for its answer. Empty `ops` only ask the writer to
+    /// reopen the database if an I/O error broke it.
+    async fn send(&self, ops: Vec<WriteOp>) -> Result<(), StoreError> {
         let (ack, rx) = oneshot::channel();
         {
             let tx = self.inner.tx.read().unwrap_or_else(|e| e.into_inner());
@@ -623,15 +638,22 @@ impl Store {
         T: Send + 'static,
         F: FnOnce(&redb::ReadTransaction) -> Result<T, redb::Error> + Send + 'static,
     {
-        let db = match &*self.inner.db.read().unwrap_or_else(|e| e.into_inner()) {
-            DbState::Open(db) => Arc::clone(db),
-            DbState::Closed => return Err(StoreError::Closed),
-            DbState::Broken(detail) => {
+        let mut nudged = false;
+        let db = loop {
+            let broken = match &*self.inner.db.read().unwrap_or_else(|e| e.into_inner()) {
+                DbState::Open(db) => break Arc::clone(db),
+                DbState::Closed => return Err(StoreError::Closed),
+                DbState::Broken(detail) => detail.clone(),
+            };
+            if nudged {
                 return Err(StoreError::Unavailable {
                     path: self.inner.path.clone(),
-                    detail: detail.clone(),
+                    detail: broken,
                 });
             }
+            // Only the writer reopens: ask it to try now (reads must not wait for a write).
+            nudged = true;
+            self.send(Vec::new()).await.ok();
         };
         let path = self.inner.path.clone();
         let task = tokio::task::spawn_blocking(move || {
@@ -664,6 +686,7 @@ struct Writer {
     rx: mpsc::Receiver<Job>,
     durability: Durability,
     max_batch_ops: usize,
+    verify_on_open: bool,
     counters: Arc<Counters>,
     path: PathBuf,
     #[cfg(test)]
@@ -731,6 +754,8 @@ impl Writer {
         let (opss, acks): (Vec<Vec<WriteOp>>, Vec<_>) =
             batch.into_iter().map(|j| (j.ops, j.ack)).unzip();
         let (results, poisoned) = match self.database() {
+            // Only reopen requests (see `Store::send`): nothing to write.
+            Ok(_) if opss.iter().all(Vec::is_empty) => (vec![Ok(()); opss.len()], false),
             Ok(db) => apply_jobs_inner(&db, &self.path, self.durability, &opss, &self.counters),
             Err(e) => (vec![Err(e); opss.len()], false),
         };
@@ -784,7 +809,7 @@ impl Writer {
                 }
             }
         }
-        let reopened = open_database(&self.target)
+        let reopened = open_database(&self.target, self.verify_on_open)
             .and_then(|db| init_tables_and_boot(&db, &self.path, false).map(|_| db));
         let state = match reopened {
             Ok(db) => {
@@ -993,17 +1018,17 @@ fn init_tables_and_boot(db: &Database, path: &Path, bump: bool) -> Result<u64, S
                     u64::from_le_bytes(bytes)
                 }
             };
-            if !bump {
-                drop(meta);
-                return Ok(previous);
+            if bump {
+                let epoch = previous.checked_add(1).ok_or_else(|| StoreError::Corrupt {
+                    path: path.to_path_buf(),
+                    detail: format!("meta \"{META_BOOT_EPOCH}\" is at its maximum"),
+                })?;
+                meta.insert(META_BOOT_EPOCH, epoch.to_le_bytes().as_slice())
+                    .map_err(|e| fail(&e))?;
+                epoch
+            } else {
+                previous
             }
-            let epoch = previous.checked_add(1).ok_or_else(|| StoreError::Corrupt {
-                path: path.to_path_buf(),
-                detail: format!("meta \"{META_BOOT_EPOCH}\" is at its maximum"),
-            })?;
-            meta.insert(META_BOOT_EPOCH, epoch.to_le_bytes().as_slice())
-                .map_err(|e| fail(&e))?;
-            epoch
         };
         txn.commit().map_err(|e| fail(&e))?;
         Ok(epoch)
@@ -1023,34 +1048,37 @@ fn init_tables_and_boot(db: &Database, path: &Path, bump: bool) -> Result<u64, S
 /// Opens (or creates) the database of `target`; never panics (redb may panic on a file damaged
 /// outside redb).
 ///
-/// - A missing file is created, and its parent directory is fsynced once (redb does not).
+/// - A missing file is created atomically ([`create_atomically`]).
 /// - An existing file must be a redb database; a corrupt, truncated or foreign file gives
 ///   [`StoreError::Corrupt`] (or [`StoreError::Open`]) naming the file, and is never recreated
 ///   or overwritten.
-fn open_database(target: &Target) -> Result<Database, StoreError> {
+fn open_database(target: &Target, verify: bool) -> Result<Database, StoreError> {
     let path = target.path();
     let open_err = |detail: String| StoreError::Open {
         path: path.to_path_buf(),
         detail,
     };
-    let (opened, created) = match target {
+    let opened = match target {
         Target::File(path) => {
             let existed = path
                 .try_exists()
                 .map_err(|e| open_err(format!("cannot check whether the file exists: {e}")))?;
-            (
-                catch_unwind(AssertUnwindSafe(|| redb::Builder::new().create(path))),
-                !existed,
-            )
+            if !existed {
+                create_atomically(path)?;
+            }
+            catch_unwind(AssertUnwindSafe(|| {
+                redb::Builder::new()
+                    .set_check_integrity_on_open(verify)
+                    .create(path)
+            }))
         }
         Target::Backend { factory, .. } => {
             let backend = factory().map_err(|e| open_err(format!("the storage backend: {e}")))?;
-            (
-                catch_unwind(AssertUnwindSafe(|| {
-                    redb::Builder::new().create_with_backend(BoxedBackend(backend))
-                })),
-                false,
-            )
+            catch_unwind(AssertUnwindSafe(|| {
+                redb::Builder::new()
+                    .set_check_integrity_on_open(verify)
+                    .create_with_backend(BoxedBackend(backend))
+            }))
         }
     };
     let db = match opened {
@@ -1063,14 +1091,53 @@ fn open_database(target: &Target) -> Result<Database, StoreError> {
             });
         }
     };
-    if created {
-        sync_parent_dir(path).map_err(|e| {
-            open_err(format!(
-                "created the file but could not fsync its directory: {e}"
-            ))
-        })?;
-    }
     Ok(db)
+}
+
+/// Creates a new store file so that a crash never leaves a half-initialised one at `path`:
+/// the database is initialised (tables created, committed durably) in a temporary file beside
+/// it, which is then renamed into place, and the directory is fsynced.
+fn create_atomically(path: &Path) -> Result<(), StoreError> {
+    let open_err = |detail: String| StoreError::Open {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let mut name = path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    name.push(".creating");
+    let tmp = path.with_file_name(name);
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(open_err(format!("cannot remove {}: {e}", tmp.display()))),
+    }
+    let created = catch_unwind(AssertUnwindSafe(|| redb::Builder::new().create(&tmp)));
+    let db = match created {
+        Ok(Ok(db)) => db,
+        Ok(Err(e)) => return Err(map_open_error(path, e)),
+        Err(panic) => {
+            return Err(open_err(format!(
+                "redb panicked while creating it: {}",
+                panic_message(&panic)
+            )));
+        }
+    };
+    init_tables_and_boot(&db, path, false)?;
+    db.close()
+        .map_err(|e| open_err(format!("closing the new file failed: {e}")))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        open_err(format!(
+            "cannot move the new file {} into place: {e}",
+            tmp.display()
+        ))
+    })?;
+    sync_parent_dir(path).map_err(|e| {
+        open_err(format!(
+            "created the file but could not fsync its directory: {e}"
+        ))
+    })
 }
 
 fn map_open_error(path: &Path, e: DatabaseError) -> StoreError {

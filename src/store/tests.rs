@@ -410,6 +410,7 @@ async fn batches_respect_max_batch_ops_and_whole_jobs() {
     let options = StoreOptions {
         durability: Durability::None,
         max_batch_ops: 10,
+        ..StoreOptions::default()
     };
     let store = Store::open_async(dir.path().join("db.redb"), options)
         .await

@@ -252,7 +252,10 @@ pub fn normalise(v: &Value) -> Value {
 
 /// A stored record as a client would read it (`tasks/get`, normalised).
 pub fn project(record: &TaskRecord) -> Value {
-    normalise(&Value::Object(detailed_task(record, &ServerInfo::default())))
+    normalise(&Value::Object(detailed_task(
+        record,
+        &ServerInfo::default(),
+    )))
 }
 
 fn status_of(obj: &Value) -> Option<TaskStatus> {
@@ -421,7 +424,11 @@ pub fn check(events: &[Ev], effects: &[SideEffect], allow: &Allow) -> Report {
                 v(
                     kind,
                     task,
-                    format!("observed {} then {}: {a} then {b}", sa.as_str(), sb.as_str()),
+                    format!(
+                        "observed {} then {}: {a} then {b}",
+                        sa.as_str(),
+                        sb.as_str()
+                    ),
                 );
             }
         }
@@ -437,7 +444,9 @@ pub fn check(events: &[Ev], effects: &[SideEffect], allow: &Allow) -> Report {
                     v(
                         Kind::ObservedNotDurable,
                         task,
-                        format!("listen stream {n} sent an older snapshot after a newer one: {obj}"),
+                        format!(
+                            "listen stream {n} sent an older snapshot after a newer one: {obj}"
+                        ),
                     );
                 }
                 *last = ms;
@@ -455,15 +464,11 @@ pub fn check(events: &[Ev], effects: &[SideEffect], allow: &Allow) -> Report {
                 task,
                 format!("cancelled although no client asked: {obj}"),
             ),
-            TaskStatus::Failed => {
-                if !told_to_fail && !allow.infrastructure_failures {
-                    v(
-                        Kind::IllegalTransition,
-                        task,
-                        format!("failed although its tool was not told to fail: {obj}"),
-                    );
-                }
-            }
+            TaskStatus::Failed if !told_to_fail && !allow.infrastructure_failures => v(
+                Kind::IllegalTransition,
+                task,
+                format!("failed although its tool was not told to fail: {obj}"),
+            ),
             _ => {}
         }
     };
@@ -474,6 +479,15 @@ pub fn check(events: &[Ev], effects: &[SideEffect], allow: &Allow) -> Report {
             let told = specs.get(task).is_some_and(|(s, _)| s.fail);
             check_cause((task, s, obj, told), &mut v);
         }
+    }
+
+    // Step executions by (task, step), in order.
+    let mut runs_by_step: HashMap<(&str, &str), Vec<&str>> = HashMap::new();
+    for e in effects {
+        runs_by_step
+            .entry((e.task.as_str(), e.step.as_str()))
+            .or_default()
+            .push(e.value.as_str());
     }
 
     // Durable snapshots.
@@ -507,7 +521,8 @@ pub fn check(events: &[Ev], effects: &[SideEffect], allow: &Allow) -> Report {
                                 task,
                                 format!("stored answer for `{key}` is {a}, not the one sent"),
                             ),
-                            None if d.status.is_terminal() && d.status != TaskStatus::Completed => {}
+                            None if d.status.is_terminal() && d.status != TaskStatus::Completed => {
+                            }
                             None => v(
                                 Kind::LostUpdate,
                                 task,
@@ -549,7 +564,9 @@ pub fn check(events: &[Ev], effects: &[SideEffect], allow: &Allow) -> Report {
                 v(
                     Kind::ObservedNotDurable,
                     task,
-                    format!("observed in incarnation {sent} but not stored after incarnation {epoch}: {obj}"),
+                    format!(
+                        "observed in incarnation {sent} but not stored after incarnation {epoch}: {obj}"
+                    ),
                 );
                 continue;
             };
@@ -573,7 +590,9 @@ pub fn check(events: &[Ev], effects: &[SideEffect], allow: &Allow) -> Report {
                         d.seq
                     ),
                 );
-            } else if status_of(obj).is_some_and(TaskStatus::is_terminal) && !agrees(obj, source, &full) {
+            } else if status_of(obj).is_some_and(TaskStatus::is_terminal)
+                && !agrees(obj, source, &full)
+            {
                 v(
                     Kind::TerminalChanged,
                     task,
@@ -591,7 +610,7 @@ pub fn check(events: &[Ev], effects: &[SideEffect], allow: &Allow) -> Report {
                 .map(JobSpec::from_arguments)
                 .unwrap_or_else(|| JobSpec::from_arguments(&Map::new()));
             check_cause((task, d.status, &project(d), spec.fail), &mut v);
-            check_journal(task, d, effects, Some(&spec), &mut v);
+            check_journal(task, d, &runs_by_step, Some(&spec), &mut v);
         }
         // Monotonic against the previous snapshot.
         if let Some((pe, prev)) = previous {
@@ -600,7 +619,10 @@ pub fn check(events: &[Ev], effects: &[SideEffect], allow: &Allow) -> Report {
                     v(
                         Kind::SeqBackwards,
                         task,
-                        format!("stored after incarnation {pe} (seq {}), gone after {epoch}", a.seq),
+                        format!(
+                            "stored after incarnation {pe} (seq {}), gone after {epoch}",
+                            a.seq
+                        ),
                     );
                     continue;
                 };
@@ -608,13 +630,19 @@ pub fn check(events: &[Ev], effects: &[SideEffect], allow: &Allow) -> Report {
                     v(
                         Kind::SeqBackwards,
                         task,
-                        format!("seq {} after incarnation {pe}, {} after {epoch}", a.seq, b.seq),
+                        format!(
+                            "seq {} after incarnation {pe}, {} after {epoch}",
+                            a.seq, b.seq
+                        ),
                     );
                 } else if b.seq == a.seq && a != b {
                     v(
                         Kind::SeqBackwards,
                         task,
-                        format!("seq {} holds different records after incarnations {pe} and {epoch}", a.seq),
+                        format!(
+                            "seq {} holds different records after incarnations {pe} and {epoch}",
+                            a.seq
+                        ),
                     );
                 } else if a.status.is_terminal() && a != b {
                     v(
@@ -645,7 +673,9 @@ pub fn check(events: &[Ev], effects: &[SideEffect], allow: &Allow) -> Report {
                     v(
                         Kind::Journal,
                         task,
-                        format!("journal, answers, issued keys or cancel flag shrank or changed between incarnations {pe} and {epoch}"),
+                        format!(
+                            "journal, answers, issued keys or cancel flag shrank or changed between incarnations {pe} and {epoch}"
+                        ),
                     );
                 }
             }
@@ -655,8 +685,13 @@ pub fn check(events: &[Ev], effects: &[SideEffect], allow: &Allow) -> Report {
 
     // One report per (kind, task): a broken invariant repeats in every snapshot.
     let mut seen = BTreeSet::new();
-    r.violations
-        .retain(|x| seen.insert((x.kind, x.task.clone(), x.detail.chars().take(60).collect::<String>())));
+    r.violations.retain(|x| {
+        seen.insert((
+            x.kind,
+            x.task.clone(),
+            x.detail.chars().take(60).collect::<String>(),
+        ))
+    });
     r
 }
 
@@ -665,26 +700,31 @@ pub fn check(events: &[Ev], effects: &[SideEffect], allow: &Allow) -> Report {
 fn check_journal(
     task: &str,
     d: &TaskRecord,
-    effects: &[SideEffect],
+    runs_by_step: &HashMap<(&str, &str), Vec<&str>>,
     spec: Option<&JobSpec>,
     v: &mut dyn FnMut(Kind, &str, String),
 ) {
     for (step, value) in &d.journal {
         let Some(value) = value.as_str() else {
-            v(Kind::Journal, task, format!("step `{step}` recorded a non-string {value}"));
+            v(
+                Kind::Journal,
+                task,
+                format!("step `{step}` recorded a non-string {value}"),
+            );
             continue;
         };
-        let runs: Vec<usize> = effects
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| e.task == task && e.step == *step)
-            .map(|(i, _)| i)
-            .collect();
-        match runs.iter().position(|&i| effects[i].value == value) {
+        let runs = runs_by_step
+            .get(&(task, step.as_str()))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        match runs.iter().position(|r| *r == value) {
             None => v(
                 Kind::Journal,
                 task,
-                format!("step `{step}` recorded value {value} that no execution produced ({} executions)", runs.len()),
+                format!(
+                    "step `{step}` recorded value {value} that no execution produced ({} executions)",
+                    runs.len()
+                ),
             ),
             Some(pos) if pos + 1 < runs.len() => v(
                 Kind::StepReExecuted,

@@ -147,7 +147,8 @@ impl SimDisk {
             pending.push(op.clone());
         }
         let mut image = s.durable.clone();
-        if pending.is_empty() {
+        if pending.is_empty() || s.lying_syncs {
+            // A lying disk loses everything since the last sync it really did.
             return image;
         }
         let chosen: Vec<usize> = if rng.chance(50) {
@@ -173,6 +174,11 @@ impl SimDisk {
             }
         }
         image
+    }
+
+    /// The durable bytes (as of the last completed sync).
+    pub fn durable_image(&self) -> Vec<u8> {
+        self.lock().durable.clone()
     }
 
     /// The live bytes (what a process that did not lose power would find).
@@ -219,8 +225,7 @@ impl SimBackend {
             SimDisk::crash(s);
             return Err(gone());
         }
-        if s
-            .faults
+        if s.faults
             .iter()
             .any(|f| s.ops >= f.from && s.ops < f.from + f.count)
         {

@@ -101,6 +101,8 @@ impl Default for DriverConfig {
 struct Known {
     id: String,
     last: Option<Value>,
+    /// The server answered "not found" (a lost creation, reported by the checker).
+    gone: bool,
 }
 
 impl Known {
@@ -113,7 +115,7 @@ impl Known {
     }
 
     fn terminal(&self) -> bool {
-        matches!(self.status(), "completed" | "failed" | "cancelled")
+        self.gone || matches!(self.status(), "completed" | "failed" | "cancelled")
     }
 
     fn pending_keys(&self) -> Vec<String> {
@@ -187,7 +189,13 @@ impl Driver {
         self.tasks.len()
     }
 
-    async fn send(&mut self, conn: &dyn Conn, method: &str, params: Value, alive: &Alive) -> Answer {
+    async fn send(
+        &mut self,
+        conn: &dyn Conn,
+        method: &str,
+        params: Value,
+        alive: &Alive,
+    ) -> Answer {
         let id = self.next_id;
         self.next_id += 1;
         self.counts.requests += 1;
@@ -256,6 +264,7 @@ impl Driver {
             self.tasks.push(Known {
                 id: id.clone(),
                 last: None,
+                gone: false,
             });
             self.history.push(Ev::CreateAcked {
                 task: id.clone(),
@@ -285,6 +294,9 @@ impl Driver {
             Answer::Error(e) => {
                 let msg = e.get("message").and_then(Value::as_str).unwrap_or("");
                 if msg.contains("not found") {
+                    if let Some(k) = self.tasks.iter_mut().find(|k| k.id == task) {
+                        k.gone = true;
+                    }
                     self.history.push(Ev::NotFound {
                         task: task.to_owned(),
                         epoch,
@@ -424,7 +436,13 @@ impl Driver {
     }
 
     /// Up to `actions` seeded actions; stops early when the incarnation dies.
-    pub async fn run(&mut self, conn: &dyn Conn, epoch: u32, actions: usize, alive: &Alive) -> bool {
+    pub async fn run(
+        &mut self,
+        conn: &dyn Conn,
+        epoch: u32,
+        actions: usize,
+        alive: &Alive,
+    ) -> bool {
         for _ in 0..actions {
             if !self.act(conn, epoch, alive).await {
                 return false;

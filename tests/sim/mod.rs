@@ -6,6 +6,7 @@
 pub mod checker;
 pub mod disk;
 pub mod driver;
+pub mod power;
 
 use std::time::Duration;
 
@@ -94,4 +95,14 @@ pub fn seeds(base: u64, count: u64) -> Vec<u64> {
     let base = env_u64("MCP_TASKS_BASE_SEED", base);
     let mut rng = Rng::new(base);
     (0..count).map(|_| rng.next_u64()).collect()
+}
+
+/// An endless stream of seeds derived from `base` (`MCP_TASKS_BASE_SEED` overrides it), for
+/// soak runs; just `MCP_TASKS_SEED` when it is set.
+pub fn seed_stream(base: u64) -> Box<dyn Iterator<Item = u64> + Send> {
+    if let Some(seed) = replay_seed() {
+        return Box::new(std::iter::once(seed));
+    }
+    let mut rng = Rng::new(env_u64("MCP_TASKS_BASE_SEED", base));
+    Box::new(std::iter::from_fn(move || Some(rng.next_u64())))
 }

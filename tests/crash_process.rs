@@ -1,0 +1,544 @@
+//! Process harness: the real `mcp-tasks serve --fixtures crash` binary on a redb file, driven
+//! over Streamable HTTP by the seeded workload (tests/sim/driver.rs), SIGKILLed at seeded
+//! moments (sometimes SIGSTOPped and SIGCONTed first, sometimes only paused), restarted on the
+//! same store, and judged by the one checker (tests/sim/checker.rs). Between a kill and the
+//! restart the harness opens the store file itself and records what is durable.
+//!
+//! `MCP_TASKS_SEED=<seed>` replays a run; `MCP_TASKS_KILL_CYCLES=<n>` sets the number of kill
+//! cycles (default 220); `MCP_TASKS_SOAK_SECS=<s>` runs cycles for that long instead.
+#![cfg(unix)]
+
+mod sim;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
+use mcp_tasks::sim::FileSideEffects;
+use mcp_tasks::store::{Store, StoreOptions};
+use serde_json::Value;
+use sim::checker::{Allow, Ev, History, check};
+use sim::driver::{Alive, Conn, Driver, DriverConfig, always_alive};
+use sim::{Rng, env_u64, seeds, soak};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader as TokioBufReader};
+use tokio::net::TcpStream;
+
+// ---------------------------------------------------------------------------------------------
+// A fallible HTTP/1.1 client for the MCP endpoint
+// ---------------------------------------------------------------------------------------------
+
+struct Http {
+    addr: SocketAddr,
+}
+
+fn headers_for(body: &Value) -> Vec<(String, String)> {
+    let method = body["method"].as_str().unwrap_or_default();
+    let mut h = vec![
+        ("MCP-Protocol-Version".to_owned(), "2026-07-28".to_owned()),
+        ("Mcp-Method".to_owned(), method.to_owned()),
+    ];
+    let name = match method {
+        "tools/call" => body["params"]["name"].as_str(),
+        "tasks/get" | "tasks/update" | "tasks/cancel" => body["params"]["taskId"].as_str(),
+        _ => None,
+    };
+    if let Some(name) = name {
+        h.push(("Mcp-Name".to_owned(), name.to_owned()));
+    }
+    h
+}
+
+struct Response {
+    status: u16,
+    headers: Vec<(String, String)>,
+    reader: TokioBufReader<TcpStream>,
+}
+
+impl Response {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    async fn next_chunk(&mut self) -> Result<Option<Vec<u8>>, String> {
+        let mut line = String::new();
+        if self
+            .reader
+            .read_line(&mut line)
+            .await
+            .map_err(|e| e.to_string())?
+            == 0
+        {
+            return Ok(None);
+        }
+        let size = line.trim().split(';').next().unwrap_or_default();
+        let size = usize::from_str_radix(size, 16).map_err(|e| format!("chunk size: {e}"))?;
+        if size == 0 {
+            return Ok(None);
+        }
+        let mut data = vec![0; size + 2];
+        self.reader
+            .read_exact(&mut data)
+            .await
+            .map_err(|e| e.to_string())?;
+        data.truncate(size);
+        Ok(Some(data))
+    }
+
+    async fn body(mut self) -> Result<Vec<u8>, String> {
+        if let Some(len) = self.header("content-length") {
+            let mut body = vec![0; len.parse().map_err(|_| "content-length")?];
+            self.reader
+                .read_exact(&mut body)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(body)
+        } else {
+            let mut body = Vec::new();
+            while let Some(chunk) = self.next_chunk().await? {
+                body.extend(chunk);
+            }
+            Ok(body)
+        }
+    }
+}
+
+async fn post(addr: SocketAddr, body: &Value) -> Result<Response, String> {
+    let mut stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let bytes = serde_json::to_vec(body).map_err(|e| e.to_string())?;
+    let mut head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n",
+        bytes.len()
+    );
+    for (n, v) in headers_for(body) {
+        head.push_str(&format!("{n}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream
+        .write_all(head.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    stream.write_all(&bytes).await.map_err(|e| e.to_string())?;
+    let mut reader = TokioBufReader::new(stream);
+    let mut line = String::new();
+    reader
+        .read_line(&mut line)
+        .await
+        .map_err(|e| e.to_string())?;
+    let status: u16 = line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status line: {line:?}"))?;
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        if reader
+            .read_line(&mut line)
+            .await
+            .map_err(|e| e.to_string())?
+            == 0
+        {
+            return Err("connection closed in the headers".into());
+        }
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((n, v)) = l.split_once(':') {
+            headers.push((n.trim().to_owned(), v.trim().to_owned()));
+        }
+    }
+    Ok(Response {
+        status,
+        headers,
+        reader,
+    })
+}
+
+/// The JSON-RPC messages of an SSE body.
+fn sse_messages(response: Response) -> BoxStream<'static, Value> {
+    futures::stream::unfold(
+        (response, Vec::<u8>::new()),
+        |(mut r, mut buf)| async move {
+            loop {
+                if let Some(pos) = buf.windows(2).position(|w| w == b"\n\n") {
+                    let event: Vec<u8> = buf.drain(..pos + 2).collect();
+                    let text = String::from_utf8_lossy(&event).into_owned();
+                    let data: String = text
+                        .lines()
+                        .filter_map(|l| l.strip_prefix("data: "))
+                        .collect();
+                    if data.is_empty() {
+                        continue; // a keep-alive comment
+                    }
+                    match serde_json::from_str(&data) {
+                        Ok(v) => return Some((v, (r, buf))),
+                        Err(_) => return None,
+                    }
+                }
+                match r.next_chunk().await {
+                    Ok(Some(chunk)) => buf.extend(chunk),
+                    _ => return None,
+                }
+            }
+        },
+    )
+    .boxed()
+}
+
+impl Conn for Http {
+    fn call(&self, message: Value) -> BoxFuture<'static, Result<Value, String>> {
+        let addr = self.addr;
+        async move {
+            let r = post(addr, &message).await?;
+            let status = r.status;
+            let sse = r
+                .header("content-type")
+                .is_some_and(|c| c.starts_with("text/event-stream"));
+            if sse {
+                let mut messages = sse_messages(r);
+                while let Some(m) = messages.next().await {
+                    if m.get("id").is_some() {
+                        return Ok(m);
+                    }
+                }
+                return Err("the stream ended without a response".into());
+            }
+            let body = r.body().await?;
+            serde_json::from_slice(&body).map_err(|e| {
+                format!(
+                    "status {status}: not JSON ({e}): {}",
+                    String::from_utf8_lossy(&body)
+                )
+            })
+        }
+        .boxed()
+    }
+
+    fn listen(
+        &self,
+        message: Value,
+    ) -> BoxFuture<'static, Result<BoxStream<'static, Value>, String>> {
+        let addr = self.addr;
+        async move {
+            let r = post(addr, &message).await?;
+            if r.status != 200 {
+                return Err(format!("listen answered {}", r.status));
+            }
+            Ok(sse_messages(r))
+        }
+        .boxed()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The server process
+// ---------------------------------------------------------------------------------------------
+
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+fn spawn_server(store: &Path, effects: &Path) -> Result<Server, String> {
+    // MCP_TASKS_BIN: run a copy of the binary (a long soak while the crate is rebuilt).
+    let bin = std::env::var("MCP_TASKS_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_mcp-tasks").to_owned());
+    let mut child = Command::new(bin)
+        .args(["serve", "--listen", "127.0.0.1:0", "--fixtures", "crash"])
+        .arg("--store")
+        .arg(store)
+        .arg("--side-effects")
+        .arg(effects)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start the server: {e}"))?;
+    let stderr = child.stderr.take().ok_or("no stderr")?;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let l = log.clone();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if let Some(rest) = line.split("listening on http://").nth(1)
+                && let Some(addr) = rest.strip_suffix("/mcp")
+                && let Some(tx) = tx.take()
+            {
+                let _ = tx.send(addr.trim().to_owned());
+            }
+            let mut l = l.lock().unwrap();
+            if l.len() > 200 {
+                l.remove(0);
+            }
+            l.push(line);
+        }
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(addr) => Ok(Server {
+            child,
+            addr: addr
+                .parse()
+                .map_err(|e| format!("bad address {addr}: {e}"))?,
+            log,
+        }),
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(format!(
+                "the server did not start listening; its log:\n{}",
+                log.lock().unwrap().join("\n")
+            ))
+        }
+    }
+}
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, sig);
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Opens the store file of a stopped server, returns every task; then waits until the wall
+/// clock has passed every stored `lastUpdatedAt`, so that the next server's timestamps are later.
+async fn read_durable(path: &Path, history: &History, epoch: u32) -> Result<(), String> {
+    // Read a copy: the restarted server must recover the file a crash left, itself.
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".inspect");
+    let copy = path.with_file_name(name);
+    std::fs::copy(path, &copy).map_err(|e| format!("cannot copy the store: {e}"))?;
+    let store = Store::open_async(copy.clone(), StoreOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let tasks = store.tasks().await.map_err(|e| e.to_string());
+    store.close().await;
+    let _ = std::fs::remove_file(&copy);
+    let tasks = tasks?;
+    let mut max = 0;
+    for (_, bytes) in &tasks {
+        if let Ok(r) = mcp_tasks::persist::decode(bytes) {
+            max = max.max(r.last_updated_at_ms);
+        }
+    }
+    history.durable(epoch, tasks);
+    while now_ms() <= max {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    Ok(())
+}
+
+#[derive(Debug, Default)]
+struct Figures {
+    kills: u64,
+    stops: u64,
+    pauses: u64,
+    requests: u64,
+    notifications: u64,
+}
+
+async fn run(
+    seed: u64,
+    cycles: u64,
+    until: Option<Instant>,
+    dir: &Path,
+) -> (sim::checker::Report, Figures) {
+    let mut rng = Rng::new(seed);
+    let store = dir.join("tasks.redb");
+    let effects = dir.join("side-effects.log");
+    let history = Arc::new(History::default());
+    let cfg = DriverConfig {
+        max_tasks: 300,
+        max_delay_ms: 20,
+        ..DriverConfig::default()
+    };
+    let mut driver = Driver::new(rng.fork(1), history.clone(), cfg);
+    let mut figures = Figures::default();
+    let mut epoch = 0u32;
+    let alive: Alive = always_alive();
+    let mut server = spawn_server(&store, &effects).unwrap_or_else(|e| panic!("{e}"));
+    let mut cycle = 0;
+    loop {
+        let more = match until {
+            Some(t) => Instant::now() < t,
+            None => cycle < cycles,
+        };
+        if !more {
+            break;
+        }
+        cycle += 1;
+        // The workload runs while, at a seeded moment, the server is paused, or stopped and
+        // killed, or just killed.
+        let conn = Http { addr: server.addr };
+        let kill_at = Duration::from_millis(rng.range(5, 250));
+        let mode = rng.range(0, 10);
+        let pause = Duration::from_millis(rng.range(20, 300));
+        let killed = Arc::new(AtomicBool::new(false));
+        let pid_child = &server.child;
+        let pid = pid_child.id();
+        let k = killed.clone();
+        let killer = tokio::spawn(async move {
+            tokio::time::sleep(kill_at).await;
+            let sig = |s| unsafe {
+                libc::kill(pid as libc::pid_t, s);
+            };
+            match mode {
+                // SIGSTOP … SIGCONT, then carry on: a pause, not a crash.
+                0..2 => {
+                    sig(libc::SIGSTOP);
+                    tokio::time::sleep(pause).await;
+                    sig(libc::SIGCONT);
+                    tokio::time::sleep(kill_at).await;
+                    sig(libc::SIGKILL);
+                }
+                // Stopped, then killed while stopped.
+                2..4 => {
+                    sig(libc::SIGSTOP);
+                    tokio::time::sleep(pause).await;
+                    sig(libc::SIGKILL);
+                }
+                _ => sig(libc::SIGKILL),
+            }
+            k.store(true, Ordering::SeqCst);
+        });
+        let until_killed: Alive = {
+            let k = killed.clone();
+            Arc::new(move || !k.load(Ordering::SeqCst))
+        };
+        while until_killed() {
+            driver.act(&conn, epoch, &alive).await;
+        }
+        let _ = killer.await;
+        match mode {
+            0..2 => {
+                figures.pauses += 1;
+            }
+            2..4 => figures.stops += 1,
+            _ => {}
+        }
+        figures.kills += 1;
+        let status = server.child.wait();
+        assert!(status.is_ok(), "waiting for the killed server failed");
+        if let Err(e) = read_durable(&store, &history, epoch).await {
+            history.push(Ev::ReopenFailed { epoch, error: e });
+            break;
+        }
+        epoch += 1;
+        server = match spawn_server(&store, &effects) {
+            Ok(s) => s,
+            Err(e) => {
+                history.push(Ev::ReopenFailed {
+                    epoch,
+                    error: e.clone(),
+                });
+                panic!("seed {seed:#x}: restart {epoch} failed: {e}");
+            }
+        };
+    }
+    // Faults stop: a last stretch of work, then every task must finish (liveness).
+    let conn = Http { addr: server.addr };
+    driver.run(&conn, epoch, 50, &alive).await;
+    driver
+        .settle(&conn, epoch, Duration::from_secs(60), &alive)
+        .await;
+    driver.stop_listeners();
+    signal(&server.child, libc::SIGTERM);
+    let _ = server.child.wait();
+    if let Err(e) = read_durable(&store, &history, epoch).await {
+        history.push(Ev::ReopenFailed { epoch, error: e });
+    }
+    figures.requests = driver.counts.requests;
+    figures.notifications = driver.counts.notifications;
+    let effects = FileSideEffects::read(&effects).unwrap();
+    let _ = server.log;
+    (
+        check(&history.events(), &effects, &Allow::default()),
+        figures,
+    )
+}
+
+/// Kill cycles per run: each run has its own store, seed and history (bounded memory and
+/// checking time; a soak is many runs).
+const CYCLES_PER_RUN: u64 = 55;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_and_sigstop_cycles_keep_every_invariant() {
+    let started = Instant::now();
+    let replay = sim::replay_seed();
+    let mut seed_rng = Rng::new(seeds(0x5EED_0001, 1)[0]);
+    let until = soak().map(|d| started + d);
+    let cycles = env_u64("MCP_TASKS_KILL_CYCLES", 220);
+    let mut total = Figures::default();
+    let (mut runs, mut tasks, mut observations, mut effects) = (0u64, 0, 0, 0);
+    let mut done = 0;
+    loop {
+        let more = match until {
+            Some(t) => Instant::now() < t,
+            None => done < cycles,
+        };
+        if !more || (replay.is_some() && runs == 1) {
+            break;
+        }
+        let seed = replay.unwrap_or_else(|| seed_rng.next_u64());
+        let n = match until {
+            Some(_) => CYCLES_PER_RUN,
+            None => CYCLES_PER_RUN.min(cycles.saturating_sub(done)).max(1),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let (report, f) = run(seed, n, None, dir.path()).await;
+        runs += 1;
+        done += f.kills;
+        total.kills += f.kills;
+        total.pauses += f.pauses;
+        total.stops += f.stops;
+        total.requests += f.requests;
+        total.notifications += f.notifications;
+        tasks += report.tasks;
+        observations += report.observations;
+        effects += report.step_executions;
+        eprintln!(
+            "kill -9 run {runs}: seed {seed:#x}: {} cycles, {}",
+            f.kills,
+            report.summary(0)
+        );
+        assert!(
+            report.is_clean(),
+            "seed {seed:#x}: {}\nreplay: MCP_TASKS_SEED={seed:#x} cargo test --test crash_process -- --nocapture\nstore kept at {}",
+            report.summary(20),
+            {
+                let kept: PathBuf = dir.keep();
+                kept.display().to_string()
+            }
+        );
+    }
+    eprintln!(
+        "kill -9: {runs} runs, {} kill cycles ({} with a SIGSTOP/SIGCONT pause first, {} killed while stopped), {} requests, {} notifications, {tasks} tasks, {observations} observations, {effects} step executions, 0 violations; {:.1}s",
+        total.kills,
+        total.pauses,
+        total.stops,
+        total.requests,
+        total.notifications,
+        started.elapsed().as_secs_f64()
+    );
+}
