@@ -170,16 +170,13 @@ impl Resource {
     }
 
     pub fn to_json(&self) -> Value {
-        let mut r = Map::new();
-        r.insert("uri".into(), json!(self.uri));
-        r.insert("name".into(), json!(self.name));
-        if let Some(d) = &self.description {
-            r.insert("description".into(), json!(d));
-        }
-        if let Some(m) = &self.mime_type {
-            r.insert("mimeType".into(), json!(m));
-        }
-        Value::Object(r)
+        listing(
+            "uri",
+            &self.uri,
+            &self.name,
+            self.description.as_deref(),
+            self.mime_type.as_deref(),
+        )
     }
 
     /// The `contents` entry of `resources/read`.
@@ -205,17 +202,35 @@ pub struct ResourceTemplate {
 
 impl ResourceTemplate {
     pub fn to_json(&self) -> Value {
-        let mut r = Map::new();
-        r.insert("uriTemplate".into(), json!(self.uri_template));
-        r.insert("name".into(), json!(self.name));
-        if let Some(d) = &self.description {
-            r.insert("description".into(), json!(d));
-        }
-        if let Some(m) = &self.mime_type {
-            r.insert("mimeType".into(), json!(m));
-        }
-        Value::Object(r)
+        listing(
+            "uriTemplate",
+            &self.uri_template,
+            &self.name,
+            self.description.as_deref(),
+            self.mime_type.as_deref(),
+        )
     }
+}
+
+/// The list entry of a resource or template: its address under `key`, name, description and
+/// MIME type.
+fn listing(
+    key: &str,
+    address: &str,
+    name: &str,
+    description: Option<&str>,
+    mime: Option<&str>,
+) -> Value {
+    let mut r = Map::new();
+    r.insert(key.into(), json!(address));
+    r.insert("name".into(), json!(name));
+    if let Some(d) = description {
+        r.insert("description".into(), json!(d));
+    }
+    if let Some(m) = mime {
+        r.insert("mimeType".into(), json!(m));
+    }
+    Value::Object(r)
 }
 
 /// Prompts, resources and resource templates of one runtime.

@@ -175,8 +175,6 @@ pub enum RuntimeError {
     Persist(#[from] crate::persist::PersistError),
     #[error("the task actor is not reachable: {0}")]
     Actor(String),
-    #[error("the runtime is shutting down")]
-    ShuttingDown,
 }
 
 /// The HTTP status a transport uses for a JSON-RPC error code (digest §4).

@@ -178,18 +178,7 @@ async fn serve_http(args: ServeArgs) -> ExitCode {
     let serving = http::serve(listener, router, async move {
         let _ = stop_rx.await;
     });
-    let served = {
-        let mut serving = std::pin::pin!(serving);
-        tokio::select! {
-            served = &mut serving => Some(served),
-            () = shutdown_signal() => {
-                tracing::info!("shutting down: finishing the requests in flight");
-                runtime.begin_shutdown();
-                let _ = stop_tx.send(());
-                finish(serving).await
-            }
-        }
-    };
+    let served = until_signal(&runtime, serving, stop_tx).await;
     runtime.shutdown().await;
     match served {
         Some(Ok(())) | None => ExitCode::SUCCESS,
@@ -214,18 +203,7 @@ async fn serve_stdio(args: ServeArgs) -> ExitCode {
             let _ = stop_rx.await;
         },
     );
-    let served = {
-        let mut serving = std::pin::pin!(serving);
-        tokio::select! {
-            served = &mut serving => Some(served),
-            () = shutdown_signal() => {
-                tracing::info!("shutting down: finishing the requests in flight");
-                runtime.begin_shutdown();
-                let _ = stop_tx.send(());
-                finish(serving).await
-            }
-        }
-    };
+    let served = until_signal(&runtime, serving, stop_tx).await;
     runtime.begin_shutdown();
     runtime.shutdown().await;
     match served {
@@ -238,6 +216,25 @@ async fn serve_stdio(args: ServeArgs) -> ExitCode {
 }
 
 /// Waits for a server to finish; a second signal stops waiting (`None`).
+/// Serves until the transport ends or a signal arrives; on a signal, ends listen streams,
+/// tells the transport to stop and waits for it (a second signal stops waiting).
+async fn until_signal<T>(
+    runtime: &Runtime,
+    serving: impl Future<Output = T>,
+    stop: tokio::sync::oneshot::Sender<()>,
+) -> Option<T> {
+    let mut serving = std::pin::pin!(serving);
+    tokio::select! {
+        served = &mut serving => Some(served),
+        () = shutdown_signal() => {
+            tracing::info!("shutting down: finishing the requests in flight");
+            runtime.begin_shutdown();
+            let _ = stop.send(());
+            finish(serving).await
+        }
+    }
+}
+
 async fn finish<T>(serving: impl Future<Output = T>) -> Option<T> {
     tokio::select! {
         done = serving => Some(done),
