@@ -8,6 +8,7 @@
 //! hand it JSON-RPC messages with [`Runtime::handle_message`], and [`Runtime::shutdown`] it.
 
 pub mod actor;
+pub mod auth;
 pub mod catalog;
 pub mod clock;
 pub mod demo;

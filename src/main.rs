@@ -3,9 +3,11 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use mcp_tasks::auth::{self, Authenticator};
 use mcp_tasks::transport::{http, stdio};
 use mcp_tasks::{Owner, Runtime, RuntimeBuilder, demo, fixtures};
 
@@ -28,7 +30,7 @@ enum Command {
         store: Option<PathBuf>,
     },
     /// Serve MCP (`2026-07-28`, Tasks extension) on Streamable HTTP, or on stdio.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
 }
 
 #[derive(Args)]
@@ -56,8 +58,54 @@ struct ServeArgs {
     #[arg(long, value_name = "PATH", hide = true)]
     side_effects: Option<PathBuf>,
     /// Serve newline-delimited JSON-RPC on stdin/stdout instead of HTTP (logs on stderr).
-    #[arg(long, conflicts_with_all = ["listen", "allowed_origins", "allowed_hosts", "strict_headers"])]
+    #[arg(long, conflicts_with_all = ["listen", "allowed_origins", "allowed_hosts", "strict_headers", "http_auth"])]
     stdio: bool,
+    /// stdio: the owner of every task created over stdin, as TENANT/PRINCIPAL
+    /// (default: default/anonymous).
+    #[arg(long, value_name = "TENANT/PRINCIPAL", requires = "stdio")]
+    principal: Option<String>,
+    #[command(flatten)]
+    http_auth: HttpAuthArgs,
+}
+
+/// Who may call the HTTP endpoint.
+#[derive(Args)]
+#[group(id = "http_auth", multiple = true)]
+struct HttpAuthArgs {
+    /// A TOML file of bearer tokens (`[[tokens]]` with `sha256`, `tenant`, `principal`,
+    /// optional `scopes`); reloaded on SIGHUP.
+    #[arg(long, value_name = "PATH")]
+    auth_tokens: Option<PathBuf>,
+    /// Verify JWT access tokens against this JWKS (a file, or an http(s) URL).
+    #[arg(long, value_name = "PATH_OR_URL", requires = "auth_jwt_issuer")]
+    auth_jwt_jwks: Option<String>,
+    /// The issuer (`iss`) JWT access tokens must come from.
+    #[arg(long, value_name = "ISS", requires = "auth_jwt_jwks")]
+    auth_jwt_issuer: Option<String>,
+    /// The audience (`aud`) JWT access tokens must carry (default: the --resource-url).
+    #[arg(long, value_name = "AUD", requires = "auth_jwt_jwks")]
+    auth_jwt_audience: Option<String>,
+    /// The JWT claim that names the caller's tenant (default: the issuer is the tenant).
+    #[arg(long, value_name = "CLAIM", requires = "auth_jwt_jwks")]
+    auth_jwt_tenant_claim: Option<String>,
+    /// A JWT signature algorithm to accept (repeatable; default RS256).
+    #[arg(
+        long = "auth-jwt-algorithm",
+        value_name = "ALG",
+        requires = "auth_jwt_jwks"
+    )]
+    auth_jwt_algorithms: Vec<String>,
+    /// A scope every token must carry (repeatable); listed in the resource metadata.
+    #[arg(long = "auth-scope", value_name = "SCOPE")]
+    auth_scopes: Vec<String>,
+    /// This server's canonical URI, e.g. https://mcp.example.com/mcp (default:
+    /// http://ADDR/mcp): the RFC 9728 `resource` and the default JWT audience.
+    #[arg(long, value_name = "URL")]
+    resource_url: Option<String>,
+    /// Serve without authentication on a non-loopback address (every caller is the same
+    /// anonymous principal).
+    #[arg(long, conflicts_with_all = ["auth_tokens", "auth_jwt_jwks"])]
+    no_auth: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -98,8 +146,8 @@ fn main() -> ExitCode {
     let code = rt.block_on(async {
         match cli.command {
             Command::Demo { verbose, store } => run_demo(verbose, store).await,
-            Command::Serve(args) if args.stdio => serve_stdio(args).await,
-            Command::Serve(args) => serve_http(args).await,
+            Command::Serve(args) if args.stdio => serve_stdio(*args).await,
+            Command::Serve(args) => serve_http(*args).await,
         }
     });
     // Everything is stopped and flushed; a read of stdin may still block a worker thread.
@@ -168,9 +216,17 @@ async fn serve_http(args: ServeArgs) -> ExitCode {
         return ExitCode::FAILURE;
     };
     let mut config = http::HttpConfig::default();
-    config.allowed_origins = args.allowed_origins;
-    config.allowed_hosts = args.allowed_hosts;
+    config.allowed_origins = args.allowed_origins.clone();
+    config.allowed_hosts = args.allowed_hosts.clone();
     config.strict_headers = args.strict_headers;
+    let tokens = match configure_auth(&args.http_auth, &addr, &mut config).await {
+        Ok(tokens) => tokens,
+        Err(e) => {
+            eprintln!("error: {e}");
+            runtime.shutdown().await;
+            return ExitCode::FAILURE;
+        }
+    };
     let router = http::router(runtime.handle(), config);
     tracing::info!("listening on http://{addr}/mcp");
 
@@ -178,7 +234,9 @@ async fn serve_http(args: ServeArgs) -> ExitCode {
     let serving = http::serve(listener, router, async move {
         let _ = stop_rx.await;
     });
+    let reloader = tokio::spawn(reload_on_hangup(tokens));
     let served = until_signal(&runtime, serving, stop_tx).await;
+    reloader.abort();
     runtime.shutdown().await;
     match served {
         Some(Ok(())) | None => ExitCode::SUCCESS,
@@ -190,13 +248,20 @@ async fn serve_http(args: ServeArgs) -> ExitCode {
 }
 
 async fn serve_stdio(args: ServeArgs) -> ExitCode {
+    let owner = match args.principal.as_deref().map(parse_principal).transpose() {
+        Ok(owner) => owner.unwrap_or_else(Owner::anonymous),
+        Err(e) => {
+            eprintln!("error: --principal: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let Some(runtime) = start(&args).await else {
         return ExitCode::FAILURE;
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let serving = stdio::serve_with_shutdown(
         runtime.handle(),
-        Owner::anonymous(),
+        owner,
         tokio::io::stdin(),
         tokio::io::stdout(),
         async move {
@@ -271,4 +336,114 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     ctrl_c.await;
+}
+
+/// `TENANT/PRINCIPAL` (the principal may itself contain `/`).
+fn parse_principal(s: &str) -> Result<Owner, String> {
+    let (tenant, principal) = s
+        .split_once('/')
+        .ok_or_else(|| format!("`{s}` is not TENANT/PRINCIPAL"))?;
+    auth::check_owner(tenant, principal)?;
+    Ok(Owner::new(tenant, principal))
+}
+
+/// Sets the authenticator and resource metadata of `config` from the command line; refuses a
+/// non-loopback address without any. Returns the token file to reload on SIGHUP.
+async fn configure_auth(
+    args: &HttpAuthArgs,
+    addr: &str,
+    config: &mut http::HttpConfig,
+) -> Result<Option<Arc<auth::StaticTokens>>, String> {
+    let resource_url = args
+        .resource_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{addr}{}", config.path));
+    let mut resource = auth::ProtectedResource::new(resource_url.clone());
+    for scope in &args.auth_scopes {
+        resource = resource.scope(scope.clone());
+    }
+    let mut verifiers: Vec<Arc<dyn Authenticator>> = Vec::new();
+    let mut tokens = None;
+    if let Some(path) = &args.auth_tokens {
+        let loaded = Arc::new(auth::StaticTokens::load(path).map_err(|e| e.to_string())?);
+        tracing::info!(path = %path.display(), tokens = loaded.len(), "bearer tokens loaded");
+        verifiers.push(loaded.clone());
+        tokens = Some(loaded);
+    }
+    if let (Some(jwks), Some(issuer)) = (&args.auth_jwt_jwks, &args.auth_jwt_issuer) {
+        if args.resource_url.is_none() && args.auth_jwt_audience.is_none() {
+            tracing::warn!(audience = %resource_url, "no --resource-url: JWTs must be issued for this guessed URI");
+        }
+        let audience = args.auth_jwt_audience.clone().unwrap_or(resource_url);
+        let mut jwt = auth::JwtConfig::new(auth::JwksSource::parse(jwks), issuer, audience);
+        if !args.auth_jwt_algorithms.is_empty() {
+            let algorithms = args
+                .auth_jwt_algorithms
+                .iter()
+                .map(|a| {
+                    a.parse::<auth::JwtAlgorithm>()
+                        .map_err(|_| format!("--auth-jwt-algorithm: unknown algorithm `{a}`"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            jwt = jwt.algorithms(algorithms);
+        }
+        if let Some(claim) = &args.auth_jwt_tenant_claim {
+            jwt = jwt.tenant_claim(claim.clone());
+        }
+        let verifier = auth::JwtVerifier::new(jwt)
+            .await
+            .map_err(|e| e.to_string())?;
+        resource = resource.authorization_server(issuer.clone());
+        verifiers.push(Arc::new(verifier));
+    }
+    let loopback = addr
+        .parse::<std::net::SocketAddr>()
+        .is_ok_and(|a| a.ip().is_loopback());
+    if verifiers.is_empty() {
+        if !loopback && !args.no_auth {
+            return Err(format!(
+                "refusing to serve {addr} without authentication: it is not a loopback address, so \
+                 anyone who can reach it could read, answer and cancel every task. Pass \
+                 --auth-tokens PATH or --auth-jwt-jwks/--auth-jwt-issuer, or --no-auth to serve \
+                 everyone as one anonymous principal."
+            ));
+        }
+        if !loopback {
+            tracing::warn!(%addr, "serving a non-loopback address WITHOUT authentication (--no-auth)");
+        }
+        return Ok(None);
+    }
+    config.authenticator = if verifiers.len() == 1 {
+        verifiers.remove(0)
+    } else {
+        Arc::new(auth::Chain::new(verifiers))
+    };
+    config.resource = Some(resource);
+    Ok(tokens)
+}
+
+/// Reloads the token file on every SIGHUP (runs until aborted).
+async fn reload_on_hangup(tokens: Option<Arc<auth::StaticTokens>>) {
+    #[cfg(unix)]
+    if let Some(tokens) = tokens {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::hangup()) {
+            Ok(mut hup) => {
+                while hup.recv().await.is_some() {
+                    match tokens.reload().await {
+                        Ok(n) => tracing::info!(tokens = n, "SIGHUP: bearer tokens reloaded"),
+                        Err(e) => {
+                            tracing::error!(error = %e, "SIGHUP: the token file was not reloaded; the previous tokens stay in force")
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP: tokens will not be reloaded")
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokens;
+    std::future::pending::<()>().await;
 }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use futures::future::BoxFuture;
+use mcp_tasks::auth::{self, AuthError, Identity};
 use mcp_tasks::store::{Durability, StoreOptions};
 use mcp_tasks::tool::{
     CallToolResult, PrepareFuture, TaskPolicy, Tool, ToolContext, ToolDescriptor, ToolError,
@@ -567,14 +568,18 @@ async fn wait_terminal(addr: SocketAddr, task: &str, principal: Option<&str>) ->
     }
 }
 
-fn principal_auth(headers: &axum::http::HeaderMap) -> Option<Owner> {
-    match headers
-        .get("x-test-principal")
-        .and_then(|v| v.to_str().ok())
-    {
-        Some(p) => Some(Owner::new("test", p)),
-        None => Some(Owner::anonymous()),
-    }
+fn principal_auth() -> Arc<dyn auth::Authenticator> {
+    auth::from_fn(|parts| {
+        let owner = match parts
+            .headers
+            .get("x-test-principal")
+            .and_then(|v| v.to_str().ok())
+        {
+            Some(p) => Owner::new("test", p),
+            None => Owner::anonymous(),
+        };
+        async move { Ok(Identity::new(owner)) }
+    })
 }
 
 fn code(r: &Value) -> i64 {
@@ -827,10 +832,19 @@ async fn status_codes() {
     // 401 when the authenticator refuses.
     let (guarded, stop) = also_serve(
         &server,
-        HttpConfig::default().authenticate(|h| {
-            (h.get("authorization")?.to_str().ok()? == "Bearer good")
-                .then(|| Owner::new("t", "alice"))
-        }),
+        HttpConfig::default().authenticator(auth::from_fn(|parts| {
+            let good = parts
+                .headers
+                .get("authorization")
+                .is_some_and(|v| v.as_bytes() == b"Bearer good");
+            async move {
+                if good {
+                    Ok(Identity::new(Owner::new("t", "alice")))
+                } else {
+                    Err(AuthError::InvalidToken("not good".into()))
+                }
+            }
+        })),
     )
     .await;
     let (status, r) = post(guarded, &discover).await;
@@ -928,7 +942,7 @@ async fn listen_ignores_another_principals_task() {
             staged("alice_tool", alice_gate),
             staged("bob_tool", bob_gate),
         ],
-        HttpConfig::default().authenticate(principal_auth),
+        HttpConfig::default().authenticator(principal_auth()),
     )
     .await;
     let addr = server.addr;

@@ -78,7 +78,7 @@ impl Dispatcher {
                 continue;
             }
             if let Some(record) = self.shared.load(&task).await?
-                && record.owner == ctx.owner
+                && record.owner.same_as(&ctx.owner)
                 && !record.is_expired(now)
             {
                 agreed.push(task);

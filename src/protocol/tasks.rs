@@ -21,7 +21,9 @@ enum Command {
 
 impl Dispatcher {
     /// Resolves a task id for `ctx`'s owner: malformed, unknown, foreign and expired ids are
-    /// all `-32602`; a foreign task reads exactly like an unknown one.
+    /// all `-32602`; a foreign task reads exactly like an unknown one. The owner check comes
+    /// after the store read on one code path for every well-formed id, and compares in
+    /// constant time; only the owner learns that a task expired.
     async fn resolve(
         &self,
         raw_id: &str,
@@ -33,7 +35,7 @@ impl Dispatcher {
             .load(&id)
             .await?
             .ok_or_else(RpcError::task_not_found)?;
-        if record.owner != ctx.owner {
+        if !record.owner.same_as(&ctx.owner) {
             return Err(RpcError::task_not_found());
         }
         if record.is_expired(self.shared.now_ms()) {

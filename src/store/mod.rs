@@ -364,6 +364,9 @@ impl Store {
             path: path.clone(),
             detail,
         };
+        if let Target::File(file) = &target {
+            warn_if_readable_by_others(file);
+        }
         let db = open_database(&target, options.verify_on_open)?;
         let boot_epoch = init_tables_and_boot(&db, &path, true)?;
 
@@ -1094,6 +1097,34 @@ fn open_database(target: &Target, verify: bool) -> Result<Database, StoreError> 
     Ok(db)
 }
 
+/// Creates an empty file that only its owner can read and write (`0600` on Unix).
+fn create_private_file(path: &Path) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path).map(drop)
+}
+
+/// Logs a warning when an existing store file can be read by other users (it holds task data
+/// and the `requestState` signing key).
+fn warn_if_readable_by_others(path: &Path) {
+    #[cfg(unix)]
+    if let Ok(meta) = std::fs::metadata(path) {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            tracing::warn!(
+                path = %path.display(),
+                mode = format!("{mode:o}"),
+                "the store file is accessible to other users: it holds every task's data and the requestState signing key; run `chmod 600` on it"
+            );
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+}
+
 /// Creates a new store file so that a crash never leaves a half-initialised one at `path`:
 /// the database is initialised (tables created, committed durably) in a temporary file beside
 /// it, which is then renamed into place, and the directory is fsynced.
@@ -1113,6 +1144,11 @@ fn create_atomically(path: &Path) -> Result<(), StoreError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(open_err(format!("cannot remove {}: {e}", tmp.display()))),
     }
+    // The store holds every task's arguments, answers and results and the key that signs
+    // `requestState`: it is created readable by its owner only. redb initialises an empty
+    // existing file, so the file is made first with the right mode.
+    create_private_file(&tmp)
+        .map_err(|e| open_err(format!("cannot create {}: {e}", tmp.display())))?;
     let created = catch_unwind(AssertUnwindSafe(|| redb::Builder::new().create(&tmp)));
     let db = match created {
         Ok(Ok(db)) => db,

@@ -76,6 +76,26 @@ impl Owner {
         }
     }
 
+    /// Whether `other` is the same owner, in time that does not depend on where the two
+    /// differ: the tenant and the principal are compared as separate, length-prefixed fields
+    /// (so `("a", "b/c")` and `("a/b", "c")` stay apart) through their SHA-256 digests.
+    pub fn same_as(&self, other: &Owner) -> bool {
+        use sha2::{Digest, Sha256};
+        fn digest(o: &Owner) -> [u8; 32] {
+            let mut h = Sha256::new();
+            for part in [&o.tenant, &o.principal] {
+                h.update((part.len() as u64).to_be_bytes());
+                h.update(part.as_bytes());
+            }
+            h.finalize().into()
+        }
+        let (a, b) = (digest(self), digest(other));
+        a.iter()
+            .zip(b.iter())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+    }
+
     /// The owner used when a transport has no authentication (a local stdio or loopback
     /// server): every caller is the same anonymous principal.
     pub fn anonymous() -> Self {
@@ -99,6 +119,16 @@ mod tests {
         let b = TaskId::generate();
         assert_ne!(a, b);
         assert_eq!(TaskId::parse(a.as_str()), Ok(a));
+    }
+
+    #[test]
+    fn owners_compare_field_by_field() {
+        let alice = Owner::new("acme", "alice");
+        assert!(alice.same_as(&Owner::new("acme", "alice")));
+        assert!(!alice.same_as(&Owner::new("globex", "alice")));
+        assert!(!alice.same_as(&Owner::new("acme", "bob")));
+        assert!(!Owner::new("a", "b/c").same_as(&Owner::new("a/b", "c")));
+        assert!(!Owner::new("ab", "c").same_as(&Owner::new("a", "bc")));
     }
 
     #[test]

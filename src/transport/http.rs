@@ -6,8 +6,11 @@
 //! status of every JSON-RPC answer. What happens here, in order:
 //!
 //! 1. `Host` not allowed, or `Origin` present and not allowed (DNS rebinding) → `403`;
-//! 2. body larger than [`HttpConfig::max_body_bytes`] → `413`;
-//! 3. [`HttpConfig::authenticate`] refuses → `401`;
+//! 2. the [`HttpConfig::authenticator`] runs on the request head, before any of the body is
+//!    read: no or a bad credential → `401`, a credential without a scope that
+//!    [`HttpConfig::resource`] requires → `403`, both with `WWW-Authenticate: Bearer
+//!    resource_metadata="…"` (RFC 6750 §3, RFC 9728 §5.1); the verifier unavailable → `503`;
+//! 3. body larger than [`HttpConfig::max_body_bytes`] → `413`;
 //! 4. `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` are trimmed and `=?base64?…?=`-decoded
 //!    into [`RoutingHeaders`] and the message is dispatched;
 //! 5. [`Outcome::Accepted`] → `202` (no body), [`Outcome::Reply`] → its status with one compact
@@ -19,6 +22,10 @@
 //! *and* started, or not created at all). Closing an SSE response drops its
 //! [`MessageStream`], which ends the `subscriptions/listen` request (and its subscriber) but
 //! never a task.
+//!
+//! `GET /.well-known/oauth-protected-resource[/path]` serves the RFC 9728 metadata of
+//! [`HttpConfig::resource`] when one is set (without authentication, as clients need it to
+//! find the authorization server).
 //!
 //! Sessions do not exist in `2026-07-28`: `Mcp-Session-Id` is neither minted nor echoed, and
 //! `Last-Event-ID` is ignored (SSE events carry no ids).
@@ -36,20 +43,17 @@ use axum::extract::{Request, State};
 use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::any;
+use axum::routing::{any, get};
 use base64::Engine as _;
 use futures::{Stream, StreamExt};
 use serde_json::Value;
 use tokio::time::Sleep;
 
+use crate::auth::{Anonymous, AuthError, Authenticator, Identity, ProtectedResource};
 use crate::error::{RpcError, code};
 use crate::protocol::{MessageStream, Outcome, RequestContext, RoutingHeaders};
 use crate::runtime::RuntimeHandle;
-use crate::task::Owner;
 use crate::wire::jsonrpc;
-
-/// Decides who sends a request, from its headers. `None` refuses it with `401`.
-pub type Authenticator = Arc<dyn Fn(&HeaderMap) -> Option<Owner> + Send + Sync>;
 
 /// The `MCP-Protocol-Version` request header.
 pub const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
@@ -59,7 +63,8 @@ pub const METHOD_HEADER: &str = "mcp-method";
 pub const NAME_HEADER: &str = "mcp-name";
 
 /// Configuration of the HTTP transport. `Default` serves `/mcp` to local callers, every one of
-/// them the anonymous principal.
+/// them the anonymous principal: set an [`HttpConfig::authenticator`] before serving anyone
+/// else.
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct HttpConfig {
@@ -78,8 +83,13 @@ pub struct HttpConfig {
     pub strict_headers: bool,
     /// Interval of SSE keep-alive comments (default 15 s; zero disables them).
     pub keep_alive: Duration,
-    /// Authenticates each request (default: everyone is [`Owner::anonymous`]).
-    pub authenticate: Authenticator,
+    /// Authenticates each request (default [`Anonymous`]: everyone is
+    /// [`crate::Owner::anonymous`]).
+    pub authenticator: Arc<dyn Authenticator>,
+    /// This server as an OAuth protected resource: its canonical URI, authorization servers
+    /// and required scopes. When set, refusals point at its metadata document, which is
+    /// served, and every request must carry its scopes.
+    pub resource: Option<ProtectedResource>,
 }
 
 impl Default for HttpConfig {
@@ -91,7 +101,8 @@ impl Default for HttpConfig {
             max_body_bytes: 4 * 1024 * 1024,
             strict_headers: false,
             keep_alive: Duration::from_secs(15),
-            authenticate: Arc::new(|_| Some(Owner::anonymous())),
+            authenticator: Arc::new(Anonymous),
+            resource: None,
         }
     }
 }
@@ -105,6 +116,7 @@ impl std::fmt::Debug for HttpConfig {
             .field("max_body_bytes", &self.max_body_bytes)
             .field("strict_headers", &self.strict_headers)
             .field("keep_alive", &self.keep_alive)
+            .field("resource", &self.resource)
             .finish_non_exhaustive()
     }
 }
@@ -142,12 +154,15 @@ impl HttpConfig {
         self
     }
 
-    /// Sets the authenticator.
-    pub fn authenticate(
-        mut self,
-        f: impl Fn(&HeaderMap) -> Option<Owner> + Send + Sync + 'static,
-    ) -> Self {
-        self.authenticate = Arc::new(f);
+    /// Sets the authenticator (see [`crate::auth`]).
+    pub fn authenticator(mut self, authenticator: Arc<dyn Authenticator>) -> Self {
+        self.authenticator = authenticator;
+        self
+    }
+
+    /// Declares this server an OAuth protected resource (RFC 9728).
+    pub fn resource(mut self, resource: ProtectedResource) -> Self {
+        self.resource = Some(resource);
         self
     }
 }
@@ -160,9 +175,38 @@ struct Endpoint {
 /// The MCP endpoint as an axum router, to serve with [`serve`] or to mount in a host app.
 pub fn router(handle: RuntimeHandle, config: HttpConfig) -> Router {
     let path = config.path.clone();
-    Router::new()
-        .route(&path, any(endpoint))
-        .with_state(Arc::new(Endpoint { handle, config }))
+    let mut router = Router::new().route(&path, any(endpoint));
+    if let Some(resource) = &config.resource {
+        let specific = resource.metadata_path();
+        router = router.route(&specific, get(resource_metadata));
+        if specific != WELL_KNOWN {
+            router = router.route(WELL_KNOWN, get(resource_metadata));
+        }
+    }
+    router.with_state(Arc::new(Endpoint { handle, config }))
+}
+
+/// The RFC 9728 well-known prefix.
+const WELL_KNOWN: &str = "/.well-known/oauth-protected-resource";
+
+async fn resource_metadata(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Response {
+    let config = &endpoint.config;
+    if let Err(why) = check_host(request.headers(), request.uri().authority(), config) {
+        return transport_error(StatusCode::FORBIDDEN, None, &why);
+    }
+    match &config.resource {
+        Some(resource) => {
+            let mut doc = resource.document();
+            if doc.get("authorization_servers").is_none() {
+                let servers = config.authenticator.authorization_servers();
+                if !servers.is_empty() {
+                    doc["authorization_servers"] = serde_json::json!(servers);
+                }
+            }
+            json_response(StatusCode::OK, &doc)
+        }
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
 }
 
 /// Serves `router` on `listener` until `shutdown` resolves, then drains open requests.
@@ -228,7 +272,13 @@ async fn respond(endpoint: &Endpoint, request: Request) -> (Response, &'static s
         return (response, "method");
     }
 
-    // (2) The body, bounded.
+    // (2) Who is calling, from the head alone: nothing unauthenticated is buffered.
+    let identity = match authenticate(config, &parts).await {
+        Ok(identity) => identity,
+        Err(refusal) => return (refusal, "unauthorized"),
+    };
+
+    // (3) The body, bounded.
     let body = match read_body(&parts.headers, body, config.max_body_bytes).await {
         Ok(body) => body,
         Err(BodyError::TooLarge) => {
@@ -247,19 +297,6 @@ async fn respond(endpoint: &Endpoint, request: Request) -> (Response, &'static s
         }
     };
 
-    // (3) Who is calling.
-    let Some(owner) = (config.authenticate)(&parts.headers) else {
-        let id = request_id(&body);
-        return (
-            transport_error(
-                StatusCode::UNAUTHORIZED,
-                id.as_ref(),
-                "Unauthorized: the request is not authenticated",
-            ),
-            "unauthorized",
-        );
-    };
-
     // (4) Routing headers; a malformed one is -32020 for a request (a notification and an
     // unreadable message get the dispatcher's usual answer).
     let headers = match routing_headers(&parts.headers) {
@@ -272,7 +309,7 @@ async fn respond(endpoint: &Endpoint, request: Request) -> (Response, &'static s
             _ => RoutingHeaders::default(),
         },
     };
-    let ctx = RequestContext::http(owner, headers, config.strict_headers);
+    let ctx = RequestContext::http(identity.owner, headers, config.strict_headers);
 
     // The dispatch runs to completion even if the client goes away meanwhile.
     let handle = endpoint.handle.clone();
@@ -297,6 +334,63 @@ async fn respond(endpoint: &Endpoint, request: Request) -> (Response, &'static s
             )
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Authentication
+
+/// The caller's identity, or the `401`/`403`/`503` refusal to send.
+async fn authenticate(
+    config: &HttpConfig,
+    parts: &axum::http::request::Parts,
+) -> Result<Identity, Response> {
+    let result = config.authenticator.authenticate(parts).await;
+    let result = result.and_then(|identity| match &config.resource {
+        Some(resource) => {
+            let missing = resource.missing_scopes(&identity);
+            if missing.is_empty() {
+                Ok(identity)
+            } else {
+                Err(AuthError::InsufficientScope(missing))
+            }
+        }
+        None => Ok(identity),
+    });
+    let error = match result {
+        Ok(identity) => return Ok(identity),
+        Err(error) => error,
+    };
+    tracing::info!(reason = %error, "request refused by authentication");
+    let (status, message) = match &error {
+        AuthError::InsufficientScope(_) => (StatusCode::FORBIDDEN, format!("Forbidden: {error}")),
+        AuthError::Unavailable(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("Service unavailable: {error}"),
+        ),
+        _ => (StatusCode::UNAUTHORIZED, format!("Unauthorized: {error}")),
+    };
+    let mut response = transport_error(status, None, &message);
+    let challenge = match &config.resource {
+        Some(resource) => resource.challenge(&error),
+        None => match &error {
+            AuthError::InvalidToken(_) => "Bearer error=\"invalid_token\"".to_owned(),
+            AuthError::InsufficientScope(_) => "Bearer error=\"insufficient_scope\"".to_owned(),
+            _ => "Bearer".to_owned(),
+        },
+    };
+    if status != StatusCode::SERVICE_UNAVAILABLE
+        && let Ok(value) = HeaderValue::from_str(&challenge)
+    {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, value);
+    }
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+    }
+    Err(response)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -412,20 +506,6 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
     Ok(Bytes::from(buf))
 }
 
-/// The request id of a message, when it has a valid one (string or integer).
-fn request_id(body: &[u8]) -> Option<Value> {
-    #[derive(serde::Deserialize)]
-    struct IdOnly {
-        id: Option<Value>,
-    }
-    let id = serde_json::from_slice::<IdOnly>(body).ok()?.id?;
-    match &id {
-        Value::String(s) if s.len() <= crate::wire::limits::MAX_NAME_LEN => Some(id),
-        Value::Number(n) if n.is_i64() || n.is_u64() => Some(id),
-        _ => None,
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Routing headers
 
@@ -505,7 +585,7 @@ fn json_response(status: StatusCode, body: &Value) -> Response {
         .into_response()
 }
 
-/// A transport-level refusal (403, 405, 413, 401) with a JSON-RPC error body.
+/// A transport-level refusal (401, 403, 405, 413, 503) with a JSON-RPC error body.
 fn transport_error(status: StatusCode, id: Option<&Value>, message: &str) -> Response {
     let error = RpcError::new(code::INVALID_REQUEST, message);
     json_response(status, &jsonrpc::error_response(id, &error))
