@@ -10,6 +10,8 @@
 pub mod actor;
 pub mod auth;
 pub mod catalog;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod clock;
 pub mod demo;
 pub mod error;

@@ -44,6 +44,17 @@ pub mod methods {
     pub const RESOURCES_TEMPLATES_LIST: &str = "resources/templates/list";
     pub const RESOURCES_READ: &str = "resources/read";
 
+    /// The body member that a request's `Mcp-Name` routing header mirrors: the tool or
+    /// prompt `name`, the resource `uri`, the Tasks extension's `taskId`.
+    pub fn named_member(method: &str) -> Option<&'static str> {
+        match method {
+            TOOLS_CALL | PROMPTS_GET => Some("name"),
+            RESOURCES_READ => Some("uri"),
+            TASKS_GET | TASKS_UPDATE | TASKS_CANCEL => Some("taskId"),
+            _ => None,
+        }
+    }
+
     /// Methods removed from `2026-07-28` (or from the Tasks extension): always `-32601`.
     pub const REMOVED: &[&str] = &[
         "initialize",

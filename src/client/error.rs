@@ -1,0 +1,227 @@
+//! The client's typed errors: one variant per JSON-RPC error code of MCP `2026-07-28`, one per
+//! kind of HTTP failure, and the client's own (protocol violations, the handle store).
+
+use serde_json::Value;
+
+use crate::error::{RpcError, code};
+
+/// Everything a client call can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    // --- transport -----------------------------------------------------------------------
+    /// The URL given to the client cannot be used.
+    #[error("invalid server URL `{url}`: {reason}")]
+    InvalidUrl { url: String, reason: String },
+    /// No connection could be made (refused, unreachable, DNS failure).
+    #[error("cannot connect to {url}: {reason}")]
+    Connect { url: String, reason: String },
+    /// The connection broke while sending or reading (reset, closed, truncated body).
+    #[error("connection to {url} failed: {reason}")]
+    Io { url: String, reason: String },
+    /// No response in time.
+    #[error("no response from {url} within {seconds:.1} s")]
+    Timeout { url: String, seconds: f64 },
+    /// `401 Unauthorized`; `resource_metadata` is the OAuth protected-resource metadata URL of
+    /// the server's `WWW-Authenticate` challenge, when it gave one.
+    #[error("{url} requires authentication (401){}", resource_metadata_hint(.resource_metadata, .token_sent))]
+    Unauthorized {
+        url: String,
+        resource_metadata: Option<String>,
+        www_authenticate: Option<String>,
+        token_sent: bool,
+    },
+    /// `403 Forbidden` (e.g. a `Host` or `Origin` the server does not accept, or a token
+    /// without the right scope).
+    #[error("{url} refused the request (403): {body}")]
+    Forbidden { url: String, body: String },
+    /// Any other HTTP status without a JSON-RPC answer in its body.
+    #[error("{url} answered HTTP {status}: {body}")]
+    Http {
+        url: String,
+        status: u16,
+        body: String,
+    },
+
+    // --- JSON-RPC errors answered by the server --------------------------------------------
+    /// `-32700`.
+    #[error("the server could not parse the request: {}", .0.message)]
+    ParseError(Box<RpcError>),
+    /// `-32600`.
+    #[error("the server rejected the request envelope: {}", .0.message)]
+    InvalidRequest(Box<RpcError>),
+    /// `-32601`: the server does not implement the method.
+    #[error("the server does not implement `{method}`: {}", .error.message)]
+    MethodNotFound { method: String, error: Box<RpcError> },
+    /// `-32602` that is not one of the cases below.
+    #[error("invalid params: {}", .0.message)]
+    InvalidParams(Box<RpcError>),
+    /// `-32602` on `tools/call` for a tool the server does not list. `available` is the
+    /// server's tool list when it could be fetched.
+    #[error("unknown tool `{name}`{}", available_hint(.available))]
+    UnknownTool {
+        name: String,
+        available: Vec<String>,
+        error: Box<RpcError>,
+    },
+    /// `-32602` on a task method: no such task for this caller (never created, purged, or
+    /// another principal's).
+    #[error("unknown task `{task_id}`: {}", .error.message)]
+    UnknownTask { task_id: String, error: Box<RpcError> },
+    /// `-32602` on a task method whose message says the task has expired.
+    #[error("task `{task_id}` has expired: {}", .error.message)]
+    TaskExpired { task_id: String, error: Box<RpcError> },
+    /// `-32603`.
+    #[error("the server failed internally: {}", .0.message)]
+    Internal(Box<RpcError>),
+    /// `-32020`: routing headers and body disagree.
+    #[error("header mismatch: {}", .0.message)]
+    HeaderMismatch(Box<RpcError>),
+    /// `-32021`: the request needs a client capability this client did not declare.
+    #[error("the server needs client capabilities {required}: {}", .error.message)]
+    MissingCapability { required: Box<Value>, error: Box<RpcError> },
+    /// `-32022`: the server does not implement this protocol version.
+    #[error("the server does not support protocol version {requested} (it supports {supported:?})")]
+    UnsupportedVersion {
+        requested: String,
+        supported: Vec<String>,
+        error: Box<RpcError>,
+    },
+    /// Any other JSON-RPC error code.
+    #[error("JSON-RPC error {}: {}", .0.code, .0.message)]
+    Rpc(Box<RpcError>),
+
+    // --- the client's own -----------------------------------------------------------------
+    /// The server answered something that is not a valid MCP response.
+    #[error("invalid response from the server: {0}")]
+    Protocol(String),
+    /// A synchronous `tools/call` needs input (core MRTR) and no input handler answered it.
+    #[error("the call needs input that no input handler provided: {}", keys_of(.requests))]
+    InputRequired {
+        requests: serde_json::Map<String, Value>,
+    },
+    /// The local file of durable task handles failed.
+    #[error("task handle store: {0}")]
+    Store(String),
+}
+
+fn resource_metadata_hint(url: &Option<String>, token_sent: &bool) -> String {
+    let mut s = String::new();
+    if *token_sent {
+        s.push_str("; the token was not accepted");
+    } else {
+        s.push_str("; pass a bearer token");
+    }
+    if let Some(url) = url {
+        s.push_str("; authorization server metadata: ");
+        s.push_str(url);
+    }
+    s
+}
+
+fn available_hint(available: &[String]) -> String {
+    if available.is_empty() {
+        String::new()
+    } else {
+        format!("; the server has: {}", available.join(", "))
+    }
+}
+
+fn keys_of(requests: &serde_json::Map<String, Value>) -> String {
+    requests.keys().cloned().collect::<Vec<_>>().join(", ")
+}
+
+impl ClientError {
+    /// Turns a JSON-RPC error object of a response to `method` into its typed variant.
+    /// `name` is the tool name or task id the request was about.
+    pub(crate) fn from_rpc(method: &str, name: Option<&str>, error: RpcError) -> Self {
+        let error = Box::new(error);
+        match error.code {
+            code::PARSE_ERROR => Self::ParseError(error),
+            code::INVALID_REQUEST => Self::InvalidRequest(error),
+            code::METHOD_NOT_FOUND => Self::MethodNotFound {
+                method: method.to_owned(),
+                error,
+            },
+            code::INVALID_PARAMS => match (method, name) {
+                (m, Some(id)) if m.starts_with("tasks/") => {
+                    if error.message.to_ascii_lowercase().contains("expired") {
+                        Self::TaskExpired {
+                            task_id: id.to_owned(),
+                            error,
+                        }
+                    } else {
+                        Self::UnknownTask {
+                            task_id: id.to_owned(),
+                            error,
+                        }
+                    }
+                }
+                _ => Self::InvalidParams(error),
+            },
+            code::INTERNAL_ERROR => Self::Internal(error),
+            code::HEADER_MISMATCH => Self::HeaderMismatch(error),
+            code::MISSING_REQUIRED_CLIENT_CAPABILITY => Self::MissingCapability {
+                required: Box::new(
+                    error
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get("requiredCapabilities"))
+                        .cloned()
+                        .unwrap_or(Value::Null),
+                ),
+                error,
+            },
+            code::UNSUPPORTED_PROTOCOL_VERSION => {
+                let data = error.data.clone().unwrap_or(Value::Null);
+                Self::UnsupportedVersion {
+                    requested: data
+                        .get("requested")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned(),
+                    supported: data
+                        .get("supported")
+                        .and_then(Value::as_array)
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|v| v.as_str().map(str::to_owned))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    error,
+                }
+            }
+            _ => Self::Rpc(error),
+        }
+    }
+
+    /// The JSON-RPC error the server answered, for the variants that carry one.
+    pub fn rpc_error(&self) -> Option<&RpcError> {
+        match self {
+            Self::ParseError(e)
+            | Self::InvalidRequest(e)
+            | Self::InvalidParams(e)
+            | Self::Internal(e)
+            | Self::HeaderMismatch(e)
+            | Self::Rpc(e) => Some(e),
+            Self::MethodNotFound { error, .. }
+            | Self::UnknownTool { error, .. }
+            | Self::UnknownTask { error, .. }
+            | Self::TaskExpired { error, .. }
+            | Self::MissingCapability { error, .. }
+            | Self::UnsupportedVersion { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+
+    /// Whether the request may not have reached the server or its answer was lost: the
+    /// failures a retry of an idempotent call can fix.
+    pub fn is_transport(&self) -> bool {
+        match self {
+            Self::Connect { .. } | Self::Io { .. } | Self::Timeout { .. } => true,
+            Self::Http { status, .. } => matches!(status, 502..=504),
+            _ => false,
+        }
+    }
+}

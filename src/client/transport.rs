@@ -1,0 +1,536 @@
+//! How a [`super::Client`] reaches a server: the [`Transport`] trait, the Streamable HTTP
+//! transport ([`HttpTransport`]) and the in-process one ([`InProcessTransport`]).
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use base64::Engine as _;
+use futures::future::BoxFuture;
+use futures::stream::{BoxStream, Stream, StreamExt};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::http::{HeaderValue, Request, StatusCode, Uri, header};
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+use super::ClientError;
+use crate::protocol::{Outcome, RequestContext};
+use crate::runtime::RuntimeHandle;
+use crate::task::Owner;
+use crate::wire::{PROTOCOL_VERSION, keys, methods};
+
+/// What a server sent back for one message.
+pub enum Response {
+    /// One JSON-RPC message: the response.
+    Message(Value),
+    /// JSON-RPC messages scoped to the request, in order (an SSE response, or an in-process
+    /// `subscriptions/listen`). The response to the request, if any, is one of them.
+    Stream(BoxStream<'static, Result<Value, ClientError>>),
+    /// Accepted without a body (a notification).
+    Accepted,
+}
+
+impl std::fmt::Debug for Response {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Message(v) => f.debug_tuple("Message").field(v).finish(),
+            Self::Stream(_) => f.write_str("Stream"),
+            Self::Accepted => f.write_str("Accepted"),
+        }
+    }
+}
+
+/// A way to send one JSON-RPC message to a server and get what it answers. Implement it to
+/// run the client over another transport (or to inject faults in tests).
+pub trait Transport: Send + Sync + 'static {
+    /// Sends one JSON-RPC message (a request or a notification).
+    fn send(&self, message: Value) -> BoxFuture<'_, Result<Response, ClientError>>;
+    /// Where this transport goes, for messages and for keying durable handles
+    /// (`http://host:port/mcp`, `in-process`).
+    fn endpoint(&self) -> String;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streamable HTTP
+
+/// Streamable HTTP (MCP `2026-07-28`): one `POST` per message with the routing headers
+/// (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name`) derived from the body, an optional
+/// bearer token, JSON or SSE responses. Plain `http://` only: this build has no TLS.
+pub struct HttpTransport {
+    url: String,
+    uri: Uri,
+    token: Option<String>,
+    client: HyperClient<HttpConnector, Full<Bytes>>,
+    idle_timeout: Duration,
+}
+
+/// Largest response body read into memory.
+const MAX_BODY: usize = 64 * 1024 * 1024;
+
+impl HttpTransport {
+    /// A transport to the MCP endpoint at `url` (e.g. `http://127.0.0.1:8080/mcp`).
+    pub fn new(url: &str) -> Result<Self, ClientError> {
+        let invalid = |reason: &str| ClientError::InvalidUrl {
+            url: url.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let uri: Uri = url.parse().map_err(|e| invalid(&format!("{e}")))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some("https") => {
+                return Err(invalid(
+                    "https is not supported by this build (no TLS); reach the server over \
+                     http on a trusted network or through a local TLS-terminating proxy",
+                ));
+            }
+            Some(other) => return Err(invalid(&format!("unsupported scheme `{other}`"))),
+            None => {
+                return Err(invalid(
+                    "expected an absolute URL like http://127.0.0.1:8080/mcp",
+                ));
+            }
+        }
+        if uri.host().is_none_or(str::is_empty) {
+            return Err(invalid("the URL has no host"));
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(Duration::from_secs(10)));
+        connector.set_nodelay(true);
+        let client = HyperClient::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Ok(Self {
+            url: url.to_owned(),
+            uri,
+            token: None,
+            client,
+            idle_timeout: Duration::from_secs(90),
+        })
+    }
+
+    /// Sends `Authorization: Bearer <token>` with every request.
+    pub fn bearer_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// How long an SSE response may stay silent (no event, no keep-alive comment) before it
+    /// counts as dropped (default 90 s).
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
+    fn request(&self, message: &Value) -> Result<Request<Full<Bytes>>, ClientError> {
+        let method = message.get("method").and_then(Value::as_str);
+        let params = message.get("params");
+        let version = params
+            .and_then(|p| p.get("_meta"))
+            .and_then(|m| m.get(keys::PROTOCOL_VERSION))
+            .and_then(Value::as_str)
+            .unwrap_or(PROTOCOL_VERSION);
+        let body = serde_json::to_vec(message)
+            .map_err(|e| ClientError::Protocol(format!("cannot encode the request: {e}")))?;
+        let mut builder = Request::post(self.uri.clone())
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ACCEPT, "application/json, text/event-stream")
+            .header(
+                header::USER_AGENT,
+                concat!("mcp-tasks/", env!("CARGO_PKG_VERSION")),
+            )
+            .header("MCP-Protocol-Version", header_value(version));
+        if let Some(method) = method {
+            builder = builder.header("Mcp-Method", header_value(method));
+            let name = methods::named_member(method)
+                .and_then(|member| params.and_then(|p| p.get(member)))
+                .and_then(Value::as_str);
+            if let Some(name) = name {
+                builder = builder.header("Mcp-Name", header_value(name));
+            }
+        }
+        if let Some(token) = &self.token {
+            let value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                ClientError::InvalidUrl {
+                    url: self.url.clone(),
+                    reason: "the bearer token contains characters not allowed in a header".into(),
+                }
+            })?;
+            builder = builder.header(header::AUTHORIZATION, value);
+        }
+        builder
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| ClientError::Protocol(format!("cannot build the request: {e}")))
+    }
+
+    async fn send_inner(&self, message: Value) -> Result<Response, ClientError> {
+        let request = self.request(&message)?;
+        let response = self
+            .client
+            .request(request)
+            .await
+            .map_err(|e| self.hyper_error(&e))?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        if status == StatusCode::ACCEPTED {
+            return Ok(Response::Accepted);
+        }
+        let is_sse = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        if status.is_success() && is_sse {
+            let body = response.into_body().into_data_stream();
+            let url = self.url.clone();
+            let chunks = body.map(move |r| {
+                r.map_err(|e| ClientError::Io {
+                    url: url.clone(),
+                    reason: format!("the event stream broke: {e}"),
+                })
+            });
+            return Ok(Response::Stream(
+                SseStream::new(chunks.boxed(), self.idle_timeout, self.url.clone()).boxed(),
+            ));
+        }
+        let body = read_body(response.into_body(), &self.url).await?;
+        if status == StatusCode::UNAUTHORIZED {
+            let challenge = headers
+                .get(header::WWW_AUTHENTICATE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            return Err(ClientError::Unauthorized {
+                url: self.url.clone(),
+                resource_metadata: challenge.as_deref().and_then(resource_metadata),
+                www_authenticate: challenge,
+                token_sent: self.token.is_some(),
+            });
+        }
+        // A JSON-RPC answer is authoritative whatever the status (400 and 404 carry errors).
+        if let Ok(value) = serde_json::from_slice::<Value>(&body)
+            && value.get("jsonrpc").is_some()
+            && (value.get("result").is_some() || value.get("error").is_some())
+        {
+            return Ok(Response::Message(value));
+        }
+        let text = snippet(&body);
+        if status == StatusCode::FORBIDDEN {
+            return Err(ClientError::Forbidden {
+                url: self.url.clone(),
+                body: text,
+            });
+        }
+        if !status.is_success() {
+            return Err(ClientError::Http {
+                url: self.url.clone(),
+                status: status.as_u16(),
+                body: text,
+            });
+        }
+        Err(ClientError::Protocol(format!(
+            "HTTP {status} with a body that is not a JSON-RPC response: {text}"
+        )))
+    }
+
+    fn hyper_error(&self, e: &hyper_util::client::legacy::Error) -> ClientError {
+        let mut reason = e.to_string();
+        let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+        while let Some(s) = source {
+            if let Some(io) = s.downcast_ref::<std::io::Error>() {
+                reason = match io.kind() {
+                    std::io::ErrorKind::ConnectionRefused => {
+                        "connection refused (is the server running on that address?)".to_owned()
+                    }
+                    std::io::ErrorKind::TimedOut => "connect timed out".to_owned(),
+                    _ => io.to_string(),
+                };
+                break;
+            }
+            reason = s.to_string();
+            source = s.source();
+        }
+        if e.is_connect() {
+            ClientError::Connect {
+                url: self.url.clone(),
+                reason,
+            }
+        } else {
+            ClientError::Io {
+                url: self.url.clone(),
+                reason,
+            }
+        }
+    }
+}
+
+impl Transport for HttpTransport {
+    fn send(&self, message: Value) -> BoxFuture<'_, Result<Response, ClientError>> {
+        Box::pin(self.send_inner(message))
+    }
+
+    fn endpoint(&self) -> String {
+        self.url.clone()
+    }
+}
+
+/// A header value as the Streamable HTTP binding wants it: as is when it is plain visible
+/// ASCII without surrounding whitespace, else the `=?base64?…?=` sentinel of its UTF-8 bytes.
+pub(crate) fn header_value(value: &str) -> HeaderValue {
+    let plain = !value.is_empty()
+        && value.bytes().all(|b| (0x20..0x7f).contains(&b))
+        && !value.starts_with(' ')
+        && !value.ends_with(' ')
+        && !value.starts_with("=?");
+    let encoded = if plain {
+        value.to_owned()
+    } else {
+        format!(
+            "=?base64?{}?=",
+            base64::engine::general_purpose::STANDARD.encode(value.as_bytes())
+        )
+    };
+    HeaderValue::from_str(&encoded).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// The `resource_metadata` parameter of a `WWW-Authenticate: Bearer …` challenge (RFC 9728).
+pub(crate) fn resource_metadata(challenge: &str) -> Option<String> {
+    let lower = challenge.to_ascii_lowercase();
+    let at = lower.find("resource_metadata=")?;
+    let rest = &challenge[at + "resource_metadata=".len()..];
+    let value = if let Some(quoted) = rest.strip_prefix('"') {
+        quoted.split('"').next()?
+    } else {
+        rest.split([',', ' ']).next()?
+    };
+    (!value.is_empty()).then(|| value.to_owned())
+}
+
+fn snippet(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    if text.is_empty() {
+        return "(empty body)".to_owned();
+    }
+    let mut s: String = text.chars().take(300).collect();
+    if text.chars().count() > 300 {
+        s.push('…');
+    }
+    s
+}
+
+async fn read_body(body: hyper::body::Incoming, url: &str) -> Result<Vec<u8>, ClientError> {
+    let limited = http_body_util::Limited::new(body, MAX_BODY);
+    limited
+        .collect()
+        .await
+        .map(|c| c.to_bytes().to_vec())
+        .map_err(|e| ClientError::Io {
+            url: url.to_owned(),
+            reason: format!("cannot read the response body: {e}"),
+        })
+}
+
+// ---------------------------------------------------------------------------------------------
+// SSE
+
+/// Server-sent events to JSON-RPC messages: one message per event (its `data:` lines joined),
+/// comments (`:` keep-alives) and other fields ignored. Ends with an error when no byte
+/// arrives within the idle timeout.
+struct SseStream {
+    chunks: BoxStream<'static, Result<Bytes, ClientError>>,
+    buffer: Vec<u8>,
+    data: String,
+    pending: std::collections::VecDeque<Result<Value, ClientError>>,
+    idle: Duration,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    url: String,
+    done: bool,
+}
+
+impl SseStream {
+    fn new(
+        chunks: BoxStream<'static, Result<Bytes, ClientError>>,
+        idle: Duration,
+        url: String,
+    ) -> Self {
+        Self {
+            chunks,
+            buffer: Vec::new(),
+            data: String::new(),
+            pending: Default::default(),
+            idle,
+            deadline: Box::pin(tokio::time::sleep(idle)),
+            url,
+            done: false,
+        }
+    }
+
+    fn feed(&mut self, bytes: &[u8]) {
+        self.buffer.extend_from_slice(bytes);
+        while let Some(pos) = self.buffer.iter().position(|&b| b == b'\n') {
+            let mut line: Vec<u8> = self.buffer.drain(..=pos).collect();
+            line.pop();
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            self.line(&String::from_utf8_lossy(&line));
+        }
+    }
+
+    fn line(&mut self, line: &str) {
+        if line.is_empty() {
+            if !self.data.is_empty() {
+                let data = std::mem::take(&mut self.data);
+                self.pending
+                    .push_back(serde_json::from_str(&data).map_err(|e| {
+                        ClientError::Protocol(format!("an SSE event is not JSON ({e}): {data}"))
+                    }));
+            }
+            return;
+        }
+        if line.starts_with(':') {
+            return;
+        }
+        let (field, value) = match line.split_once(':') {
+            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+            None => (line, ""),
+        };
+        if field == "data" {
+            if !self.data.is_empty() {
+                self.data.push('\n');
+            }
+            self.data.push_str(value);
+        }
+    }
+}
+
+impl Stream for SseStream {
+    type Item = Result<Value, ClientError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            if let Some(item) = self.pending.pop_front() {
+                return Poll::Ready(Some(item));
+            }
+            if self.done {
+                return Poll::Ready(None);
+            }
+            match self.chunks.poll_next_unpin(cx) {
+                Poll::Ready(Some(Ok(bytes))) => {
+                    let idle = self.idle;
+                    self.deadline
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + idle);
+                    self.feed(&bytes);
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.done = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Poll::Ready(None) => {
+                    // A final event without its blank line still counts.
+                    self.line("");
+                    self.done = true;
+                }
+                Poll::Pending => {
+                    if self.deadline.as_mut().poll(cx).is_ready() {
+                        self.done = true;
+                        return Poll::Ready(Some(Err(ClientError::Timeout {
+                            url: self.url.clone(),
+                            seconds: self.idle.as_secs_f64(),
+                        })));
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// In process
+
+/// A [`RuntimeHandle`] in the same process: messages go straight to its dispatcher, as
+/// `owner`, without sockets or routing headers.
+pub struct InProcessTransport {
+    handle: RuntimeHandle,
+    owner: Owner,
+}
+
+impl InProcessTransport {
+    pub fn new(handle: RuntimeHandle, owner: Owner) -> Self {
+        Self { handle, owner }
+    }
+}
+
+impl Transport for InProcessTransport {
+    fn send(&self, message: Value) -> BoxFuture<'_, Result<Response, ClientError>> {
+        Box::pin(async move {
+            let ctx = RequestContext::new(self.owner.clone());
+            Ok(match self.handle.dispatch_json(message, &ctx).await {
+                Outcome::Accepted => Response::Accepted,
+                Outcome::Reply(reply) => Response::Message(reply.body),
+                Outcome::Stream(stream) => Response::Stream(stream.map(Ok).boxed()),
+            })
+        })
+    }
+
+    fn endpoint(&self) -> String {
+        "in-process".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_metadata_is_read_from_the_challenge() {
+        assert_eq!(
+            resource_metadata(
+                r#"Bearer resource_metadata="https://api.example/.well-known/oauth-protected-resource", scope="tasks""#
+            )
+            .as_deref(),
+            Some("https://api.example/.well-known/oauth-protected-resource")
+        );
+        assert_eq!(
+            resource_metadata("Bearer error=\"invalid_token\", resource_metadata=http://x/m")
+                .as_deref(),
+            Some("http://x/m")
+        );
+        assert_eq!(resource_metadata("Bearer realm=\"x\""), None);
+    }
+
+    #[test]
+    fn header_values_use_the_base64_sentinel_when_needed() {
+        assert_eq!(header_value("tsk_01ab"), "tsk_01ab");
+        assert_eq!(header_value("grüßen"), "=?base64?Z3LDvMOfZW4=?=");
+        assert_eq!(header_value(" padded"), "=?base64?IHBhZGRlZA==?=");
+    }
+
+    #[tokio::test]
+    async fn sse_events_become_messages() {
+        let chunks: Vec<Result<Bytes, ClientError>> = vec![
+            Ok(Bytes::from_static(b": keep-alive\n\ndata: {\"a\":")),
+            Ok(Bytes::from_static(
+                b"1}\r\n\r\nevent: message\ndata: {\"b\":2}\n",
+            )),
+            Ok(Bytes::from_static(b"\ndata: {\"c\":\ndata: 3}\n\n")),
+        ];
+        let stream = SseStream::new(
+            futures::stream::iter(chunks).boxed(),
+            Duration::from_secs(5),
+            "u".into(),
+        );
+        let got: Vec<Value> = stream.map(|r| r.unwrap()).collect().await;
+        assert_eq!(
+            got,
+            vec![
+                serde_json::json!({"a":1}),
+                serde_json::json!({"b":2}),
+                serde_json::json!({"c":3})
+            ]
+        );
+    }
+}
