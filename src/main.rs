@@ -11,8 +11,12 @@ use mcp_tasks::auth::{self, Authenticator};
 use mcp_tasks::transport::{http, stdio};
 use mcp_tasks::{Owner, Runtime, RuntimeBuilder, demo, fixtures};
 
+#[cfg(feature = "client")]
+mod cli;
+
 #[derive(Parser)]
 #[command(name = "mcp-tasks", version, about = "Durable tasks for MCP servers")]
+#[cfg_attr(feature = "client", command(after_help = cli::EXIT_CODES))]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -31,6 +35,10 @@ enum Command {
     },
     /// Serve MCP (`2026-07-28`, Tasks extension) on Streamable HTTP, or on stdio.
     Serve(Box<ServeArgs>),
+    /// Client commands: tools, call, get, watch, answer, cancel.
+    #[cfg(feature = "client")]
+    #[command(flatten)]
+    Client(cli::ClientCommand),
 }
 
 #[derive(Args)]
@@ -124,6 +132,8 @@ fn main() -> ExitCode {
     let default_filter = match cli.command {
         Command::Demo { .. } => "warn",
         Command::Serve(_) => "info",
+        #[cfg(feature = "client")]
+        Command::Client(_) => "warn",
     };
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -148,6 +158,8 @@ fn main() -> ExitCode {
             Command::Demo { verbose, store } => run_demo(verbose, store).await,
             Command::Serve(args) if args.stdio => serve_stdio(*args).await,
             Command::Serve(args) => serve_http(*args).await,
+            #[cfg(feature = "client")]
+            Command::Client(command) => cli::run(command).await,
         }
     });
     // Everything is stopped and flushed; a read of stdin may still block a worker thread.

@@ -929,3 +929,69 @@ async fn transport_errors_are_retried_for_reads_never_for_creates() {
     );
     assert!(server.calls("tools/call").is_empty());
 }
+
+/// A server whose listen acknowledges no task: the client polls instead.
+struct NoTaskAcks {
+    gets: AtomicUsize,
+    listens: AtomicUsize,
+}
+
+impl Transport for NoTaskAcks {
+    fn send(&self, message: Value) -> BoxFuture<'_, Result<Response, ClientError>> {
+        Box::pin(async move {
+            let id = message["id"].clone();
+            match message["method"].as_str().unwrap() {
+                "subscriptions/listen" => {
+                    self.listens.fetch_add(1, Ordering::SeqCst);
+                    let ack = json!({
+                        "jsonrpc": "2.0",
+                        "method": "notifications/subscriptions/acknowledged",
+                        "params": { "notifications": {} }
+                    });
+                    // The stream stays open: the client must not wait on it.
+                    Ok(Response::Stream(
+                        futures::stream::once(async move { Ok(ack) })
+                            .chain(futures::stream::pending())
+                            .boxed(),
+                    ))
+                }
+                "tasks/get" => {
+                    let n = self.gets.fetch_add(1, Ordering::SeqCst);
+                    let status = if n < 3 { "working" } else { "cancelled" };
+                    Ok(Response::Message(
+                        json!({ "jsonrpc": "2.0", "id": id, "result": {
+                            "resultType": "complete", "taskId": "t4", "status": status,
+                            "pollIntervalMs": 300, "lastUpdatedAt": format!("2026-01-01T00:00:0{}Z", n.min(3))
+                        }}),
+                    ))
+                }
+                other => panic!("{other}"),
+            }
+        })
+    }
+
+    fn endpoint(&self) -> String {
+        "no-task-acks".into()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn watch_polls_when_the_task_is_not_acknowledged() {
+    let server = Arc::new(NoTaskAcks {
+        gets: AtomicUsize::new(0),
+        listens: AtomicUsize::new(0),
+    });
+    let client = Client::with_transport(server.clone())
+        .build()
+        .await
+        .unwrap();
+    let handle = client.resume("t4").await.unwrap();
+    let states: Vec<Task> = handle.watch().map(Result::unwrap).collect().await;
+    assert_eq!(states.last().unwrap().status, TaskStatus::Cancelled);
+    assert_eq!(
+        server.listens.load(Ordering::SeqCst),
+        1,
+        "asked once, then polled"
+    );
+    assert_eq!(server.gets.load(Ordering::SeqCst), 4);
+}

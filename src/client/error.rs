@@ -52,7 +52,10 @@ pub enum ClientError {
     InvalidRequest(Box<RpcError>),
     /// `-32601`: the server does not implement the method.
     #[error("the server does not implement `{method}`: {}", .error.message)]
-    MethodNotFound { method: String, error: Box<RpcError> },
+    MethodNotFound {
+        method: String,
+        error: Box<RpcError>,
+    },
     /// `-32602` that is not one of the cases below.
     #[error("invalid params: {}", .0.message)]
     InvalidParams(Box<RpcError>),
@@ -67,10 +70,16 @@ pub enum ClientError {
     /// `-32602` on a task method: no such task for this caller (never created, purged, or
     /// another principal's).
     #[error("unknown task `{task_id}`: {}", .error.message)]
-    UnknownTask { task_id: String, error: Box<RpcError> },
+    UnknownTask {
+        task_id: String,
+        error: Box<RpcError>,
+    },
     /// `-32602` on a task method whose message says the task has expired.
     #[error("task `{task_id}` has expired: {}", .error.message)]
-    TaskExpired { task_id: String, error: Box<RpcError> },
+    TaskExpired {
+        task_id: String,
+        error: Box<RpcError>,
+    },
     /// `-32603`.
     #[error("the server failed internally: {}", .0.message)]
     Internal(Box<RpcError>),
@@ -79,7 +88,10 @@ pub enum ClientError {
     HeaderMismatch(Box<RpcError>),
     /// `-32021`: the request needs a client capability this client did not declare.
     #[error("the server needs client capabilities {required}: {}", .error.message)]
-    MissingCapability { required: Box<Value>, error: Box<RpcError> },
+    MissingCapability {
+        required: Box<Value>,
+        error: Box<RpcError>,
+    },
     /// `-32022`: the server does not implement this protocol version.
     #[error("the server does not support protocol version {requested} (it supports {supported:?})")]
     UnsupportedVersion {
