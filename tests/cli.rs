@@ -22,6 +22,10 @@ struct Serve {
 
 impl Serve {
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    fn start_with(extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(BIN)
             .args([
@@ -31,6 +35,7 @@ impl Serve {
                 "--fixtures",
                 "conformance",
             ])
+            .args(extra)
             .arg("--store")
             .arg(dir.path().join("tasks.redb"))
             .env("RUST_LOG", "info")
@@ -360,6 +365,42 @@ fn unauthorized_shows_the_resource_metadata() {
     let r = run(&url, &["tools", "--token", ""]);
     assert_eq!(r.code, 8);
     assert!(r.stderr.contains("pass a token"), "{}", r.stderr);
+}
+
+#[test]
+fn tokens_against_a_server_that_requires_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    // The SHA-256 of the token `test`.
+    std::fs::write(
+        &tokens,
+        "[[tokens]]\nsha256 = \"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\"\ntenant = \"acme\"\nprincipal = \"alice\"\n",
+    )
+    .unwrap();
+    let server = Serve::start_with(&["--auth-tokens", tokens.to_str().unwrap()]);
+    let url = server.url.as_str();
+    let r = run(url, &["tools"]);
+    assert_eq!(r.code, 8);
+    assert!(
+        r.stderr.contains("requires authentication (401)"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("/.well-known/oauth-protected-resource"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("pass a token"), "{}", r.stderr);
+    let r = run(url, &["tools", "--token", "wrong"]);
+    assert_eq!(r.code, 8);
+    assert!(r.stderr.contains("token was not accepted"), "{}", r.stderr);
+    let r = run_env(
+        url,
+        &["call", "greet", "--args", r#"{"name":"Ada"}"#],
+        &[("MCP_TASKS_TOKEN", "test")],
+    );
+    assert_eq!((r.code, r.stdout.as_str()), (0, "Hello, Ada!\n"));
 }
 
 /// A pseudo-terminal: the child gets the slave as stdin, stdout and stderr.
