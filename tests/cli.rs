@@ -322,7 +322,7 @@ fn errors_a_person_can_act_on() {
     let r = run(&format!("http://{closed}/mcp"), &["tools"]);
     assert_eq!(r.code, 8);
     assert!(r.stderr.contains("connection refused"), "{}", r.stderr);
-    let r = run("https://example.invalid/mcp", &["tools"]);
+    let r = run("ftp://127.0.0.1/mcp", &["tools"]);
     assert_eq!(r.code, 2);
 }
 

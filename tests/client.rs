@@ -599,9 +599,13 @@ async fn connection_refused_is_a_connect_error() {
     assert!(matches!(e, ClientError::Connect { .. }), "{e:?}");
     assert!(e.to_string().contains("connection refused"), "{e}");
     assert!(matches!(
-        Client::http("https://example.invalid/mcp").unwrap_err(),
+        Client::http("ftp://127.0.0.1/mcp").unwrap_err(),
         ClientError::InvalidUrl { .. }
     ));
+    assert!(
+        Client::http("https://127.0.0.1/mcp").is_ok(),
+        "TLS is built in"
+    );
     assert!(matches!(
         Client::http("not a url").unwrap_err(),
         ClientError::InvalidUrl { .. }

@@ -8,12 +8,9 @@ use std::time::Duration;
 use base64::Engine as _;
 use futures::future::BoxFuture;
 use futures::stream::{BoxStream, Stream, StreamExt};
-use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use hyper::http::{HeaderValue, Request, StatusCode, Uri, header};
-use hyper_util::client::legacy::Client as HyperClient;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use reqwest::StatusCode;
+use reqwest::header::{self, HeaderValue};
 use serde_json::Value;
 
 use super::ClientError;
@@ -58,12 +55,11 @@ pub trait Transport: Send + Sync + 'static {
 
 /// Streamable HTTP (MCP `2026-07-28`): one `POST` per message with the routing headers
 /// (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name`) derived from the body, an optional
-/// bearer token, JSON or SSE responses. Plain `http://` only: this build has no TLS.
+/// bearer token, JSON or SSE responses; `http://` and `https://` (rustls, web PKI roots).
 pub struct HttpTransport {
     url: String,
-    uri: Uri,
     token: Option<String>,
-    client: HyperClient<HttpConnector, Full<Bytes>>,
+    client: reqwest::Client,
     idle_timeout: Duration,
 }
 
@@ -77,34 +73,27 @@ impl HttpTransport {
             url: url.to_owned(),
             reason: reason.to_owned(),
         };
-        let uri: Uri = url.parse().map_err(|e| invalid(&format!("{e}")))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => {
-                return Err(invalid(
-                    "https is not supported by this build (no TLS); reach the server over \
-                     http on a trusted network or through a local TLS-terminating proxy",
-                ));
-            }
-            Some(other) => return Err(invalid(&format!("unsupported scheme `{other}`"))),
-            None => {
-                return Err(invalid(
-                    "expected an absolute URL like http://127.0.0.1:8080/mcp",
-                ));
-            }
+        let parsed = reqwest::Url::parse(url).map_err(|e| {
+            invalid(&format!(
+                "{e} (expected an absolute URL like http://127.0.0.1:8080/mcp)"
+            ))
+        })?;
+        match parsed.scheme() {
+            "http" | "https" => {}
+            other => return Err(invalid(&format!("unsupported scheme `{other}`"))),
         }
-        if uri.host().is_none_or(str::is_empty) {
+        if parsed.host_str().is_none_or(str::is_empty) {
             return Err(invalid("the URL has no host"));
         }
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(Duration::from_secs(10)));
-        connector.set_nodelay(true);
-        let client = HyperClient::builder(TokioExecutor::new())
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
             .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
+            .tcp_nodelay(true)
+            .user_agent(concat!("mcp-tasks/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| invalid(&format!("cannot set up an HTTP client: {e}")))?;
         Ok(Self {
             url: url.to_owned(),
-            uri,
             token: None,
             client,
             idle_timeout: Duration::from_secs(90),
@@ -124,7 +113,7 @@ impl HttpTransport {
         self
     }
 
-    fn request(&self, message: &Value) -> Result<Request<Full<Bytes>>, ClientError> {
+    fn request(&self, message: &Value) -> Result<reqwest::RequestBuilder, ClientError> {
         let method = message.get("method").and_then(Value::as_str);
         let params = message.get("params");
         let version = params
@@ -134,13 +123,11 @@ impl HttpTransport {
             .unwrap_or(PROTOCOL_VERSION);
         let body = serde_json::to_vec(message)
             .map_err(|e| ClientError::Protocol(format!("cannot encode the request: {e}")))?;
-        let mut builder = Request::post(self.uri.clone())
+        let mut builder = self
+            .client
+            .post(&self.url)
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::ACCEPT, "application/json, text/event-stream")
-            .header(
-                header::USER_AGENT,
-                concat!("mcp-tasks/", env!("CARGO_PKG_VERSION")),
-            )
             .header("MCP-Protocol-Version", header_value(version));
         if let Some(method) = method {
             builder = builder.header("Mcp-Method", header_value(method));
@@ -160,18 +147,12 @@ impl HttpTransport {
             })?;
             builder = builder.header(header::AUTHORIZATION, value);
         }
-        builder
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| ClientError::Protocol(format!("cannot build the request: {e}")))
+        Ok(builder.body(body))
     }
 
     async fn send_inner(&self, message: Value) -> Result<Response, ClientError> {
         let request = self.request(&message)?;
-        let response = self
-            .client
-            .request(request)
-            .await
-            .map_err(|e| self.hyper_error(&e))?;
+        let mut response = request.send().await.map_err(|e| self.http_error(&e))?;
         let status = response.status();
         let headers = response.headers().clone();
         if status == StatusCode::ACCEPTED {
@@ -182,9 +163,8 @@ impl HttpTransport {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
         if status.is_success() && is_sse {
-            let body = response.into_body().into_data_stream();
             let url = self.url.clone();
-            let chunks = body.map(move |r| {
+            let chunks = response.bytes_stream().map(move |r| {
                 r.map_err(|e| ClientError::Io {
                     url: url.clone(),
                     reason: format!("the event stream broke: {e}"),
@@ -194,7 +174,18 @@ impl HttpTransport {
                 SseStream::new(chunks.boxed(), self.idle_timeout, self.url.clone()).boxed(),
             ));
         }
-        let body = read_body(response.into_body(), &self.url).await?;
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| ClientError::Io {
+            url: self.url.clone(),
+            reason: format!("cannot read the response body: {e}"),
+        })? {
+            if body.len() + chunk.len() > MAX_BODY {
+                return Err(ClientError::Protocol(format!(
+                    "the response body exceeds {MAX_BODY} bytes"
+                )));
+            }
+            body.extend_from_slice(&chunk);
+        }
         if status == StatusCode::UNAUTHORIZED {
             let challenge = headers
                 .get(header::WWW_AUTHENTICATE)
@@ -233,7 +224,7 @@ impl HttpTransport {
         )))
     }
 
-    fn hyper_error(&self, e: &hyper_util::client::legacy::Error) -> ClientError {
+    fn http_error(&self, e: &reqwest::Error) -> ClientError {
         let mut reason = e.to_string();
         let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
         while let Some(s) = source {
@@ -242,7 +233,6 @@ impl HttpTransport {
                     std::io::ErrorKind::ConnectionRefused => {
                         "connection refused (is the server running on that address?)".to_owned()
                     }
-                    std::io::ErrorKind::TimedOut => "connect timed out".to_owned(),
                     _ => io.to_string(),
                 };
                 break;
@@ -250,7 +240,12 @@ impl HttpTransport {
             reason = s.to_string();
             source = s.source();
         }
-        if e.is_connect() {
+        if e.is_timeout() {
+            ClientError::Timeout {
+                url: self.url.clone(),
+                seconds: 10.0,
+            }
+        } else if e.is_connect() {
             ClientError::Connect {
                 url: self.url.clone(),
                 reason,
@@ -317,18 +312,6 @@ fn snippet(body: &[u8]) -> String {
         s.push('…');
     }
     s
-}
-
-async fn read_body(body: hyper::body::Incoming, url: &str) -> Result<Vec<u8>, ClientError> {
-    let limited = http_body_util::Limited::new(body, MAX_BODY);
-    limited
-        .collect()
-        .await
-        .map(|c| c.to_bytes().to_vec())
-        .map_err(|e| ClientError::Io {
-            url: url.to_owned(),
-            reason: format!("cannot read the response body: {e}"),
-        })
 }
 
 // ---------------------------------------------------------------------------------------------
