@@ -1,5 +1,6 @@
 //! A host application that embeds mcp-tasks: it registers its own durable tool and drives it
-//! through the embedding API, exactly as an MCP client would over a transport.
+//! with the in-process client (`mcp_tasks::client`), exactly as an MCP client would over a
+//! transport.
 //!
 //! The tool `import_invoices {source}` fetches a batch (journaled step), asks the user which
 //! currency to book the batch in (a durable input request), then books it (journaled step).
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use mcp_tasks::client::{CallOutcome, Client, input_handler};
 use mcp_tasks::tool::{
     CallToolResult, ElicitAction, ElicitResponse, InputRequest, TaskPolicy, Tool, ToolDescriptor,
     ToolError, tool_fn,
@@ -84,90 +86,52 @@ fn import_invoices() -> Arc<dyn Tool> {
     })
 }
 
-fn request(id: u64, method: &str, mut params: Value) -> Value {
-    params["_meta"] = json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": { "extensions": { "io.modelcontextprotocol/tasks": {} } }
-    });
-    json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params })
-}
-
-async fn wait_for(
-    runtime: &Runtime,
-    owner: &Owner,
-    task: &str,
-    status: &str,
-) -> Result<Value, String> {
-    for _ in 0..200 {
-        let r = runtime
-            .handle_json(request(99, "tasks/get", json!({ "taskId": task })), owner)
-            .await
-            .ok_or("no response")?;
-        if r["result"]["status"] == status {
-            return Ok(r["result"].clone());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Err(format!("task {task} did not become {status}"))
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("host.redb");
     let owner = Owner::new("acme", "alice");
+    let start = || {
+        Runtime::builder(&path)
+            .server_info("invoice-host", "0.1.0")
+            .tool(import_invoices())
+            .start()
+    };
 
-    let runtime = Runtime::builder(&path)
-        .server_info("invoice-host", "0.1.0")
-        .tool(import_invoices())
-        .start()
+    let runtime = start().await?;
+    let client = Client::in_process(runtime.handle(), owner.clone())
+        .build()
         .await?;
-    let created = runtime
-        .handle_json(
-            request(
-                1,
-                "tools/call",
-                json!({ "name": "import_invoices", "arguments": { "source": "s3://batch-7" } }),
-            ),
-            &owner,
-        )
-        .await
-        .ok_or("no response")?;
-    let task = created["result"]["taskId"]
-        .as_str()
-        .ok_or("no task id")?
-        .to_owned();
-    println!("created {task}: {}", created["result"]["status"]);
-
-    let waiting = wait_for(&runtime, &owner, &task, "input_required").await?;
+    let CallOutcome::Task(task) = client
+        .call_tool("import_invoices", json!({ "source": "s3://batch-7" }))
+        .await?
+    else {
+        return Err("import_invoices did not become a task".into());
+    };
+    println!("created {}", task.id());
+    // Without an input handler, `wait` returns as soon as the task needs input.
+    let waiting = task.wait().await?;
     println!(
         "asks for: {}",
-        waiting["inputRequests"]["currency"]["params"]["message"]
+        waiting.input_requests["currency"]["params"]["message"]
     );
 
     // The host restarts (a deploy, a crash): the task and its journal survive.
     runtime.shutdown().await;
-    let runtime = Runtime::builder(&path)
-        .server_info("invoice-host", "0.1.0")
-        .tool(import_invoices())
-        .start()
+    let runtime = start().await?;
+    let client = Client::in_process(runtime.handle(), owner)
+        .input_handler(input_handler(|_key, _request| async {
+            Some(json!({ "action": "accept", "content": { "currency": "EUR" } }))
+        }))
+        .build()
         .await?;
-    println!(
-        "restarted; task is {}",
-        wait_for(&runtime, &owner, &task, "input_required").await?["status"]
-    );
+    let task = client.resume(task.id()).await?;
+    println!("restarted; task is {}", task.get().await?.status.as_str());
 
-    let ack = runtime
-        .handle_json(
-            request(2, "tasks/update", json!({ "taskId": task, "inputResponses": { "currency": { "action": "accept", "content": { "currency": "EUR" } } } })),
-            &owner,
-        )
-        .await
-        .ok_or("no response")?;
-    println!("update: {}", ack["result"]["resultType"]);
-
-    let done = wait_for(&runtime, &owner, &task, "completed").await?;
-    println!("result: {}", done["result"]["content"][0]["text"]);
+    // This time `wait` answers the request through the input handler and polls to the end.
+    let done = task.wait().await?;
+    let result = done.result.ok_or("the task completed without a result")?;
+    println!("result: {}", result["content"][0]["text"]);
     println!(
         "the fetch step ran {} time(s)",
         FETCHES.load(Ordering::SeqCst)
