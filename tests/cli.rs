@@ -309,6 +309,20 @@ fn errors_a_person_can_act_on() {
     );
     let r = run(url, &["answer", "tsk_x", "k", "[1]"]);
     assert_eq!(r.code, 2);
+    let r = run(url, &["tools", "--timeout", "0"]);
+    assert_eq!(r.code, 2);
+    // A server that accepts connections and never answers: --timeout bounds each try.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("http://{}/mcp", silent.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in silent.incoming() {
+            held.push(s);
+        }
+    });
+    let r = run(&silent_url, &["call", "greet", "--timeout", "0.3"]);
+    assert_eq!(r.code, 8, "{}", r.stderr);
+    assert!(r.stderr.contains("no response"), "{}", r.stderr);
     // A synchronous input round has no task id to answer later.
     let r = run(url, &["call", "test_tool_with_task"]);
     assert_eq!(r.code, 5);

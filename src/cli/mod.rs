@@ -71,6 +71,16 @@ pub struct Connection {
     /// Print machine-readable JSON on stdout instead of text.
     #[arg(long)]
     json: bool,
+    /// The longest one request may take, in seconds (a followed task is not bounded).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = parse_timeout)]
+    timeout: f64,
+}
+
+fn parse_timeout(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(t) if t.is_finite() && t > 0.0 && t <= 86_400.0 => Ok(t),
+        _ => Err("expected a number of seconds between 0 and 86400".to_owned()),
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -216,6 +226,7 @@ async fn connect(conn: &Connection) -> Result<Client, Failure> {
     let mut builder = Client::http(&conn.url)?
         .client_info("mcp-tasks-cli", env!("CARGO_PKG_VERSION"))
         .capabilities(serde_json::json!({ "elicitation": {}, "sampling": {}, "roots": {} }))
+        .timeout(Duration::from_secs_f64(conn.timeout))
         // A person waits: give up on an unreachable server after about three seconds.
         .retry(RetryPolicy {
             attempts: 5,
