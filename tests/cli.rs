@@ -540,3 +540,35 @@ fn on_a_terminal_input_is_asked_and_progress_is_live() {
         "the line is redrawn in place: {output:?}"
     );
 }
+
+#[test]
+fn ctrl_c_stops_following_and_leaves_the_task_running() {
+    let server = Serve::start();
+    let (mut child, pty) = Pty::spawn(
+        &server.url,
+        &["call", "slow_compute", "--args", r#"{"seconds":30}"#],
+    );
+    // Several redraws of the live line: the command is in its loop, listening for Ctrl-C.
+    let deadline = Instant::now() + WAIT;
+    while pty.output.lock().unwrap().matches("\r\x1b[2K").count() < 4 {
+        assert!(Instant::now() < deadline, "no live line");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: plain kill(2) on our own child.
+    assert_eq!(
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) },
+        0
+    );
+    assert_eq!(wait_child(&mut child), 130);
+    pty.expect("interrupted: task tsk_");
+    pty.expect("mcp-tasks cancel tsk_");
+    let output = pty.output.lock().unwrap().clone();
+    let id = output
+        .split("interrupted: task ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    let r = run(&server.url, &["get", &id]);
+    assert_eq!(r.code, 6, "the task goes on: {}", r.stdout);
+}
