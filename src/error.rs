@@ -126,9 +126,26 @@ impl RpcError {
 }
 
 impl From<StoreError> for RpcError {
+    /// The log gets the whole error (with the store's path); the client gets what happened
+    /// without internal paths.
     fn from(e: StoreError) -> Self {
         tracing::error!(error = %e, "store error while serving a request");
-        Self::internal(format!("the task store failed: {e}"))
+        let detail = match &e {
+            StoreError::Closed => "the task store is closed".to_owned(),
+            StoreError::Halted { .. } => "the task store stopped after a failed fsync and accepts \
+                no more writes; the server must be restarted"
+                .to_owned(),
+            StoreError::Unavailable { .. } => {
+                "the task store is unavailable after an I/O error; retry later".to_owned()
+            }
+            StoreError::Conflict { .. } => {
+                "the task changed concurrently; nothing was written, retry the request".to_owned()
+            }
+            // Commit and read details never name the file (the writer logs the path).
+            StoreError::Commit(_) | StoreError::Read(_) => e.to_string(),
+            _ => "the task store cannot be opened".to_owned(),
+        };
+        Self::internal(format!("the task store failed: {detail}"))
     }
 }
 

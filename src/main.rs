@@ -249,7 +249,11 @@ async fn serve_http(args: ServeArgs) -> ExitCode {
     let reloader = tokio::spawn(reload_on_hangup(tokens));
     let served = until_signal(&runtime, serving, stop_tx).await;
     reloader.abort();
+    let halted = runtime.store().halted();
     runtime.shutdown().await;
+    if let Some(code) = halted_exit(halted) {
+        return code;
+    }
     match served {
         Some(Ok(())) | None => ExitCode::SUCCESS,
         Some(Err(e)) => {
@@ -282,7 +286,11 @@ async fn serve_stdio(args: ServeArgs) -> ExitCode {
     );
     let served = until_signal(&runtime, serving, stop_tx).await;
     runtime.begin_shutdown();
+    let halted = runtime.store().halted();
     runtime.shutdown().await;
+    if let Some(code) = halted_exit(halted) {
+        return code;
+    }
     match served {
         Some(Ok(())) | None => ExitCode::SUCCESS,
         Some(Err(e)) => {
@@ -292,9 +300,19 @@ async fn serve_stdio(args: ServeArgs) -> ExitCode {
     }
 }
 
-/// Waits for a server to finish; a second signal stops waiting (`None`).
-/// Serves until the transport ends or a signal arrives; on a signal, ends listen streams,
-/// tells the transport to stop and waits for it (a second signal stops waiting).
+/// The exit status after the store halted on a failed fsync (fail-stop): 74 (`EX_IOERR`), so
+/// that a service manager restarts the process and redb recovers from what is on disk.
+fn halted_exit(halted: Option<String>) -> Option<ExitCode> {
+    let detail = halted?;
+    eprintln!(
+        "error: the task store stopped after a failed fsync ({detail}); exiting so that the process is restarted"
+    );
+    Some(ExitCode::from(74))
+}
+
+/// Serves until the transport ends, a signal arrives or the store halts (a failed fsync); then
+/// ends listen streams, tells the transport to stop and waits for it (a second signal stops
+/// waiting: `None`).
 async fn until_signal<T>(
     runtime: &Runtime,
     serving: impl Future<Output = T>,
@@ -305,6 +323,12 @@ async fn until_signal<T>(
         served = &mut serving => Some(served),
         () = shutdown_signal() => {
             tracing::info!("shutting down: finishing the requests in flight");
+            runtime.begin_shutdown();
+            let _ = stop.send(());
+            finish(serving).await
+        }
+        detail = runtime.store().wait_halted() => {
+            tracing::error!(%detail, "the task store halted after a failed fsync; stopping the server");
             runtime.begin_shutdown();
             let _ = stop.send(());
             finish(serving).await

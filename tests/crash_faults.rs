@@ -18,7 +18,8 @@ use mcp_tasks::{Owner, Runtime, RuntimeConfig};
 use serde_json::{Value, json};
 use sim::checker::{Allow, Ev, History, check};
 use sim::disk::{Fault, SimDisk};
-use sim::driver::{Alive, Conn, Driver, DriverConfig, InProc, always_alive, request};
+use sim::driver::{Alive, Conn, Driver, DriverConfig, InProc, request};
+use sim::power::{self, MemLog};
 use sim::{Rng, env_u64, seeds};
 
 #[derive(Default)]
@@ -95,41 +96,104 @@ impl Conn for Recording {
     }
 }
 
+/// What one fault seed did.
+struct FaultRun {
+    report: sim::checker::Report,
+    hits: u64,
+    failed_syncs: u64,
+    halted: bool,
+    errors: usize,
+    problems: Vec<String>,
+}
+
 /// One seed: the workload runs while a seeded window of disk ops fails (ENOSPC on writes, EIO
-/// on syncs); then the faults stop, every task must finish, and a power loss at the end must
-/// keep everything acknowledged.
-async fn fault_seed(seed: u64) -> (sim::checker::Report, u64, usize, Vec<String>) {
+/// on syncs, with Linux semantics: the writes of a failed sync are dropped). A failed write
+/// makes the store reopen and go on; a failed sync halts it (fail-stop). The process then
+/// "exits" and the machine loses power (the restart sees what is really on disk); the next
+/// incarnation recovers, and every task must finish.
+async fn fault_seed(seed: u64) -> FaultRun {
     let mut rng = Rng::new(seed);
-    let name = format!("faultdisk-{seed:#x}.redb");
-    let disk = SimDisk::new();
-    let log = Arc::new(Log::default());
     let clock = Arc::new(StrictClock::system());
     let history = Arc::new(History::default());
-    let rt = start_on(&disk, &name, &log, &clock).await;
-    let errors = Arc::new(Mutex::new(Vec::new()));
-    let conn = Recording {
-        inner: InProc(rt.handle()),
-        errors: errors.clone(),
-    };
-    let alive: Alive = always_alive();
-    let mut driver = Driver::new(rng.fork(1), history.clone(), DriverConfig::default());
-    driver.run(&conn, 0, 15, &alive).await;
-    // Faults: one or two windows of failing ops.
-    for _ in 0..rng.range(1, 3) {
-        let from = disk.ops() + rng.range(1, 60);
-        disk.add_fault(Fault {
-            from,
-            count: rng.range(1, 40),
-        });
+    let log = Arc::new(MemLog::default());
+    let options = StoreOptions::default();
+    let mut disk = SimDisk::new();
+    if let Err(error) = power::read_store(seed, &disk).await {
+        history.push(Ev::ReopenFailed { epoch: 0, error });
     }
-    driver.run(&conn, 0, 40, &alive).await;
-    let hit = disk.faults_hit();
-    // Faults are over (their windows are in the past once enough ops ran): settle.
-    driver
-        .settle(&conn, 0, Duration::from_secs(20), &alive)
-        .await;
-    driver.stop_listeners();
-    rt.shutdown().await;
+    let name = power::label(seed).display().to_string();
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let mut driver = Driver::new(rng.fork(1), history.clone(), DriverConfig::default());
+    let (mut hits, mut failed_syncs, mut halted) = (0, 0, false);
+    for epoch in 0..2u32 {
+        let last = epoch == 1;
+        log.begin(epoch);
+        if !last {
+            let l = log.clone();
+            disk.on_crash(move || l.kill());
+        }
+        let rt = match power::start_runtime_with(seed, &disk, &clock, &log, epoch, options.clone())
+            .await
+        {
+            Ok(rt) => rt,
+            Err(error) => {
+                history.push(Ev::ReopenFailed { epoch, error });
+                break;
+            }
+        };
+        let conn = Recording {
+            inner: InProc(rt.handle()),
+            errors: errors.clone(),
+        };
+        let alive: Alive = {
+            let d = disk.clone();
+            Arc::new(move || !d.crashed())
+        };
+        if last {
+            driver.run(&conn, epoch, 10, &alive).await;
+            driver
+                .settle(&conn, epoch, Duration::from_secs(20), &alive)
+                .await;
+            driver.stop_listeners();
+            rt.shutdown().await;
+        } else {
+            driver.run(&conn, epoch, 15, &alive).await;
+            // Faults: one or two windows of failing ops, and in half of the seeds one failed
+            // fsync.
+            if rng.chance(50) {
+                disk.fail_next_syncs(1);
+            }
+            for _ in 0..rng.range(1, 3) {
+                let from = disk.ops() + rng.range(1, 60);
+                disk.add_fault(Fault {
+                    from,
+                    count: rng.range(1, 40),
+                });
+            }
+            driver.run(&conn, epoch, 40, &alive).await;
+            hits = disk.faults_hit();
+            failed_syncs = disk.failed_syncs();
+            halted = rt.store().halted().is_some();
+            // Fail-stop: the process exits (a halted store acknowledges nothing more); the
+            // restart is modelled as a power cycle, so it finds what is really on disk.
+            disk.crash_now();
+            driver.stop_listeners();
+            drop(rt);
+            disk = SimDisk::from_image(disk.crash_image(&mut rng));
+        }
+        let copy = SimDisk::from_image(if last {
+            disk.live_image()
+        } else {
+            disk.durable_image()
+        });
+        match power::read_store(seed, &copy).await {
+            Ok(tasks) => history.durable(epoch, tasks),
+            Err(error) => {
+                history.push(Ev::ReopenFailed { epoch, error });
+                break;
+            }
+        }
+    }
     let mut problems = Vec::new();
     for e in errors.lock().unwrap().iter() {
         let code = e.get("code").and_then(Value::as_i64);
@@ -138,8 +202,8 @@ async fn fault_seed(seed: u64) -> (sim::checker::Report, u64, usize, Vec<String>
         if store_error && code != Some(-32603) {
             problems.push(format!("a store failure answered {e}, not -32603"));
         }
-        if store_error && !msg.contains(&name) {
-            problems.push(format!("a store failure does not name the store: {e}"));
+        if msg.contains(&name) {
+            problems.push(format!("an error tells the client the store's path: {e}"));
         }
     }
     if std::env::var("MCP_TASKS_DEBUG").is_ok() {
@@ -153,46 +217,172 @@ async fn fault_seed(seed: u64) -> (sim::checker::Report, u64, usize, Vec<String>
         distinct.dedup();
         eprintln!("seed {seed:#x} error messages: {distinct:#?}");
     }
-    let image = disk.crash_image(&mut rng);
-    match read_store(&name, &SimDisk::from_image(image)).await {
-        Ok(tasks) => history.durable(0, tasks),
-        Err(error) => history.push(Ev::ReopenFailed { epoch: 0, error }),
-    }
-    let effects = log.0.lock().unwrap().clone();
     let errs = errors.lock().unwrap().len();
-    (
-        check(&history.events(), &effects, &Allow::default()),
-        hit,
-        errs,
+    FaultRun {
+        report: check(&history.events(), &log.effects(), &Allow::default()),
+        hits,
+        failed_syncs,
+        halted,
+        errors: errs,
         problems,
-    )
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disk_full_and_io_errors_fail_the_batch_and_the_store_recovers() {
     let started = Instant::now();
     let list = seeds(0xD15C_F011, env_u64("MCP_TASKS_FAULT_SEEDS", 40));
-    let (mut hits, mut errors, mut failed) = (0, 0, Vec::new());
+    let (mut hits, mut errors, mut syncs, mut halts, mut failed) = (0, 0, 0, 0, Vec::new());
     for seed in &list {
-        let (report, hit, errs, problems) = fault_seed(*seed).await;
-        hits += hit;
-        errors += errs;
-        if !report.is_clean() || !problems.is_empty() {
+        let run = fault_seed(*seed).await;
+        hits += run.hits;
+        errors += run.errors;
+        syncs += run.failed_syncs;
+        halts += u64::from(run.halted);
+        if run.failed_syncs > 0 && !run.halted {
+            failed.push(format!("seed {seed:#x}: an fsync failed but the store did not halt"));
+        }
+        if !run.report.is_clean() || !run.problems.is_empty() {
             failed.push(format!(
                 "seed {seed:#x}: {}\n  {}\n  replay: MCP_TASKS_SEED={seed:#x} cargo test --test crash_faults disk_full",
-                report.summary(8),
-                problems.join("\n  ")
+                run.report.summary(8),
+                run.problems.join("\n  ")
             ));
         }
     }
     eprintln!(
-        "storage faults: {} seeds, {hits} failed disk ops, {errors} error responses, {} failing seeds, {:.1}s",
+        "storage faults: {} seeds, {hits} failed disk ops ({syncs} failed fsyncs, {halts} fail-stops), {errors} error responses, {} failing seeds, {:.1}s",
         list.len(),
         failed.len(),
         started.elapsed().as_secs_f64()
     );
     assert!(hits > 0, "the fault windows were never hit");
+    assert!(halts > 0, "no seed hit a failed fsync");
     assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// One run of the scenario of [`reopening_after_a_failed_fsync_is_caught_by_the_checker`].
+async fn reopen_scenario(seed: u64, unsafe_reopen: bool) -> sim::checker::Report {
+    let mut rng = Rng::new(seed);
+    let clock = Arc::new(StrictClock::system());
+    let history = Arc::new(History::default());
+    let log = Arc::new(MemLog::default());
+    let mut options = StoreOptions::default();
+    options.unsafe_reopen_after_sync_failure = unsafe_reopen;
+    let disk = SimDisk::new();
+    power::read_store(seed, &disk).await.unwrap();
+    log.begin(0);
+    let rt = power::start_runtime_with(seed, &disk, &clock, &log, 0, options)
+        .await
+        .unwrap();
+    let spec = JobSpec {
+        steps: 1,
+        inputs: [0].into_iter().collect(),
+        fail: false,
+        delay_ms: 0,
+    };
+    let handle = rt.handle();
+    let create = |n: u64| {
+        let handle = handle.clone();
+        let spec = spec.clone();
+        async move {
+            let message = request(
+                n,
+                "tools/call",
+                json!({ "name": TOOL, "arguments": spec.to_arguments() }),
+            );
+            handle.handle_json(message, &Owner::anonymous()).await.unwrap()
+        }
+    };
+    let acked = |r: &Value, epoch: u32| {
+        if let Some(task) = r["result"]["taskId"].as_str() {
+            history.push(Ev::CreateAcked {
+                task: task.to_owned(),
+                epoch,
+                spec: spec.clone(),
+            });
+        }
+    };
+    // Enough tasks for the tasks table to span many pages; then wait until they all wait for
+    // input, so that the next commit is the burst below.
+    let mut ids = Vec::new();
+    for n in 0..80 {
+        let r = create(n).await;
+        acked(&r, 0);
+        ids.extend(r["result"]["taskId"].as_str().map(str::to_owned));
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for id in &ids {
+        loop {
+            let g = handle
+                .handle_json(
+                    request(1, "tasks/get", json!({ "taskId": id })),
+                    &Owner::anonymous(),
+                )
+                .await
+                .unwrap();
+            if g["result"]["status"] == "input_required" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "never input_required: {g}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    // A creation whose fsync fails: the pages of its commit are dropped.
+    disk.fail_next_syncs(1);
+    let failed = create(100).await;
+    acked(&failed, 0);
+    if std::env::var("MCP_TASKS_DEBUG").is_ok() {
+        eprintln!(
+            "failed creation: {failed}, failed syncs {}, halted {:?}",
+            disk.failed_syncs(),
+            rt.store().halted()
+        );
+    }
+    // Work acknowledged after the failed fsync (refused by a fail-stop store).
+    for n in 200..200 + rng.range(3, 8) {
+        acked(&create(n).await, 0);
+    }
+    disk.crash_now();
+    drop(rt);
+    let image = SimDisk::from_image(disk.crash_image(&mut rng));
+    match power::read_store(seed, &image).await {
+        Ok(tasks) => history.durable(0, tasks),
+        Err(error) => history.push(Ev::ReopenFailed { epoch: 0, error }),
+    }
+    check(&history.events(), &log.effects(), &Allow::default())
+}
+
+/// The checker catches the old behaviour: reopening the store after a failed fsync and going
+/// on, on a disk with Linux semantics (the writes of a failed sync are dropped), acknowledges
+/// creations on top of pages that never reach the disk; after a power loss the store does not
+/// open or has lost them. The fail-stop store passes the same scenario.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reopening_after_a_failed_fsync_is_caught_by_the_checker() {
+    let list = seeds(0x0E10_5EED, env_u64("MCP_TASKS_REOPEN_SEEDS", 12));
+    let mut caught = Vec::new();
+    for seed in &list {
+        let old = reopen_scenario(*seed, true).await;
+        if !old.is_clean() {
+            caught.push(format!("seed {seed:#x}: {}", old.summary(2)));
+        }
+        let new = reopen_scenario(*seed, false).await;
+        assert!(
+            new.is_clean(),
+            "seed {seed:#x}: the fail-stop store fails the checker: {}",
+            new.summary(8)
+        );
+    }
+    eprintln!(
+        "reopen after a failed fsync: {} of {} seeds caught; e.g. {}",
+        caught.len(),
+        list.len(),
+        caught.first().cloned().unwrap_or_default()
+    );
+    assert!(
+        caught.len() * 3 >= list.len(),
+        "the checker must catch the reopen after a failed fsync in a third of the seeds at least: {caught:?}"
+    );
 }
 
 /// The exact answer of a creation whose group commit hits a full disk, and recovery after it.
@@ -223,8 +413,8 @@ async fn a_full_disk_fails_the_creation_with_a_clear_message_and_then_recovers()
     assert_eq!(r["error"]["code"], -32603, "{r}");
     let msg = r["error"]["message"].as_str().unwrap();
     assert!(
-        msg.contains("full.redb") && msg.contains("committing to the task store failed"),
-        "the message names the store and what failed: {msg}"
+        !msg.contains("full.redb") && msg.contains("committing to the task store failed"),
+        "the message says what failed, without the store's path: {msg}"
     );
     eprintln!("a full disk answers: {msg}");
     // The faults are over: the store reopens and the next creation is durable.
@@ -246,6 +436,63 @@ async fn a_full_disk_fails_the_creation_with_a_clear_message_and_then_recovers()
         tasks.iter().any(|(t, _)| *t == id),
         "the acknowledged task is stored"
     );
+}
+
+/// A failed fsync halts the store (fail-stop): the batch and every later write and store read
+/// answer -32603 saying so, `Store::halted` reports it, and the runtime still shuts down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fsync_halts_the_store() {
+    let disk = SimDisk::new();
+    let log = Arc::new(Log::default());
+    let clock = Arc::new(StrictClock::system());
+    let rt = start_on(&disk, "eio.redb", &log, &clock).await;
+    let spec = JobSpec {
+        steps: 1,
+        inputs: [0].into_iter().collect(),
+        fail: false,
+        delay_ms: 0,
+    };
+    let create = |id: u64| {
+        request(
+            id,
+            "tools/call",
+            json!({ "name": TOOL, "arguments": spec.to_arguments() }),
+        )
+    };
+    let r = rt.handle_json(create(1), &Owner::anonymous()).await.unwrap();
+    let id = r["result"]["taskId"].as_str().unwrap().to_owned();
+    let store = rt.store().clone();
+    let waiter = tokio::spawn(async move { store.wait_halted().await });
+    disk.fail_next_syncs(1);
+    let r = rt.handle_json(create(2), &Owner::anonymous()).await.unwrap();
+    assert_eq!(r["error"]["code"], -32603, "{r}");
+    let msg = r["error"]["message"].as_str().unwrap().to_owned();
+    assert_eq!(
+        msg,
+        "Internal error: the task store failed: the task store stopped after a failed fsync and accepts no more writes; the server must be restarted"
+    );
+    let detail = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("wait_halted resolves")
+        .unwrap();
+    assert!(detail.contains("fsync failed"), "{detail}");
+    assert!(rt.store().halted().is_some());
+    // Nothing more is acknowledged, also after the disk is healthy again.
+    for n in 3..6 {
+        let r = rt.handle_json(create(n), &Owner::anonymous()).await.unwrap();
+        assert_eq!(r["error"]["message"], msg.as_str(), "{r}");
+    }
+    let u = rt
+        .handle_json(
+            request(7, "tasks/cancel", json!({ "taskId": id })),
+            &Owner::anonymous(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(u["error"]["code"], -32603, "{u}");
+    let stopped = tokio::time::timeout(Duration::from_secs(30), rt.shutdown()).await;
+    assert!(stopped.is_ok(), "shutdown must finish on a halted store");
+    assert_eq!(disk.failed_syncs(), 1);
 }
 
 /// A store whose disk never comes back: every write answers -32603 "unavailable", reads of
@@ -315,8 +562,12 @@ async fn a_store_that_cannot_reopen_fails_cleanly_and_shuts_down() {
         messages
             .iter()
             .skip(1)
-            .any(|m| m.contains("unavailable") && m.contains("dead.redb")),
-        "later writes say the store is unavailable and name it: {messages:?}"
+            .any(|m| m.contains("unavailable")),
+        "later writes say the store is unavailable: {messages:?}"
+    );
+    assert!(
+        messages.iter().all(|m| !m.contains("dead.redb")),
+        "no message tells the client the store's path: {messages:?}"
     );
     // What is in memory can still be read (the live task's committed snapshot).
     let g = rt

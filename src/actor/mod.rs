@@ -25,7 +25,7 @@ use crate::clock::Clock;
 use crate::error::RuntimeError;
 use crate::persist;
 use crate::runtime::RuntimeConfig;
-use crate::store::{Store, WriteOp};
+use crate::store::{Expect, Store, WriteOp};
 use crate::task::{TaskId, TaskRecord};
 use crate::tool::ToolRegistry;
 
@@ -48,7 +48,8 @@ impl Shared {
         self.clock.now_ms()
     }
 
-    /// The store operation that persists `record`, with its live and expiry index entries.
+    /// The store operation that persists `record`, with its live and expiry index entries,
+    /// conditional on the store holding its predecessor (sequence number `seq - 1`).
     /// A live task is due at its expiry (the reaper fails it); a finished one is due when its
     /// retention after expiry ends (the reaper deletes it).
     pub(crate) fn write_op(&self, record: &TaskRecord) -> Result<WriteOp, RuntimeError> {
@@ -62,11 +63,22 @@ impl Shared {
                 at.saturating_add(u64::try_from(retention).unwrap_or(u64::MAX))
             }
         });
+        // One writer per task: every record is computed by `apply` from the record at
+        // `seq - 1`, so the write is conditional on the store still holding that one. A stale
+        // writer (an actor rebuilt while the reaper expired the task, a give-up racing a
+        // restart) is refused with `StoreError::Conflict` instead of overwriting.
+        let expect = if record.seq <= 1 {
+            Expect::Absent
+        } else {
+            Expect::Seq(record.seq - 1)
+        };
         Ok(WriteOp::Put {
             id: record.id.as_str().to_owned(),
             bytes,
             live,
             due_ms,
+            seq: Some(record.seq),
+            expect,
         })
     }
 

@@ -15,6 +15,8 @@ fn put(id: &str, bytes: &[u8], live: bool, due_ms: Option<u64>) -> WriteOp {
         bytes: bytes.to_vec(),
         live,
         due_ms,
+        seq: None,
+        expect: Expect::Any,
     }
 }
 
@@ -533,4 +535,103 @@ fn missing_directory_is_an_open_error() {
         matches!(&err, StoreError::Open { path: p, .. } if p == &path),
         "{err:?}"
     );
+}
+
+fn cas(id: &str, bytes: &[u8], seq: u64, expect: Expect) -> WriteOp {
+    WriteOp::Put {
+        id: id.to_owned(),
+        bytes: bytes.to_vec(),
+        live: true,
+        due_ms: None,
+        seq: Some(seq),
+        expect,
+    }
+}
+
+/// Compare-and-set on the sequence number: a stale writer is refused, nothing of its job is
+/// stored, and the rest of its batch commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conditional_puts_refuse_a_stale_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir.path().join("cas.redb")).await;
+    store
+        .commit(vec![cas("a", b"a1", 1, Expect::Absent)])
+        .await
+        .unwrap();
+    // A second creation of the same id is refused.
+    let err = store
+        .commit(vec![cas("a", b"other", 1, Expect::Absent)])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Conflict { id, expected: None, found: Some(1) } if id == "a"),
+        "{err:?}"
+    );
+    store
+        .commit(vec![cas("a", b"a2", 2, Expect::Seq(1))])
+        .await
+        .unwrap();
+    // Two writers computed seq 3 from seq 2: the first wins, the second is refused.
+    store
+        .commit(vec![cas("a", b"a3-first", 3, Expect::Seq(2))])
+        .await
+        .unwrap();
+    let err = store
+        .commit(vec![cas("a", b"a3-second", 3, Expect::Seq(2))])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Conflict { expected: Some(2), found: Some(3), .. }),
+        "{err:?}"
+    );
+    assert_eq!(store.get("a").await.unwrap().unwrap(), b"a3-first");
+    // In one group commit, a conflicting job fails alone.
+    let hooks = Arc::clone(&store.inner.test_hooks);
+    let base = hooks.enqueued.load(Ordering::SeqCst);
+    let gate = hooks.gate.lock().unwrap();
+    let (s1, s2, s3) = (store.clone(), store.clone(), store.clone());
+    let ok = tokio::spawn(async move { s1.commit(vec![cas("b", b"b1", 1, Expect::Absent)]).await });
+    let stale =
+        tokio::spawn(async move { s2.commit(vec![cas("a", b"stale", 3, Expect::Seq(2))]).await });
+    let ok2 =
+        tokio::spawn(async move { s3.commit(vec![cas("a", b"a4", 4, Expect::Seq(3))]).await });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while hooks.enqueued.load(Ordering::SeqCst) < base + 3 {
+        assert!(Instant::now() < deadline, "jobs were not queued");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(gate);
+    ok.await.unwrap().unwrap();
+    assert!(matches!(
+        stale.await.unwrap(),
+        Err(StoreError::Conflict { .. })
+    ));
+    ok2.await.unwrap().unwrap();
+    assert_eq!(store.get("a").await.unwrap().unwrap(), b"a4");
+    assert_eq!(store.get("b").await.unwrap().unwrap(), b"b1");
+    // A record stored without a sequence number (an older file) passes once.
+    store
+        .commit(vec![put("legacy", b"l0", true, None)])
+        .await
+        .unwrap();
+    store
+        .commit(vec![cas("legacy", b"l1", 8, Expect::Seq(7))])
+        .await
+        .unwrap();
+    assert!(
+        store
+            .commit(vec![cas("legacy", b"l2", 9, Expect::Seq(7))])
+            .await
+            .is_err()
+    );
+    // A delete removes the sequence number too.
+    store
+        .commit(vec![WriteOp::Delete { id: "a".into() }])
+        .await
+        .unwrap();
+    store
+        .commit(vec![cas("a", b"new", 1, Expect::Absent)])
+        .await
+        .unwrap();
+    store.close().await;
 }

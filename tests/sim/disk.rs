@@ -33,8 +33,10 @@ fn apply(image: &mut Vec<u8>, op: &Op) {
 }
 
 /// A storage fault: ops number `from..from + count` (writes, set_len and syncs, counted from 1)
-/// fail; writes and set_len with ENOSPC (nothing written), syncs with EIO (nothing made
-/// durable; the written bytes stay in the page cache).
+/// fail; writes and set_len with ENOSPC (nothing written), syncs with EIO. A failed sync has
+/// Linux semantics: the writes it should have made durable are *dropped* (the kernel marks the
+/// pages clean without writing them): they stay visible to reads (the page cache) but no later
+/// sync makes them durable, so a power loss never brings them back.
 #[derive(Debug, Clone, Copy)]
 pub struct Fault {
     pub from: u64,
@@ -61,6 +63,10 @@ struct State {
     crashing_write: Option<Op>,
     faults: Vec<Fault>,
     faults_hit: u64,
+    /// Syncs that failed (their writes were dropped).
+    failed_syncs: u64,
+    /// The next this-many syncs fail with EIO.
+    fail_syncs: u64,
     /// Broken on purpose: syncs report success without making anything durable.
     lying_syncs: bool,
     on_crash: Vec<Hook>,
@@ -112,6 +118,15 @@ impl SimDisk {
 
     pub fn ops(&self) -> u64 {
         self.lock().ops
+    }
+
+    /// Makes the next `n` syncs fail with EIO (Linux semantics, see [`Fault`]).
+    pub fn fail_next_syncs(&self, n: u64) {
+        self.lock().fail_syncs = n;
+    }
+
+    pub fn failed_syncs(&self) -> u64 {
+        self.lock().failed_syncs
     }
 
     pub fn faults_hit(&self) -> u64 {
@@ -269,9 +284,18 @@ impl StorageBackend for SimBackend {
 
     fn sync_data(&self) -> Result<(), Error> {
         let mut s = self.0.lock();
-        match Self::tick(&mut s) {
+        let forced = if s.fail_syncs > 0 && !s.crashed {
+            s.fail_syncs -= 1;
+            Err(Error::from(ErrorKind::StorageFull))
+        } else {
+            Ok(())
+        };
+        match forced.and_then(|()| Self::tick(&mut s)) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::StorageFull => {
+                // Linux: the pages of the failed writeback are marked clean, never written.
+                s.unsynced.clear();
+                s.failed_syncs += 1;
                 return Err(Error::other("simulated I/O error during fsync (EIO)"));
             }
             Err(e) => return Err(e),

@@ -60,11 +60,11 @@ pub struct MemLog {
 }
 
 impl MemLog {
-    fn begin(&self, epoch: u32) {
+    pub fn begin(&self, epoch: u32) {
         self.inner.lock().unwrap().1 = Some(epoch);
     }
 
-    fn kill(&self) {
+    pub fn kill(&self) {
         self.inner.lock().unwrap().1 = None;
     }
 
@@ -101,7 +101,7 @@ fn config() -> RuntimeConfig {
     c
 }
 
-fn label(seed: u64) -> PathBuf {
+pub fn label(seed: u64) -> PathBuf {
     PathBuf::from(format!("simdisk-{seed:#018x}.redb"))
 }
 
@@ -112,7 +112,20 @@ async fn start_runtime(
     log: &Arc<MemLog>,
     epoch: u32,
 ) -> Result<Runtime, String> {
+    start_runtime_with(seed, disk, clock, log, epoch, StoreOptions::default()).await
+}
+
+/// [`start_runtime`] with store options.
+pub async fn start_runtime_with(
+    seed: u64,
+    disk: &SimDisk,
+    clock: &Arc<StrictClock>,
+    log: &Arc<MemLog>,
+    epoch: u32,
+    options: StoreOptions,
+) -> Result<Runtime, String> {
     let builder = Runtime::builder(label(seed))
+        .store_options(options)
         .store_backend(disk.factory())
         .clock(clock.clone() as Arc<dyn Clock>)
         .config(config());
@@ -127,7 +140,7 @@ async fn start_runtime(
 }
 
 /// Opens the store on `disk` (recovering it), reads every task, closes it.
-async fn read_store(seed: u64, disk: &SimDisk) -> Result<Vec<(String, Vec<u8>)>, String> {
+pub async fn read_store(seed: u64, disk: &SimDisk) -> Result<Vec<(String, Vec<u8>)>, String> {
     let store =
         Store::open_with_backend_async(label(seed), disk.factory(), StoreOptions::default())
             .await
