@@ -62,6 +62,14 @@ struct ServeArgs {
     /// Answer `-32020` when a `tasks/*` request lacks its `Mcp-Name` header.
     #[arg(long)]
     strict_headers: bool,
+    /// The time to live of new tasks (`ttlMs`), counted from creation: a task still running
+    /// then is failed ("Task has expired"). `none` for unlimited. Units: ms, s, m, h, d.
+    #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = parse_ttl)]
+    task_ttl: Ttl,
+    /// How long an expired task (and so a finished one) stays answerable before it is
+    /// deleted. Units: ms, s, m, h, d.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
+    expired_retention: Duration,
     /// Where `--fixtures crash` appends its step side effects (docs/CRASH-TESTING.md).
     #[arg(long, value_name = "PATH", hide = true)]
     side_effects: Option<PathBuf>,
@@ -186,9 +194,53 @@ async fn run_demo(verbose: bool, store: Option<PathBuf>) -> ExitCode {
     }
 }
 
+/// A `--task-ttl` value: a duration or `none`.
+#[derive(Clone, Copy)]
+struct Ttl(Option<Duration>);
+
+fn parse_ttl(s: &str) -> Result<Ttl, String> {
+    if s.trim().eq_ignore_ascii_case("none") {
+        return Ok(Ttl(None));
+    }
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err(
+            "a time to live of 0 would expire every task at once; use `none` for unlimited".into(),
+        );
+    }
+    Ok(Ttl(Some(d)))
+}
+
+/// `90s`, `15m`, `1h`, `2d`, `500ms` (one integer and a unit).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration such as 90s, 15m, 1h or 2d"))?;
+    let ms = match unit {
+        "ms" => Some(n),
+        "s" => n.checked_mul(1000),
+        "m" => n.checked_mul(60_000),
+        "h" => n.checked_mul(3_600_000),
+        "d" => n.checked_mul(86_400_000),
+        "" => return Err(format!("`{s}` needs a unit: ms, s, m, h or d")),
+        other => {
+            return Err(format!(
+                "unknown unit `{other}` in `{s}`: use ms, s, m, h or d"
+            ));
+        }
+    };
+    ms.map(Duration::from_millis)
+        .ok_or_else(|| format!("`{s}` is too long"))
+}
+
 /// The runtime builder for `serve`: the demo's tool, or a fixture set.
 fn builder(args: &ServeArgs) -> RuntimeBuilder {
-    let builder = Runtime::builder(&args.store);
+    let builder = Runtime::builder(&args.store)
+        .default_ttl(args.task_ttl.0)
+        .expired_retention(args.expired_retention);
     match args.fixtures {
         None => builder.tool(demo::generate_report(Duration::from_millis(1500))),
         Some(Fixtures::Conformance) => fixtures::conformance::install(builder),
@@ -482,4 +534,26 @@ async fn reload_on_hangup(tokens: Option<Arc<auth::StaticTokens>>) {
     #[cfg(not(unix))]
     let _ = tokens;
     std::future::pending::<()>().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units_and_reject_the_rest() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        assert!(parse_duration("15").unwrap_err().contains("needs a unit"));
+        assert!(parse_duration("1w").unwrap_err().contains("unknown unit"));
+        assert!(parse_duration("m").is_err());
+        assert!(parse_duration("99999999999999999999d").is_err());
+        assert!(matches!(parse_ttl("none"), Ok(Ttl(None))));
+        assert!(matches!(parse_ttl("30s"), Ok(Ttl(Some(d))) if d == Duration::from_secs(30)));
+        assert!(parse_ttl("0s").is_err());
+    }
 }

@@ -29,10 +29,14 @@ pub struct RuntimeConfig {
     pub server_info: ServerInfo,
     pub instructions: Option<String>,
     /// Time to live of a task from its creation (a tool may override it); `None` is unlimited.
+    /// Past it a live task is failed ("Task has expired") and every task answers `-32602
+    /// "Task has expired"`. Default 15 minutes (`serve --task-ttl`).
     pub default_ttl: Option<Duration>,
     /// The `pollIntervalMs` suggested to clients.
     pub poll_interval: Duration,
-    /// How long an expired task is remembered (answering "expired") before it is deleted.
+    /// How long a task stays stored after its expiry (answering "expired") before the reaper
+    /// deletes it; a finished task is therefore kept `ttl + retention` after its creation.
+    /// Default 1 hour (`serve --expired-retention`).
     pub expired_retention: Duration,
     /// How long a working task's tool may take to honour a cancellation request before it is
     /// stopped and the task marked `cancelled`.
@@ -117,6 +121,18 @@ impl RuntimeBuilder {
 
     pub fn config(mut self, config: RuntimeConfig) -> Self {
         self.config = config;
+        self
+    }
+
+    /// Sets [`RuntimeConfig::default_ttl`] (the `ttlMs` of new tasks; `None` = unlimited).
+    pub fn default_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.config.default_ttl = ttl;
+        self
+    }
+
+    /// Sets [`RuntimeConfig::expired_retention`].
+    pub fn expired_retention(mut self, retention: Duration) -> Self {
+        self.config.expired_retention = retention;
         self
     }
 
@@ -378,57 +394,163 @@ async fn request_state_key(store: &Store) -> Result<Vec<u8>, StoreError> {
     Ok(key)
 }
 
+/// Ids the reaper takes from the expiry index per pass.
+const REAP_BATCH: usize = 1024;
+
 /// The expiry reaper: fails live tasks past their time to live, deletes finished ones whose
-/// retention after expiry ended. Driven by the store's expiry index.
+/// retention after expiry ended. Driven by the store's expiry index. Every `reaper_interval`
+/// it runs passes back to back while a full batch was due (so it keeps up with any rate the
+/// store can commit), each pass with one group commit for its deletions and concurrent
+/// expiries.
 async fn reap(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(shared.config.reaper_interval) => {}
             _ = stop.changed() => return,
         }
-        if let Err(e) = reap_once(&shared).await {
+        if let Err(e) = reap_due(&shared, &stop).await {
             tracing::warn!(error = %e, "expiry reaper pass failed");
         }
     }
 }
 
-async fn reap_once(shared: &Shared) -> Result<(), crate::error::RuntimeError> {
+/// Runs reaper passes back to back while a full batch was due and made progress; returns
+/// what they did in total.
+pub(crate) async fn reap_due(
+    shared: &Shared,
+    stop: &watch::Receiver<bool>,
+) -> Result<ReapPass, crate::error::RuntimeError> {
+    let mut total = ReapPass::default();
+    loop {
+        let pass = reap_once(shared).await?;
+        total.due += pass.due;
+        total.expired += pass.expired;
+        total.deleted += pass.deleted;
+        total.quarantined += pass.quarantined;
+        total.failed += pass.failed;
+        if pass.due < REAP_BATCH || pass.progress() == 0 || *stop.borrow() {
+            return Ok(total);
+        }
+    }
+}
+
+/// What one reaper pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReapPass {
+    /// Ids the expiry index had due.
+    pub(crate) due: usize,
+    pub(crate) expired: usize,
+    pub(crate) deleted: usize,
+    /// Records that do not decode: logged, and taken out of the expiry index.
+    pub(crate) quarantined: usize,
+    /// Expiries that failed (the task changed concurrently, a store error): tried again in
+    /// the next pass.
+    pub(crate) failed: usize,
+}
+
+impl ReapPass {
+    fn progress(&self) -> usize {
+        self.expired + self.deleted + self.quarantined
+    }
+}
+
+/// One pass of the reaper over at most [`REAP_BATCH`] due ids: the deletions (and the
+/// quarantine of undecodable records) in one commit, the expiries concurrently (through the
+/// task's actor when it has one, else as a write conditional on the sequence number read, so
+/// that it never overwrites a task an actor restarted meanwhile). A record that cannot be read
+/// never stops the pass.
+pub(crate) async fn reap_once(shared: &Shared) -> Result<ReapPass, crate::error::RuntimeError> {
     let now = shared.now_ms();
-    for raw in shared.store.due(now, 256).await? {
+    let due = shared.store.due(now, REAP_BATCH).await?;
+    let mut pass = ReapPass {
+        due: due.len(),
+        ..ReapPass::default()
+    };
+    if due.is_empty() {
+        return Ok(pass);
+    }
+    let stored = shared.store.get_many(due.clone()).await?;
+    let retention = u64::try_from(shared.config.expired_retention.as_millis()).unwrap_or(u64::MAX);
+    let mut removals = Vec::new();
+    let mut expiries = Vec::new();
+    for (raw, bytes) in due.into_iter().zip(stored) {
         let Ok(id) = crate::task::TaskId::parse(&raw) else {
-            shared
-                .store
-                .commit(vec![WriteOp::Delete { id: raw }])
-                .await?;
+            tracing::warn!(id = %raw, "the expiry index names an invalid task id; deleting it");
+            removals.push(WriteOp::Delete { id: raw });
+            pass.deleted += 1;
             continue;
         };
-        let Some(record) = shared.load(&id).await? else {
-            continue;
+        let record = match shared.live.snapshot(&id) {
+            Some(record) => record,
+            None => match bytes.map(|b| crate::persist::decode(&b)) {
+                None => {
+                    // Deleted meanwhile: drop the stale index entry.
+                    removals.push(WriteOp::SetDue {
+                        id: raw,
+                        due_ms: None,
+                    });
+                    continue;
+                }
+                Some(Ok(record)) => Arc::new(record),
+                Some(Err(e)) => {
+                    tracing::error!(task = %id, error = %e,
+                        "quarantined a stored task that does not decode: the reaper skips it from now on (the record is left in place)");
+                    removals.push(WriteOp::SetDue {
+                        id: raw,
+                        due_ms: None,
+                    });
+                    pass.quarantined += 1;
+                    continue;
+                }
+            },
         };
-        if !record.status.is_terminal() {
-            if !record.is_expired(now) {
-                continue;
-            }
-            if let Some(live) = shared.live.get(&id) {
-                let _ = live.actor.call(TaskMsg::Expire, None).await;
-            } else if let Some(next) = apply(&record, Event::Expire, now)? {
-                shared.commit(&next).await?;
-            }
-            tracing::info!(task = %id, "task expired before it finished");
-        } else {
-            let retention =
-                u64::try_from(shared.config.expired_retention.as_millis()).unwrap_or(u64::MAX);
+        if record.status.is_terminal() {
             if record
                 .expires_at_ms()
                 .is_some_and(|at| now >= at.saturating_add(retention))
             {
-                shared
-                    .store
-                    .commit(vec![WriteOp::Delete { id: raw }])
-                    .await?;
-                tracing::debug!(task = %id, "expired task deleted");
+                removals.push(WriteOp::Delete { id: raw });
+                pass.deleted += 1;
             }
+        } else if record.is_expired(now) {
+            expiries.push((id, record));
         }
     }
-    Ok(())
+    let deletions = async {
+        if removals.is_empty() {
+            return Ok(());
+        }
+        shared.store.commit(removals).await
+    };
+    let expiring = futures::future::join_all(expiries.into_iter().map(|(id, record)| async move {
+        let result = match shared.live.get(&id) {
+            Some(live) => match live.actor.call(TaskMsg::Expire, None).await {
+                Ok(ractor::rpc::CallResult::Success(r)) => r.map_err(|e| e.message),
+                Ok(_) => Err("the task actor did not answer".to_owned()),
+                Err(e) => Err(e.to_string()),
+            },
+            None => match apply(&record, Event::Expire, now) {
+                Ok(Some(next)) => shared.commit(&next).await.map_err(|e| e.to_string()),
+                Ok(None) => Ok(()),
+                Err(e) => Err(e.to_string()),
+            },
+        };
+        match &result {
+            Ok(()) => tracing::info!(task = %id, "task expired before it finished"),
+            Err(e) => tracing::debug!(task = %id, error = %e, "expiring the task failed; retrying in the next pass"),
+        }
+        result.is_ok()
+    }));
+    let (deleted, expired) = tokio::join!(deletions, expiring);
+    deleted?;
+    pass.expired = expired.iter().filter(|ok| **ok).count();
+    pass.failed = expired.len() - pass.expired;
+    if pass.deleted > 0 {
+        tracing::debug!(deleted = pass.deleted, "expired tasks deleted");
+    }
+    Ok(pass)
 }
+
+#[cfg(test)]
+#[path = "runtime_tests.rs"]
+mod tests;

@@ -240,7 +240,9 @@ async fn disk_full_and_io_errors_fail_the_batch_and_the_store_recovers() {
         syncs += run.failed_syncs;
         halts += u64::from(run.halted);
         if run.failed_syncs > 0 && !run.halted {
-            failed.push(format!("seed {seed:#x}: an fsync failed but the store did not halt"));
+            failed.push(format!(
+                "seed {seed:#x}: an fsync failed but the store did not halt"
+            ));
         }
         if !run.report.is_clean() || !run.problems.is_empty() {
             failed.push(format!(
@@ -291,7 +293,10 @@ async fn reopen_scenario(seed: u64, unsafe_reopen: bool) -> sim::checker::Report
                 "tools/call",
                 json!({ "name": TOOL, "arguments": spec.to_arguments() }),
             );
-            handle.handle_json(message, &Owner::anonymous()).await.unwrap()
+            handle
+                .handle_json(message, &Owner::anonymous())
+                .await
+                .unwrap()
         }
     };
     let acked = |r: &Value, epoch: u32| {
@@ -459,12 +464,18 @@ async fn a_failed_fsync_halts_the_store() {
             json!({ "name": TOOL, "arguments": spec.to_arguments() }),
         )
     };
-    let r = rt.handle_json(create(1), &Owner::anonymous()).await.unwrap();
+    let r = rt
+        .handle_json(create(1), &Owner::anonymous())
+        .await
+        .unwrap();
     let id = r["result"]["taskId"].as_str().unwrap().to_owned();
     let store = rt.store().clone();
     let waiter = tokio::spawn(async move { store.wait_halted().await });
     disk.fail_next_syncs(1);
-    let r = rt.handle_json(create(2), &Owner::anonymous()).await.unwrap();
+    let r = rt
+        .handle_json(create(2), &Owner::anonymous())
+        .await
+        .unwrap();
     assert_eq!(r["error"]["code"], -32603, "{r}");
     let msg = r["error"]["message"].as_str().unwrap().to_owned();
     assert_eq!(
@@ -479,7 +490,10 @@ async fn a_failed_fsync_halts_the_store() {
     assert!(rt.store().halted().is_some());
     // Nothing more is acknowledged, also after the disk is healthy again.
     for n in 3..6 {
-        let r = rt.handle_json(create(n), &Owner::anonymous()).await.unwrap();
+        let r = rt
+            .handle_json(create(n), &Owner::anonymous())
+            .await
+            .unwrap();
         assert_eq!(r["error"]["message"], msg.as_str(), "{r}");
     }
     let u = rt
@@ -559,10 +573,7 @@ async fn a_store_that_cannot_reopen_fails_cleanly_and_shuts_down() {
     }
     eprintln!("a dead disk answers: {messages:?}");
     assert!(
-        messages
-            .iter()
-            .skip(1)
-            .any(|m| m.contains("unavailable")),
+        messages.iter().skip(1).any(|m| m.contains("unavailable")),
         "later writes say the store is unavailable: {messages:?}"
     );
     assert!(

@@ -376,6 +376,9 @@ pub enum WriteOp {
     },
     /// Remove the task and all its index entries.
     Delete { id: String },
+    /// Replace the due entry of a stored task (None = never due) without touching its bytes.
+    /// The reaper uses it to quarantine a record it cannot decode.
+    SetDue { id: String, due_ms: Option<u64> },
     /// Set a key in the meta table.
     PutMeta { key: String, value: Vec<u8> },
 }
@@ -614,6 +617,17 @@ impl Store {
         self.read(move |txn| {
             let tasks = txn.open_table(TASKS)?;
             Ok(tasks.get(id.as_str())?.map(|v| v.value().to_vec()))
+        })
+        .await
+    }
+
+    /// The snapshot bytes of each of `ids`, in one read transaction.
+    pub async fn get_many(&self, ids: Vec<String>) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.read(move |txn| {
+            let tasks = txn.open_table(TASKS)?;
+            ids.iter()
+                .map(|id| Ok(tasks.get(id.as_str())?.map(|v| v.value().to_vec())))
+                .collect()
         })
         .await
     }
@@ -982,7 +996,11 @@ impl Writer {
                 let _ = ack.send(result);
             }
             if self.reopen_after_sync_failure {
-                *self.sync_failure.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                *self
+                    .sync_failure
+                    .0
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = None;
             }
             self.reopen();
             return;
@@ -1254,6 +1272,19 @@ fn apply_jobs_to(
                         due.remove((old, id))?;
                     }
                 }
+                WriteOp::SetDue { id, due_ms } => {
+                    let id = id.as_str();
+                    let old = due_by_id.remove(id)?.map(|v| v.value());
+                    if let Some(old) = old {
+                        due.remove((old, id))?;
+                    }
+                    if let Some(at) = *due_ms
+                        && tasks.get(id)?.is_some()
+                    {
+                        due.insert((at, id), ())?;
+                        due_by_id.insert(id, at)?;
+                    }
+                }
                 WriteOp::PutMeta { key, value } => {
                     meta.insert(key.as_str(), value.as_slice())?;
                 }
@@ -1356,9 +1387,7 @@ fn open_database(
                 .write(true)
                 .open(path)
                 .map_err(|e| open_err(e.to_string()))?;
-            Box::new(
-                redb::backends::FileBackend::new(file).map_err(|e| map_open_error(path, e))?,
-            )
+            Box::new(redb::backends::FileBackend::new(file).map_err(|e| map_open_error(path, e))?)
         }
         Target::Backend { factory, .. } => {
             factory().map_err(|e| open_err(format!("the storage backend: {e}")))?

@@ -581,7 +581,14 @@ async fn conditional_puts_refuse_a_stale_writer() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, StoreError::Conflict { expected: Some(2), found: Some(3), .. }),
+        matches!(
+            err,
+            StoreError::Conflict {
+                expected: Some(2),
+                found: Some(3),
+                ..
+            }
+        ),
         "{err:?}"
     );
     assert_eq!(store.get("a").await.unwrap().unwrap(), b"a3-first");
