@@ -19,7 +19,7 @@ use mcp_tasks::tool::{
 use mcp_tasks::{Owner, Runtime};
 use serde_json::{Value, json};
 
-/// Counts how often the expensive fetch really ran (journaled steps run once per task).
+/// Counts how often the expensive fetch really ran (a committed step is replayed, not run again).
 static FETCHES: AtomicUsize = AtomicUsize::new(0);
 
 fn import_invoices() -> Arc<dyn Tool> {

@@ -152,7 +152,7 @@ impl From<StoreError> for RpcError {
 impl From<TransitionError> for RpcError {
     fn from(e: TransitionError) -> Self {
         match e {
-            TransitionError::InvalidInputResponse(_) => Self::invalid_params(e),
+            TransitionError::InvalidInputResponse { .. } => Self::invalid_params(e),
             other => Self::internal(other),
         }
     }

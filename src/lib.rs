@@ -18,6 +18,7 @@ pub mod error;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
 pub mod fixtures;
+pub mod limits;
 pub mod persist;
 pub mod protocol;
 pub mod runtime;
@@ -29,6 +30,7 @@ pub mod transport;
 pub mod wire;
 
 pub use error::{RpcError, RuntimeError};
+pub use limits::Limits;
 pub use protocol::{MessageStream, Outcome, Reply, RequestContext, RoutingHeaders};
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeConfig, RuntimeHandle, StartError};
 pub use task::{Owner, TaskId, TaskStatus};

@@ -70,6 +70,11 @@ struct ServeArgs {
     /// deleted. Units: ms, s, m, h, d.
     #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
     expired_retention: Duration,
+    /// How often a working task's tool may be restarted in a row without progress after a
+    /// crash, a kill or a panic before the task is failed (counted in the store, across
+    /// restarts of the server).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    restart_budget: u32,
     /// Where `--fixtures crash` appends its step side effects (docs/CRASH-TESTING.md).
     #[arg(long, value_name = "PATH", hide = true)]
     side_effects: Option<PathBuf>,
@@ -240,7 +245,8 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 fn builder(args: &ServeArgs) -> RuntimeBuilder {
     let builder = Runtime::builder(&args.store)
         .default_ttl(args.task_ttl.0)
-        .expired_retention(args.expired_retention);
+        .expired_retention(args.expired_retention)
+        .restart_budget(args.restart_budget);
     match args.fixtures {
         None => builder.tool(demo::generate_report(Duration::from_millis(1500))),
         Some(Fixtures::Conformance) => fixtures::conformance::install(builder),

@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 use crate::actor::{LiveTasks, Shared, Supervisor, SupervisorMsg, TaskMsg};
 use crate::catalog::{Catalog, Prompt, Resource, ResourceTemplate};
 use crate::clock::{Clock, SystemClock};
+use crate::limits::Limits;
 use crate::protocol::request_state::{KEY_META, RequestStateCodec};
 use crate::protocol::{Dispatcher, Outcome, Reply, RequestContext};
 use crate::store::{BackendFactory, Store, StoreError, StoreOptions, WriteOp};
@@ -41,13 +42,19 @@ pub struct RuntimeConfig {
     /// How long a working task's tool may take to honour a cancellation request before it is
     /// stopped and the task marked `cancelled`.
     pub cancel_grace: Duration,
-    /// Restarts of a failing task actor before the task is marked `failed`.
+    /// Runs of a `working` task's tool that may end in a crash, a kill or a panic without
+    /// progress (a new step or input request) before the task is marked `failed`: its tool is
+    /// started at most `1 + restart_budget` times in a row without progress. The count is
+    /// persisted in the task (`TaskRecord::attempts`), so it holds across process restarts; a
+    /// clean shutdown and a store failure do not count. Default 3.
     pub restart_budget: u32,
     /// First restart delay; doubles with every further failure (capped at 30 s).
     pub restart_backoff: Duration,
     /// How often the expiry reaper looks at the expiry index.
     pub reaper_interval: Duration,
     pub cache_hints: CacheHints,
+    /// Size limits per call and per task (see [`Limits`] for the defaults).
+    pub limits: Limits,
 }
 
 impl Default for RuntimeConfig {
@@ -63,6 +70,7 @@ impl Default for RuntimeConfig {
             restart_backoff: Duration::from_millis(100),
             reaper_interval: Duration::from_secs(1),
             cache_hints: CacheHints::default(),
+            limits: Limits::default(),
         }
     }
 }
@@ -130,6 +138,12 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Sets [`RuntimeConfig::restart_budget`].
+    pub fn restart_budget(mut self, budget: u32) -> Self {
+        self.config.restart_budget = budget;
+        self
+    }
+
     /// Sets [`RuntimeConfig::expired_retention`].
     pub fn expired_retention(mut self, retention: Duration) -> Self {
         self.config.expired_retention = retention;
@@ -182,6 +196,13 @@ impl RuntimeBuilder {
                 return Err(e.into());
             }
         };
+        let previous_run_crashed = match previous_run_crashed(&store).await {
+            Ok(crashed) => crashed,
+            Err(e) => {
+                store.close().await;
+                return Err(e.into());
+            }
+        };
         let (stop_tx, stop_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             store: store.clone(),
@@ -197,6 +218,7 @@ impl RuntimeBuilder {
             None,
             Supervisor {
                 shared: shared.clone(),
+                previous_run_crashed,
             },
             (),
         )
@@ -334,7 +356,20 @@ impl Runtime {
             .await;
         parts.supervisor.stop(Some("runtime shutdown".into()));
         let _ = parts.supervisor_task.await;
-        self.dispatcher.shared.store.close().await;
+        // Every actor is stopped: the next start resumes their tasks without counting an
+        // attempt (see `TaskRecord::attempts`).
+        let store = &self.dispatcher.shared.store;
+        let epoch = store.boot_epoch();
+        if let Err(e) = store
+            .commit(vec![WriteOp::PutMeta {
+                key: META_CLEAN_SHUTDOWN.to_owned(),
+                value: epoch.to_le_bytes().to_vec(),
+            }])
+            .await
+        {
+            tracing::warn!(error = %e, "could not record the clean shutdown");
+        }
+        store.close().await;
         tracing::info!("runtime stopped");
     }
 }
@@ -374,6 +409,24 @@ impl RuntimeHandle {
             .into_reply()
             .map(|r| r.body)
     }
+}
+
+/// The meta key holding the boot epoch of the last run that shut down cleanly.
+const META_CLEAN_SHUTDOWN: &str = "clean_shutdown_epoch";
+
+/// Whether the run before this one ended without [`Runtime::shutdown`] (crash, kill, power
+/// loss, or a runtime dropped without shutdown). A new store counts as clean.
+async fn previous_run_crashed(store: &Store) -> Result<bool, StoreError> {
+    let previous = store.boot_epoch().saturating_sub(1);
+    if previous == 0 {
+        return Ok(false);
+    }
+    let clean = store
+        .meta_get(META_CLEAN_SHUTDOWN)
+        .await?
+        .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+        .map(u64::from_le_bytes);
+    Ok(clean != Some(previous))
 }
 
 /// The key that signs MRTR `requestState`s: made on first start, kept in the store so that

@@ -165,6 +165,35 @@ pub fn install(builder: RuntimeBuilder, side_effects: PathBuf) -> RuntimeBuilder
     builder
         .clock(Arc::new(StrictClock::system()))
         .tool(job_tool(Arc::new(FileSideEffects::new(side_effects))))
+        .tool(abort_tool())
+}
+
+/// The name of the poison-pill tool of the binary's crash fixtures.
+pub const ABORT_TOOL: &str = "abort_job";
+
+/// A tool that aborts the whole process `delayMs` (default 300) after each of its runs starts:
+/// the poison pill of the restart-budget test (its task must end `failed` after the budget
+/// instead of crashing the server at every start).
+fn abort_tool() -> Arc<dyn Tool> {
+    let schema = json!({
+        "type": "object",
+        "properties": { "delayMs": { "type": "integer", "minimum": 0, "maximum": 60000 } },
+        "additionalProperties": false
+    });
+    tool_fn(
+        ToolDescriptor::new(
+            ABORT_TOOL,
+            "Crash-simulation poison pill: aborts the process shortly after every start.",
+        )
+        .input_schema(schema)
+        .task_policy(TaskPolicy::Always),
+        |_ctx, args: Map<String, Value>| async move {
+            let delay = args.get("delayMs").and_then(Value::as_u64).unwrap_or(300);
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            tracing::error!("abort_job: aborting the process on purpose");
+            std::process::abort();
+        },
+    )
 }
 
 /// Adds the workload tool with any side-effect sink (the clock is left as it is).

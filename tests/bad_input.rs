@@ -1191,7 +1191,7 @@ fn table(ids: &Ids) -> Vec<Row> {
             with_meta(true, json!({ "name": "count_slowly", "arguments": { "count": "z".repeat(3 * 1024 * 1024) } })),
             INVALID_PARAMS,
         )
-        .contains("count"),
+        .contains("limits.max_argument_bytes"),
     );
     rows.push(
         Row::req(

@@ -269,8 +269,10 @@ async fn reopen_scenario(seed: u64, unsafe_reopen: bool) -> sim::checker::Report
     let clock = Arc::new(StrictClock::system());
     let history = Arc::new(History::default());
     let log = Arc::new(MemLog::default());
-    let mut options = StoreOptions::default();
-    options.unsafe_reopen_after_sync_failure = unsafe_reopen;
+    let options = StoreOptions {
+        unsafe_reopen_after_sync_failure: unsafe_reopen,
+        ..StoreOptions::default()
+    };
     let disk = SimDisk::new();
     power::read_store(seed, &disk).await.unwrap();
     log.begin(0);

@@ -251,7 +251,15 @@ struct Server {
     log: Arc<Mutex<Vec<String>>>,
 }
 
+/// The kill cycles test durability, not the restart budget: a task killed many times in a row
+/// before it could make progress must not be given up there.
+const KILL_CYCLE_BUDGET: &str = "1000000";
+
 fn spawn_server(store: &Path, effects: &Path) -> Result<Server, String> {
+    spawn_server_with(store, effects, &["--restart-budget", KILL_CYCLE_BUDGET])
+}
+
+fn spawn_server_with(store: &Path, effects: &Path, extra: &[&str]) -> Result<Server, String> {
     // MCP_TASKS_BIN: run a copy of the binary (a long soak while the crate is rebuilt).
     let bin = std::env::var("MCP_TASKS_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_mcp-tasks").to_owned());
@@ -261,6 +269,7 @@ fn spawn_server(store: &Path, effects: &Path) -> Result<Server, String> {
         .arg(store)
         .arg("--side-effects")
         .arg(effects)
+        .args(extra)
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -540,5 +549,83 @@ async fn kill_9_and_sigstop_cycles_keep_every_invariant() {
         total.requests,
         total.notifications,
         started.elapsed().as_secs_f64()
+    );
+}
+
+/// A poison pill: a tool that aborts the whole process shortly after every start. The task's
+/// attempt counter is persisted before each restart of its tool, so after the restart budget
+/// (3 restarts, the default) the next start fails the task instead of running it, and the
+/// server stays up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_that_aborts_the_process_ends_failed_after_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("poison.redb");
+    let effects = dir.path().join("effects.log");
+    // The default budget (3 restarts).
+    let mut server = spawn_server_with(&store, &effects, &[]).expect("the first start");
+    let created = Http { addr: server.addr }
+        .call(sim::driver::request(
+            1,
+            "tools/call",
+            serde_json::json!({ "name": mcp_tasks::sim::ABORT_TOOL, "arguments": { "delayMs": 500 } }),
+        ))
+        .await
+        .expect("the creation is answered before the abort");
+    let task = created["result"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not a task: {created}"))
+        .to_owned();
+    let mut aborts = 0;
+    let failed = loop {
+        // The tool aborts the process; a server that stays up has failed the task.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let exited = loop {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        match exited {
+            Some(status) => {
+                assert!(!status.success(), "the tool aborts the process: {status:?}");
+                aborts += 1;
+                assert!(aborts <= 6, "the poison pill was restarted {aborts} times");
+            }
+            None => {
+                let got = Http { addr: server.addr }
+                    .call(sim::driver::request(
+                        2,
+                        "tasks/get",
+                        serde_json::json!({ "taskId": task }),
+                    ))
+                    .await
+                    .expect("tasks/get");
+                break got;
+            }
+        }
+        // Restart on the same store (a start may itself be cut by the abort).
+        server = loop {
+            match spawn_server_with(&store, &effects, &[]) {
+                Ok(s) => break s,
+                Err(_) => {
+                    aborts += 1;
+                    assert!(aborts <= 6, "the poison pill was restarted {aborts} times");
+                }
+            }
+        };
+    };
+    signal(&server.child, libc::SIGTERM);
+    let _ = server.child.wait();
+    eprintln!("poison pill: {aborts} aborts, then {failed}");
+    assert_eq!(aborts, 4, "the first run and 3 restarts abort");
+    assert_eq!(failed["result"]["status"], "failed", "{failed}");
+    assert_eq!(failed["result"]["error"]["code"], -32603, "{failed}");
+    assert_eq!(
+        failed["result"]["error"]["message"],
+        "The task was given up: its tool was started 4 times without making progress, each run ending in a crash, a kill or a panic.",
+        "{failed}"
     );
 }

@@ -449,3 +449,423 @@ fn the_binary_plays_the_demo() {
             .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Limits and input answers
+// ---------------------------------------------------------------------------------------------
+
+/// A tool that asks for a confirmation (a boolean form) and reports it.
+fn confirm() -> Arc<dyn mcp_tasks::tool::Tool> {
+    tool_fn(
+        ToolDescriptor::new("confirm", "asks for a confirmation").task_policy(TaskPolicy::Always),
+        |ctx, _| async move {
+            let schema = json!({
+                "type": "object",
+                "properties": { "confirm": { "type": "boolean" } },
+                "required": ["confirm"]
+            });
+            let answer = ctx
+                .input(
+                    "confirm",
+                    mcp_tasks::tool::InputRequest::elicit_form("Sure?", schema),
+                )
+                .await?;
+            Ok(CallToolResult::text(answer.to_string()))
+        },
+    )
+}
+
+/// The tools of the limit tests: `size` returns a text of `len` bytes, `steps` records `n`
+/// steps of `len` bytes each, `twice` uses one step name twice, `status` sets a status
+/// message and completes.
+fn limit_tools() -> Vec<Arc<dyn mcp_tasks::tool::Tool>> {
+    let size = tool_fn(
+        ToolDescriptor::new("size", "a result of `len` bytes").task_policy(TaskPolicy::Always),
+        |_ctx, args| async move {
+            let len = args["len"].as_u64().unwrap_or(0) as usize;
+            Ok(CallToolResult::text("x".repeat(len)))
+        },
+    );
+    let steps = tool_fn(
+        ToolDescriptor::new("steps", "n steps of len bytes").task_policy(TaskPolicy::Always),
+        |ctx, args| async move {
+            let n = args["n"].as_u64().unwrap_or(0);
+            let len = args["len"].as_u64().unwrap_or(0) as usize;
+            for i in 0..n {
+                ctx.step(&format!("s{i}"), || async { Ok("y".repeat(len)) })
+                    .await?;
+            }
+            Ok(CallToolResult::text("done"))
+        },
+    );
+    let twice = tool_fn(
+        ToolDescriptor::new("twice", "one step name twice").task_policy(TaskPolicy::Always),
+        |ctx, _| async move {
+            ctx.step("a", || async { Ok(1) }).await?;
+            ctx.step("a", || async { Ok(2) }).await?;
+            Ok(CallToolResult::text("unreachable"))
+        },
+    );
+    let status = tool_fn(
+        ToolDescriptor::new("status", "sets a status, then completes")
+            .task_policy(TaskPolicy::Always),
+        |ctx, _| async move {
+            ctx.set_status("Computing.").await?;
+            Ok(CallToolResult::text("done"))
+        },
+    );
+    vec![size, steps, twice, status, confirm()]
+}
+
+async fn limited_runtime(dir: &std::path::Path) -> Runtime {
+    let mut config = RuntimeConfig::default();
+    config.limits.max_argument_bytes = 100;
+    config.limits.max_input_response_bytes = 200;
+    config.limits.max_result_bytes = 300;
+    config.limits.max_journal_bytes = 50;
+    config.limits.max_steps = 2;
+    Runtime::builder(dir.join("limits.redb"))
+        .config(config)
+        .tools(limit_tools())
+        .start()
+        .await
+        .unwrap()
+}
+
+async fn error_of(rt: &Runtime, method: &str, params: Value) -> (i64, String) {
+    let r = call(rt, method, params).await;
+    let e = &r["error"];
+    assert!(e.is_object(), "expected an error: {r}");
+    (
+        e["code"].as_i64().unwrap(),
+        e["message"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// Every limit on what a client sends: the exact error, and nothing stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_limits_are_refused_with_the_limit_named_and_nothing_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = limited_runtime(dir.path()).await;
+    // `{"len":"…"}` over 100 bytes of JSON text.
+    let big = "z".repeat(100);
+    let arguments = json!({ "len": big });
+    let len = serde_json::to_vec(&arguments).unwrap().len();
+    let (code, message) = error_of(
+        &rt,
+        "tools/call",
+        json!({ "name": "size", "arguments": arguments }),
+    )
+    .await;
+    assert_eq!(code, -32602);
+    assert_eq!(
+        message,
+        format!(
+            "Invalid params: `arguments` is {len} bytes; the limit is 100 (limits.max_argument_bytes)"
+        )
+    );
+    assert_eq!(rt.store().counts().await.unwrap(), (0, 0), "nothing stored");
+
+    // inputResponses over 200 bytes: refused, the key stays answerable.
+    let task = create(&rt, "confirm", json!({})).await;
+    wait_status(&rt, &task, "input_required").await;
+    let before = rt.store().get(&task).await.unwrap();
+    let responses = json!({ "confirm": { "action": "accept", "content": { "confirm": true, "pad": "p".repeat(200) } } });
+    let len = serde_json::to_vec(&responses).unwrap().len();
+    let (code, message) = error_of(
+        &rt,
+        "tasks/update",
+        json!({ "taskId": task, "inputResponses": responses }),
+    )
+    .await;
+    assert_eq!(code, -32602);
+    assert_eq!(
+        message,
+        format!(
+            "Invalid params: `inputResponses` is {len} bytes; the limit is 200 (limits.max_input_response_bytes)"
+        )
+    );
+    assert_eq!(
+        rt.store().get(&task).await.unwrap(),
+        before,
+        "no stored change"
+    );
+    let ok = call(
+        &rt,
+        "tasks/update",
+        json!({ "taskId": task, "inputResponses": { "confirm": { "action": "accept", "content": { "confirm": true } } } }),
+    )
+    .await;
+    assert_eq!(ok["result"]["resultType"], "complete", "{ok}");
+    wait_status(&rt, &task, "completed").await;
+    rt.shutdown().await;
+}
+
+/// Every limit on what a tool produces: the task ends `failed` with -32603 naming the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_limits_fail_the_task_with_the_limit_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = limited_runtime(dir.path()).await;
+    let result_len = serde_json::to_vec(&CallToolResult::text("x".repeat(400)).to_json())
+        .unwrap()
+        .len();
+    let cases = [
+        (
+            "size",
+            json!({ "len": 400 }),
+            format!(
+                "Internal error: the tool's result is {result_len} bytes; the limit is 300 (limits.max_result_bytes)"
+            ),
+        ),
+        (
+            "steps",
+            json!({ "n": 3, "len": 1 }),
+            "Internal error: step `s2` would be step 3 of the task; the limit is 2 (limits.max_steps)"
+                .to_owned(),
+        ),
+        (
+            "steps",
+            json!({ "n": 1, "len": 60 }),
+            // "s0" + the JSON string of 60 bytes (62 with its quotes).
+            "Internal error: step `s0` would make the task's journal 64 bytes; the limit is 50 (limits.max_journal_bytes)"
+                .to_owned(),
+        ),
+        (
+            "twice",
+            json!({}),
+            "Internal error: step name `a` is used twice in one task; step names are journal keys and must be unique per task"
+                .to_owned(),
+        ),
+    ];
+    for (tool, arguments, expected) in cases {
+        let task = create(&rt, tool, arguments.clone()).await;
+        let failed = wait_status(&rt, &task, "failed").await;
+        assert_eq!(
+            failed["error"]["code"], -32603,
+            "{tool} {arguments}: {failed}"
+        );
+        assert_eq!(
+            failed["error"]["message"],
+            expected.as_str(),
+            "{tool} {arguments}"
+        );
+    }
+    // Within the limits the same tools complete.
+    for (tool, arguments) in [
+        ("size", json!({ "len": 10 })),
+        ("steps", json!({ "n": 2, "len": 5 })),
+    ] {
+        let task = create(&rt, tool, arguments).await;
+        wait_status(&rt, &task, "completed").await;
+    }
+    rt.shutdown().await;
+}
+
+/// Malformed answers to an elicitation: -32602 with the exact reason, no stored change, and
+/// the key is still answerable afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_input_answers_are_refused_and_do_not_use_up_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder(dir.path().join("answers.redb"))
+        .tool(confirm())
+        .start()
+        .await
+        .unwrap();
+    let task = create(&rt, "confirm", json!({})).await;
+    wait_status(&rt, &task, "input_required").await;
+    let prefix = "Invalid params: the response for input key `confirm`";
+    let cases = [
+        (json!(5), "must be a JSON object"),
+        (
+            json!({ "content": { "confirm": true } }),
+            "needs `action` (accept, decline or cancel)",
+        ),
+        (
+            json!({ "action": "bogus", "content": { "confirm": true } }),
+            "has an invalid `action` \"bogus\": it must be accept, decline or cancel",
+        ),
+        (
+            json!({ "action": "accept", "content": { "confirm": "yes" } }),
+            "has `content.confirm` not matching the requestedSchema: \"yes\" is not of type \"boolean\"",
+        ),
+        (
+            json!({ "action": "accept" }),
+            "accepts a form elicitation without `content`",
+        ),
+        (
+            json!({ "action": "decline", "content": "no" }),
+            "has a `content` that is not an object: \"no\"",
+        ),
+    ];
+    let before = rt.store().get(&task).await.unwrap();
+    for (answer, reason) in cases {
+        let (code, message) = error_of(
+            &rt,
+            "tasks/update",
+            json!({ "taskId": task, "inputResponses": { "confirm": answer } }),
+        )
+        .await;
+        assert_eq!(code, -32602, "{answer}");
+        assert_eq!(message, format!("{prefix} {reason}"), "{answer}");
+        assert_eq!(
+            rt.store().get(&task).await.unwrap(),
+            before,
+            "no stored change"
+        );
+        let g = get(&rt, &task).await;
+        assert_eq!(g["result"]["status"], "input_required", "{g}");
+        assert!(g["result"]["inputRequests"]["confirm"].is_object(), "{g}");
+    }
+    let ok = call(
+        &rt,
+        "tasks/update",
+        json!({ "taskId": task, "inputResponses": { "confirm": { "action": "accept", "content": { "confirm": true } } } }),
+    )
+    .await;
+    assert_eq!(ok["result"]["resultType"], "complete", "{ok}");
+    let done = wait_status(&rt, &task, "completed").await;
+    // The terminal task keeps no status message of its waiting state.
+    assert!(done.get("statusMessage").is_none(), "{done}");
+    rt.shutdown().await;
+}
+
+/// A completed task shows no status message of an earlier state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completed_task_keeps_no_stale_status_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = limited_runtime(dir.path()).await;
+    let task = create(&rt, "status", json!({})).await;
+    let done = wait_status(&rt, &task, "completed").await;
+    assert!(done.get("statusMessage").is_none(), "{done}");
+    rt.shutdown().await;
+}
+
+/// A live task whose tool is not registered at start does not fail: it waits (it can still be
+/// answered and cancelled) and runs once a start registers the tool again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_whose_tool_is_missing_at_start_waits_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("missing.redb");
+    let mut config = RuntimeConfig::default();
+    config.cancel_grace = Duration::from_millis(50);
+    let rt = Runtime::builder(&path)
+        .config(config.clone())
+        .tool(confirm())
+        .tool(forever())
+        .start()
+        .await
+        .unwrap();
+    let waiting = create(&rt, "confirm", json!({})).await;
+    wait_status(&rt, &waiting, "input_required").await;
+    let working = create(&rt, "forever", json!({})).await;
+    rt.shutdown().await;
+
+    // A deployment that lost both tools.
+    let rt = Runtime::builder(&path)
+        .config(config.clone())
+        .start()
+        .await
+        .unwrap();
+    assert_eq!(
+        get(&rt, &waiting).await["result"]["status"],
+        "input_required"
+    );
+    assert_eq!(get(&rt, &working).await["result"]["status"], "working");
+    let ok = call(
+        &rt,
+        "tasks/update",
+        json!({ "taskId": waiting, "inputResponses": { "confirm": { "action": "accept", "content": { "confirm": true } } } }),
+    )
+    .await;
+    assert_eq!(ok["result"]["resultType"], "complete", "{ok}");
+    assert_eq!(get(&rt, &waiting).await["result"]["status"], "working");
+    let ack = call(&rt, "tasks/cancel", json!({ "taskId": working })).await;
+    assert_eq!(ack["result"]["resultType"], "complete", "{ack}");
+    wait_status(&rt, &working, "cancelled").await;
+    rt.shutdown().await;
+
+    // The tool is back: the waiting task runs with its recorded answer.
+    let rt = Runtime::builder(&path)
+        .config(config)
+        .tool(confirm())
+        .start()
+        .await
+        .unwrap();
+    let done = wait_status(&rt, &waiting, "completed").await;
+    assert_eq!(
+        done["result"]["content"][0]["text"],
+        json!({ "action": "accept", "content": { "confirm": true } }).to_string()
+    );
+    rt.shutdown().await;
+}
+
+/// A live task already past its expiry when the runtime starts is expired, not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_past_its_expiry_at_start_is_expired_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("late.redb");
+    let clock = ManualClock::new(1_800_000_000_000);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let tool = || {
+        let runs = runs.clone();
+        tool_fn(
+            ToolDescriptor::new("counted", "counts its runs, never ends")
+                .task_policy(TaskPolicy::Always),
+            move |_ctx, _| {
+                let runs = runs.clone();
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    std::future::pending::<()>().await;
+                    Ok(CallToolResult::text("unreachable"))
+                }
+            },
+        )
+    };
+    let mut config = RuntimeConfig::default();
+    config.default_ttl = Some(Duration::from_secs(10));
+    config.reaper_interval = Duration::from_secs(3600);
+    let start = || {
+        Runtime::builder(&path)
+            .clock(Arc::new(clock.clone()))
+            .config(config.clone())
+            .tool(tool())
+            .start()
+    };
+    let rt = start().await.unwrap();
+    let task = create(&rt, "counted", json!({})).await;
+    while runs.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    rt.shutdown().await;
+    clock.advance(20_000);
+    let rt = start().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let record = loop {
+        let bytes = rt.store().get(&task).await.unwrap().unwrap();
+        let record = mcp_tasks::persist::decode(&bytes).unwrap();
+        if record.status.is_terminal() {
+            break record;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never expired: {record:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(record.status, mcp_tasks::TaskStatus::Failed);
+    assert_eq!(record.status_message.as_deref(), Some("Task has expired."));
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the expired task's tool did not run again"
+    );
+    let (code, message) = error_of(&rt, "tasks/get", json!({ "taskId": task })).await;
+    assert_eq!(
+        (code, message.as_str()),
+        (
+            -32602,
+            "Invalid params: Failed to retrieve task: Task has expired"
+        )
+    );
+    rt.shutdown().await;
+}

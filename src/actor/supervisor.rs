@@ -1,17 +1,19 @@
 //! The supervisor: spawns task actors, rehydrates live tasks at start, restarts failed task
-//! actors from their last durable snapshot with backoff, and gives up on a task (marks it
-//! `failed` with a diagnostic) after a restart budget.
+//! actors from their last durable snapshot with backoff. It never writes a task record: the
+//! restart budget is checked by the task's own actor against the persisted attempt counter
+//! (see `TaskRecord::attempts`), so a task has one writer.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
+use super::task::Start;
 use super::{Shared, StoreFailure, TaskActor};
-use crate::error::{RpcError, RuntimeError, code};
+use crate::error::{RpcError, RuntimeError};
 use crate::persist;
-use crate::task::{Event, Outcome, TaskError, TaskId, TaskRecord, apply};
+use crate::task::{TaskId, TaskRecord};
 
 /// Messages the supervisor handles. None of them touch the read path of `tasks/get`.
 pub(crate) enum SupervisorMsg {
@@ -27,39 +29,57 @@ pub(crate) enum SupervisorMsg {
 
 pub(crate) struct Supervisor {
     pub(crate) shared: Arc<Shared>,
+    /// Whether the store's previous run ended without a clean shutdown (a crash, a kill, a
+    /// power loss): rehydrated `working` tasks then count one more attempt.
+    pub(crate) previous_run_crashed: bool,
+}
+
+/// A task actor that failed and waits for its restart.
+#[derive(Debug, Clone, Default)]
+struct Pending {
+    /// Consecutive failures in this process (they set the backoff).
+    failures: u32,
+    /// Whether the next run counts as an attempt (the tool panicked; not after a store
+    /// failure, which is not the task's fault).
+    count: bool,
+    /// How the last run ended.
+    cause: Option<String>,
 }
 
 #[derive(Default)]
 pub(crate) struct SupervisorState {
     tasks_by_actor: HashMap<ActorId, TaskId>,
-    failures: HashMap<TaskId, u32>,
-    /// Consecutive store failures per task (commits or reads that failed): they set the
-    /// backoff of the next restart but never use up the restart budget.
-    store_failures: HashMap<TaskId, u32>,
+    /// Failed task actors waiting for their restart, and the backoff of actors restarted
+    /// after a failure (removed when the task's actor ends or the task is gone).
+    pending: HashMap<TaskId, Pending>,
 }
 
 impl Supervisor {
+    /// Spawns the actor of a stored task; `false` if the task is terminal or already has one.
     async fn spawn_task(
         &self,
         myself: &ActorRef<SupervisorMsg>,
         state: &mut SupervisorState,
         record: Arc<TaskRecord>,
-    ) -> Result<(), RuntimeError> {
+        start: Start,
+    ) -> Result<bool, RuntimeError> {
         if record.status.is_terminal() || self.shared.live.get(&record.id).is_some() {
-            return Ok(());
+            return Ok(false);
         }
         let id = record.id.clone();
         let actor = TaskActor {
             shared: self.shared.clone(),
         };
-        let (actor_ref, _) = Actor::spawn_linked(None, actor, record, myself.get_cell())
+        let (actor_ref, _) = Actor::spawn_linked(None, actor, (record, start), myself.get_cell())
             .await
             .map_err(|e| RuntimeError::Actor(format!("task actor {id} did not start: {e}")))?;
         state.tasks_by_actor.insert(actor_ref.get_id(), id);
-        Ok(())
+        Ok(true)
     }
 
-    /// Loads a stored task and spawns its actor if it is still live.
+    /// Loads a stored task and spawns its actor if it is still live and has none. A pending
+    /// restart's attempt is counted by the run that starts now (whoever asks first: the
+    /// backoff timer or a client's request).
     async fn rehydrate(
         &self,
         myself: &ActorRef<SupervisorMsg>,
@@ -69,10 +89,27 @@ impl Supervisor {
         if self.shared.live.get(id).is_some() {
             return Ok(());
         }
-        match self.shared.load_stored(id).await? {
-            Some(record) => self.spawn_task(myself, state, record).await,
-            None => Ok(()),
+        let (count, cause) = state
+            .pending
+            .get(id)
+            .map(|p| (p.count, p.cause.clone()))
+            .unwrap_or_default();
+        let spawned = match self.shared.load_stored(id).await? {
+            Some(record) => {
+                self.spawn_task(myself, state, record, Start::Resume { count, cause })
+                    .await?
+            }
+            None => false,
+        };
+        if spawned {
+            if let Some(p) = state.pending.get_mut(id) {
+                p.count = false;
+            }
+        } else {
+            // Finished or deleted meanwhile: nothing to restart.
+            state.pending.remove(id);
         }
+        Ok(())
     }
 
     /// Rehydrates every live task of the store (the live index only: start-up time grows
@@ -84,12 +121,26 @@ impl Supervisor {
     ) -> Result<(), ActorProcessingErr> {
         let live = self.shared.store.live().await?;
         let count = live.len();
+        let start = Start::Resume {
+            count: self.previous_run_crashed,
+            cause: None,
+        };
+        let mut missing: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (id, bytes) in live {
             #[cfg(feature = "failpoints")]
             fail::fail_point!("supervisor::rehydrate");
             match persist::decode(&bytes) {
                 Ok(record) => {
-                    if let Err(e) = self.spawn_task(myself, state, Arc::new(record)).await {
+                    if self.shared.tools.get(&record.tool).is_none() {
+                        missing
+                            .entry(record.tool.clone())
+                            .or_default()
+                            .push(id.clone());
+                    }
+                    if let Err(e) = self
+                        .spawn_task(myself, state, Arc::new(record), start.clone())
+                        .await
+                    {
                         tracing::error!(task = %id, error = %e, "could not rehydrate task");
                     }
                 }
@@ -98,8 +149,16 @@ impl Supervisor {
                 }
             }
         }
+        for (tool, tasks) in &missing {
+            tracing::error!(tool, tasks = tasks.len(), ids = ?tasks,
+                "live tasks name a tool this runtime does not register; they wait for it (register the tool and restart to run them)");
+        }
         if count > 0 {
-            tracing::info!(tasks = count, "rehydrated live tasks");
+            tracing::info!(
+                tasks = count,
+                crashed = self.previous_run_crashed,
+                "rehydrated live tasks"
+            );
         }
         Ok(())
     }
@@ -108,26 +167,6 @@ impl Supervisor {
         let base = self.shared.config.restart_backoff;
         let factor = 1u32 << failures.saturating_sub(1).min(6);
         (base * factor).min(Duration::from_secs(30))
-    }
-
-    /// Marks a task that failed too often as `failed`, durably.
-    async fn give_up(&self, id: &TaskId, failures: u32, detail: &str) -> Result<(), RuntimeError> {
-        let Some(record) = self.shared.load_stored(id).await? else {
-            return Ok(());
-        };
-        let error = TaskError {
-            code: code::INTERNAL_ERROR,
-            message: format!("the task failed {failures} times and was given up: {detail}"),
-            data: None,
-        };
-        if let Some(next) = apply(
-            &record,
-            Event::Finish(Outcome::Error(error)),
-            self.shared.now_ms(),
-        )? {
-            self.shared.commit(&next).await?;
-        }
-        Ok(())
     }
 }
 
@@ -160,8 +199,8 @@ impl Actor for Supervisor {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             SupervisorMsg::Spawn(record, port) => {
-                let r = self.spawn_task(&myself, state, record).await;
-                let _ = port.send(r.map_err(RpcError::from));
+                let r = self.spawn_task(&myself, state, record, Start::Fresh).await;
+                let _ = port.send(r.map(|_| ()).map_err(RpcError::from));
             }
             SupervisorMsg::Ensure(id, port) => {
                 let r = self.rehydrate(&myself, state, &id).await;
@@ -175,13 +214,14 @@ impl Actor for Supervisor {
                 Err(RuntimeError::Store(e)) => {
                     // The store is failing (I/O error, reopening): try again later; the task
                     // must not stay without an actor once the store is back.
-                    let failures = state.store_failures.entry(id.clone()).or_default();
-                    *failures += 1;
-                    let delay = self.backoff(*failures);
+                    let pending = state.pending.entry(id.clone()).or_default();
+                    pending.failures = pending.failures.saturating_add(1);
+                    let delay = self.backoff(pending.failures);
                     tracing::warn!(task = %id, error = %e, ?delay, "could not restart task actor; retrying");
                     myself.send_after(delay, move || SupervisorMsg::Restart(id));
                 }
                 Err(e) => {
+                    state.pending.remove(&id);
                     tracing::error!(task = %id, error = %e, "could not restart task actor");
                 }
             },
@@ -200,8 +240,7 @@ impl Actor for Supervisor {
             SupervisionEvent::ActorTerminated(cell, _, _) => {
                 if let Some(id) = state.tasks_by_actor.remove(&cell.get_id()) {
                     self.shared.live.remove_if(&id, cell.get_id());
-                    state.failures.remove(&id);
-                    state.store_failures.remove(&id);
+                    state.pending.remove(&id);
                 }
             }
             SupervisionEvent::ActorFailed(cell, error) => {
@@ -209,28 +248,22 @@ impl Actor for Supervisor {
                     return Ok(());
                 };
                 self.shared.live.remove_if(&id, cell.get_id());
-                if error.downcast_ref::<StoreFailure>().is_some() {
-                    let failures = state.store_failures.entry(id.clone()).or_default();
-                    *failures += 1;
-                    let delay = self.backoff(*failures);
+                let store_failure = error.downcast_ref::<StoreFailure>().is_some();
+                let pending = state.pending.entry(id.clone()).or_default();
+                pending.failures = pending.failures.saturating_add(1);
+                // A panic counts against the task's persisted attempts (the actor of the next
+                // run checks the budget); a store failure never does.
+                pending.count |= !store_failure;
+                if !store_failure {
+                    pending.cause = Some(error.to_string());
+                }
+                let delay = self.backoff(pending.failures);
+                if store_failure {
                     tracing::warn!(task = %id, ?delay, error = %error, "a commit of the task failed; restarting its actor from the store");
-                    myself.send_after(delay, move || SupervisorMsg::Restart(id));
-                    return Ok(());
-                }
-                let failures = state.failures.entry(id.clone()).or_default();
-                *failures += 1;
-                let failures = *failures;
-                if failures > self.shared.config.restart_budget {
-                    tracing::error!(task = %id, failures, error = %error, "giving up on task");
-                    state.failures.remove(&id);
-                    if let Err(e) = self.give_up(&id, failures, &error.to_string()).await {
-                        tracing::error!(task = %id, error = %e, "could not mark task failed");
-                    }
                 } else {
-                    let delay = self.backoff(failures);
-                    tracing::warn!(task = %id, failures, ?delay, error = %error, "task actor failed; restarting");
-                    myself.send_after(delay, move || SupervisorMsg::Restart(id));
+                    tracing::warn!(task = %id, failures = pending.failures, ?delay, error = %error, "task actor failed; restarting");
                 }
+                myself.send_after(delay, move || SupervisorMsg::Restart(id));
             }
             _ => {}
         }

@@ -47,10 +47,22 @@ pub(crate) struct TaskActor {
     pub(crate) shared: Arc<Shared>,
 }
 
+/// Why a task actor starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// The task was just created: its first run is already counted (`attempts` = 1).
+    Fresh,
+    /// The task resumes from the store. `count` = the previous run ended badly (a crash, a
+    /// kill, a panic): a `working` task's run counts as one more attempt. `cause` = how the
+    /// previous run ended, when this process saw it.
+    Resume { count: bool, cause: Option<String> },
+}
+
 pub(crate) struct TaskState {
     record: Arc<TaskRecord>,
     publisher: watch::Sender<Arc<TaskRecord>>,
     tool: Option<ToolHandle>,
+    start: Start,
 }
 
 impl TaskActor {
@@ -91,17 +103,16 @@ impl TaskActor {
         });
     }
 
-    fn start_tool(&self, myself: &ActorRef<TaskMsg>, state: &mut TaskState) -> Result<(), String> {
+    /// Starts the tool; `false` when it is not registered (the task then waits for it).
+    fn start_tool(&self, myself: &ActorRef<TaskMsg>, state: &mut TaskState) -> bool {
         let record = &state.record;
-        let tool = self
-            .shared
-            .tools
-            .get(&record.tool)
-            .cloned()
-            .ok_or_else(|| format!("tool `{}` is not registered in this runtime", record.tool))?;
+        let Some(tool) = self.shared.tools.get(&record.tool).cloned() else {
+            return false;
+        };
         let link = TaskLink {
             actor: myself.clone(),
             snapshots: state.publisher.subscribe(),
+            limits: self.shared.config.limits,
         };
         let ctx = ToolContext::for_task(record, link);
         let arguments = record.arguments.as_object().cloned().unwrap_or_default();
@@ -116,7 +127,57 @@ impl TaskActor {
             let _ = me.cast(message);
         });
         state.tool = Some(ToolHandle(handle));
-        Ok(())
+        true
+    }
+
+    /// Before a run starts: a task past its time to live is expired instead; a `working` task
+    /// resuming after a bad end counts one more attempt, or is failed once the budget is
+    /// spent. Returns whether the tool may start.
+    async fn admit(
+        &self,
+        myself: &ActorRef<TaskMsg>,
+        state: &mut TaskState,
+        start: &Start,
+    ) -> Result<bool, RuntimeError> {
+        let now = self.shared.now_ms();
+        if state.record.is_expired(now) {
+            tracing::info!(task = %state.record.id, "task expired before it could resume");
+            self.transition(myself, state, Event::Expire).await?;
+            return Ok(false);
+        }
+        let cause = match start {
+            Start::Resume { count: true, cause } => cause,
+            _ => return Ok(true),
+        };
+        // Only a run of the tool counts: not a wait for input, not a tool that is missing.
+        if state.record.status != crate::task::TaskStatus::Working
+            || self.shared.tools.get(&state.record.tool).is_none()
+        {
+            return Ok(true);
+        }
+        let allowed = self.shared.config.restart_budget.saturating_add(1);
+        if state.record.attempts >= allowed {
+            let attempts = state.record.attempts;
+            tracing::error!(task = %state.record.id, tool = %state.record.tool, attempts,
+                "giving up on the task: its tool was started {attempts} times without progress");
+            let error = TaskError {
+                code: code::INTERNAL_ERROR,
+                message: format!(
+                    "The task was given up: its tool was started {attempts} times without making \
+                     progress, each run ending in a crash, a kill or a panic{}.",
+                    cause
+                        .as_ref()
+                        .map(|c| format!(" (last: {c})"))
+                        .unwrap_or_default()
+                ),
+                data: None,
+            };
+            self.transition(myself, state, Event::Finish(Outcome::Error(error)))
+                .await?;
+            return Ok(false);
+        }
+        self.transition(myself, state, Event::Restarted).await?;
+        Ok(true)
     }
 }
 
@@ -171,12 +232,12 @@ fn or_store_failure<T>(result: Result<T, RuntimeError>) -> Result<T, ActorProces
 impl Actor for TaskActor {
     type Msg = TaskMsg;
     type State = TaskState;
-    type Arguments = Arc<TaskRecord>;
+    type Arguments = (Arc<TaskRecord>, Start);
 
     async fn pre_start(
         &self,
         myself: ActorRef<TaskMsg>,
-        record: Arc<TaskRecord>,
+        (record, start): (Arc<TaskRecord>, Start),
     ) -> Result<TaskState, ActorProcessingErr> {
         let (publisher, snapshots) = watch::channel(record.clone());
         self.shared.live.insert(
@@ -190,6 +251,7 @@ impl Actor for TaskActor {
             record,
             publisher,
             tool: None,
+            start,
         })
     }
 
@@ -202,17 +264,16 @@ impl Actor for TaskActor {
             myself.stop(None);
             return Ok(());
         }
-        if let Err(detail) = self.start_tool(&myself, state) {
-            let error = TaskError {
-                code: code::INTERNAL_ERROR,
-                message: detail,
-                data: None,
-            };
-            or_store_failure(
-                self.transition(&myself, state, Event::Finish(Outcome::Error(error)))
-                    .await,
-            )?;
+        let start = state.start.clone();
+        if !or_store_failure(self.admit(&myself, state, &start).await)? {
             return Ok(());
+        }
+        if !self.start_tool(&myself, state) {
+            // Not a reason to fail the task: a deployment may have dropped the tool by
+            // mistake. The task waits (it can still be answered, cancelled and expired) and
+            // runs at the next start that registers the tool.
+            tracing::error!(task = %state.record.id, tool = %state.record.tool,
+                "the tool of this live task is not registered; the task waits for it (it can still be cancelled and expires as usual)");
         }
         if state.record.cancel_requested {
             self.arm_cancel_grace(&myself);
@@ -263,7 +324,17 @@ impl Actor for TaskActor {
             TaskMsg::ToolExited(outcome) => {
                 state.tool = None;
                 let event = match outcome {
-                    Ok(result) => Event::Finish(Outcome::Result(result.to_json())),
+                    Ok(result) => {
+                        let result = result.to_json();
+                        match self.shared.config.limits.check_result(&result) {
+                            Ok(()) => Event::Finish(Outcome::Result(result)),
+                            Err(e) => Event::Finish(Outcome::Error(TaskError {
+                                code: e.code,
+                                message: e.message,
+                                data: None,
+                            })),
+                        }
+                    }
                     Err(ToolError::Rpc(e)) => Event::Finish(Outcome::Error(TaskError {
                         code: e.code,
                         message: e.message,

@@ -32,6 +32,9 @@
 //! - Each version keeps golden files in `tests/data/snapshots/` (`v1_*.bin`, …) that are
 //!   never regenerated; the tests prove that they still decode to the expected records.
 //!
+//! Versions: 1 (the first shipped format); 2 = version 1 followed by the task's attempt counter
+//! (`TaskRecord::attempts`; a version 1 snapshot reads with 0).
+//!
 //! A snapshot with a variant index this build does not know (written by a newer build)
 //! decodes to [`PersistError::UnknownVersion`]; it is never misread as an older version.
 //! Decoding never panics on any input: malformed bytes, trailing bytes, invalid JSON text
@@ -46,7 +49,7 @@ use crate::task::{Outcome, Owner, TaskError, TaskId, TaskRecord, TaskStatus};
 
 /// The format version [`encode`] writes (variant index + 1 of the newest [`Envelope`]
 /// variant).
-pub const CURRENT_VERSION: u32 = 1;
+pub const CURRENT_VERSION: u32 = 2;
 
 /// Why a snapshot could not be encoded or decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -73,10 +76,12 @@ pub enum PersistError {
 enum Envelope {
     /// Format version 1 (variant index 0).
     V1(SnapshotV1),
+    /// Format version 2 (variant index 1): version 1 plus the attempt counter.
+    V2(SnapshotV2),
 }
 
 /// Number of variants of [`Envelope`]; variant index `i < KNOWN_VARIANTS` is known.
-const KNOWN_VARIANTS: u32 = 1;
+const KNOWN_VARIANTS: u32 = 2;
 const _: () = assert!(KNOWN_VARIANTS == CURRENT_VERSION);
 
 /// Format version 1 of a task snapshot. **Frozen**: never change this type.
@@ -109,6 +114,15 @@ struct SnapshotV1 {
     cancel_requested: bool,
 }
 
+/// Format version 2 of a task snapshot: every field of version 1 (the frozen [`SnapshotV1`],
+/// encoded first), then the attempt counter. **Frozen**: never change this type.
+#[derive(Debug, Serialize, Deserialize)]
+struct SnapshotV2 {
+    base: SnapshotV1,
+    /// [`TaskRecord::attempts`].
+    attempts: u32,
+}
+
 /// Task status, format version 1. **Frozen.**
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 enum StatusV1 {
@@ -134,8 +148,11 @@ enum OutcomeV1 {
 
 /// Encodes `record` as a snapshot of the [current format version](CURRENT_VERSION).
 pub fn encode(record: &TaskRecord) -> Result<Vec<u8>, PersistError> {
-    let snapshot = SnapshotV1::from_record(record)?;
-    postcard::to_stdvec(&Envelope::V1(snapshot)).map_err(|e| PersistError::Encode(e.to_string()))
+    let snapshot = SnapshotV2 {
+        base: SnapshotV1::from_record(record)?,
+        attempts: record.attempts,
+    };
+    postcard::to_stdvec(&Envelope::V2(snapshot)).map_err(|e| PersistError::Encode(e.to_string()))
 }
 
 /// Decodes a snapshot written by [`encode`] of this or any earlier format version.
@@ -150,7 +167,9 @@ pub fn decode(bytes: &[u8]) -> Result<TaskRecord, PersistError> {
         )));
     }
     match envelope {
-        Envelope::V1(snapshot) => snapshot.into_record(),
+        // Written before attempts were counted: 0 (the next restart counts as the first).
+        Envelope::V1(snapshot) => snapshot.into_record(0),
+        Envelope::V2(SnapshotV2 { base, attempts }) => base.into_record(attempts),
     }
 }
 
@@ -200,7 +219,7 @@ impl SnapshotV1 {
         })
     }
 
-    fn into_record(self) -> Result<TaskRecord, PersistError> {
+    fn into_record(self, attempts: u32) -> Result<TaskRecord, PersistError> {
         let id = TaskId::parse(&self.id).map_err(|e| PersistError::InvalidField {
             field: "id",
             detail: e.to_string(),
@@ -227,6 +246,7 @@ impl SnapshotV1 {
             journal: parse_json_map("journal", self.journal)?,
             outcome: self.outcome.map(OutcomeV1::into_outcome).transpose()?,
             cancel_requested: self.cancel_requested,
+            attempts,
         })
     }
 }

@@ -146,13 +146,33 @@ fn cancelled() -> TaskRecord {
     r
 }
 
+/// The canonical records as the current format version stores them (with attempt counts).
 fn canonical() -> Vec<(&'static str, TaskRecord)> {
+    let attempts = |mut r: TaskRecord, n: u32| {
+        r.attempts = n;
+        r
+    };
     vec![
-        ("v1_working", working()),
-        ("v1_input_required", input_required()),
-        ("v1_completed", completed()),
-        ("v1_failed", failed()),
-        ("v1_cancelled", cancelled()),
+        ("v2_working", attempts(working(), 1)),
+        ("v2_input_required", attempts(input_required(), 1)),
+        ("v2_completed", attempts(completed(), 2)),
+        ("v2_failed", attempts(failed(), 4)),
+        ("v2_cancelled", attempts(cancelled(), 1)),
+    ]
+}
+
+/// The canonical records of format version 1: no attempt counter (it reads as 0).
+fn canonical_v1() -> Vec<(&'static str, TaskRecord)> {
+    let v1 = |mut r: TaskRecord| {
+        r.attempts = 0;
+        r
+    };
+    vec![
+        ("v1_working", v1(working())),
+        ("v1_input_required", v1(input_required())),
+        ("v1_completed", v1(completed())),
+        ("v1_failed", v1(failed())),
+        ("v1_cancelled", v1(cancelled())),
     ]
 }
 
@@ -174,7 +194,7 @@ fn describe(name: &str, record: &TaskRecord, bytes: &[u8]) -> Value {
         "golden": format!("{name}.bin"),
         "format_version": CURRENT_VERSION,
         "bytes": bytes.len(),
-        "note": "postcard Envelope::V1(SnapshotV1) (src/persist/mod.rs); JSON payloads are stored as JSON text",
+        "note": "postcard Envelope::V2(SnapshotV2 { base: SnapshotV1, attempts }) (src/persist/mod.rs); JSON payloads are stored as JSON text",
         "record": {
             "id": record.id.as_str(),
             "owner": { "tenant": record.owner.tenant, "principal": record.owner.principal },
@@ -199,12 +219,35 @@ fn describe(name: &str, record: &TaskRecord, bytes: &[u8]) -> Value {
                     json!({ "error": { "code": e.code, "message": e.message, "data": e.data } }),
             },
             "cancel_requested": record.cancel_requested,
+            "attempts": record.attempts,
         },
     })
 }
 
+/// Version 1 goldens (frozen, written by an earlier build) still decode to the same records,
+/// with an attempt counter of 0.
 #[test]
 fn golden_files_v1() {
+    let dir = golden_dir();
+    for (name, record) in canonical_v1() {
+        let bin = dir.join(format!("{name}.bin"));
+        let golden = std::fs::read(&bin)
+            .unwrap_or_else(|e| panic!("cannot read golden file {}: {e}", bin.display()));
+        assert_eq!(snapshot_version(&golden), Ok(1));
+        assert_eq!(
+            decode(&golden).unwrap_or_else(|e| panic!("{name}.bin no longer decodes: {e}")),
+            record,
+            "{name}.bin decodes to a different record"
+        );
+        // Written again, it becomes the current version.
+        let again = encode(&record).unwrap();
+        assert_eq!(snapshot_version(&again), Ok(CURRENT_VERSION));
+        assert_eq!(decode(&again).unwrap(), record);
+    }
+}
+
+#[test]
+fn golden_files_v2() {
     let dir = golden_dir();
     let bless = blessing();
     let mut missing = Vec::new();
@@ -238,10 +281,10 @@ fn golden_files_v1() {
             encoded == golden,
             "encode() of the canonical `{name}` record differs from {}: a format version that \
              has shipped is frozen. Change the format by adding a new Envelope variant (see the \
-             docs of src/persist/mod.rs), never by regenerating v1 goldens.",
+             docs of src/persist/mod.rs), never by regenerating goldens.",
             bin.display()
         );
-        assert_eq!(snapshot_version(&golden), Ok(1));
+        assert_eq!(snapshot_version(&golden), Ok(2));
     }
     assert!(
         missing.is_empty(),
@@ -255,7 +298,7 @@ fn golden_files_v1() {
 fn canonical_records_round_trip() {
     for (name, record) in canonical() {
         let bytes = encode(&record).unwrap();
-        assert_eq!(bytes[0], 0, "{name}: V1 is variant index 0");
+        assert_eq!(bytes[0], 1, "{name}: V2 is variant index 1");
         assert_eq!(decode(&bytes).unwrap(), record, "{name}");
     }
 }
@@ -313,7 +356,7 @@ fn unknown_versions_are_reported_as_such() {
     let mut bytes = encode(&working()).unwrap();
     bytes[0] = 7;
     assert_eq!(decode(&bytes), Err(PersistError::UnknownVersion(8)));
-    assert_eq!(decode(&[1]), Err(PersistError::UnknownVersion(2)));
+    assert_eq!(decode(&[2]), Err(PersistError::UnknownVersion(3)));
     // A multi-byte varint tag (index 300).
     assert_eq!(
         decode(&[0xac, 0x02, 0, 0]),
@@ -453,9 +496,14 @@ fn repeated_or_unsorted_keys_are_an_invalid_field() {
 
 #[test]
 fn invalid_enum_and_bool_bytes_are_errors() {
-    // The cancel_requested flag is the last byte of a V1 snapshot; only 0 and 1 are booleans.
-    let mut bytes = encode(&working()).unwrap();
+    // The cancel_requested flag is the last byte of a V1 snapshot (and the byte before the
+    // one-byte attempt count of a V2 one); only 0 and 1 are booleans.
+    let mut bytes = snapshot_bytes(|_| {});
     *bytes.last_mut().unwrap() = 2;
+    assert!(matches!(decode(&bytes), Err(PersistError::Decode(_))));
+    let mut bytes = encode(&working()).unwrap();
+    let at = bytes.len() - 2;
+    bytes[at] = 2;
     assert!(matches!(decode(&bytes), Err(PersistError::Decode(_))));
 }
 
@@ -525,6 +573,7 @@ prop_compose! {
         journal in arb_json_map(),
         outcome in arb_outcome(),
         cancel_requested in any::<bool>(),
+        attempts in any::<u32>(),
     ) -> TaskRecord {
         let (created_at_ms, last_updated_at_ms, ttl_ms, poll_interval_ms, seq) = times;
         TaskRecord {
@@ -546,6 +595,7 @@ prop_compose! {
             journal,
             outcome,
             cancel_requested,
+            attempts,
         }
     }
 }

@@ -60,6 +60,10 @@ impl Dispatcher {
         ctx: &RequestContext,
     ) -> Result<Value, RpcError> {
         let p = UpdateTaskParams::parse(params)?;
+        self.shared
+            .config
+            .limits
+            .check_input_responses(&p.input_responses)?;
         let record = self.resolve(&p.task_id, ctx).await?;
         let responses = p.input_responses.into_iter().collect();
         self.command(&record, Command::Update(responses)).await?;

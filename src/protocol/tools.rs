@@ -69,6 +69,10 @@ impl Dispatcher {
         ctx: &RequestContext,
     ) -> Result<Value, RpcError> {
         let call = CallToolParams::parse(params)?;
+        self.shared.config.limits.check_arguments(&call.arguments)?;
+        if let Some(responses) = &call.input_responses {
+            self.shared.config.limits.check_input_responses(responses)?;
+        }
         let tool = self
             .shared
             .tools

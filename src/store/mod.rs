@@ -980,7 +980,7 @@ impl Writer {
                 detail: detail.clone(),
             };
             tracing::error!(path = %self.path.display(), %detail,
-                "FATAL: an fsync of the task store failed; the store stops (fail-stop) and acknowledges nothing more. Restart the process; redb recovers from what is on disk");
+                "FATAL: an fsync of the task store failed; the store stops (fail-stop) and acknowledges nothing more. Restart the process (after dropping the page cache or rebooting if the disk is suspect); redb recovers from what is on disk");
             *self.db.write().unwrap_or_else(|e| e.into_inner()) = DbState::Halted(detail.clone());
             self.halt.send_replace(Some(detail));
             for ack in acks {

@@ -31,6 +31,9 @@ pub enum Event {
     Cancelled { status_message: Option<String> },
     /// The task outlived `createdAt + ttlMs` before it ended.
     Expire,
+    /// The tool of a `working` task starts again after a crash, a kill or a panic: one more
+    /// attempt (see [`TaskRecord::attempts`]).
+    Restarted,
 }
 
 /// Why an event cannot be applied. None of these change the record.
@@ -43,8 +46,10 @@ pub enum TransitionError {
     DuplicateInputKey(String),
     #[error("an input request needs at least one key")]
     NoInputRequests,
-    #[error("the response for input key `{0}` must be a JSON object")]
-    InvalidInputResponse(String),
+    /// An answer that does not fit the input request it answers (see `task::answer`); the
+    /// whole update is refused and no key is used up.
+    #[error("the response for input key `{key}` {reason}")]
+    InvalidInputResponse { key: String, reason: String },
     #[error("step `{0}` already has a recorded result")]
     StepAlreadyRecorded(String),
     #[error("the task is not expired yet")]
@@ -62,6 +67,7 @@ pub fn apply(
     now_ms: u64,
 ) -> Result<Option<TaskRecord>, TransitionError> {
     let terminal = record.status.is_terminal();
+    let restarted = matches!(event, Event::Restarted);
     let mut next = record.clone();
     match event {
         Event::StatusMessage(message) => {
@@ -77,6 +83,7 @@ pub fn apply(
                 return Err(TransitionError::StepAlreadyRecorded(name));
             }
             next.journal.insert(name, value);
+            next.attempts = 1;
         }
         Event::RequestInputs {
             requests,
@@ -94,6 +101,7 @@ pub fn apply(
                 next.pending_inputs.insert(key, request);
             }
             next.status = TaskStatus::InputRequired;
+            next.attempts = 1;
             if status_message.is_some() {
                 next.status_message = status_message;
             }
@@ -107,8 +115,8 @@ pub fn apply(
                 if !record.pending_inputs.contains_key(&key) {
                     continue; // never issued, already answered, or superseded: ignored
                 }
-                if !response.is_object() {
-                    return Err(TransitionError::InvalidInputResponse(key));
+                if let Err(reason) = super::answer::check(&record.pending_inputs[&key], &response) {
+                    return Err(TransitionError::InvalidInputResponse { key, reason });
                 }
                 next.pending_inputs.remove(&key);
                 next.answers.insert(key, response);
@@ -134,7 +142,11 @@ pub fn apply(
             refuse_if_terminal(record)?;
             next.pending_inputs.clear();
             match &outcome {
-                Outcome::Result(_) => next.status = TaskStatus::Completed,
+                Outcome::Result(_) => {
+                    // No status message of an earlier state survives on a finished task.
+                    next.status = TaskStatus::Completed;
+                    next.status_message = None;
+                }
                 Outcome::Error(TaskError { message, .. }) => {
                     next.status = TaskStatus::Failed;
                     next.status_message = Some(message.clone());
@@ -163,9 +175,16 @@ pub fn apply(
                 data: None,
             }));
         }
+        Event::Restarted => {
+            refuse_if_terminal(record)?;
+            next.attempts = record.attempts.saturating_add(1);
+        }
     }
     next.seq = record.seq.saturating_add(1);
-    next.last_updated_at_ms = now_ms.max(record.last_updated_at_ms);
+    // A restart is bookkeeping, not an update a client could see.
+    if !restarted {
+        next.last_updated_at_ms = now_ms.max(record.last_updated_at_ms);
+    }
     Ok(Some(next))
 }
 

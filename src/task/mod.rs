@@ -5,6 +5,7 @@
 //! changes nothing, or returns the next record with its sequence number raised by one.
 //! The actors persist exactly the records this function returns.
 
+mod answer;
 mod id;
 mod machine;
 
@@ -100,6 +101,13 @@ pub struct TaskRecord {
     pub outcome: Option<Outcome>,
     /// A client asked for cancellation; the tool sees it cooperatively.
     pub cancel_requested: bool,
+    /// Runs of the tool started since the task last made progress, the current one included:
+    /// 1 at creation and again whenever the tool records a new step or asks for input; raised
+    /// before the tool of a `working` task is started again after a crash, a kill or a panic
+    /// (not after a clean shutdown). The runtime fails the task instead of starting a run
+    /// beyond `1 + RuntimeConfig::restart_budget`, so a tool that brings the whole process
+    /// down cannot loop forever across restarts. 0 in snapshots written before it existed.
+    pub attempts: u32,
 }
 
 impl TaskRecord {
@@ -135,6 +143,7 @@ impl TaskRecord {
             journal: BTreeMap::new(),
             outcome: None,
             cancel_requested: false,
+            attempts: 1,
         }
     }
 

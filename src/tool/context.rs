@@ -75,6 +75,7 @@ impl ElicitResponse {
 pub(crate) struct TaskLink {
     pub(crate) actor: ActorRef<TaskMsg>,
     pub(crate) snapshots: watch::Receiver<Arc<TaskRecord>>,
+    pub(crate) limits: crate::limits::Limits,
 }
 
 enum Mode {
@@ -104,6 +105,47 @@ struct Inner {
     client_capabilities: Value,
     task_id: Option<TaskId>,
     mode: Mode,
+    /// Step names used by this run of the tool (a name used twice is a bug of the tool).
+    steps: std::sync::Mutex<std::collections::BTreeSet<String>>,
+}
+
+/// What a step knows about itself: pass [`StepKey::idempotency_key`] to the outside world so
+/// that an effect that ran but whose result was not recorded is not applied twice when the
+/// step runs again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepKey {
+    task: Option<TaskId>,
+    step: String,
+    attempt: u32,
+}
+
+impl StepKey {
+    /// `"<task id>/<step name>"`: the same for every execution of this step of this task,
+    /// across restarts, and different for every other step and task. In a synchronous call
+    /// (no task, nothing journaled) it is `None`.
+    pub fn idempotency_key(&self) -> Option<String> {
+        self.task
+            .as_ref()
+            .map(|t| format!("{}/{}", t.as_str(), self.step))
+    }
+
+    /// The task this step belongs to (`None` in a synchronous call).
+    pub fn task_id(&self) -> Option<&TaskId> {
+        self.task.as_ref()
+    }
+
+    /// The step's name.
+    pub fn step(&self) -> &str {
+        &self.step
+    }
+
+    /// The task's attempt when the step started (see `TaskRecord::attempts`): 1 unless an
+    /// earlier run of the tool ended in a crash, a kill or a panic before recording progress,
+    /// in which case this step may already have had its effect once. (A clean shutdown does
+    /// not raise it, although it also stops a step in the middle: use the idempotency key.)
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
 }
 
 /// Handed to every tool call. Cheap to clone.
@@ -120,6 +162,7 @@ impl ToolContext {
                 client_capabilities: record.client_capabilities.clone(),
                 task_id: Some(record.id.clone()),
                 mode: Mode::Task(link),
+                steps: Default::default(),
             }),
         }
     }
@@ -146,6 +189,7 @@ impl ToolContext {
                 client_capabilities,
                 task_id: None,
                 mode: Mode::Inline(inputs),
+                steps: Default::default(),
             }),
         }
     }
@@ -200,16 +244,49 @@ impl ToolContext {
         }
     }
 
-    /// Runs `f` once per task. Its result is committed under `name` before this returns;
-    /// when the tool runs again after a restart, the recorded value is returned and `f` is not
-    /// called. Step names are keys: use each name once per task. A step that fails is not
-    /// recorded and runs again next time.
+    /// A journaled step: runs `f` and commits its result under `name` before returning; when
+    /// the tool runs again after a restart and the journal has `name`, the recorded value is
+    /// returned and `f` is not called.
+    ///
+    /// **Steps are at-least-once, committed results exactly-once.** If the process dies (or a
+    /// commit fails) after `f` ran but before its result was committed, `f` runs again in the
+    /// next run. A step with an effect on the outside world (a payment, an email) must make
+    /// that effect idempotent: use [`ToolContext::step_with_key`] and pass the key along.
+    ///
+    /// Step names are journal keys: each name may be used once per task; using a name twice
+    /// in one run of the tool is an error (`-32603`, the task fails if the tool returns it). A
+    /// step that fails is not recorded and runs again next time. In a synchronous call
+    /// (no task) nothing is journaled: `f` runs on every call and every MRTR round.
     pub async fn step<T, F, Fut>(&self, name: &str, f: F) -> Result<T, ToolError>
     where
         T: Serialize + DeserializeOwned,
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, ToolError>>,
     {
+        self.step_with_key(name, |_| f()).await
+    }
+
+    /// [`ToolContext::step`], handing `f` the step's [`StepKey`] (task id, step name, attempt)
+    /// to pass to the outside world as an idempotency key.
+    pub async fn step_with_key<T, F, Fut>(&self, name: &str, f: F) -> Result<T, ToolError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(StepKey) -> Fut,
+        Fut: Future<Output = Result<T, ToolError>>,
+    {
+        let fresh = self
+            .inner
+            .steps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_owned());
+        if !fresh {
+            return Err(ToolError::Rpc(crate::error::RpcError::internal(format!(
+                "step name `{name}` is used twice in one task; step names are journal keys and \
+                 must be unique per task"
+            ))));
+        }
+        let mut attempt = 1;
         if let Some(snap) = self.snapshot() {
             #[cfg(feature = "failpoints")]
             let recorded = if crate::failpoints::breaker("break::skip_step_journal") {
@@ -229,16 +306,32 @@ impl ToolContext {
             if snap.cancel_requested || snap.status.is_terminal() {
                 return Err(ToolError::Cancelled);
             }
+            // A step over the step limit does not even start.
+            if let Mode::Task(link) = &self.inner.mode {
+                link.limits
+                    .check_step(&snap.journal, name, &Value::Null)
+                    .map_err(ToolError::Rpc)?;
+            }
+            attempt = snap.attempts.max(1);
         }
-        let value = f().await?;
+        let key = StepKey {
+            task: self.inner.task_id.clone(),
+            step: name.to_owned(),
+            attempt,
+        };
+        let value = f(key).await?;
         #[cfg(feature = "failpoints")]
         fail::fail_point!("step::before_commit");
-        if self.snapshot().is_some() {
+        if let (Some(snap), Mode::Task(link)) = (self.snapshot(), &self.inner.mode) {
             let json = serde_json::to_value(&value).map_err(|e| {
                 ToolError::Runtime(format!(
                     "the value of step `{name}` does not serialize: {e}"
                 ))
             })?;
+            // Over a limit, the tool gets an error it can return (the task then fails).
+            link.limits
+                .check_step(&snap.journal, name, &json)
+                .map_err(ToolError::Rpc)?;
             self.record(Event::StepCompleted {
                 name: name.to_owned(),
                 value: json,

@@ -230,7 +230,7 @@ fn full_answer_resumes_work() {
     let next = step(
         &w,
         Event::ProvideInputs {
-            responses: responses(&[("a", accept()), ("b", json!({}))]),
+            responses: responses(&[("a", accept()), ("b", json!({ "action": "decline" }))]),
         },
         T0 + 20,
     );
@@ -257,7 +257,7 @@ fn partial_answer_keeps_input_required() {
         apply(
             &next,
             Event::ProvideInputs {
-                responses: responses(&[("b", json!({}))])
+                responses: responses(&[("b", json!({ "action": "decline" }))])
             },
             T0
         ),
@@ -319,7 +319,10 @@ fn non_object_answer_for_a_pending_key_is_refused() {
                 },
                 T0
             ),
-            Err(TransitionError::InvalidInputResponse("b".into()))
+            Err(TransitionError::InvalidInputResponse {
+                key: "b".into(),
+                reason: "must be a JSON object".into()
+            })
         );
     }
 }
@@ -540,6 +543,7 @@ struct Model {
     cancel_requested: bool,
     expires_at: Option<u64>,
     has_outcome: bool,
+    attempts: u32,
 }
 
 impl Model {
@@ -554,6 +558,7 @@ impl Model {
             cancel_requested: r.cancel_requested,
             expires_at: r.ttl_ms.map(|t| r.created_at_ms.saturating_add(t)),
             has_outcome: r.outcome.is_some(),
+            attempts: r.attempts,
         }
     }
 
@@ -609,7 +614,10 @@ impl Model {
                     .filter(|(k, _)| self.pending.contains_key(*k))
                     .collect();
                 if let Some((k, _)) = relevant.iter().find(|(_, v)| !v.is_object()) {
-                    return Refused(TransitionError::InvalidInputResponse((*k).clone()));
+                    return Refused(TransitionError::InvalidInputResponse {
+                        key: (*k).clone(),
+                        reason: "must be a JSON object".into(),
+                    });
                 }
                 if relevant.is_empty() {
                     return Unchanged;
@@ -635,8 +643,8 @@ impl Model {
                 _ => self.cancel_requested = true,
             },
             Event::Finish(Outcome::Result(_)) => {
-                let message = self.status_message.clone();
-                self.end(TaskStatus::Completed, message, true);
+                // A completed task keeps no status message of an earlier state.
+                self.end(TaskStatus::Completed, None, true);
             }
             Event::Finish(Outcome::Error(e)) => {
                 self.end(TaskStatus::Failed, Some(e.message.clone()), true)
@@ -653,6 +661,13 @@ impl Model {
                 }
                 self.end(TaskStatus::Failed, Some("Task has expired.".into()), true);
             }
+            Event::Restarted => self.attempts += 1,
+        }
+        if matches!(
+            event,
+            Event::StepCompleted { .. } | Event::RequestInputs { .. }
+        ) {
+            self.attempts = 1;
         }
         Changed
     }
@@ -666,6 +681,7 @@ impl Model {
         prop_assert_eq!(&r.journal, &self.journal);
         prop_assert_eq!(r.cancel_requested, self.cancel_requested);
         prop_assert_eq!(r.outcome.is_some(), self.has_outcome);
+        prop_assert_eq!(r.attempts, self.attempts);
         Ok(())
     }
 }
@@ -717,6 +733,7 @@ fn arb_event() -> impl Strategy<Value = Event> {
         ].prop_map(Event::Finish),
         1 => arb_message().prop_map(|status_message| Event::Cancelled { status_message }),
         2 => Just(Event::Expire),
+        1 => Just(Event::Restarted),
     ]
 }
 
@@ -770,7 +787,12 @@ fn run_sequence(start: TaskRecord, events: Vec<(Event, u64)>) -> Result<(), Test
             prop_assert!(before.status.may_become(next.status));
             // Time never goes backwards.
             prop_assert!(next.last_updated_at_ms >= before.last_updated_at_ms);
-            prop_assert_eq!(next.last_updated_at_ms, now.max(before.last_updated_at_ms));
+            if matches!(event, Event::Restarted) {
+                // A restart is bookkeeping: not an update a client sees.
+                prop_assert_eq!(next.last_updated_at_ms, before.last_updated_at_ms);
+            } else {
+                prop_assert_eq!(next.last_updated_at_ms, now.max(before.last_updated_at_ms));
+            }
             // Identity and creation data never change.
             prop_assert_eq!(&next.id, &before.id);
             prop_assert_eq!(&next.owner, &before.owner);
