@@ -17,7 +17,7 @@ use crate::limits::Limits;
 use crate::protocol::request_state::{KEY_META, RequestStateCodec};
 use crate::protocol::{Dispatcher, Outcome, Reply, RequestContext};
 use crate::store::{BackendFactory, Store, StoreError, StoreOptions, WriteOp};
-use crate::task::{Event, Owner, apply};
+use crate::task::Owner;
 use crate::tool::registry::RegistryError;
 use crate::tool::{Tool, ToolRegistry};
 use crate::wire::ServerInfo;
@@ -237,7 +237,7 @@ impl RuntimeBuilder {
                 "the supervisor stopped while rehydrating".into(),
             ));
         }
-        let reaper = tokio::spawn(reap(shared.clone(), stop_rx));
+        let reaper = tokio::spawn(reap(shared.clone(), supervisor.clone(), stop_rx));
         Ok(Runtime {
             dispatcher: Arc::new(Dispatcher {
                 shared,
@@ -455,13 +455,17 @@ const REAP_BATCH: usize = 1024;
 /// it runs passes back to back while a full batch was due (so it keeps up with any rate the
 /// store can commit), each pass with one group commit for its deletions and concurrent
 /// expiries.
-async fn reap(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+async fn reap(
+    shared: Arc<Shared>,
+    supervisor: ActorRef<SupervisorMsg>,
+    mut stop: watch::Receiver<bool>,
+) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(shared.config.reaper_interval) => {}
             _ = stop.changed() => return,
         }
-        if let Err(e) = reap_due(&shared, &stop).await {
+        if let Err(e) = reap_due(&shared, &supervisor, &stop).await {
             tracing::warn!(error = %e, "expiry reaper pass failed");
         }
     }
@@ -471,11 +475,12 @@ async fn reap(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
 /// what they did in total.
 pub(crate) async fn reap_due(
     shared: &Shared,
+    supervisor: &ActorRef<SupervisorMsg>,
     stop: &watch::Receiver<bool>,
 ) -> Result<ReapPass, crate::error::RuntimeError> {
     let mut total = ReapPass::default();
     loop {
-        let pass = reap_once(shared).await?;
+        let pass = reap_once(shared, supervisor).await?;
         total.due += pass.due;
         total.expired += pass.expired;
         total.deleted += pass.deleted;
@@ -508,11 +513,15 @@ impl ReapPass {
 }
 
 /// One pass of the reaper over at most [`REAP_BATCH`] due ids: the deletions (and the
-/// quarantine of undecodable records) in one commit, the expiries concurrently (through the
-/// task's actor when it has one, else as a write conditional on the sequence number read, so
-/// that it never overwrites a task an actor restarted meanwhile). A record that cannot be read
-/// never stops the pass.
-pub(crate) async fn reap_once(shared: &Shared) -> Result<ReapPass, crate::error::RuntimeError> {
+/// quarantine of undecodable records) in one commit, the expiries concurrently and always by
+/// the task's own actor: a live task without an actor gets one from the supervisor, and a task
+/// actor that starts on an expired task expires it instead of running it. The reaper never
+/// writes a task record (finished records it deletes never change). A record that cannot be
+/// read never stops the pass.
+pub(crate) async fn reap_once(
+    shared: &Shared,
+    supervisor: &ActorRef<SupervisorMsg>,
+) -> Result<ReapPass, crate::error::RuntimeError> {
     let now = shared.now_ms();
     let due = shared.store.due(now, REAP_BATCH).await?;
     let mut pass = ReapPass {
@@ -566,7 +575,7 @@ pub(crate) async fn reap_once(shared: &Shared) -> Result<ReapPass, crate::error:
                 pass.deleted += 1;
             }
         } else if record.is_expired(now) {
-            expiries.push((id, record));
+            expiries.push(id);
         }
     }
     let deletions = async {
@@ -575,18 +584,25 @@ pub(crate) async fn reap_once(shared: &Shared) -> Result<ReapPass, crate::error:
         }
         shared.store.commit(removals).await
     };
-    let expiring = futures::future::join_all(expiries.into_iter().map(|(id, record)| async move {
+    let expiring = futures::future::join_all(expiries.into_iter().map(|id| async move {
         let result = match shared.live.get(&id) {
             Some(live) => match live.actor.call(TaskMsg::Expire, None).await {
                 Ok(ractor::rpc::CallResult::Success(r)) => r.map_err(|e| e.message),
                 Ok(_) => Err("the task actor did not answer".to_owned()),
                 Err(e) => Err(e.to_string()),
             },
-            None => match apply(&record, Event::Expire, now) {
-                Ok(Some(next)) => shared.commit(&next).await.map_err(|e| e.to_string()),
-                Ok(None) => Ok(()),
-                Err(e) => Err(e.to_string()),
-            },
+            // Its actor, once started, finds the task expired and expires it.
+            None => {
+                let task = id.clone();
+                match supervisor
+                    .call(|port| SupervisorMsg::Ensure(task, port), None)
+                    .await
+                {
+                    Ok(ractor::rpc::CallResult::Success(r)) => r.map_err(|e| e.message),
+                    Ok(_) => Err("the supervisor did not answer".to_owned()),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
         };
         match &result {
             Ok(()) => tracing::info!(task = %id, "task expired before it finished"),

@@ -93,6 +93,7 @@ async fn sustained_creation_with_a_short_ttl_levels_off() {
     )
     .await;
     let shared = rt.dispatcher.shared.clone();
+    let supervisor = rt.dispatcher.supervisor.clone();
     let (_stop_tx, stop) = watch::channel(false);
     // 1,000 creations per simulated second, in steps of 100 ms, for 8 simulated seconds; one
     // reaper run (passes back to back) per step.
@@ -100,7 +101,7 @@ async fn sustained_creation_with_a_short_ttl_levels_off() {
     for step in 0..80 {
         create_many(&rt, "instant", 100).await;
         clock.advance(100);
-        let total = reap_due(&shared, &stop).await.unwrap();
+        let total = reap_due(&shared, &supervisor, &stop).await.unwrap();
         assert_eq!(total.quarantined, 0);
         deleted += total.deleted;
         if step % 10 == 9 {
@@ -143,6 +144,7 @@ async fn a_poisoned_record_does_not_stop_the_reaper() {
     )
     .await;
     let shared = rt.dispatcher.shared.clone();
+    let supervisor = rt.dispatcher.supervisor.clone();
     let (_stop_tx, stop) = watch::channel(false);
     // A record from "a newer build": first in the expiry index.
     let poison = "tsk_00000000000000000000000000000000";
@@ -169,13 +171,13 @@ async fn a_poisoned_record_does_not_stop_the_reaper() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     clock.advance(10_000);
-    let first = reap_due(&shared, &stop).await.unwrap();
+    let first = reap_due(&shared, &supervisor, &stop).await.unwrap();
     assert_eq!(first.quarantined, 1, "{first:?}");
     assert_eq!(first.expired, 20, "every live task expired: {first:?}");
     // The poisoned record is left in place but no longer due.
     assert!(rt.store().get(poison).await.unwrap().is_some());
     clock.advance(10_000);
-    let second = reap_due(&shared, &stop).await.unwrap();
+    let second = reap_due(&shared, &supervisor, &stop).await.unwrap();
     assert_eq!(second.quarantined, 0, "{second:?}");
     assert_eq!(second.deleted, 40, "{second:?}");
     let (tasks, _) = rt.store().counts().await.unwrap();
@@ -251,6 +253,7 @@ async fn expiry_and_give_up_racing_restarts_never_change_a_terminal_state() {
             .await
             .unwrap();
         let shared = rt.dispatcher.shared.clone();
+        let supervisor = rt.dispatcher.supervisor.clone();
         let handle = rt.handle();
         let mut ids = Vec::new();
         for i in 0..8 {
@@ -308,13 +311,13 @@ async fn expiry_and_give_up_racing_restarts_never_change_a_terminal_state() {
         clock.advance(1_000);
         let (_reaper_stop_tx, reaper_stop) = watch::channel(false);
         for _ in 0..(1 + rng.next() % 3) {
-            let _ = reap_due(&shared, &reaper_stop).await;
+            let _ = reap_due(&shared, &supervisor, &reaper_stop).await;
             tokio::time::sleep(Duration::from_micros(rng.next() % 2_000)).await;
         }
         // Whatever is left expires at the next passes.
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
-            let _ = reap_due(&shared, &reaper_stop).await;
+            let _ = reap_due(&shared, &supervisor, &reaper_stop).await;
             let mut all = true;
             for id in &ids {
                 let r = shared.load(id).await.unwrap().unwrap();
