@@ -869,3 +869,54 @@ async fn a_task_past_its_expiry_at_start_is_expired_not_run() {
     );
     rt.shutdown().await;
 }
+
+/// A step's idempotency key is the same for every execution of the step (task id and step
+/// name); its attempt says whether an earlier run may already have had the step's effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_gets_a_stable_idempotency_key_and_its_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let tool = tool_fn(
+        ToolDescriptor::new("charge", "charges once, idempotently").task_policy(TaskPolicy::Always),
+        move |ctx, _| {
+            let counter = counter.clone();
+            async move {
+                let seen = ctx
+                    .step_with_key("charge", |key| async move {
+                        // The first execution dies after its effect, before its commit.
+                        if counter.fetch_add(1, Ordering::SeqCst) == 0 {
+                            panic!("crash after the effect");
+                        }
+                        Ok(format!(
+                            "{}#{}",
+                            key.idempotency_key().unwrap_or_default(),
+                            key.attempt()
+                        ))
+                    })
+                    .await?;
+                Ok(CallToolResult::text(seen))
+            }
+        },
+    );
+    let mut config = RuntimeConfig::default();
+    config.restart_backoff = Duration::from_millis(10);
+    let rt = Runtime::builder(dir.path().join("key.redb"))
+        .config(config)
+        .tool(tool)
+        .start()
+        .await
+        .unwrap();
+    let task = create(&rt, "charge", json!({})).await;
+    let done = wait_status(&rt, &task, "completed").await;
+    assert_eq!(
+        done["result"]["content"][0]["text"],
+        format!("{task}/charge#2")
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "the step ran again: at-least-once"
+    );
+    rt.shutdown().await;
+}
