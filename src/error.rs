@@ -105,6 +105,11 @@ impl RpcError {
         Self::new(code::HEADER_MISMATCH, format!("Header mismatch: {detail}"))
     }
 
+    /// `-32602` for a URI no resource or template serves, with the URI in `data` (SEP-2164).
+    pub fn resource_not_found(uri: &str) -> Self {
+        Self::invalid_params(format!("Resource not found: {uri}")).with_data(json!({ "uri": uri }))
+    }
+
     /// The unknown-task answer, also given for another principal's task.
     pub fn task_not_found() -> Self {
         Self::invalid_params("Failed to retrieve task: Task not found")

@@ -13,6 +13,7 @@ pub mod catalog;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod clock;
+pub mod content;
 pub mod demo;
 pub mod error;
 #[cfg(feature = "failpoints")]

@@ -11,7 +11,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::actor::{LiveTasks, Shared, Supervisor, SupervisorMsg, TaskMsg};
-use crate::catalog::{Catalog, Prompt, Resource, ResourceTemplate};
+use crate::catalog::{
+    Catalog, CatalogError, Completer, CompletionRef, Prompt, Resource, ResourceTemplate,
+};
 use crate::clock::{Clock, SystemClock};
 use crate::limits::Limits;
 use crate::protocol::request_state::{KEY_META, RequestStateCodec};
@@ -83,6 +85,8 @@ pub enum StartError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Tool(#[from] RegistryError),
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
     #[error("the supervisor did not start: {0}")]
     Supervisor(String),
 }
@@ -92,6 +96,8 @@ pub struct RuntimeBuilder {
     path: PathBuf,
     tools: Vec<Arc<dyn Tool>>,
     catalog: Catalog,
+    /// The first catalog entry that could not be added; `start` reports it.
+    catalog_error: Option<CatalogError>,
     config: RuntimeConfig,
     store_options: StoreOptions,
     backend: Option<BackendFactory>,
@@ -121,9 +127,21 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Lists a resource template (`resources/templates/list`).
+    /// Lists a resource template (`resources/templates/list`); with a reader, the URIs it
+    /// matches are readable (`resources/read`). A template with a reader that cannot be
+    /// matched makes [`RuntimeBuilder::start`] fail.
     pub fn resource_template(mut self, template: ResourceTemplate) -> Self {
-        self.catalog.add_template(template);
+        if let Err(e) = self.catalog.add_template(template) {
+            self.catalog_error.get_or_insert(e);
+        }
+        self
+    }
+
+    /// Serves `completion/complete` for a prompt's arguments or a template's variables (and
+    /// advertises the `completions` capability). The prompt or template must be registered
+    /// too, or [`RuntimeBuilder::start`] fails.
+    pub fn completion(mut self, reference: CompletionRef, completer: Completer) -> Self {
+        self.catalog.add_completer(reference, completer);
         self
     }
 
@@ -177,6 +195,10 @@ impl RuntimeBuilder {
     /// Opens the store, rehydrates every live task (done when this returns) and starts the
     /// expiry reaper.
     pub async fn start(self) -> Result<Runtime, StartError> {
+        if let Some(e) = self.catalog_error {
+            return Err(e.into());
+        }
+        self.catalog.check()?;
         let mut tools = ToolRegistry::new();
         for tool in self.tools {
             tools.register(tool)?;
@@ -290,6 +312,7 @@ impl Runtime {
             path: path.as_ref().to_owned(),
             tools: Vec::new(),
             catalog: Catalog::default(),
+            catalog_error: None,
             config: RuntimeConfig::default(),
             store_options: StoreOptions::default(),
             backend: None,

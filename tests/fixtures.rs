@@ -160,9 +160,18 @@ async fn every_fixture_is_listed_with_a_description_and_an_object_schema() {
         "test_input_required_result_prompt"
     );
     let templates = f.ok("resources/templates/list", json!({}), json!({})).await;
+    let uri_templates: Vec<&Value> = templates["resourceTemplates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| &t["uriTemplate"])
+        .collect();
     assert_eq!(
-        templates["resourceTemplates"][0]["uriTemplate"],
-        "test://items/{id}"
+        uri_templates,
+        [
+            &json!("test://template/{id}/data"),
+            &json!("test://items/{id}")
+        ]
     );
 }
 
@@ -602,7 +611,16 @@ async fn the_prompt_asks_for_context_then_answers() {
 async fn the_static_resource_is_listed_and_readable() {
     let f = conformance_rt().await;
     let list = f.ok("resources/list", json!({}), json!({})).await;
-    assert_eq!(list["resources"][0]["uri"], "test://static-text");
+    let uris: Vec<&Value> = list["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["uri"])
+        .collect();
+    assert_eq!(
+        uris,
+        [&json!("test://static-binary"), &json!("test://static-text")]
+    );
     assert!(list["ttlMs"].is_u64() && list["cacheScope"].is_string());
     let read = f
         .ok(

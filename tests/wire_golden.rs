@@ -76,6 +76,13 @@ const ALL_GOLDENS: &[&str] = &[
     "resources_list_result",
     "resources_templates_list_result",
     "resources_read_result",
+    "completion_complete_result",
+    "resources_read_blob_result",
+    "resources_read_template_result",
+    "error_resource_not_found",
+    "tools_call_rich_content_result",
+    "prompts_get_rich_content_result",
+    "progress_notification",
 ];
 
 // ---------------------------------------------------------------------------------------------
@@ -1447,12 +1454,11 @@ async fn mrtr_subscriptions_prompts_and_resources() {
             "static-text",
             "Static text.",
         ))
-        .resource_template(ResourceTemplate {
-            uri_template: "test://items/{id}".into(),
-            name: "item".into(),
-            description: Some("One item by id.".into()),
-            mime_type: Some("text/plain".into()),
-        })
+        .resource_template(
+            ResourceTemplate::new("test://items/{id}", "item")
+                .description("One item by id.")
+                .mime_type("text/plain"),
+        )
         .start()
         .await
         .expect("runtime starts");
@@ -1622,4 +1628,171 @@ async fn next_message(stream: &mut mcp_tasks::MessageStream) -> Value {
         .await
         .expect("a message in time")
         .expect("the stream is open")
+}
+
+/// Completions, binary and templated resources, rich tool and prompt content, the
+/// resource-not-found error and a progress notification: goldens validated against the core
+/// schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_resources_rich_content_and_progress() {
+    use mcp_tasks::catalog::{
+        Completion, CompletionRef, GetPromptResult, PromptDescriptor, PromptMessage, Resource,
+        ResourceContents, ResourceTemplate, completer_fn, prompt_fn,
+    };
+    use mcp_tasks::content;
+    use mcp_tasks::protocol::{Outcome, RequestContext};
+    use mcp_tasks::tool::TaskPolicy;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rich = tool_fn(
+        ToolDescriptor::new("rich", "Returns every kind of content.")
+            .task_policy(TaskPolicy::Never),
+        |ctx, _| async move {
+            ctx.progress(1.0, Some(2.0), Some("half way")).await?;
+            Ok(CallToolResult::new(vec![
+                content::text("text"),
+                content::image(b"\x89PNG", "image/png"),
+                content::audio(b"RIFF", "audio/wav"),
+                content::resource_link("test://linked", "linked"),
+                content::embedded(&ResourceContents::blob(
+                    "test://embedded",
+                    "application/octet-stream",
+                    vec![0, 1, 2],
+                )),
+            ]))
+        },
+    );
+    let prompt = prompt_fn(
+        PromptDescriptor::new("trip", "Plans a trip.").argument("city", "Where to.", true),
+        |_, args| async move {
+            let city = args["city"].as_str().unwrap_or_default().to_owned();
+            Ok(GetPromptResult::new(vec![
+                PromptMessage::user(content::image(b"\x89PNG", "image/png")),
+                PromptMessage::assistant(content::embedded(&ResourceContents::text(
+                    "test://guide",
+                    "text/plain",
+                    format!("A guide to {city}."),
+                ))),
+            ])
+            .description("A trip."))
+        },
+    );
+    let runtime = Runtime::builder(dir.path().join("tasks.redb"))
+        .server_info(SERVER_NAME, SERVER_VERSION)
+        .tool(rich)
+        .prompt(prompt)
+        .completion(
+            CompletionRef::Prompt("trip".into()),
+            completer_fn(|request| async move {
+                Ok(Completion::matching(
+                    ["paris", "park", "rome"],
+                    &request.value,
+                ))
+            }),
+        )
+        .resource(Resource::blob(
+            "test://blob",
+            "blob",
+            "application/octet-stream",
+            vec![0xde, 0xad, 0xbe, 0xef],
+        ))
+        .resource_template(ResourceTemplate::new("test://notes/{id}", "note").reader(
+            |request| async move {
+                Ok(vec![ResourceContents::text(
+                    request.uri,
+                    "text/plain",
+                    format!("Note {}.", request.variables["id"]),
+                )])
+            },
+        ))
+        .start()
+        .await
+        .expect("runtime starts");
+    let owner = Owner::anonymous();
+    let caps = json!({});
+    let mut goldens = Goldens::default();
+    let send = |id: u64, method: &'static str, params: Value| {
+        let msg = request_with(id, method, params, caps.clone());
+        let runtime = &runtime;
+        let owner = &owner;
+        async move { runtime.handle_json(msg, owner).await.expect("a response") }
+    };
+
+    let r = send(
+        1,
+        "completion/complete",
+        json!({ "ref": { "type": "ref/prompt", "name": "trip" },
+                "argument": { "name": "city", "value": "pa" } }),
+    )
+    .await;
+    check_result_response(&r, 1);
+    assert_valid(
+        Doc::Core,
+        "CompleteResult",
+        &r["result"],
+        "completion/complete",
+    );
+    goldens.check("completion_complete_result", &r);
+
+    let r = send(2, "resources/read", json!({ "uri": "test://blob" })).await;
+    check_result_response(&r, 2);
+    assert_valid(Doc::Core, "ReadResourceResult", &r["result"], "blob read");
+    goldens.check("resources_read_blob_result", &r);
+
+    let r = send(3, "resources/read", json!({ "uri": "test://notes/7" })).await;
+    check_result_response(&r, 3);
+    assert_valid(
+        Doc::Core,
+        "ReadResourceResult",
+        &r["result"],
+        "template read",
+    );
+    goldens.check("resources_read_template_result", &r);
+
+    let r = send(4, "resources/read", json!({ "uri": "test://nothing" })).await;
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    assert_eq!(r["error"]["data"]["uri"], "test://nothing", "{r}");
+    assert_valid(Doc::Core, "JSONRPCErrorResponse", &r, "resource not found");
+    goldens.check("error_resource_not_found", &r);
+
+    let r = send(5, "tools/call", json!({ "name": "rich", "arguments": {} })).await;
+    check_result_response(&r, 5);
+    assert_valid(Doc::Core, "CallToolResult", &r["result"], "rich content");
+    goldens.check("tools_call_rich_content_result", &r);
+
+    let r = send(
+        6,
+        "prompts/get",
+        json!({ "name": "trip", "arguments": { "city": "Rome" } }),
+    )
+    .await;
+    check_result_response(&r, 6);
+    assert_valid(Doc::Core, "GetPromptResult", &r["result"], "rich prompt");
+    goldens.check("prompts_get_rich_content_result", &r);
+
+    // The progress notification, as a streaming transport receives it before the response.
+    let mut msg = request_with(
+        7,
+        "tools/call",
+        json!({ "name": "rich", "arguments": {} }),
+        caps.clone(),
+    );
+    msg["params"]["_meta"]["progressToken"] = json!("p-7");
+    let ctx = RequestContext::new(owner.clone()).with_streams(true);
+    let Outcome::Stream(mut stream) = runtime.handle().dispatch_json(msg, &ctx).await else {
+        panic!("a call with a progressToken that reports progress streams");
+    };
+    use futures::StreamExt as _;
+    let progress = stream.next().await.expect("a progress notification");
+    assert_valid(Doc::Core, "ProgressNotification", &progress, "progress");
+    goldens.check("progress_notification", &progress);
+    let response = stream.next().await.expect("the response");
+    check_result_response(&response, 7);
+    assert!(
+        stream.next().await.is_none(),
+        "the response ends the stream"
+    );
+
+    goldens.finish();
+    runtime.shutdown().await;
 }

@@ -13,6 +13,7 @@ pub(crate) mod request_state;
 mod tasks;
 mod tools;
 
+use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -25,6 +26,7 @@ use serde_json::{Map, Value};
 use crate::actor::{Shared, SupervisorMsg};
 use crate::error::{RpcError, http_status};
 use crate::task::Owner;
+use crate::tool::registry::HeaderParam;
 use crate::wire::jsonrpc::{self, Incoming};
 use crate::wire::meta::RequestMeta;
 use crate::wire::params::ListParams;
@@ -37,6 +39,8 @@ pub struct RoutingHeaders {
     pub protocol_version: Option<String>,
     pub method: Option<String>,
     pub name: Option<String>,
+    /// `Mcp-Param-{Name}` headers (SEP-2243), by `Name` in lower case, decoded and trimmed.
+    pub params: BTreeMap<String, String>,
 }
 
 /// Who sends a message and how, as established by the transport (authentication is the
@@ -50,6 +54,10 @@ pub struct RequestContext {
     /// Whether a missing `Mcp-Name` on `tasks/*` is `-32020` (by default it is accepted: the
     /// body is authoritative and some clients omit it).
     pub strict_headers: bool,
+    /// Whether the transport can send request-scoped notifications (`notifications/progress`)
+    /// before the response ([`Outcome::Stream`]): an HTTP client that accepts
+    /// `text/event-stream`, stdio. Without it a request is always answered with one response.
+    pub streams: bool,
 }
 
 impl RequestContext {
@@ -58,7 +66,15 @@ impl RequestContext {
             owner,
             headers: None,
             strict_headers: false,
+            streams: false,
         }
+    }
+
+    /// Says whether the transport can stream request-scoped notifications before the
+    /// response (see [`RequestContext::streams`]).
+    pub fn with_streams(mut self, streams: bool) -> Self {
+        self.streams = streams;
+        self
     }
 
     /// The context of an HTTP request with its routing headers.
@@ -67,6 +83,7 @@ impl RequestContext {
             owner,
             headers: Some(headers),
             strict_headers,
+            streams: false,
         }
     }
 }
@@ -95,9 +112,10 @@ impl Reply {
     }
 }
 
-/// A stream of JSON-RPC messages that answers one request (`subscriptions/listen`): the
+/// A stream of JSON-RPC messages that answers one request. For `subscriptions/listen`: the
 /// acknowledgement first, then notifications; when the server shuts down, the request's
-/// result last. Dropping it cancels the request.
+/// result last. For a synchronous `tools/call` that reports progress: its
+/// `notifications/progress`, then the response. Dropping it cancels the request.
 pub struct MessageStream {
     inner: BoxStream<'static, Value>,
 }
@@ -250,16 +268,28 @@ impl Dispatcher {
         };
         let body = params.and_then(|p| p.get(member)).and_then(Value::as_str);
         match (&headers.name, body) {
-            (Some(name), Some(body)) if name != body => Err(RpcError::header_mismatch(format!(
-                "Mcp-Name header `{name}` differs from the body's `{member}`"
-            ))),
-            (Some(_), _) => Ok(()),
+            (Some(name), Some(body)) if name != body => {
+                return Err(RpcError::header_mismatch(format!(
+                    "Mcp-Name header `{name}` differs from the body's `{member}`"
+                )));
+            }
+            (Some(_), _) => {}
             (None, _) if member == "taskId" && !ctx.strict_headers => {
                 tracing::debug!(%method, "Mcp-Name header missing; the body is authoritative");
-                Ok(())
             }
-            (None, _) => Err(RpcError::header_mismatch("the Mcp-Name header is missing")),
+            (None, _) => {
+                return Err(RpcError::header_mismatch("the Mcp-Name header is missing"));
+            }
         }
+        if method == methods::TOOLS_CALL
+            && let Some(tool) = body
+        {
+            let arguments = params
+                .and_then(|p| p.get("arguments"))
+                .and_then(Value::as_object);
+            check_param_headers(self.shared.tools.header_params(tool), arguments, headers)?;
+        }
+        Ok(())
     }
 
     async fn request(
@@ -292,7 +322,7 @@ impl Dispatcher {
                 single_page(params)?;
                 results::list(server, "tools", shared.tools.list(), hints)
             }
-            methods::TOOLS_CALL => self.call_tool(params, &meta, ctx).await?,
+            methods::TOOLS_CALL => return self.call_tool(id, params, &meta, ctx).await,
             methods::TASKS_GET | methods::TASKS_UPDATE | methods::TASKS_CANCEL => {
                 if !meta.declares_tasks() {
                     return Err(RpcError::tasks_extension_required());
@@ -330,14 +360,18 @@ impl Dispatcher {
                 )
             }
             methods::RESOURCES_READ if shared.catalog.has_resources() => {
-                self.read_resource(params)?
+                self.read_resource(params, ctx).await?
+            }
+            methods::COMPLETION_COMPLETE if shared.catalog.has_completions() => {
+                self.complete(params, ctx).await?
             }
             other => return Err(RpcError::method_not_found(other)),
         };
         Ok(Answer::Result(result))
     }
 
-    /// Tools and the Tasks extension always; prompts and resources when registered.
+    /// Tools and the Tasks extension always; prompts, resources and completions when
+    /// registered.
     fn capabilities(&self) -> Map<String, Value> {
         let mut caps = results::capabilities();
         if self.shared.catalog.has_prompts() {
@@ -346,8 +380,66 @@ impl Dispatcher {
         if self.shared.catalog.has_resources() {
             caps.insert("resources".into(), Value::Object(Map::new()));
         }
+        if self.shared.catalog.has_completions() {
+            caps.insert("completions".into(), Value::Object(Map::new()));
+        }
         caps
     }
+}
+
+/// SEP-2243: every `x-mcp-header` argument present in the body is mirrored in its
+/// `Mcp-Param-*` header with the same value, and no such header comes without its argument.
+/// Strings compare exactly (after the transport's `=?base64?…?=` decoding), numbers
+/// numerically, booleans as `true`/`false`. A `null` argument counts as absent.
+fn check_param_headers(
+    declared: &[HeaderParam],
+    arguments: Option<&Map<String, Value>>,
+    headers: &RoutingHeaders,
+) -> Result<(), RpcError> {
+    for param in declared {
+        let body = arguments
+            .and_then(|a| a.get(&param.argument))
+            .filter(|v| !v.is_null());
+        let header = headers.params.get(&param.header.to_ascii_lowercase());
+        let name = &param.header;
+        match (body, header) {
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(RpcError::header_mismatch(format!(
+                    "the Mcp-Param-{name} header is missing (argument `{}` is in the body)",
+                    param.argument
+                )));
+            }
+            (None, Some(_)) => {
+                return Err(RpcError::header_mismatch(format!(
+                    "the Mcp-Param-{name} header is present but argument `{}` is not",
+                    param.argument
+                )));
+            }
+            (Some(body), Some(header)) => {
+                let same = match body {
+                    Value::String(s) => s == header,
+                    Value::Bool(b) => header == if *b { "true" } else { "false" },
+                    Value::Number(n) => match (n.as_i64(), header.parse::<i64>()) {
+                        (Some(a), Ok(b)) => a == b,
+                        _ => n
+                            .as_f64()
+                            .zip(header.parse::<f64>().ok())
+                            .is_some_and(|(a, b)| a == b),
+                    },
+                    // Schema validation rejects other types later; they cannot be mirrored.
+                    _ => true,
+                };
+                if !same {
+                    return Err(RpcError::header_mismatch(format!(
+                        "the Mcp-Param-{name} header differs from argument `{}`",
+                        param.argument
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Lists have one page: a cursor is never valid.

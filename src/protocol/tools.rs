@@ -1,21 +1,120 @@
-//! `tools/call`: synchronous calls and task creation.
+//! `tools/call`: synchronous calls (with progress on the response stream) and task creation.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt};
 use serde_json::{Map, Value};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 use super::request_state::Binding;
-use super::{Dispatcher, RequestContext};
-use crate::actor::SupervisorMsg;
+use super::{Answer, Dispatcher, MessageStream, RequestContext};
+use crate::actor::{Shared, SupervisorMsg};
 use crate::error::RpcError;
 use crate::task::{TaskId, TaskRecord};
-use crate::tool::{TaskPolicy, ToolContext, ToolError};
+use crate::tool::context::ProgressSink;
+use crate::tool::{TaskPolicy, Tool, ToolContext, ToolError};
+use crate::wire::jsonrpc;
 use crate::wire::meta::RequestMeta;
 use crate::wire::params::CallToolParams;
 use crate::wire::{methods, results};
+
+/// Progress notifications of one synchronous call waiting to be written; beyond this, new
+/// reports are dropped (progress is advisory; the result never is).
+const PROGRESS_BUFFER: usize = 64;
+
+/// The `input_required` result that ends an MRTR round, with a fresh signed state carrying
+/// every answer used so far.
+fn input_required_result(
+    shared: &Shared,
+    binding: &Binding<'_>,
+    ctx: &ToolContext,
+    requests: BTreeMap<String, Value>,
+) -> Value {
+    let state = shared
+        .request_state
+        .sign(binding, ctx.consumed_answers(), shared.now_ms());
+    results::input_required(
+        &shared.config.server_info,
+        requests.into_iter().collect(),
+        state,
+    )
+}
+
+/// Runs a synchronous call to its result (a `CallToolResult` or an `input_required` round).
+async fn run_sync(
+    shared: &Shared,
+    tool: Arc<dyn Tool>,
+    tool_ctx: ToolContext,
+    binding: Binding<'_>,
+) -> Result<Value, RpcError> {
+    let outcome = AssertUnwindSafe(tool.call(tool_ctx.clone(), binding.arguments.clone()))
+        .catch_unwind()
+        .await;
+    match outcome {
+        Ok(Ok(result)) => Ok(results::call_tool_result(
+            &shared.config.server_info,
+            result.to_json(),
+        )),
+        Ok(Err(ToolError::InputRequired(requests))) => {
+            Ok(input_required_result(shared, &binding, &tool_ctx, requests))
+        }
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err(RpcError::internal(format!(
+            "tool `{}` panicked",
+            binding.name
+        ))),
+    }
+}
+
+/// What a synchronous call with progress produces next.
+enum Step {
+    Progress(Value),
+    Done(Result<Value, RpcError>),
+}
+
+/// A synchronous call running on its own tokio task, with its progress notifications.
+/// Dropping it (the caller closed the response stream) cancels the call.
+struct SyncCall {
+    progress: mpsc::Receiver<Value>,
+    call: Option<JoinHandle<Result<Value, RpcError>>>,
+    queued: VecDeque<Step>,
+}
+
+impl SyncCall {
+    async fn next(&mut self) -> Option<Step> {
+        if let Some(step) = self.queued.pop_front() {
+            return Some(step);
+        }
+        let call = self.call.as_mut()?;
+        tokio::select! {
+            biased;
+            Some(message) = self.progress.recv() => Some(Step::Progress(message)),
+            joined = call => {
+                self.call = None;
+                // Reports sent just before the end still go out, before the result.
+                while let Ok(message) = self.progress.try_recv() {
+                    self.queued.push_back(Step::Progress(message));
+                }
+                let done = joined.unwrap_or_else(|e| {
+                    Err(RpcError::internal(format!("the tool call did not finish: {e}")))
+                });
+                self.queued.push_back(Step::Done(done));
+                self.queued.pop_front()
+            }
+        }
+    }
+}
+
+impl Drop for SyncCall {
+    fn drop(&mut self) {
+        if let Some(call) = &self.call {
+            call.abort();
+        }
+    }
+}
 
 impl Dispatcher {
     /// The inline context of one core MRTR round: the answers carried in a verified
@@ -26,6 +125,7 @@ impl Dispatcher {
         request_state: Option<&str>,
         input_responses: Option<Map<String, Value>>,
         capabilities: Value,
+        progress: Option<ProgressSink>,
     ) -> Result<ToolContext, RpcError> {
         let mut responses = Map::new();
         if let Some(state) = request_state {
@@ -40,6 +140,7 @@ impl Dispatcher {
             binding.owner.clone(),
             capabilities,
             responses,
+            progress,
         ))
     }
 
@@ -51,23 +152,19 @@ impl Dispatcher {
         ctx: &ToolContext,
         requests: BTreeMap<String, Value>,
     ) -> Value {
-        let state =
-            self.shared
-                .request_state
-                .sign(binding, ctx.consumed_answers(), self.shared.now_ms());
-        results::input_required(
-            &self.shared.config.server_info,
-            requests.into_iter().collect(),
-            state,
-        )
+        input_required_result(&self.shared, binding, ctx, requests)
     }
 
+    /// `tools/call`. A synchronous call whose request carries a `progressToken`, on a
+    /// transport that can stream, answers with a stream as soon as the tool reports progress:
+    /// the `notifications/progress`, then the response. Without a report it is one response.
     pub(super) async fn call_tool(
         &self,
+        id: &Value,
         params: Option<&Map<String, Value>>,
         meta: &RequestMeta,
         ctx: &RequestContext,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<Answer, RpcError> {
         let call = CallToolParams::parse(params)?;
         self.shared.config.limits.check_arguments(&call.arguments)?;
         if let Some(responses) = &call.input_responses {
@@ -95,34 +192,83 @@ impl Dispatcher {
             name: &call.name,
             arguments: &call.arguments,
         };
+
+        if !as_task {
+            let token = meta.progress_token.clone().filter(|_| ctx.streams);
+            let Some(token) = token else {
+                let tool_ctx = self.mrtr_context(
+                    &binding,
+                    call.request_state.as_deref(),
+                    call.input_responses.clone(),
+                    capabilities,
+                    None,
+                )?;
+                return run_sync(&self.shared, tool, tool_ctx, binding)
+                    .await
+                    .map(Answer::Result);
+            };
+            let (tx, rx) = mpsc::channel(PROGRESS_BUFFER);
+            let tool_ctx = self.mrtr_context(
+                &binding,
+                call.request_state.as_deref(),
+                call.input_responses.clone(),
+                capabilities,
+                Some(ProgressSink::new(token, tx)),
+            )?;
+            let shared = self.shared.clone();
+            let owner = ctx.owner.clone();
+            let handle = tokio::spawn(async move {
+                let binding = Binding {
+                    owner: &owner,
+                    method: methods::TOOLS_CALL,
+                    name: &call.name,
+                    arguments: &call.arguments,
+                };
+                run_sync(&shared, tool, tool_ctx, binding).await
+            });
+            let mut sync_call = SyncCall {
+                progress: rx,
+                call: Some(handle),
+                queued: VecDeque::new(),
+            };
+            return match sync_call.next().await {
+                Some(Step::Done(done)) => done.map(Answer::Result),
+                Some(Step::Progress(first)) => {
+                    let id = id.clone();
+                    let rest = futures::stream::unfold(sync_call, move |mut sync_call| {
+                        let id = id.clone();
+                        async move {
+                            let message = match sync_call.next().await? {
+                                Step::Progress(message) => message,
+                                Step::Done(Ok(result)) => jsonrpc::result_response(&id, result),
+                                Step::Done(Err(e)) => jsonrpc::error_response(Some(&id), &e),
+                            };
+                            Some((message, sync_call))
+                        }
+                    });
+                    let stream = futures::stream::once(async move { first }).chain(rest);
+                    Ok(Answer::Stream(MessageStream::new(stream.boxed())))
+                }
+                None => Err(RpcError::internal("the tool call ended without a result")),
+            };
+        }
+
         let tool_ctx = self.mrtr_context(
             &binding,
             call.request_state.as_deref(),
             call.input_responses.clone(),
             capabilities.clone(),
+            None,
         )?;
-
-        if !as_task {
-            let outcome = AssertUnwindSafe(tool.call(tool_ctx.clone(), call.arguments.clone()))
-                .catch_unwind()
-                .await;
-            return match outcome {
-                Ok(Ok(result)) => Ok(results::call_tool_result(server, result.to_json())),
-                Ok(Err(ToolError::InputRequired(requests))) => {
-                    Ok(self.input_required(&binding, &tool_ctx, requests))
-                }
-                Ok(Err(e)) => Err(e.into()),
-                Err(_) => Err(RpcError::internal(format!("tool `{}` panicked", call.name))),
-            };
-        }
-
         let prepared = AssertUnwindSafe(tool.prepare(tool_ctx.clone(), call.arguments.clone()))
             .catch_unwind()
             .await;
         let arguments = match prepared {
             Ok(Ok(arguments)) => arguments,
             Ok(Err(ToolError::InputRequired(requests))) => {
-                return Ok(self.input_required(&binding, &tool_ctx, requests));
+                return Ok(Answer::Result(
+                    self.input_required(&binding, &tool_ctx, requests),
+                ));
             }
             Ok(Err(e)) => return Err(e.into()),
             Err(_) => return Err(RpcError::internal(format!("tool `{}` panicked", call.name))),
@@ -171,6 +317,6 @@ impl Dispatcher {
         .await
         .map_err(|e| RpcError::internal(format!("task creation was interrupted: {e}")))??;
         tracing::debug!(task = %record.id, tool = %record.tool, owner = %record.owner, "task created");
-        Ok(results::create_task(&record, server))
+        Ok(Answer::Result(results::create_task(&record, server)))
     }
 }

@@ -107,6 +107,35 @@ struct Inner {
     mode: Mode,
     /// Step names used by this run of the tool (a name used twice is a bug of the tool).
     steps: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    progress: Option<ProgressSink>,
+}
+
+/// Where the progress of a synchronous call goes: `notifications/progress` for the request's
+/// `progressToken`, on the response stream of that request (never anywhere else).
+pub(crate) struct ProgressSink {
+    token: Value,
+    messages: tokio::sync::mpsc::Sender<Value>,
+    /// The last progress sent: values must increase.
+    last: std::sync::Mutex<Option<f64>>,
+}
+
+impl ProgressSink {
+    pub(crate) fn new(token: Value, messages: tokio::sync::mpsc::Sender<Value>) -> Self {
+        Self {
+            token,
+            messages,
+            last: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+/// A progress figure as text: integers without a fraction.
+fn figure(value: f64) -> String {
+    if value.fract() == 0.0 && value.abs() < 1e15 {
+        format!("{}", value as i64)
+    } else {
+        format!("{value}")
+    }
 }
 
 /// What a step knows about itself: pass [`StepKey::idempotency_key`] to the outside world so
@@ -163,6 +192,7 @@ impl ToolContext {
                 task_id: Some(record.id.clone()),
                 mode: Mode::Task(link),
                 steps: Default::default(),
+                progress: None,
             }),
         }
     }
@@ -170,14 +200,16 @@ impl ToolContext {
     /// A context for a synchronous call without input responses: steps run directly and
     /// nothing is journaled; an input request ends the round with an `input_required` result.
     pub fn inline(owner: Owner, client_capabilities: Value) -> Self {
-        Self::for_request(owner, client_capabilities, Map::new())
+        Self::for_request(owner, client_capabilities, Map::new(), None)
     }
 
-    /// A context for one round of a synchronous call (core MRTR) with the answers known so far.
+    /// A context for one round of a synchronous call (core MRTR) with the answers known so far
+    /// and, when the caller asked for it, where progress goes.
     pub(crate) fn for_request(
         owner: Owner,
         client_capabilities: Value,
         responses: Map<String, Value>,
+        progress: Option<ProgressSink>,
     ) -> Self {
         let inputs = InlineInputs {
             responses,
@@ -190,6 +222,7 @@ impl ToolContext {
                 task_id: None,
                 mode: Mode::Inline(inputs),
                 steps: Default::default(),
+                progress,
             }),
         }
     }
@@ -459,6 +492,56 @@ impl ToolContext {
     pub async fn set_status(&self, message: impl Into<String>) -> Result<(), ToolError> {
         self.record(Event::StatusMessage(Some(message.into())))
             .await
+    }
+
+    /// Reports how far the call got (`progress` should grow with every report; `total` when
+    /// known).
+    ///
+    /// - In a synchronous call whose request carried `_meta.progressToken`, the caller gets
+    ///   `notifications/progress` on the response stream of that request (an SSE response
+    ///   over HTTP) before the result. A report whose `progress` does not exceed the last one
+    ///   is not sent (MCP requires increasing values); reports are dropped rather than queued
+    ///   without bound when the caller reads slowly.
+    /// - In a task, progress becomes the task's `statusMessage` (`message`, or
+    ///   `"{progress}/{total}"`), committed before this returns, like [`Self::set_status`]:
+    ///   the Tasks extension carries no progress notifications.
+    /// - Otherwise nobody asked, and nothing happens.
+    pub async fn progress(
+        &self,
+        progress: f64,
+        total: Option<f64>,
+        message: Option<&str>,
+    ) -> Result<(), ToolError> {
+        if !progress.is_finite() || total.is_some_and(|t| !t.is_finite()) {
+            return Err(ToolError::Runtime(format!(
+                "progress must be a finite number (got {progress}, total {total:?})"
+            )));
+        }
+        if let Mode::Task(_) = &self.inner.mode {
+            let status = match (message, total) {
+                (Some(m), _) => m.to_owned(),
+                (None, Some(t)) => format!("{}/{}", figure(progress), figure(t)),
+                (None, None) => figure(progress),
+            };
+            return self.set_status(status).await;
+        }
+        let Some(sink) = &self.inner.progress else {
+            return Ok(());
+        };
+        {
+            let mut last = sink.last.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|l| progress <= l) {
+                tracing::debug!(progress, last = ?*last, "progress did not increase; not sent");
+                return Ok(());
+            }
+            *last = Some(progress);
+        }
+        let notification =
+            crate::wire::results::progress_notification(&sink.token, progress, total, message);
+        if let Err(e) = sink.messages.try_send(notification) {
+            tracing::debug!(error = %e, "progress notification dropped");
+        }
+        Ok(())
     }
 
     /// Whether a client asked to cancel the task.

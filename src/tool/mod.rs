@@ -118,6 +118,15 @@ pub struct CallToolResult {
 }
 
 impl CallToolResult {
+    /// A result with these content blocks (see [`crate::content`] for text, image, audio,
+    /// resource links and embedded resources).
+    pub fn new(content: Vec<Value>) -> Self {
+        Self {
+            content,
+            ..Self::default()
+        }
+    }
+
     /// One text content block.
     pub fn text(text: impl Into<String>) -> Self {
         Self {

@@ -11,15 +11,79 @@ use crate::error::RpcError;
 struct Entry {
     tool: Arc<dyn Tool>,
     validator: jsonschema::Validator,
+    headers: Vec<HeaderParam>,
+}
+
+/// An argument a client mirrors into an HTTP header (SEP-2243 `x-mcp-header`): the
+/// argument's value travels in `Mcp-Param-{header}` too, and the server checks that both agree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderParam {
+    /// The top-level argument.
+    pub argument: String,
+    /// The header's name after `Mcp-Param-`, as declared.
+    pub header: String,
+    /// The argument's JSON type: `string`, `integer`, `number` or `boolean`.
+    pub kind: String,
+}
+
+/// The `x-mcp-header` annotations of an input schema's top-level properties.
+fn header_params(schema: &Value) -> Result<Vec<HeaderParam>, String> {
+    let mut params: Vec<HeaderParam> = Vec::new();
+    let Some(properties) = schema.get("properties").and_then(Value::as_object) else {
+        return Ok(params);
+    };
+    for (argument, property) in properties {
+        let Some(annotation) = property.get("x-mcp-header") else {
+            continue;
+        };
+        let header = annotation
+            .as_str()
+            .ok_or_else(|| format!("`x-mcp-header` of `{argument}` must be a string"))?;
+        let token = !header.is_empty()
+            && header
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if !token {
+            return Err(format!(
+                "`x-mcp-header` of `{argument}` must be a non-empty HTTP header name token, not `{header}`"
+            ));
+        }
+        let kind = match property.get("type").and_then(Value::as_str) {
+            Some(k @ ("string" | "integer" | "number" | "boolean")) => k.to_owned(),
+            _ => {
+                return Err(format!(
+                    "`{argument}` has `x-mcp-header` but is not of type string, integer, number or boolean"
+                ));
+            }
+        };
+        if let Some(other) = params
+            .iter()
+            .find(|p| p.header.eq_ignore_ascii_case(header))
+        {
+            return Err(format!(
+                "`{argument}` and `{}` both use the header `Mcp-Param-{header}`",
+                other.argument
+            ));
+        }
+        params.push(HeaderParam {
+            argument: argument.clone(),
+            header: header.to_owned(),
+            kind,
+        });
+    }
+    Ok(params)
 }
 
 /// Longest validation detail quoted back to a client.
 const MAX_DETAIL: usize = 256;
 
-/// Tools by name, listed in name order (deterministic `tools/list`).
+/// Tools by name, listed in the order they were registered (a deterministic `tools/list`
+/// whose order the host chooses).
 #[derive(Default)]
 pub struct ToolRegistry {
     tools: BTreeMap<String, Entry>,
+    /// Names in registration order.
+    order: Vec<String>,
 }
 
 /// Why a tool cannot be registered.
@@ -39,7 +103,9 @@ impl ToolRegistry {
         Self::default()
     }
 
-    /// Adds a tool. Its `inputSchema` must be an object schema with `"type": "object"`.
+    /// Adds a tool. Its `inputSchema` must be an object schema with `"type": "object"`; an
+    /// `x-mcp-header` annotation must name a header token on a top-level property of a
+    /// primitive type, once per header name (case-insensitively).
     pub fn register(&mut self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
         let d = tool.descriptor();
         let name = d.name.clone();
@@ -66,7 +132,20 @@ impl ToolRegistry {
                 detail: e.to_string(),
             }
         })?;
-        self.tools.insert(name, Entry { tool, validator });
+        let headers =
+            header_params(&d.input_schema).map_err(|detail| RegistryError::InvalidSchema {
+                name: name.clone(),
+                detail,
+            })?;
+        self.order.push(name.clone());
+        self.tools.insert(
+            name,
+            Entry {
+                tool,
+                validator,
+                headers,
+            },
+        );
         Ok(())
     }
 
@@ -74,14 +153,21 @@ impl ToolRegistry {
         self.tools.get(name).map(|e| &e.tool)
     }
 
+    /// The arguments of tool `name` mirrored in `Mcp-Param-*` headers (empty for an unknown
+    /// tool).
+    pub fn header_params(&self, name: &str) -> &[HeaderParam] {
+        self.tools.get(name).map_or(&[], |e| e.headers.as_slice())
+    }
+
     pub fn is_empty(&self) -> bool {
         self.tools.is_empty()
     }
 
-    /// The `tools/list` objects in name order.
+    /// The `tools/list` objects in registration order.
     pub fn list(&self) -> Vec<Value> {
-        self.tools
-            .values()
+        self.order
+            .iter()
+            .filter_map(|name| self.tools.get(name))
             .map(|e| e.tool.descriptor().to_json())
             .collect()
     }
@@ -117,6 +203,59 @@ impl ToolRegistry {
                     "invalid arguments for tool `{name}`: `{field}`: {detail}"
                 )))
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tool::{CallToolResult, ToolDescriptor, tool_fn};
+    use serde_json::json;
+
+    fn with_schema(schema: Value) -> Result<(), RegistryError> {
+        let tool = tool_fn(
+            ToolDescriptor::new("t", "d").input_schema(schema),
+            |_, _| async { Ok(CallToolResult::text("x")) },
+        );
+        ToolRegistry::new().register(tool)
+    }
+
+    #[test]
+    fn header_annotations_are_checked() {
+        let ok = json!({ "type": "object", "properties": {
+            "region": { "type": "string", "x-mcp-header": "Region" },
+            "priority": { "type": "integer", "x-mcp-header": "Priority" },
+            "query": { "type": "string" }
+        }});
+        let mut registry = ToolRegistry::new();
+        registry
+            .register(tool_fn(
+                ToolDescriptor::new("t", "d").input_schema(ok),
+                |_, _| async { Ok(CallToolResult::text("x")) },
+            ))
+            .unwrap();
+        let params = registry.header_params("t");
+        assert_eq!(params.len(), 2);
+        assert_eq!(params[0].argument, "region");
+        assert_eq!(params[1].header, "Priority");
+        assert!(registry.header_params("unknown").is_empty());
+        for bad in [
+            json!({ "type": "object", "properties": { "a": { "type": "string", "x-mcp-header": "" } } }),
+            json!({ "type": "object", "properties": { "a": { "type": "string", "x-mcp-header": "A B" } } }),
+            json!({ "type": "object", "properties": { "a": { "type": "string", "x-mcp-header": 5 } } }),
+            json!({ "type": "object", "properties": { "a": { "type": "object", "x-mcp-header": "A" } } }),
+            json!({ "type": "object", "properties": {
+                "a": { "type": "string", "x-mcp-header": "Same" },
+                "b": { "type": "string", "x-mcp-header": "same" } } }),
+        ] {
+            assert!(
+                matches!(
+                    with_schema(bad.clone()),
+                    Err(RegistryError::InvalidSchema { .. })
+                ),
+                "{bad}"
+            );
         }
     }
 }

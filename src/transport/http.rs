@@ -30,6 +30,7 @@
 //! Sessions do not exist in `2026-07-28`: `Mcp-Session-Id` is neither minted nor echoed, and
 //! `Last-Event-ID` is ignored (SSE events carry no ids).
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -61,6 +62,8 @@ pub const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
 pub const METHOD_HEADER: &str = "mcp-method";
 /// The `Mcp-Name` request header.
 pub const NAME_HEADER: &str = "mcp-name";
+/// The prefix of the `Mcp-Param-{Name}` headers that mirror tool arguments (SEP-2243).
+pub const PARAM_HEADER_PREFIX: &str = "mcp-param-";
 
 /// Configuration of the HTTP transport. `Default` serves `/mcp` to local callers, every one of
 /// them the anonymous principal: set an [`HttpConfig::authenticator`] before serving anyone
@@ -309,7 +312,8 @@ async fn respond(endpoint: &Endpoint, request: Request) -> (Response, &'static s
             _ => RoutingHeaders::default(),
         },
     };
-    let ctx = RequestContext::http(identity.owner, headers, config.strict_headers);
+    let ctx = RequestContext::http(identity.owner, headers, config.strict_headers)
+        .with_streams(accepts_event_stream(&parts.headers));
 
     // The dispatch runs to completion even if the client goes away meanwhile.
     let handle = endpoint.handle.clone();
@@ -506,25 +510,58 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
     Ok(Bytes::from(buf))
 }
 
+/// Whether the client accepts an SSE response (`Accept` lists `text/event-stream`): only then
+/// may a request other than `subscriptions/listen` be answered with request-scoped
+/// notifications before its response.
+fn accepts_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|range| {
+            let media = range.split(';').next().unwrap_or_default().trim();
+            media.eq_ignore_ascii_case("text/event-stream")
+        })
+}
+
 // ---------------------------------------------------------------------------------------------
 // Routing headers
 
-/// Reads the routing headers: each at most once, trimmed, `=?base64?…?=` decoded.
+/// Reads the routing headers: each at most once, trimmed, `=?base64?…?=` decoded; with the
+/// `Mcp-Param-*` headers of SEP-2243.
 pub fn routing_headers(headers: &HeaderMap) -> Result<RoutingHeaders, RpcError> {
+    let mut params = BTreeMap::new();
+    for name in headers.keys() {
+        // Header names are lower case in a `HeaderMap`.
+        if let Some(param) = name.as_str().strip_prefix(PARAM_HEADER_PREFIX)
+            && let Some(value) = header_value(headers, name, name.as_str())?
+        {
+            params.insert(param.to_owned(), value);
+        }
+    }
     Ok(RoutingHeaders {
-        protocol_version: header_value(headers, PROTOCOL_VERSION_HEADER, "MCP-Protocol-Version")?,
-        method: header_value(headers, METHOD_HEADER, "Mcp-Method")?,
-        name: header_value(headers, NAME_HEADER, "Mcp-Name")?,
+        protocol_version: header_value(
+            headers,
+            &HeaderName::from_static(PROTOCOL_VERSION_HEADER),
+            "MCP-Protocol-Version",
+        )?,
+        method: header_value(
+            headers,
+            &HeaderName::from_static(METHOD_HEADER),
+            "Mcp-Method",
+        )?,
+        name: header_value(headers, &HeaderName::from_static(NAME_HEADER), "Mcp-Name")?,
+        params,
     })
 }
 
 fn header_value(
     headers: &HeaderMap,
-    name: &'static str,
+    name: &HeaderName,
     display: &str,
 ) -> Result<Option<String>, RpcError> {
-    let name = HeaderName::from_static(name);
-    let mut values = headers.get_all(&name).iter();
+    let mut values = headers.get_all(name).iter();
     let Some(value) = values.next() else {
         return Ok(None);
     };
@@ -557,13 +594,9 @@ pub fn decode_sentinel(value: &str) -> Result<String, &'static str> {
         return Ok(value.to_owned());
     }
     let encoded = &value[PREFIX.len()..value.len() - SUFFIX.len()];
-    let engine = base64::engine::GeneralPurpose::new(
-        &base64::alphabet::STANDARD,
-        base64::engine::GeneralPurposeConfig::new()
-            .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
-    );
-    let bytes = engine
-        .decode(encoded.trim())
+    // Standard alphabet with canonical padding: SEP-2243 rejects a missing `=` as invalid.
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
         .map_err(|_| "holds invalid base64")?;
     String::from_utf8(bytes).map_err(|_| "decodes to bytes that are not UTF-8")
 }
@@ -687,8 +720,18 @@ mod tests {
         assert_eq!(decode_sentinel("plain").unwrap(), "plain");
         assert_eq!(decode_sentinel("=?base64?aMOpbGxv?=").unwrap(), "héllo");
         assert_eq!(decode_sentinel("=?BASE64?aMOpbGxv?=").unwrap(), "héllo");
-        assert_eq!(decode_sentinel("=?base64?ZWNobw?=").unwrap(), "echo");
+        assert_eq!(decode_sentinel("=?base64?ZWNobw==?=").unwrap(), "echo");
+        // SEP-2243: missing padding and characters outside the alphabet are invalid.
+        assert!(decode_sentinel("=?base64?ZWNobw?=").is_err());
+        assert!(decode_sentinel("=?base64?SGVsbG8?=").is_err());
+        assert!(decode_sentinel("=?base64?SGVs!!!bG8=?=").is_err());
         assert!(decode_sentinel("=?base64?!!!?=").is_err());
+        // Without both the prefix and the suffix a value is literal.
+        assert_eq!(decode_sentinel("SGVsbG8=").unwrap(), "SGVsbG8=");
+        assert_eq!(
+            decode_sentinel("=?base64?SGVsbG8=").unwrap(),
+            "=?base64?SGVsbG8="
+        );
         assert!(decode_sentinel("=?base64?/w==?=").is_err()); // 0xff is not UTF-8
     }
 

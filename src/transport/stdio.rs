@@ -78,7 +78,7 @@ where
     let mut writer = tokio::spawn(write_lines(output, rx));
     let mut server = Server {
         handle,
-        ctx: Arc::new(RequestContext::new(owner)),
+        ctx: Arc::new(RequestContext::new(owner).with_streams(true)),
         out,
         registry: Arc::new(Mutex::new(Registry::default())),
         permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
@@ -326,17 +326,19 @@ impl Job {
                 let mut registration = self.registration;
                 let mut stop = self.stop;
                 loop {
+                    // Listen streams end when serving stops; a call streaming its progress
+                    // is a request in flight and runs to its response.
                     let next = tokio::select! {
                         biased;
                         () = cancelled(registration.as_mut()) => None,
-                        Ok(_) = stop.wait_for(|stop| *stop) => None,
+                        Ok(_) = stop.wait_for(|stop| *stop), if cancellable => None,
                         next = stream.next() => next,
                     };
                     let Some(message) = next else { break };
                     let sent = tokio::select! {
                         biased;
                         () = cancelled(registration.as_mut()) => false,
-                        Ok(_) = stop.wait_for(|stop| *stop) => false,
+                        Ok(_) = stop.wait_for(|stop| *stop), if cancellable => false,
                         sent = self.out.send(encode(&message)) => sent.is_ok(),
                     };
                     if !sent {

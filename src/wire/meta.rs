@@ -12,6 +12,9 @@ pub struct RequestMeta {
     /// The declared `ClientCapabilities` object.
     pub client_capabilities: Map<String, Value>,
     pub client_info: Option<Value>,
+    /// `_meta.progressToken` (a string or an integer): the client asks for
+    /// `notifications/progress` about this request.
+    pub progress_token: Option<Value>,
 }
 
 impl RequestMeta {
@@ -91,10 +94,25 @@ impl RequestMeta {
                 )));
             }
         };
+        let progress_token = match meta.get("progressToken") {
+            None => None,
+            Some(token @ Value::String(s)) if s.len() <= limits::MAX_NAME_LEN => {
+                Some(token.clone())
+            }
+            Some(token @ Value::Number(n)) if n.is_i64() || n.is_u64() => Some(token.clone()),
+            Some(other) => {
+                return Err(RpcError::invalid_params(format!(
+                    "`_meta.progressToken` must be a string of at most {} characters or an integer, not {}",
+                    limits::MAX_NAME_LEN,
+                    super::jsonrpc::kind(other)
+                )));
+            }
+        };
         Ok(Self {
             protocol_version,
             client_capabilities,
             client_info,
+            progress_token,
         })
     }
 
@@ -158,6 +176,25 @@ mod tests {
             json!({"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": []}}),
         ] {
             assert_eq!(meta(bad.clone()).unwrap_err().code, -32602, "{bad}");
+        }
+    }
+
+    #[test]
+    fn progress_tokens() {
+        let with = |token: Value| {
+            meta(json!({"_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {},
+                "progressToken": token
+            }}))
+        };
+        assert_eq!(
+            with(json!("p-1")).unwrap().progress_token,
+            Some(json!("p-1"))
+        );
+        assert_eq!(with(json!(7)).unwrap().progress_token, Some(json!(7)));
+        for bad in [json!(1.5), json!(null), json!({}), json!("x".repeat(300))] {
+            assert_eq!(with(bad.clone()).unwrap_err().code, -32602, "{bad}");
         }
     }
 

@@ -43,6 +43,7 @@ pub mod methods {
     pub const RESOURCES_LIST: &str = "resources/list";
     pub const RESOURCES_TEMPLATES_LIST: &str = "resources/templates/list";
     pub const RESOURCES_READ: &str = "resources/read";
+    pub const COMPLETION_COMPLETE: &str = "completion/complete";
 
     /// The body member that a request's `Mcp-Name` routing header mirrors: the tool or
     /// prompt `name`, the resource `uri`, the Tasks extension's `taskId`.

@@ -91,6 +91,29 @@ pub fn get_prompt(server: &ServerInfo, result: Value) -> Value {
     with_server_info(r, server)
 }
 
+/// `CompleteResult`: `completion` is the `{values, total?, hasMore?}` object.
+pub fn complete(server: &ServerInfo, completion: Value) -> Value {
+    let r = obj(json!({ "resultType": "complete", "completion": completion }));
+    with_server_info(r, server)
+}
+
+/// A `notifications/progress` message for `token`.
+pub fn progress_notification(
+    token: &Value,
+    progress: f64,
+    total: Option<f64>,
+    message: Option<&str>,
+) -> Value {
+    let mut params = obj(json!({ "progressToken": token, "progress": progress }));
+    if let Some(t) = total {
+        params.insert("total".into(), json!(t));
+    }
+    if let Some(m) = message {
+        params.insert("message".into(), json!(m));
+    }
+    json!({ "jsonrpc": "2.0", "method": "notifications/progress", "params": params })
+}
+
 /// Core MRTR `InputRequiredResult`: the outstanding requests and the signed state.
 pub fn input_required(
     server: &ServerInfo,
