@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the official MCP conformance suite (pinned prerelease) against `mcp-tasks serve
-# --fixtures conformance`: every tasks-* scenario, the core stateless ones and the MRTR ones.
+# --fixtures conformance`: all 50 server scenarios of the suite for `2026-07-28` and the Tasks
+# extension, with no list of expected failures.
 #
 # usage: scripts/conformance.sh [SCENARIO...]      (default: the full list below)
 # env:   CONF_DIR  where Node 22 and the suite are installed (default: $HOME/.cache/mcp-conformance)
@@ -18,10 +19,22 @@ out=${CONF_OUT:-target/conformance}
 mcp_path=/mcp
 
 all_scenarios=(
+  # The Tasks extension.
   tasks-lifecycle tasks-capability-negotiation tasks-wire-fields tasks-request-state-removal
   tasks-mrtr-input tasks-request-headers tasks-dispatch-and-envelope tasks-status-notifications
   tasks-required-task-error tasks-mrtr-composition
-  server-stateless tools-list caching dns-rebinding-protection
+  # Core: lifecycle, transport and headers.
+  server-stateless server-sse-multiple-streams dns-rebinding-protection caching
+  http-header-validation http-custom-header-server-validation
+  # Core: tools.
+  tools-list tools-call-simple-text tools-call-image tools-call-audio
+  tools-call-embedded-resource tools-call-mixed-content tools-call-error
+  tools-call-with-progress json-schema-2020-12
+  # Core: resources, prompts, completion.
+  resources-list resources-read-text resources-read-binary resources-templates-read
+  sep-2164-resource-not-found prompts-list prompts-get-simple prompts-get-with-args
+  prompts-get-embedded-resource prompts-get-with-image completion-complete
+  # Core: multi round-trip requests (MRTR).
   input-required-result-basic-elicitation input-required-result-basic-sampling
   input-required-result-basic-list-roots input-required-result-request-state
   input-required-result-multiple-input-requests input-required-result-multi-round
@@ -34,14 +47,14 @@ scenarios=("$@")
 [[ ${#scenarios[@]} -gt 0 ]] || scenarios=("${all_scenarios[@]}")
 
 # The wire each scenario runs on. Extension scenarios (tasks-*) pick the 2026-07-28 stateless
-# wire by themselves and are SKIPPED when given --spec-version; server-stateless, caching and
-# input-required-result-* were introduced in 2026-07-28 and default to it. tools-list and
-# dns-rebinding-protection are older and would default to the stateful 2025-11-25 wire, which
-# this stateless-only server does not speak.
+# wire by themselves and are SKIPPED when given --spec-version. Core scenarios introduced
+# before 2026-07-28 would default to the stateful 2025-11-25 wire, which this stateless-only
+# server does not speak, so every core scenario runs with --spec-version 2026-07-28 (a no-op
+# for those introduced in 2026-07-28).
 spec_args() {
   case $1 in
-    tools-list | dns-rebinding-protection) echo "--spec-version 2026-07-28" ;;
-    *) echo "" ;;
+    tasks-*) echo "" ;;
+    *) echo "--spec-version 2026-07-28" ;;
   esac
 }
 
