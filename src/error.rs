@@ -20,6 +20,11 @@ pub mod code {
     pub const HEADER_MISMATCH: i64 = -32020;
     pub const MISSING_REQUIRED_CLIENT_CAPABILITY: i64 = -32021;
     pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
+    /// A per-principal quota refused the request (HTTP `429`). JSON-RPC leaves
+    /// -32000..-32099 to implementations and MCP reserves -32020..-32099 for itself; -32000,
+    /// -32001 and -32002 are used by MCP SDKs (connection closed, request timeout, resource
+    /// not found), so this runtime uses -32010, unused by the MCP specification and its SDKs.
+    pub const QUOTA_EXCEEDED: i64 = -32010;
 }
 
 /// A JSON-RPC error object ready for the wire.
@@ -130,6 +135,21 @@ impl RpcError {
     }
 }
 
+impl From<crate::quota::QuotaError> for RpcError {
+    fn from(e: crate::quota::QuotaError) -> Self {
+        tracing::info!(
+            quota = e.kind.name(),
+            limit = e.limit,
+            "request refused by a quota"
+        );
+        Self::new(code::QUOTA_EXCEEDED, format!("Quota exceeded: {e}")).with_data(json!({
+            "quota": e.kind.name(),
+            "limit": e.limit,
+            "retryAfterSeconds": e.retry_after_secs(),
+        }))
+    }
+}
+
 impl From<StoreError> for RpcError {
     /// The log gets the whole error (with the store's path); the client gets what happened
     /// without internal paths.
@@ -209,6 +229,7 @@ pub fn http_status(error_code: i64) -> u16 {
         | code::HEADER_MISMATCH
         | code::MISSING_REQUIRED_CLIENT_CAPABILITY
         | code::UNSUPPORTED_PROTOCOL_VERSION => 400,
+        code::QUOTA_EXCEEDED => 429,
         _ => 500,
     }
 }

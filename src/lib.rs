@@ -22,6 +22,7 @@ pub mod fixtures;
 pub mod limits;
 pub mod persist;
 pub mod protocol;
+pub mod quota;
 pub mod runtime;
 pub mod sim;
 pub mod store;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mcp_tasks::auth::{self, Authenticator};
+use mcp_tasks::quota::Quotas;
 use mcp_tasks::transport::{http, stdio};
 use mcp_tasks::{Owner, Runtime, RuntimeBuilder, demo, fixtures};
 
@@ -87,6 +88,98 @@ struct ServeArgs {
     principal: Option<String>,
     #[command(flatten)]
     http_auth: HttpAuthArgs,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+/// Per-principal quotas and connection limits (defaults in the README).
+#[derive(Args)]
+#[command(next_help_heading = "Limits")]
+struct LimitArgs {
+    /// Unfinished tasks one principal may have.
+    #[arg(long, value_name = "N", default_value_t = Quotas::default().max_live_tasks)]
+    max_live_tasks: usize,
+    /// Bytes of arguments (JSON) across one principal's unfinished tasks.
+    #[arg(long, value_name = "BYTES", default_value_t = Quotas::default().max_live_argument_bytes)]
+    max_live_argument_bytes: u64,
+    /// Task creations per second one principal may sustain (bursts of --create-burst).
+    #[arg(long, value_name = "PER_SECOND", default_value_t = Quotas::default().create_rate)]
+    create_rate: f64,
+    /// Task creations one principal may make at once.
+    #[arg(long, value_name = "N", default_value_t = Quotas::default().create_burst)]
+    create_burst: u32,
+    /// Open subscriptions/listen streams per principal.
+    #[arg(long, value_name = "N", default_value_t = Quotas::default().max_listens)]
+    max_listens: usize,
+    /// Task ids followed across one principal's open listens.
+    #[arg(long, value_name = "N", default_value_t = Quotas::default().max_listen_task_ids)]
+    max_listen_task_ids: usize,
+    /// Lift every per-principal quota above (a single trusted user, benchmarks).
+    #[arg(long)]
+    no_quotas: bool,
+    /// HTTP requests one principal may have in progress (open listen streams included).
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    max_requests_per_principal: usize,
+    /// Largest HTTP request body in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 4 * 1024 * 1024)]
+    max_body_bytes: usize,
+    /// Open HTTP connections at most (keep below the file-descriptor limit).
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    max_connections: usize,
+    /// Seconds to receive a request head (also the keep-alive idle time).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    header_read_timeout: f64,
+    /// Seconds to receive a request body.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+    body_timeout: f64,
+    /// Seconds a response may wait for the client to read it.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    idle_timeout: f64,
+}
+
+impl LimitArgs {
+    fn quotas(&self) -> Quotas {
+        if self.no_quotas {
+            return Quotas::unlimited();
+        }
+        let mut q = Quotas::default();
+        q.max_live_tasks = self.max_live_tasks;
+        q.max_live_argument_bytes = self.max_live_argument_bytes;
+        q.create_rate = self.create_rate;
+        q.create_burst = self.create_burst;
+        q.max_listens = self.max_listens;
+        q.max_listen_task_ids = self.max_listen_task_ids;
+        q
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let secs = [
+            ("--header-read-timeout", self.header_read_timeout),
+            ("--body-timeout", self.body_timeout),
+            ("--idle-timeout", self.idle_timeout),
+        ];
+        for (name, s) in secs {
+            if !(s.is_finite() && s > 0.0 && s <= 86_400.0) {
+                return Err(format!("{name} must be between 0 and 86400 seconds"));
+            }
+        }
+        if !(self.create_rate.is_finite() && self.create_rate > 0.0) {
+            return Err("--create-rate must be a positive number".into());
+        }
+        if self.max_connections == 0 || self.max_requests_per_principal == 0 {
+            return Err(
+                "--max-connections and --max-requests-per-principal must be positive".into(),
+            );
+        }
+        Ok(())
+    }
+
+    fn serve_options(&self) -> http::ServeOptions {
+        http::ServeOptions::default()
+            .max_connections(self.max_connections)
+            .header_read_timeout(Duration::from_secs_f64(self.header_read_timeout))
+            .idle_timeout(Duration::from_secs_f64(self.idle_timeout))
+    }
 }
 
 /// Who may call the HTTP endpoint.
@@ -246,7 +339,8 @@ fn builder(args: &ServeArgs) -> RuntimeBuilder {
     let builder = Runtime::builder(&args.store)
         .default_ttl(args.task_ttl.0)
         .expired_retention(args.expired_retention)
-        .restart_budget(args.restart_budget);
+        .restart_budget(args.restart_budget)
+        .quotas(args.limits.quotas());
     match args.fixtures {
         None => builder.tool(demo::generate_report(Duration::from_millis(1500))),
         Some(Fixtures::Conformance) => fixtures::conformance::install(builder),
@@ -271,6 +365,10 @@ async fn start(args: &ServeArgs) -> Option<Runtime> {
 }
 
 async fn serve_http(args: ServeArgs) -> ExitCode {
+    if let Err(e) = args.limits.check() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let listener = match tokio::net::TcpListener::bind(args.listen.as_str()).await {
         Ok(listener) => listener,
         Err(e) => {
@@ -289,6 +387,9 @@ async fn serve_http(args: ServeArgs) -> ExitCode {
     config.allowed_origins = args.allowed_origins.clone();
     config.allowed_hosts = args.allowed_hosts.clone();
     config.strict_headers = args.strict_headers;
+    config.max_body_bytes = args.limits.max_body_bytes;
+    config.max_requests_per_principal = args.limits.max_requests_per_principal;
+    config.body_timeout = Duration::from_secs_f64(args.limits.body_timeout);
     let tokens = match configure_auth(&args.http_auth, &addr, &mut config).await {
         Ok(tokens) => tokens,
         Err(e) => {
@@ -301,7 +402,7 @@ async fn serve_http(args: ServeArgs) -> ExitCode {
     tracing::info!("listening on http://{addr}/mcp");
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let serving = http::serve(listener, router, async move {
+    let serving = http::serve_with(listener, router, args.limits.serve_options(), async move {
         let _ = stop_rx.await;
     });
     let reloader = tokio::spawn(reload_on_hangup(tokens));

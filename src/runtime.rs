@@ -57,6 +57,10 @@ pub struct RuntimeConfig {
     pub cache_hints: CacheHints,
     /// Size limits per call and per task (see [`Limits`] for the defaults).
     pub limits: Limits,
+    /// Per-owner limits on live tasks, creation rate and listens. The default here is
+    /// [`crate::quota::Quotas::unlimited`]: an embedder decides; `mcp-tasks serve` uses
+    /// [`crate::quota::Quotas::default`], the limits recommended for a shared server.
+    pub quotas: crate::quota::Quotas,
 }
 
 impl Default for RuntimeConfig {
@@ -73,6 +77,7 @@ impl Default for RuntimeConfig {
             reaper_interval: Duration::from_secs(1),
             cache_hints: CacheHints::default(),
             limits: Limits::default(),
+            quotas: crate::quota::Quotas::unlimited(),
         }
     }
 }
@@ -168,6 +173,12 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Sets the per-owner quotas (see [`crate::quota`]).
+    pub fn quotas(mut self, quotas: crate::quota::Quotas) -> Self {
+        self.config.quotas = quotas;
+        self
+    }
+
     pub fn server_info(mut self, name: impl Into<String>, version: impl Into<String>) -> Self {
         self.config.server_info = ServerInfo::new(name, version);
         self
@@ -230,11 +241,12 @@ impl RuntimeBuilder {
             store: store.clone(),
             tools,
             clock: self.clock,
-            config: self.config,
+            config: self.config.clone(),
             live: LiveTasks::default(),
             catalog: self.catalog,
             request_state: RequestStateCodec::new(key),
             closing: stop_rx.clone(),
+            quotas: Arc::new(crate::quota::QuotaTracker::new(self.config.quotas.clone())),
         });
         let (supervisor, supervisor_task) = match Actor::spawn(
             None,

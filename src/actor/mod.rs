@@ -26,7 +26,7 @@ use crate::error::RuntimeError;
 use crate::persist;
 use crate::runtime::RuntimeConfig;
 use crate::store::{Expect, Store, WriteOp};
-use crate::task::{TaskId, TaskRecord};
+use crate::task::{Owner, TaskId, TaskRecord};
 use crate::tool::ToolRegistry;
 
 /// What every actor and the dispatcher of one runtime share. Nothing here is global: two
@@ -41,6 +41,8 @@ pub(crate) struct Shared {
     pub(crate) request_state: crate::protocol::request_state::RequestStateCodec,
     /// Becomes `true` when the runtime shuts down: listen streams end with their result.
     pub(crate) closing: tokio::sync::watch::Receiver<bool>,
+    /// Per-owner quota counters.
+    pub(crate) quotas: Arc<crate::quota::QuotaTracker>,
 }
 
 impl Shared {
@@ -117,38 +119,98 @@ pub(crate) struct LiveTask {
     pub(crate) snapshots: watch::Receiver<Arc<TaskRecord>>,
 }
 
-/// The live tasks of one runtime, by id.
+/// The live tasks of one runtime, by id, with a count per owner (for the live-task quota).
 #[derive(Default)]
 pub(crate) struct LiveTasks {
-    map: Mutex<HashMap<TaskId, LiveTask>>,
+    map: Mutex<LiveMap>,
+}
+
+#[derive(Default)]
+struct LiveMap {
+    /// Each live task with its owner and the size of its arguments.
+    tasks: HashMap<TaskId, (Owner, u64, LiveTask)>,
+    /// Per owner: live tasks and the bytes of their arguments.
+    per_owner: HashMap<Owner, (usize, u64)>,
+}
+
+/// The size of a task's arguments as JSON (what the argument-bytes quota counts).
+pub(crate) fn argument_bytes(arguments: &serde_json::Value) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, arguments);
+    count.0
 }
 
 impl LiveTasks {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TaskId, LiveTask>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LiveMap> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn insert(&self, id: TaskId, task: LiveTask) {
-        self.lock().insert(id, task);
+        let (owner, bytes) = {
+            let record = task.snapshots.borrow();
+            (record.owner.clone(), argument_bytes(&record.arguments))
+        };
+        let mut map = self.lock();
+        if let Some((old, old_bytes, _)) = map.tasks.insert(id, (owner.clone(), bytes, task)) {
+            map.forget_one(&old, old_bytes);
+        }
+        let entry = map.per_owner.entry(owner).or_default();
+        entry.0 += 1;
+        entry.1 += bytes;
     }
 
     pub(crate) fn get(&self, id: &TaskId) -> Option<LiveTask> {
-        self.lock().get(id).cloned()
+        self.lock().tasks.get(id).map(|(_, _, t)| t.clone())
     }
 
     pub(crate) fn snapshot(&self, id: &TaskId) -> Option<Arc<TaskRecord>> {
-        self.lock().get(id).map(|t| t.snapshots.borrow().clone())
+        self.lock()
+            .tasks
+            .get(id)
+            .map(|(_, _, t)| t.snapshots.borrow().clone())
     }
 
     /// Removes the entry of `id` if it still belongs to actor `actor`.
     pub(crate) fn remove_if(&self, id: &TaskId, actor: ActorId) {
         let mut map = self.lock();
-        if map.get(id).is_some_and(|t| t.actor.get_id() == actor) {
-            map.remove(id);
+        if map
+            .tasks
+            .get(id)
+            .is_some_and(|(_, _, t)| t.actor.get_id() == actor)
+            && let Some((owner, bytes, _)) = map.tasks.remove(id)
+        {
+            map.forget_one(&owner, bytes);
         }
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().tasks.len()
+    }
+
+    /// The live tasks of `owner` and the bytes of their arguments.
+    pub(crate) fn usage_of(&self, owner: &Owner) -> (usize, u64) {
+        self.lock().per_owner.get(owner).copied().unwrap_or((0, 0))
+    }
+}
+
+impl LiveMap {
+    fn forget_one(&mut self, owner: &Owner, bytes: u64) {
+        if let Some((n, b)) = self.per_owner.get_mut(owner) {
+            *n = n.saturating_sub(1);
+            *b = b.saturating_sub(bytes);
+            if *n == 0 {
+                self.per_owner.remove(owner);
+            }
+        }
     }
 }

@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, watch};
 use super::{Dispatcher, MessageStream, RequestContext};
 use crate::actor::{OUTPUT_CAPACITY, Subscriber, SubscriberArgs};
 use crate::error::RpcError;
+use crate::quota::ListenPermit;
 use crate::task::TaskId;
 use crate::wire::jsonrpc::kind;
 use crate::wire::keys;
@@ -85,6 +86,9 @@ impl Dispatcher {
             }
         }
 
+        // Quotas on what this owner's listens hold, before anything is started.
+        let permit = self.shared.quotas.admit_listen(&ctx.owner, agreed.len())?;
+
         let mut notifications = Map::new();
         if requested.is_some() {
             let ids: Vec<Value> = agreed.iter().map(|t| json!(t.as_str())).collect();
@@ -116,7 +120,7 @@ impl Dispatcher {
             "id": id,
             "result": { "resultType": "complete", "_meta": { keys::SUBSCRIPTION_ID: id } }
         });
-        Ok(stream(rx, out, self.shared.closing.clone(), done))
+        Ok(stream(rx, out, self.shared.closing.clone(), done, permit))
     }
 }
 
@@ -127,10 +131,13 @@ fn stream(
     keep_open: mpsc::Sender<Value>,
     closing: watch::Receiver<bool>,
     done: Value,
+    permit: ListenPermit,
 ) -> MessageStream {
     struct State {
         rx: mpsc::Receiver<Value>,
         _keep_open: mpsc::Sender<Value>,
+        /// Released when the stream is dropped.
+        _permit: ListenPermit,
         closing: watch::Receiver<bool>,
         done: Option<Value>,
         acknowledged: bool,
@@ -138,6 +145,7 @@ fn stream(
     let state = State {
         rx,
         _keep_open: keep_open,
+        _permit: permit,
         closing,
         acknowledged: false,
         done: Some(done),

@@ -283,11 +283,19 @@ impl Dispatcher {
         let poll_ms = u64::try_from(config.poll_interval.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
+        // Quotas before anything is stored: a refused creation leaves no trace.
+        let arguments = Value::Object(arguments);
+        let permit = self.shared.quotas.admit_create(
+            &ctx.owner,
+            self.shared.live.usage_of(&ctx.owner),
+            crate::actor::argument_bytes(&arguments),
+            std::time::Instant::now(),
+        )?;
         let record = TaskRecord::new(
             TaskId::generate(),
             ctx.owner.clone(),
             call.name.clone(),
-            Value::Object(arguments),
+            arguments,
             capabilities,
             self.shared.now_ms(),
             ttl_ms,
@@ -312,6 +320,8 @@ impl Dispatcher {
                 // The task is stored; it runs once an actor is ensured (next touch or start).
                 tracing::error!(task = %detached.id, "task stored but its actor did not start");
             }
+            // The actor runs (the live count has the task) or the creation failed.
+            drop(permit);
             Ok::<(), RpcError>(())
         })
         .await

@@ -10,10 +10,13 @@
 //!    read: no or a bad credential → `401`, a credential without a scope that
 //!    [`HttpConfig::resource`] requires → `403`, both with `WWW-Authenticate: Bearer
 //!    resource_metadata="…"` (RFC 6750 §3, RFC 9728 §5.1); the verifier unavailable → `503`;
-//! 3. body larger than [`HttpConfig::max_body_bytes`] → `413`;
-//! 4. `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` are trimmed and `=?base64?…?=`-decoded
+//! 3. more than [`HttpConfig::max_requests_per_principal`] requests of this caller in progress
+//!    (an open SSE stream counts until it closes) → `429` with `Retry-After`;
+//! 4. body larger than [`HttpConfig::max_body_bytes`] → `413`; not received within
+//!    [`HttpConfig::body_timeout`] → `408`;
+//! 5. `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` are trimmed and `=?base64?…?=`-decoded
 //!    into [`RoutingHeaders`] and the message is dispatched;
-//! 5. [`Outcome::Accepted`] → `202` (no body), [`Outcome::Reply`] → its status with one compact
+//! 6. [`Outcome::Accepted`] → `202` (no body), [`Outcome::Reply`] → its status with one compact
 //!    JSON body, [`Outcome::Stream`] → `200 text/event-stream`, one message per `data:` line,
 //!    keep-alive comments in between.
 //!
@@ -30,7 +33,7 @@
 //! Sessions do not exist in `2026-07-28`: `Mcp-Session-Id` is neither minted nor echoed, and
 //! `Last-Event-ID` is ignored (SSE events carry no ids).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -54,6 +57,7 @@ use crate::auth::{Anonymous, AuthError, Authenticator, Identity, ProtectedResour
 use crate::error::{RpcError, code};
 use crate::protocol::{MessageStream, Outcome, RequestContext, RoutingHeaders};
 use crate::runtime::RuntimeHandle;
+use crate::task::Owner;
 use crate::wire::jsonrpc;
 
 /// The `MCP-Protocol-Version` request header.
@@ -86,6 +90,12 @@ pub struct HttpConfig {
     pub strict_headers: bool,
     /// Interval of SSE keep-alive comments (default 15 s; zero disables them).
     pub keep_alive: Duration,
+    /// Requests one owner may have in progress at once, open SSE streams included; more are
+    /// `429`. Unlimited by default (an embedder decides; `mcp-tasks serve` uses 64).
+    pub max_requests_per_principal: usize,
+    /// How long a client may take to send a request's body once its head arrived (default
+    /// 30 s); slower is `408`.
+    pub body_timeout: Duration,
     /// Authenticates each request (default [`Anonymous`]: everyone is
     /// [`crate::Owner::anonymous`]).
     pub authenticator: Arc<dyn Authenticator>,
@@ -104,6 +114,8 @@ impl Default for HttpConfig {
             max_body_bytes: 4 * 1024 * 1024,
             strict_headers: false,
             keep_alive: Duration::from_secs(15),
+            max_requests_per_principal: usize::MAX,
+            body_timeout: Duration::from_secs(30),
             authenticator: Arc::new(Anonymous),
             resource: None,
         }
@@ -119,6 +131,11 @@ impl std::fmt::Debug for HttpConfig {
             .field("max_body_bytes", &self.max_body_bytes)
             .field("strict_headers", &self.strict_headers)
             .field("keep_alive", &self.keep_alive)
+            .field(
+                "max_requests_per_principal",
+                &self.max_requests_per_principal,
+            )
+            .field("body_timeout", &self.body_timeout)
             .field("resource", &self.resource)
             .finish_non_exhaustive()
     }
@@ -157,6 +174,16 @@ impl HttpConfig {
         self
     }
 
+    pub fn max_requests_per_principal(mut self, n: usize) -> Self {
+        self.max_requests_per_principal = n;
+        self
+    }
+
+    pub fn body_timeout(mut self, timeout: Duration) -> Self {
+        self.body_timeout = timeout;
+        self
+    }
+
     /// Sets the authenticator (see [`crate::auth`]).
     pub fn authenticator(mut self, authenticator: Arc<dyn Authenticator>) -> Self {
         self.authenticator = authenticator;
@@ -173,6 +200,46 @@ impl HttpConfig {
 struct Endpoint {
     handle: RuntimeHandle,
     config: HttpConfig,
+    /// Requests in progress per owner.
+    in_flight: std::sync::Mutex<HashMap<Owner, usize>>,
+}
+
+impl Endpoint {
+    fn in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<Owner, usize>> {
+        self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts one more request of `owner`, unless it has the most allowed.
+    fn begin_request(self: &Arc<Self>, owner: &Owner) -> Option<InFlight> {
+        let mut map = self.in_flight();
+        let n = map.entry(owner.clone()).or_default();
+        if *n >= self.config.max_requests_per_principal {
+            return None;
+        }
+        *n += 1;
+        Some(InFlight {
+            endpoint: self.clone(),
+            owner: owner.clone(),
+        })
+    }
+}
+
+/// One request in progress; dropped when its response (or SSE stream) is done.
+struct InFlight {
+    endpoint: Arc<Endpoint>,
+    owner: Owner,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut map = self.endpoint.in_flight();
+        if let Some(n) = map.get_mut(&self.owner) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&self.owner);
+            }
+        }
+    }
 }
 
 /// The MCP endpoint as an axum router, to serve with [`serve`] or to mount in a host app.
@@ -186,7 +253,11 @@ pub fn router(handle: RuntimeHandle, config: HttpConfig) -> Router {
             router = router.route(WELL_KNOWN, get(resource_metadata));
         }
     }
-    router.with_state(Arc::new(Endpoint { handle, config }))
+    router.with_state(Arc::new(Endpoint {
+        handle,
+        config,
+        in_flight: std::sync::Mutex::new(HashMap::new()),
+    }))
 }
 
 /// The RFC 9728 well-known prefix.
@@ -212,7 +283,8 @@ async fn resource_metadata(State(endpoint): State<Arc<Endpoint>>, request: Reque
     }
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves, then drains open requests.
+/// Serves `router` on `listener` with the default [`ServeOptions`] until `shutdown`
+/// resolves, then drains open requests.
 ///
 /// Open `subscriptions/listen` streams hold the drain until they end: call
 /// [`crate::Runtime::begin_shutdown`] before (or when) `shutdown` resolves so that they send
@@ -222,13 +294,10 @@ pub async fn serve(
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    if let Ok(addr) = listener.local_addr() {
-        tracing::debug!(%addr, "MCP HTTP transport serving");
-    }
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(listener, router, ServeOptions::default(), shutdown).await
 }
+
+pub use super::server::{ServeOptions, serve_with};
 
 async fn endpoint(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Response {
     let started = Instant::now();
@@ -249,7 +318,7 @@ async fn endpoint(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Re
     response
 }
 
-async fn respond(endpoint: &Endpoint, request: Request) -> (Response, &'static str) {
+async fn respond(endpoint: &Arc<Endpoint>, request: Request) -> (Response, &'static str) {
     let config = &endpoint.config;
     let (parts, body) = request.into_parts();
 
@@ -281,8 +350,44 @@ async fn respond(endpoint: &Endpoint, request: Request) -> (Response, &'static s
         Err(refusal) => return (refusal, "unauthorized"),
     };
 
-    // (3) The body, bounded.
-    let body = match read_body(&parts.headers, body, config.max_body_bytes).await {
+    // (3) This caller's requests in progress, bounded.
+    let Some(in_flight) = endpoint.begin_request(&identity.owner) else {
+        let limit = config.max_requests_per_principal;
+        let error = RpcError::from(crate::quota::QuotaError {
+            kind: crate::quota::QuotaKind::ConcurrentRequests,
+            limit: limit as u64,
+            retry_after: Duration::from_secs(1),
+        });
+        let mut response = json_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            &jsonrpc::error_response(None, &error),
+        );
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return (response, "too-many");
+    };
+
+    // (4) The body, bounded in size and time.
+    let read = tokio::time::timeout(
+        config.body_timeout,
+        read_body(&parts.headers, body, config.max_body_bytes),
+    )
+    .await;
+    let body = match read {
+        Err(_) => {
+            let why = format!(
+                "the request body did not arrive within {} s",
+                config.body_timeout.as_secs_f64()
+            );
+            return (
+                transport_error(StatusCode::REQUEST_TIMEOUT, None, &why),
+                "body-timeout",
+            );
+        }
+        Ok(read) => read,
+    };
+    let body = match body {
         Ok(body) => body,
         Err(BodyError::TooLarge) => {
             let why = format!(
@@ -300,7 +405,7 @@ async fn respond(endpoint: &Endpoint, request: Request) -> (Response, &'static s
         }
     };
 
-    // (4) Routing headers; a malformed one is -32020 for a request (a notification and an
+    // (5) Routing headers; a malformed one is -32020 for a request (a notification and an
     // unreadable message get the dispatcher's usual answer).
     let headers = match routing_headers(&parts.headers) {
         Ok(headers) => headers,
@@ -315,19 +420,36 @@ async fn respond(endpoint: &Endpoint, request: Request) -> (Response, &'static s
     let ctx = RequestContext::http(identity.owner, headers, config.strict_headers)
         .with_streams(accepts_event_stream(&parts.headers));
 
-    // The dispatch runs to completion even if the client goes away meanwhile.
+    // The dispatch runs to completion even if the client goes away meanwhile, and keeps the
+    // caller's place among its requests in progress until then (so that calls abandoned by
+    // their clients still count).
     let handle = endpoint.handle.clone();
-    let outcome = tokio::spawn(async move { handle.dispatch(&body, &ctx).await }).await;
+    let outcome = tokio::spawn(async move {
+        let outcome = handle.dispatch(&body, &ctx).await;
+        (outcome, in_flight)
+    })
+    .await;
 
-    // (5) Map the outcome.
+    // (6) Map the outcome.
     match outcome {
-        Ok(Outcome::Accepted) => (StatusCode::ACCEPTED.into_response(), "accepted"),
-        Ok(Outcome::Reply(reply)) => {
+        Ok((Outcome::Accepted, _)) => (StatusCode::ACCEPTED.into_response(), "accepted"),
+        Ok((Outcome::Reply(reply), _)) => {
             let status = StatusCode::from_u16(reply.http_status)
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            (json_response(status, &reply.body), "json")
+            let mut response = json_response(status, &reply.body);
+            if status == StatusCode::TOO_MANY_REQUESTS {
+                let secs = reply.body["error"]["data"]["retryAfterSeconds"]
+                    .as_u64()
+                    .unwrap_or(1);
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            }
+            (response, "json")
         }
-        Ok(Outcome::Stream(stream)) => (sse_response(stream, config.keep_alive), "sse"),
+        Ok((Outcome::Stream(stream), in_flight)) => {
+            (sse_response(stream, config.keep_alive, in_flight), "sse")
+        }
         Err(e) => {
             tracing::error!(error = %e, "the dispatcher task failed");
             let error = RpcError::internal("the request could not be completed");
@@ -624,8 +746,8 @@ fn transport_error(status: StatusCode, id: Option<&Value>, message: &str) -> Res
     json_response(status, &jsonrpc::error_response(id, &error))
 }
 
-fn sse_response(stream: MessageStream, keep_alive: Duration) -> Response {
-    let body = Body::from_stream(SseBody::new(stream, keep_alive));
+fn sse_response(stream: MessageStream, keep_alive: Duration, in_flight: InFlight) -> Response {
+    let body = Body::from_stream(SseBody::new(stream, keep_alive, in_flight));
     (
         StatusCode::OK,
         [
@@ -650,16 +772,19 @@ struct SseBody {
     messages: MessageStream,
     keep_alive: Option<(Duration, Pin<Box<Sleep>>)>,
     done: bool,
+    /// The caller's place among its requests in progress, held while the stream is open.
+    _in_flight: InFlight,
 }
 
 impl SseBody {
-    fn new(messages: MessageStream, keep_alive: Duration) -> Self {
+    fn new(messages: MessageStream, keep_alive: Duration, in_flight: InFlight) -> Self {
         let keep_alive =
             (!keep_alive.is_zero()).then(|| (keep_alive, Box::pin(tokio::time::sleep(keep_alive))));
         Self {
             messages,
             keep_alive,
             done: false,
+            _in_flight: in_flight,
         }
     }
 

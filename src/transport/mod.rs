@@ -2,4 +2,5 @@
 //! messages to a [`crate::RuntimeHandle`] and map its [`crate::Outcome`] to their wire.
 
 pub mod http;
+mod server;
 pub mod stdio;

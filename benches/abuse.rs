@@ -1,0 +1,282 @@
+//! Memory under abuse: one authenticated principal hammers `mcp-tasks serve` (default quotas)
+//! with task creations and `subscriptions/listen` streams until every request is refused, and
+//! the server's resident memory is read from `/proc` along the way.
+//!
+//! Run with `cargo bench --bench abuse` (release binary, Linux). Options (after `--`):
+//!
+//! - `--pad BYTES`: size of a padding argument in every creation (default: both 0 and
+//!   1,000,000, one fresh server each);
+//! - `--clients N`: concurrent connections creating tasks (default 8).
+//!
+//! Nothing here asserts a figure; `docs/BENCHMARKS.md` records them.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+const TOKEN: &str = "mallory-bench-token";
+
+fn rss_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn meta() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities":
+            { "extensions": { "io.modelcontextprotocol/tasks": {} } },
+    })
+}
+
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start() -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let digest: String = Sha256::digest(TOKEN.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        format!("[[tokens]]\nsha256 = \"{digest}\"\ntenant = \"bench\"\nprincipal = \"mallory\"\n"),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-tasks"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--fixtures",
+            "bench",
+            "--store",
+        ])
+        .arg(dir.path().join("abuse.redb"))
+        .arg("--auth-tokens")
+        .arg(&tokens)
+        .env("RUST_LOG", "warn,mcp_tasks=info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("the release binary");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("serve logs its address").unwrap();
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            break rest.trim_end_matches("/mcp").trim().parse().unwrap();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    Server {
+        child,
+        addr,
+        _dir: dir,
+    }
+}
+
+async fn post(client: &reqwest::Client, addr: SocketAddr, body: &Value) -> reqwest::Response {
+    let method = body["method"].as_str().unwrap();
+    let mut request = client
+        .post(format!("http://{addr}/mcp"))
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", method)
+        .bearer_auth(TOKEN)
+        .body(serde_json::to_vec(body).unwrap());
+    if let Some(name) = body["params"]["name"].as_str() {
+        request = request.header("Mcp-Name", name);
+    }
+    request.send().await.expect("a response")
+}
+
+struct Outcome {
+    created: usize,
+    refused_rate: usize,
+    refused_final: String,
+    create_secs: f64,
+    listens: usize,
+    listen_ids: usize,
+    refused_listen: String,
+    rss_start: u64,
+    rss_created: u64,
+    rss_listening: u64,
+    hwm: u64,
+}
+
+async fn run(pad: usize, clients: usize) -> Outcome {
+    let server = start();
+    let pid = server.child.id();
+    let addr = server.addr;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rss_start = rss_kib(pid, "VmRSS:");
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(clients)
+        .build()
+        .unwrap();
+
+    // Creations until a quota other than the rate refuses them all.
+    let created = Arc::new(AtomicUsize::new(0));
+    let refused_rate = Arc::new(AtomicUsize::new(0));
+    let ids = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..clients {
+        let (client, created, refused_rate, ids) = (
+            client.clone(),
+            created.clone(),
+            refused_rate.clone(),
+            ids.clone(),
+        );
+        workers.push(tokio::spawn(async move {
+            let body = json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+                "name": "sleep_task", "arguments": { "ms": 3_600_000u64, "pad": "x".repeat(pad) },
+                "_meta": meta() } });
+            loop {
+                let response = post(&client, addr, &body).await;
+                let status = response.status().as_u16();
+                let retry: u64 = response
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(1);
+                let reply: Value =
+                    serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+                match status {
+                    200 => {
+                        created.fetch_add(1, Ordering::Relaxed);
+                        let id = reply["result"]["taskId"].as_str().unwrap().to_owned();
+                        ids.lock().unwrap().push(id);
+                    }
+                    429 if reply["error"]["data"]["quota"] == "createRate" => {
+                        refused_rate.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(retry.min(1) * 50)).await;
+                    }
+                    429 => return reply["error"]["data"]["quota"].as_str().unwrap().to_owned(),
+                    other => panic!("unexpected status {other}: {reply}"),
+                }
+            }
+        }));
+    }
+    let mut refused_final = String::new();
+    for w in workers {
+        refused_final = w.await.unwrap();
+    }
+    let create_secs = started.elapsed().as_secs_f64();
+    let rss_created = rss_kib(pid, "VmRSS:");
+
+    // Listens, each naming up to 1,024 of the tasks, until refused; kept open, never read.
+    let ids = ids.lock().unwrap().clone();
+    let mut open = Vec::new();
+    let mut listen_ids = 0;
+    let refused_listen = loop {
+        let chunk: Vec<&String> = ids
+            .iter()
+            .skip(listen_ids % ids.len().max(1))
+            .take(1024)
+            .collect();
+        let body = json!({ "jsonrpc": "2.0", "id": open.len() + 1, "method": "subscriptions/listen",
+            "params": { "notifications": { "taskIds": chunk }, "_meta": meta() } });
+        let response = post(&client, addr, &body).await;
+        if response.status().as_u16() == 429 {
+            let reply: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+            break reply["error"]["data"]["quota"].as_str().unwrap().to_owned();
+        }
+        assert_eq!(response.status().as_u16(), 200);
+        listen_ids += chunk.len();
+        open.push(response);
+        if open.len() > 10_000 {
+            break "none".to_owned();
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rss_listening = rss_kib(pid, "VmRSS:");
+    let hwm = rss_kib(pid, "VmHWM:");
+    let listens = open.len();
+    drop(open);
+    Outcome {
+        created: created.load(Ordering::Relaxed),
+        refused_rate: refused_rate.load(Ordering::Relaxed),
+        refused_final,
+        create_secs,
+        listens,
+        listen_ids,
+        refused_listen,
+        rss_start,
+        rss_created,
+        rss_listening,
+        hwm,
+    }
+}
+
+fn arg(name: &str) -> Option<usize> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.parse().expect("a number"))
+}
+
+fn main() {
+    let clients = arg("--clients").unwrap_or(8);
+    let pads = match arg("--pad") {
+        Some(p) => vec![p],
+        None => vec![0, 1_000_000],
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    println!(
+        "| pad (bytes) | tasks created | refused by | rate refusals | seconds | listens open (ids) | listen refused by | RSS start | after creates | with listens | peak (VmHWM) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for pad in pads {
+        let o = rt.block_on(run(pad, clients));
+        println!(
+            "| {pad} | {} | {} | {} | {:.1} | {} ({}) | {} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.1} MiB |",
+            o.created,
+            o.refused_final,
+            o.refused_rate,
+            o.create_secs,
+            o.listens,
+            o.listen_ids,
+            o.refused_listen,
+            o.rss_start as f64 / 1024.0,
+            o.rss_created as f64 / 1024.0,
+            o.rss_listening as f64 / 1024.0,
+            o.hwm as f64 / 1024.0,
+        );
+    }
+}
