@@ -1,4 +1,4 @@
-//! The lesson's demo: the `generate_report` tool and the scripted client sequence that
+//! The demo: the `generate_report` tool and the scripted client sequence that
 //! `mcp-tasks demo` plays, with a restart of the runtime in the middle.
 
 use std::io::Write;
@@ -102,7 +102,7 @@ pub fn generate_report(outline_time: Duration) -> Arc<dyn Tool> {
     })
 }
 
-/// The `_meta` a lesson client sends on every request.
+/// The `_meta` the demo client sends on every request.
 pub fn client_meta() -> Value {
     json!({
         keys::PROTOCOL_VERSION: PROTOCOL_VERSION,
@@ -218,7 +218,7 @@ impl<W: Write> Client<'_, W> {
     }
 }
 
-/// Plays the lesson's sequence against a fresh store at `store`, restarting the runtime
+/// Plays the demo sequence against a fresh store at `store`, restarting the runtime
 /// right after the task is created, and writes one line per exchange to `out`.
 pub async fn run(store: &Path, verbose: bool, out: &mut impl Write) -> Result<(), DemoError> {
     let start = || {

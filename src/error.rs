@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use crate::store::StoreError;
 use crate::task::TransitionError;
 
-/// JSON-RPC and MCP `2026-07-28` error codes (digest §2.4).
+/// JSON-RPC and MCP `2026-07-28` error codes (base protocol and SEP-2243).
 pub mod code {
     pub const PARSE_ERROR: i64 = -32700;
     pub const INVALID_REQUEST: i64 = -32600;
@@ -219,7 +219,7 @@ pub enum RuntimeError {
     Actor(String),
 }
 
-/// The HTTP status a transport uses for a JSON-RPC error code (digest §4).
+/// The HTTP status a transport uses for a JSON-RPC error code (Streamable HTTP transport, SEP-2243).
 pub fn http_status(error_code: i64) -> u16 {
     match error_code {
         code::METHOD_NOT_FOUND => 404,

@@ -25,7 +25,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Play the lesson's sequence end to end (with a restart in the middle) on a fresh store.
+    /// Play the demo sequence end to end (with a restart in the middle) on a fresh store.
     Demo {
         /// Print the JSON of every exchange.
         #[arg(long)]

@@ -162,7 +162,7 @@ impl Row {
     }
 }
 
-/// The HTTP status every error code maps to (digest §2.4, §4).
+/// The HTTP status every error code maps to (base protocol error codes; Streamable HTTP, SEP-2243).
 fn default_http(code: i64) -> u16 {
     match code {
         METHOD_NOT_FOUND => 404,

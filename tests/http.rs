@@ -51,7 +51,7 @@ fn request(id: Value, method: &str, mut params: Value) -> Value {
     json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params })
 }
 
-/// The headers a conforming client sends for `body` (digest §6.2).
+/// The headers a conforming client sends for `body` (as the official conformance suite's stateless client does).
 fn mcp_headers(body: &Value) -> Vec<(String, String)> {
     let method = body["method"].as_str().unwrap_or_default();
     let mut h = vec![

@@ -1,5 +1,5 @@
 //! The dispatcher: one JSON-RPC message and the caller's identity in, nothing, one JSON-RPC
-//! response, or a stream of messages out. It validates in the digest's order (§2.5), routes
+//! response, or a stream of messages out. It validates in the order the official conformance suite expects, routes
 //! to the task actors, the supervisor and the subscriber actors, and maps every internal error
 //! to a JSON-RPC error through `crate::error`.
 //!

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-/// The five statuses of the Tasks extension (digest §3.2).
+/// The five statuses of the Tasks extension (Tasks extension, SEP-2663: data types).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TaskStatus {
     Working,
@@ -43,7 +43,7 @@ impl TaskStatus {
         }
     }
 
-    /// Whether the state machine allows moving from `self` to `next` (digest §3.8): every
+    /// Whether the state machine allows moving from `self` to `next` (Tasks extension, SEP-2663: state machine): every
     /// non-terminal status may become any status (staying put records a new status message
     /// or a journaled step); a terminal status never changes.
     pub fn may_become(self, _next: TaskStatus) -> bool {

@@ -20,7 +20,7 @@ use serde_json::{Map, Value, json};
 
 use crate::error::RpcError;
 
-/// Whether a call of this tool becomes a task (the server decides per call, digest §3.1).
+/// Whether a call of this tool becomes a task (the server decides per call, as the Tasks extension allows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskPolicy {
     /// Always answered synchronously with a `CallToolResult`.

@@ -1,4 +1,4 @@
-//! Streamable HTTP transport (MCP `2026-07-28`, digest §4): one `POST` endpoint, JSON or SSE
+//! Streamable HTTP transport (MCP `2026-07-28` transports, SEP-2243): one `POST` endpoint, JSON or SSE
 //! responses, `202` for notifications, `405` for every other method.
 //!
 //! The transport only extracts, decodes and maps: the dispatcher ([`RuntimeHandle::dispatch`])

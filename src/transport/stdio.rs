@@ -1,10 +1,10 @@
-//! The stdio transport: newline-delimited JSON-RPC on a byte stream pair (digest §2.13).
+//! The stdio transport: newline-delimited JSON-RPC on a byte stream pair (MCP `2026-07-28` transports: stdio).
 //!
 //! One message per line in, one compact JSON message per line out. Every message is handled
 //! on its own tokio task, so a slow `tools/call` or an open `subscriptions/listen` stream never
 //! holds up the others; everything written goes through a single writer task, so lines never
 //! interleave. A listen stream is registered under its request id: a
-//! `notifications/cancelled` naming that id ends it (digest §2.10) and nothing more is sent
+//! `notifications/cancelled` naming that id ends it (MCP `2026-07-28` cancellation) and nothing more is sent
 //! for it. A cancelled ordinary request still runs to completion inside the runtime (its
 //! effects are durable like any other), but its response is not sent.
 //!
@@ -359,7 +359,7 @@ async fn cancelled(registration: Option<&mut Registration>) {
     }
 }
 
-/// Request ids are strings or integers (digest §2.1); anything else is not one.
+/// Request ids are strings or integers (JSON-RPC 2.0 as MCP restricts it); anything else is not one.
 fn is_request_id(id: &Value) -> bool {
     id.is_string() || id.is_i64() || id.is_u64()
 }

@@ -30,7 +30,7 @@ pub struct Rejection {
     pub error: RpcError,
 }
 
-/// Reads one JSON-RPC message (digest §2.1, §2.5 steps 2–3).
+/// Reads one JSON-RPC message (JSON-RPC 2.0 as MCP `2026-07-28` restricts it; parse and envelope checks first).
 pub fn parse(bytes: &[u8]) -> Result<Incoming, Box<Rejection>> {
     if bytes.len() > limits::MAX_MESSAGE_BYTES {
         return Err(Box::new(Rejection {

@@ -1,4 +1,4 @@
-//! The per-request `params._meta` of stateless MCP (digest §2.2).
+//! The per-request `params._meta` of stateless MCP (SEP-2575).
 
 use serde_json::{Map, Value};
 

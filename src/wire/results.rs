@@ -1,5 +1,5 @@
 //! Result shapes. Every result carries `resultType` and
-//! `_meta["io.modelcontextprotocol/serverInfo"]`; task objects are flat (digest §3.2–3.6).
+//! `_meta["io.modelcontextprotocol/serverInfo"]`; task objects are flat (Tasks extension, SEP-2663).
 
 use serde_json::{Map, Value, json};
 

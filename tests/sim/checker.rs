@@ -294,7 +294,7 @@ pub fn answer_for(task: &str, key: &str) -> Value {
     json!({ "action": "accept", "content": { "v": format!("{task}/{key}") } })
 }
 
-/// Statuses a task may move between (digest §3.8): non-terminal ones freely, into a terminal
+/// Statuses a task may move between (Tasks extension state machine): non-terminal ones freely, into a terminal
 /// one once; a terminal one never changes.
 fn legal(from: TaskStatus, to: TaskStatus) -> bool {
     !from.is_terminal() || from == to
