@@ -39,28 +39,29 @@ impl Default for Limits {
     }
 }
 
-/// The length of `value` as compact JSON text.
-pub(crate) fn json_len(value: &Value) -> usize {
-    serde_json::to_vec(value).map_or(usize::MAX, |v| v.len())
-}
-
-fn object_len(map: &Map<String, Value>) -> usize {
-    // The map's JSON text: braces, commas, quoted keys and colons, and the values.
-    let mut len = 2usize;
-    for (i, (k, v)) in map.iter().enumerate() {
-        len = len
-            .saturating_add(usize::from(i > 0))
-            .saturating_add(json_len(&Value::String(k.clone())))
-            .saturating_add(1)
-            .saturating_add(json_len(v));
+/// The length of `value` as compact JSON text, counted without building the text.
+pub(crate) fn json_len<T: serde::Serialize + ?Sized>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(buf.len());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
     }
-    len
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        Err(_) => usize::MAX,
+    }
 }
 
 impl Limits {
     /// `-32602` when a `tools/call`'s `arguments` are over [`Limits::max_argument_bytes`].
     pub fn check_arguments(&self, arguments: &Map<String, Value>) -> Result<(), RpcError> {
-        let len = object_len(arguments);
+        let len = json_len(arguments);
         if len > self.max_argument_bytes {
             return Err(RpcError::invalid_params(format!(
                 "`arguments` is {len} bytes; the limit is {} (limits.max_argument_bytes)",
@@ -73,7 +74,7 @@ impl Limits {
     /// `-32602` when a `tasks/update`'s `inputResponses` are over
     /// [`Limits::max_input_response_bytes`].
     pub fn check_input_responses(&self, responses: &Map<String, Value>) -> Result<(), RpcError> {
-        let len = object_len(responses);
+        let len = json_len(responses);
         if len > self.max_input_response_bytes {
             return Err(RpcError::invalid_params(format!(
                 "`inputResponses` is {len} bytes; the limit is {} (limits.max_input_response_bytes)",
@@ -132,18 +133,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn object_len_is_the_length_of_the_json_text() {
+    fn json_len_is_the_length_of_the_json_text() {
         for v in [
             json!({}),
             json!({ "a": 1 }),
             json!({ "a": [1, 2], "b\"c": { "d": null }, "é": "ü" }),
         ] {
             let map: Map<String, Value> = v.as_object().unwrap().clone();
-            assert_eq!(
-                object_len(&map),
-                serde_json::to_vec(&v).unwrap().len(),
-                "{v}"
-            );
+            assert_eq!(json_len(&map), serde_json::to_vec(&v).unwrap().len(), "{v}");
         }
     }
 }

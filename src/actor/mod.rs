@@ -133,23 +133,6 @@ struct LiveMap {
     per_owner: HashMap<Owner, (usize, u64)>,
 }
 
-/// The size of a task's arguments as JSON (what the argument-bytes quota counts).
-pub(crate) fn argument_bytes(arguments: &serde_json::Value) -> u64 {
-    struct Count(u64);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len() as u64;
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    let _ = serde_json::to_writer(&mut count, arguments);
-    count.0
-}
-
 impl LiveTasks {
     fn lock(&self) -> std::sync::MutexGuard<'_, LiveMap> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
@@ -158,7 +141,10 @@ impl LiveTasks {
     pub(crate) fn insert(&self, id: TaskId, task: LiveTask) {
         let (owner, bytes) = {
             let record = task.snapshots.borrow();
-            (record.owner.clone(), argument_bytes(&record.arguments))
+            (
+                record.owner.clone(),
+                crate::limits::json_len(&record.arguments) as u64,
+            )
         };
         let mut map = self.lock();
         if let Some((old, old_bytes, _)) = map.tasks.insert(id, (owner.clone(), bytes, task)) {

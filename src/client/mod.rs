@@ -98,18 +98,6 @@ pub struct Task {
     pub raw: Value,
 }
 
-/// Reads a wire status.
-pub fn parse_status(s: &str) -> Option<TaskStatus> {
-    Some(match s {
-        "working" => TaskStatus::Working,
-        "input_required" => TaskStatus::InputRequired,
-        "completed" => TaskStatus::Completed,
-        "failed" => TaskStatus::Failed,
-        "cancelled" => TaskStatus::Cancelled,
-        _ => return None,
-    })
-}
-
 impl Task {
     /// Reads a task object (`CreateTaskResult`, `GetTaskResult` or the params of
     /// `notifications/tasks`).
@@ -122,7 +110,7 @@ impl Task {
             .ok_or_else(|| ClientError::Protocol(format!("a task without `taskId`: {value}")))?;
         let status_text = str_of("status")
             .ok_or_else(|| ClientError::Protocol(format!("task {task_id} has no `status`")))?;
-        let status = parse_status(&status_text).ok_or_else(|| {
+        let status = TaskStatus::from_wire(&status_text).ok_or_else(|| {
             ClientError::Protocol(format!(
                 "task {task_id} has an unknown status `{status_text}`"
             ))

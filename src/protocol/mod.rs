@@ -173,16 +173,6 @@ pub(crate) struct Dispatcher {
     pub(crate) supervisor: ActorRef<SupervisorMsg>,
 }
 
-/// Methods whose `Mcp-Name` header mirrors a body member.
-fn named_member(method: &str) -> Option<&'static str> {
-    match method {
-        methods::TOOLS_CALL | methods::PROMPTS_GET => Some("name"),
-        methods::RESOURCES_READ => Some("uri"),
-        methods::TASKS_GET | methods::TASKS_UPDATE | methods::TASKS_CANCEL => Some("taskId"),
-        _ => None,
-    }
-}
-
 impl Dispatcher {
     /// Handles one raw message.
     pub(crate) async fn handle(&self, bytes: &[u8], ctx: &RequestContext) -> Outcome {
@@ -263,7 +253,7 @@ impl Dispatcher {
             }
             Some(_) => {}
         }
-        let Some(member) = named_member(method) else {
+        let Some(member) = methods::named_member(method) else {
             return Ok(());
         };
         let body = params.and_then(|p| p.get(member)).and_then(Value::as_str);

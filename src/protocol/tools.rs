@@ -288,7 +288,7 @@ impl Dispatcher {
         let permit = self.shared.quotas.admit_create(
             &ctx.owner,
             self.shared.live.usage_of(&ctx.owner),
-            crate::actor::argument_bytes(&arguments),
+            crate::limits::json_len(&arguments) as u64,
             std::time::Instant::now(),
         )?;
         let record = TaskRecord::new(

@@ -43,6 +43,19 @@ impl TaskStatus {
         }
     }
 
+    /// Reads the wire spelling ([`as_str`](Self::as_str) backwards); `None` for anything else.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        [
+            Self::Working,
+            Self::InputRequired,
+            Self::Completed,
+            Self::Failed,
+            Self::Cancelled,
+        ]
+        .into_iter()
+        .find(|status| status.as_str() == s)
+    }
+
     /// Whether the state machine allows moving from `self` to `next` (Tasks extension, SEP-2663: state machine): every
     /// non-terminal status may become any status (staying put records a new status message
     /// or a journaled step); a terminal status never changes.
@@ -156,5 +169,25 @@ impl TaskRecord {
     /// Whether the task is past `createdAt + ttlMs` at `now_ms`.
     pub fn is_expired(&self, now_ms: u64) -> bool {
         self.expires_at_ms().is_some_and(|at| now_ms >= at)
+    }
+}
+
+#[cfg(test)]
+mod status_tests {
+    use super::TaskStatus;
+
+    #[test]
+    fn wire_spellings_round_trip() {
+        for s in [
+            "working",
+            "input_required",
+            "completed",
+            "failed",
+            "cancelled",
+        ] {
+            assert_eq!(TaskStatus::from_wire(s).map(TaskStatus::as_str), Some(s));
+        }
+        assert_eq!(TaskStatus::from_wire("Working"), None);
+        assert_eq!(TaskStatus::from_wire(""), None);
     }
 }

@@ -259,14 +259,7 @@ pub fn project(record: &TaskRecord) -> Value {
 }
 
 fn status_of(obj: &Value) -> Option<TaskStatus> {
-    Some(match obj.get("status")?.as_str()? {
-        "working" => TaskStatus::Working,
-        "input_required" => TaskStatus::InputRequired,
-        "completed" => TaskStatus::Completed,
-        "failed" => TaskStatus::Failed,
-        "cancelled" => TaskStatus::Cancelled,
-        _ => return None,
-    })
+    TaskStatus::from_wire(obj.get("status")?.as_str()?)
 }
 
 /// `lastUpdatedAt` in ms since the epoch.
