@@ -91,13 +91,28 @@ impl Shared {
         Ok(())
     }
 
-    /// The latest committed snapshot of a task: from its live actor when there is one, from
+    /// The snapshot of a task that reads serve: from its live actor when there is one, from
     /// the store otherwise.
+    ///
+    /// Reads never go backwards. A task actor commits a transition before it publishes it,
+    /// so while a commit is in flight the store is one step ahead of the actor's snapshot. A
+    /// read that found no actor and went to the store can therefore see a record that an
+    /// actor started meanwhile has committed but not yet published; serving it, and the
+    /// actor's older snapshot at the next read, would move the task backwards (a `failed`
+    /// task served `working` again). So after the store read the live map is looked at
+    /// again, and an actor found there wins: its snapshot is what every later read serves.
+    /// An actor is registered before its first commit and removed after its last one, so a
+    /// stored record served because no actor is registered any more is never followed by an
+    /// older one. Test: `runtime::tests::expiry_and_give_up_racing_restarts_never_change_a_terminal_state`.
     pub(crate) async fn load(&self, id: &TaskId) -> Result<Option<Arc<TaskRecord>>, RuntimeError> {
         if let Some(snapshot) = self.live.snapshot(id) {
             return Ok(Some(snapshot));
         }
-        self.load_stored(id).await
+        let stored = self.load_stored(id).await?;
+        if let Some(snapshot) = self.live.snapshot(id) {
+            return Ok(Some(snapshot));
+        }
+        Ok(stored)
     }
 
     /// The task as the store has it.
