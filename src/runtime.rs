@@ -106,6 +106,8 @@ pub struct RuntimeBuilder {
     config: RuntimeConfig,
     store_options: StoreOptions,
     backend: Option<BackendFactory>,
+    /// A store opened by the caller (in memory, PostgreSQL, a host's own backend).
+    store: Option<Store>,
     clock: Arc<dyn Clock>,
 }
 
@@ -214,14 +216,15 @@ impl RuntimeBuilder {
         for tool in self.tools {
             tools.register(tool)?;
         }
-        let store = match self.backend {
-            Some(factory) => {
+        let store = match (self.store, self.backend) {
+            (Some(store), _) => store,
+            (None, Some(factory)) => {
                 Store::open_with_backend_async(self.path.clone(), factory, self.store_options)
                     .await?
             }
-            None => Store::open_async(self.path.clone(), self.store_options).await?,
+            (None, None) => Store::open_async(self.path.clone(), self.store_options).await?,
         };
-        tracing::info!(path = %self.path.display(), epoch = store.boot_epoch(), "store open");
+        tracing::info!(store = %store.describe(), epoch = store.boot_epoch(), node = store.node_id(), "store open");
         let key = match request_state_key(&store).await {
             Ok(key) => key,
             Err(e) => {
@@ -322,6 +325,7 @@ impl Runtime {
     pub fn builder(path: impl AsRef<Path>) -> RuntimeBuilder {
         RuntimeBuilder {
             path: path.as_ref().to_owned(),
+            store: None,
             tools: Vec::new(),
             catalog: Catalog::default(),
             catalog_error: None,
@@ -330,6 +334,15 @@ impl Runtime {
             backend: None,
             clock: Arc::new(SystemClock),
         }
+    }
+
+    /// A builder for a runtime over a store the caller opened: [`Store::memory`], a
+    /// PostgreSQL store shared by replicas (feature `postgres`), or a host's own
+    /// [`crate::store::TaskStore`]. The runtime closes it on shutdown.
+    pub fn builder_with_store(store: Store) -> RuntimeBuilder {
+        let mut builder = Runtime::builder(store.describe());
+        builder.store = Some(store);
+        builder
     }
 
     /// A cheap handle that transports use to dispatch messages concurrently.
@@ -395,12 +408,14 @@ impl Runtime {
         // attempt (see `TaskRecord::attempts`).
         let store = &self.dispatcher.shared.store;
         let epoch = store.boot_epoch();
-        if let Err(e) = store
-            .commit(vec![WriteOp::PutMeta {
-                key: META_CLEAN_SHUTDOWN.to_owned(),
-                value: epoch.to_le_bytes().to_vec(),
-            }])
-            .await
+        // A shared store records nothing: its close releases this node's leases.
+        if !store.is_shared()
+            && let Err(e) = store
+                .commit(vec![WriteOp::PutMeta {
+                    key: META_CLEAN_SHUTDOWN.to_owned(),
+                    value: epoch.to_le_bytes().to_vec(),
+                }])
+                .await
         {
             tracing::warn!(error = %e, "could not record the clean shutdown");
         }
@@ -452,6 +467,11 @@ const META_CLEAN_SHUTDOWN: &str = "clean_shutdown_epoch";
 /// Whether the run before this one ended without [`Runtime::shutdown`] (crash, kill, power
 /// loss, or a runtime dropped without shutdown). A new store counts as clean.
 async fn previous_run_crashed(store: &Store) -> Result<bool, StoreError> {
+    if store.is_shared() {
+        // Replicas share the store: one node's clean shutdown says nothing of another's
+        // crash. Taken-over tasks do not count an attempt (see docs/SCALE-OUT.md).
+        return Ok(false);
+    }
     let previous = store.boot_epoch().saturating_sub(1);
     if previous == 0 {
         return Ok(false);

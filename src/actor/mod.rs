@@ -105,6 +105,11 @@ impl Shared {
     /// stored record served because no actor is registered any more is never followed by an
     /// older one. Test: `runtime::tests::expiry_and_give_up_racing_restarts_never_change_a_terminal_state`.
     pub(crate) async fn load(&self, id: &TaskId) -> Result<Option<Arc<TaskRecord>>, RuntimeError> {
+        // On a store shared by replicas, another node may have changed the task since this
+        // node's actor last committed (it took the task over): the store is the truth.
+        if self.store.is_shared() {
+            return self.load_stored(id).await;
+        }
         if let Some(snapshot) = self.live.snapshot(id) {
             return Ok(Some(snapshot));
         }

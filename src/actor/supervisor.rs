@@ -119,7 +119,9 @@ impl Supervisor {
         myself: &ActorRef<SupervisorMsg>,
         state: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
-        let live = self.shared.store.live().await?;
+        // A store owned by this process: every live task. A shared one: the tasks no live
+        // node holds, claimed (their lease epochs bumped) for this node.
+        let live = self.shared.store.claim_live().await?;
         let count = live.len();
         let start = Start::Resume {
             count: self.previous_run_crashed,

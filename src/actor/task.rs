@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 
 use super::{LiveTask, Shared};
 use crate::error::{RpcError, RuntimeError, code};
+use crate::store::StoreError;
 use crate::task::{Event, Outcome, TaskError, TaskRecord, TransitionError, apply};
 use crate::tool::{CallToolResult, ToolContext, ToolError, context::TaskLink};
 
@@ -84,7 +85,17 @@ impl TaskActor {
             state.record = next.clone();
             state.publisher.send_replace(next.clone());
         }
-        self.shared.commit(&next).await?;
+        if let Err(e) = self.shared.commit(&next).await {
+            if matches!(e, RuntimeError::Store(StoreError::Fenced { .. })) {
+                // Another node took the task over: this actor stops without touching the
+                // record again, and its tool is dropped where it is.
+                tracing::warn!(task = %next.id,
+                    "this node lost the task's lease (fenced): its actor stops without writing");
+                state.tool = None;
+                myself.stop(Some("fenced".into()));
+            }
+            return Err(e);
+        }
         #[cfg(feature = "failpoints")]
         fail::fail_point!("task::after_commit");
         state.record = next.clone();
@@ -204,6 +215,8 @@ fn reply(
 /// `Err(StoreFailure)` when `result` is a store error.
 fn store_failure<T>(result: &Result<T, RuntimeError>) -> Result<(), ActorProcessingErr> {
     match result {
+        // Fenced: the actor already stops; it must not be restarted on this node.
+        Err(RuntimeError::Store(StoreError::Fenced { .. })) => Ok(()),
         Err(RuntimeError::Store(e)) => Err(Box::new(StoreFailure(e.to_string()))),
         _ => Ok(()),
     }

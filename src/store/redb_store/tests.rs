@@ -1,6 +1,9 @@
 use std::time::Duration;
 
 use super::*;
+use crate::store::META_BOOT_EPOCH;
+use redb::{ReadableDatabase, ReadableTableMetadata};
+use std::time::Instant;
 
 fn opts() -> StoreOptions {
     StoreOptions {
@@ -24,8 +27,8 @@ fn del(id: &str) -> WriteOp {
     WriteOp::Delete { id: id.to_owned() }
 }
 
-async fn open(path: &Path) -> Store {
-    Store::open_async(path.to_path_buf(), opts())
+async fn open(path: &Path) -> RedbStore {
+    RedbStore::open_async(path.to_path_buf(), opts())
         .await
         .expect("open store")
 }
@@ -192,7 +195,7 @@ async fn meta_and_boot_epoch_across_reopen() {
     assert_eq!(store.meta_get("nope").await.unwrap(), None);
     store.close().await;
 
-    let store = Store::open(&path, StoreOptions::default()).unwrap();
+    let store = RedbStore::open(&path, StoreOptions::default()).unwrap();
     assert_eq!(store.boot_epoch(), 3);
     store.close().await;
 }
@@ -202,7 +205,7 @@ async fn second_open_is_already_open() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db.redb");
     let store = open(&path).await;
-    let err = Store::open(&path, opts()).unwrap_err();
+    let err = RedbStore::open(&path, opts()).unwrap_err();
     assert!(
         matches!(&err, StoreError::AlreadyOpen { path: p } if p == &path),
         "{err:?}"
@@ -275,7 +278,7 @@ async fn dropping_last_clone_releases_file() {
     // The writer exits on its own; the file is released shortly after.
     let deadline = Instant::now() + Duration::from_secs(10);
     let store = loop {
-        match Store::open_async(path.clone(), opts()).await {
+        match RedbStore::open_async(path.clone(), opts()).await {
             Ok(s) => break s,
             Err(StoreError::AlreadyOpen { .. }) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(5)).await;
@@ -288,7 +291,7 @@ async fn dropping_last_clone_releases_file() {
 }
 
 fn assert_rejected(path: &Path, before: &[u8]) {
-    let err = Store::open(path, opts()).unwrap_err();
+    let err = RedbStore::open(path, opts()).unwrap_err();
     assert!(
         matches!(&err, StoreError::Corrupt { path: p, .. } if p == path),
         "{err:?}"
@@ -338,7 +341,7 @@ async fn truncated_file_is_rejected_untouched() {
 #[allow(clippy::await_holding_lock)]
 async fn group_commit_batches_concurrent_commits() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open_async(dir.path().join("db.redb"), StoreOptions::default())
+    let store = RedbStore::open_async(dir.path().join("db.redb"), StoreOptions::default())
         .await
         .unwrap();
     let hooks = Arc::clone(&store.inner.test_hooks);
@@ -381,7 +384,7 @@ async fn group_commit_batches_concurrent_commits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_commits_all_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open_async(dir.path().join("db.redb"), StoreOptions::default())
+    let store = RedbStore::open_async(dir.path().join("db.redb"), StoreOptions::default())
         .await
         .unwrap();
     let tasks: Vec<_> = (0..64)
@@ -414,7 +417,7 @@ async fn batches_respect_max_batch_ops_and_whole_jobs() {
         max_batch_ops: 10,
         ..StoreOptions::default()
     };
-    let store = Store::open_async(dir.path().join("db.redb"), options)
+    let store = RedbStore::open_async(dir.path().join("db.redb"), options)
         .await
         .unwrap();
     let hooks = Arc::clone(&store.inner.test_hooks);
@@ -530,7 +533,7 @@ fn errors_are_clear() {
 fn missing_directory_is_an_open_error() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("no/such/dir/db.redb");
-    let err = Store::open(&path, opts()).unwrap_err();
+    let err = RedbStore::open(&path, opts()).unwrap_err();
     assert!(
         matches!(&err, StoreError::Open { path: p, .. } if p == &path),
         "{err:?}"

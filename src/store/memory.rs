@@ -1,0 +1,289 @@
+//! The in-memory backend: the same semantics as the redb store (compare-and-set on the
+//! sequence number, all-or-nothing jobs, the live and due indexes) with nothing written to
+//! disk. For tests, and for measuring what durability costs.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use futures::future::BoxFuture;
+
+use super::{Expect, StoreError, StoreFuture, StoreStats, TaskStore, WriteOp};
+
+/// A store that keeps everything in memory: nothing survives the process.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    state: Mutex<State>,
+    closed: AtomicBool,
+    commits: AtomicU64,
+    ops: AtomicU64,
+}
+
+#[derive(Debug, Default, Clone)]
+struct State {
+    tasks: BTreeMap<String, Vec<u8>>,
+    seq: HashMap<String, u64>,
+    live: BTreeSet<String>,
+    due: BTreeSet<(u64, String)>,
+    due_by_id: HashMap<String, u64>,
+    meta: HashMap<String, Vec<u8>>,
+}
+
+impl State {
+    fn set_due(&mut self, id: &str, due_ms: Option<u64>) {
+        if let Some(old) = self.due_by_id.remove(id) {
+            self.due.remove(&(old, id.to_owned()));
+        }
+        if let Some(at) = due_ms {
+            self.due.insert((at, id.to_owned()));
+            self.due_by_id.insert(id.to_owned(), at);
+        }
+    }
+
+    /// The conflict of a job, if its preconditions do not hold.
+    fn conflict(&self, job: &[WriteOp]) -> Option<StoreError> {
+        for op in job {
+            if let WriteOp::Put { id, expect, .. } = op {
+                let exists = self.tasks.contains_key(id);
+                let found = self.seq.get(id).copied();
+                let bad = match *expect {
+                    Expect::Any => None,
+                    Expect::Absent if exists => Some((None, found)),
+                    Expect::Absent => None,
+                    Expect::Seq(n) => match (exists, found) {
+                        (true, Some(f)) if f == n => None,
+                        (true, None) => None,
+                        (_, f) => Some((Some(n), f)),
+                    },
+                };
+                if let Some((expected, found)) = bad {
+                    return Some(StoreError::Conflict {
+                        id: id.clone(),
+                        expected,
+                        found,
+                    });
+                }
+            }
+        }
+        None
+    }
+
+    fn apply(&mut self, op: WriteOp) {
+        match op {
+            WriteOp::Put {
+                id,
+                bytes,
+                live,
+                due_ms,
+                seq,
+                expect: _,
+            } => {
+                match seq {
+                    Some(seq) => self.seq.insert(id.clone(), seq),
+                    None => self.seq.remove(&id),
+                };
+                if live {
+                    self.live.insert(id.clone());
+                } else {
+                    self.live.remove(&id);
+                }
+                self.set_due(&id, due_ms);
+                self.tasks.insert(id, bytes);
+            }
+            WriteOp::Delete { id } => {
+                self.tasks.remove(&id);
+                self.live.remove(&id);
+                self.seq.remove(&id);
+                self.set_due(&id, None);
+            }
+            WriteOp::SetDue { id, due_ms } => {
+                let due_ms = due_ms.filter(|_| self.tasks.contains_key(&id));
+                self.set_due(&id, due_ms);
+            }
+            WriteOp::PutMeta { key, value } => {
+                self.meta.insert(key, value);
+            }
+        }
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> MemoryStore {
+        MemoryStore::default()
+    }
+
+    fn state(&self) -> Result<MutexGuard<'_, State>, StoreError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(StoreError::Closed);
+        }
+        Ok(self.state.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn commit_now(&self, ops: Vec<WriteOp>) -> Result<(), StoreError> {
+        let mut state = self.state()?;
+        if let Some(conflict) = state.conflict(&ops) {
+            return Err(conflict);
+        }
+        let n = ops.len() as u64;
+        for op in ops {
+            state.apply(op);
+        }
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.ops.fetch_add(n, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl TaskStore for MemoryStore {
+    fn describe(&self) -> String {
+        "memory".to_owned()
+    }
+    fn boot_epoch(&self) -> u64 {
+        1
+    }
+    fn commit(&self, ops: Vec<WriteOp>) -> StoreFuture<'_, ()> {
+        Box::pin(std::future::ready(self.commit_now(ops)))
+    }
+    fn get<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
+        Box::pin(std::future::ready(
+            self.state().map(|s| s.tasks.get(id).cloned()),
+        ))
+    }
+    fn get_many(&self, ids: Vec<String>) -> StoreFuture<'_, Vec<Option<Vec<u8>>>> {
+        Box::pin(std::future::ready(self.state().map(|s| {
+            ids.iter().map(|id| s.tasks.get(id).cloned()).collect()
+        })))
+    }
+    fn live(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
+        Box::pin(std::future::ready(self.state().map(|s| {
+            s.live
+                .iter()
+                .filter_map(|id| s.tasks.get(id).map(|b| (id.clone(), b.clone())))
+                .collect()
+        })))
+    }
+    fn due(&self, now_ms: u64, limit: usize) -> StoreFuture<'_, Vec<String>> {
+        Box::pin(std::future::ready(self.state().map(|s| {
+            s.due
+                .iter()
+                .take_while(|(at, _)| *at <= now_ms)
+                .take(limit)
+                .map(|(_, id)| id.clone())
+                .collect()
+        })))
+    }
+    fn next_due(&self) -> StoreFuture<'_, Option<u64>> {
+        Box::pin(std::future::ready(
+            self.state().map(|s| s.due.first().map(|(at, _)| *at)),
+        ))
+    }
+    fn meta_get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
+        Box::pin(std::future::ready(
+            self.state().map(|s| s.meta.get(key).cloned()),
+        ))
+    }
+    fn tasks(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
+        Box::pin(std::future::ready(self.state().map(|s| {
+            s.tasks
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })))
+    }
+    fn counts(&self) -> StoreFuture<'_, (u64, u64)> {
+        Box::pin(std::future::ready(
+            self.state()
+                .map(|s| (s.tasks.len() as u64, s.live.len() as u64)),
+        ))
+    }
+    fn stats(&self) -> StoreStats {
+        StoreStats {
+            commits: self.commits.load(Ordering::Relaxed),
+            ops: self.ops.load(Ordering::Relaxed),
+        }
+    }
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+    fn halted(&self) -> Option<String> {
+        None
+    }
+    fn wait_halted(&self) -> BoxFuture<'_, String> {
+        Box::pin(std::future::pending())
+    }
+    fn unavailable(&self) -> Option<String> {
+        None
+    }
+    fn close(&self) -> BoxFuture<'_, ()> {
+        self.closed.store(true, Ordering::SeqCst);
+        Box::pin(std::future::ready(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(id: &str, seq: u64, expect: Expect, live: bool, due: Option<u64>) -> WriteOp {
+        WriteOp::Put {
+            id: id.to_owned(),
+            bytes: vec![seq as u8],
+            live,
+            due_ms: due,
+            seq: Some(seq),
+            expect,
+        }
+    }
+
+    #[tokio::test]
+    async fn compare_and_set_and_indexes() {
+        let store = MemoryStore::new();
+        store
+            .commit(vec![put("a", 1, Expect::Absent, true, Some(10))])
+            .await
+            .unwrap();
+        let again = store
+            .commit(vec![put("a", 1, Expect::Absent, true, None)])
+            .await;
+        assert!(matches!(again, Err(StoreError::Conflict { .. })));
+        let stale = store
+            .commit(vec![put("a", 3, Expect::Seq(2), true, None)])
+            .await;
+        assert!(matches!(
+            stale,
+            Err(StoreError::Conflict {
+                expected: Some(2),
+                found: Some(1),
+                ..
+            })
+        ));
+        store
+            .commit(vec![put("a", 2, Expect::Seq(1), false, Some(20))])
+            .await
+            .unwrap();
+        assert_eq!(store.get("a").await.unwrap(), Some(vec![2]));
+        assert!(store.live().await.unwrap().is_empty());
+        assert!(store.due(19, 10).await.unwrap().is_empty());
+        assert_eq!(store.due(20, 10).await.unwrap(), vec!["a".to_owned()]);
+        assert_eq!(store.counts().await.unwrap(), (1, 0));
+        store
+            .commit(vec![WriteOp::Delete { id: "a".into() }])
+            .await
+            .unwrap();
+        assert_eq!(store.next_due().await.unwrap(), None);
+        store.close().await;
+        assert!(matches!(store.get("a").await, Err(StoreError::Closed)));
+    }
+
+    #[tokio::test]
+    async fn a_conflicting_job_stores_nothing() {
+        let store = MemoryStore::new();
+        let job = vec![
+            put("b", 1, Expect::Absent, true, None),
+            put("c", 5, Expect::Seq(4), true, None),
+        ];
+        assert!(store.commit(job).await.is_err());
+        assert_eq!(store.counts().await.unwrap(), (0, 0));
+    }
+}

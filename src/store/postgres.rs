@@ -1,0 +1,1098 @@
+//! The PostgreSQL backend: one database shared by several replicas of mcp-tasks.
+//!
+//! Schema (version [`SCHEMA_VERSION`], applied by versioned migrations at open, under an
+//! advisory lock so that replicas starting together migrate once; a database whose schema is
+//! newer than this build is refused with [`StoreError::SchemaTooNew`]):
+//!
+//! | table                 | holds                                                              |
+//! |-----------------------|--------------------------------------------------------------------|
+//! | `mcp_schema`          | applied migration versions                                          |
+//! | `mcp_tasks`           | per task: snapshot bytes, `live`, `due_ms`, `seq`, `owner_node`, `lease_epoch` |
+//! | `mcp_meta`            | key → bytes (boot epoch, the `requestState` key)                    |
+//! | `mcp_nodes`           | per node: `started_at`, `heartbeat_at` (the node's lease)           |
+//!
+//! **Leases and fencing.** Every process has a node id and renews its row in `mcp_nodes`
+//! every third of the lease TTL (one heartbeat per node, not per task). A live task is leased
+//! to the node named by `owner_node`, under a per-task `lease_epoch`. Creating a task leases
+//! it to its creator (epoch 1); claiming a task (at start, or taking over an orphan whose node
+//! stopped heartbeating for longer than the TTL) bumps the epoch, with `FOR UPDATE SKIP
+//! LOCKED` so that concurrent claimers split the orphans instead of queueing on them. Every
+//! write of a task by this node is one `UPDATE … WHERE id = $1 AND owner_node = $me AND
+//! lease_epoch = $held AND seq = $expected`: zero rows means that another node took the task
+//! over (the write is refused with [`StoreError::Fenced`] and the actor stops without side
+//! effects on the record) or that the sequence number moved ([`StoreError::Conflict`]).
+//! Timestamps are the database's (`now()`), so the nodes' clocks do not matter.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use futures::future::BoxFuture;
+use tokio::task::JoinHandle;
+use tokio_postgres::NoTls;
+
+use super::{Expect, StoreError, StoreFuture, StoreStats, TaskStore, WriteOp};
+
+/// The newest schema version this build knows.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// The migrations, in order: version `i + 1` is `MIGRATIONS[i]`.
+const MIGRATIONS: &[&str] = &[
+    // 1: tasks with their indexes and lease, meta, node heartbeats.
+    "CREATE TABLE mcp_tasks (
+        id          text PRIMARY KEY,
+        bytes       bytea NOT NULL,
+        live        boolean NOT NULL,
+        due_ms      bigint,
+        seq         bigint,
+        owner_node  text,
+        lease_epoch bigint NOT NULL DEFAULT 0,
+        updated_at  timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX mcp_tasks_due ON mcp_tasks (due_ms, id) WHERE due_ms IS NOT NULL;
+    CREATE INDEX mcp_tasks_live_owner ON mcp_tasks (owner_node) WHERE live;
+    CREATE TABLE mcp_meta (key text PRIMARY KEY, value bytea NOT NULL);
+    CREATE TABLE mcp_nodes (
+        node_id      text PRIMARY KEY,
+        started_at   timestamptz NOT NULL,
+        heartbeat_at timestamptz NOT NULL
+    );",
+];
+
+/// The meta key of the boot epoch (u64, little endian), incremented by every open.
+const META_BOOT_EPOCH: &str = super::META_BOOT_EPOCH;
+
+/// Options of [`PostgresStore::open`].
+#[derive(Debug, Clone)]
+pub struct PostgresOptions {
+    /// This process's node id (letters, digits, `-`, `_`, `.`; at most 63 bytes). `None`: a
+    /// random one (logged at open). Two live processes must never share one.
+    pub node_id: Option<String>,
+    /// How long a node's lease lasts without a heartbeat; its live tasks are then taken over
+    /// by other nodes. Heartbeats run every third of it. Default 15 s.
+    pub lease_ttl: Duration,
+    /// Connections in the pool. Default 16.
+    pub pool_size: usize,
+    /// How long a request waits for a connection (or for connecting) before it fails with
+    /// [`StoreError::Unavailable`]. Default 5 s.
+    pub connect_timeout: Duration,
+    /// Keep the tables in this schema (created if missing) instead of the connection's
+    /// default (`public`); letters, digits and `_`. Lets tests and tenants share a database.
+    pub schema: Option<String>,
+    /// **Test only.** Writes skip the lease check (owner and epoch), keeping only the
+    /// sequence-number check: the replica crash suite uses it to show that its checker
+    /// catches what fencing prevents. Default `false`.
+    #[doc(hidden)]
+    pub unsafe_skip_fencing: bool,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        PostgresOptions {
+            node_id: None,
+            lease_ttl: Duration::from_secs(15),
+            pool_size: 16,
+            connect_timeout: Duration::from_secs(5),
+            schema: None,
+            unsafe_skip_fencing: false,
+        }
+    }
+}
+
+/// A task store in a PostgreSQL database, shared by every replica that opens it.
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    label: String,
+    node: String,
+    lease_ttl: Duration,
+    boot_epoch: u64,
+    skip_fencing: bool,
+    /// The lease epoch this node holds, per task it runs.
+    held: Mutex<HashMap<String, i64>>,
+    closed: AtomicBool,
+    commits: AtomicU64,
+    ops: AtomicU64,
+    /// `Some(detail)` while the database cannot be reached.
+    unavailable: Mutex<Option<String>>,
+    /// Heartbeats are skipped while set (tests that simulate a paused node).
+    heartbeat_paused: AtomicBool,
+    heartbeat: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("store", &self.inner.label)
+            .field("node", &self.inner.node)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether `s` is a valid node id.
+fn valid_node_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+fn valid_schema(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && !s.as_bytes()[0].is_ascii_digit()
+}
+
+/// A random node id: `node-` and 32 bits in hex.
+fn random_node_id() -> String {
+    let mut bytes = [0u8; 4];
+    getrandom::fill(&mut bytes).unwrap_or_default();
+    format!("node-{:08x}", u32::from_le_bytes(bytes))
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn to_u64(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// The URL without its password, to name the store in logs and errors.
+fn redact(config: &tokio_postgres::Config) -> String {
+    let user = config.get_user().unwrap_or("");
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        #[cfg(unix)]
+        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+        None => "localhost".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let db = config.get_dbname().unwrap_or(user);
+    format!("postgres://{user}@{host}:{port}/{db}")
+}
+
+/// The message of a PostgreSQL error, with the server's own text when there is one.
+fn pg_detail(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => {
+            let mut s = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(inner) = source {
+                s.push_str(": ");
+                s.push_str(&inner.to_string());
+                source = inner.source();
+            }
+            s
+        }
+    }
+}
+
+/// Whether `e` means the database could not be reached (rather than refusing a statement).
+fn is_connection_error(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.as_db_error() {
+        // Class 08 (connection exception), 57P0x (admin shutdown, crash shutdown, cannot
+        // connect now, database dropped).
+        Some(db) => {
+            let code = db.code().code();
+            code.starts_with("08") || code.starts_with("57P")
+        }
+        None => true,
+    }
+}
+
+/// What went wrong talking to the database.
+enum PgFailure {
+    Pool(String),
+    Pg(tokio_postgres::Error),
+    Store(StoreError),
+}
+
+impl From<tokio_postgres::Error> for PgFailure {
+    fn from(e: tokio_postgres::Error) -> Self {
+        PgFailure::Pg(e)
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for PgFailure {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        match e {
+            deadpool_postgres::PoolError::Backend(e) => PgFailure::Pg(e),
+            other => PgFailure::Pool(other.to_string()),
+        }
+    }
+}
+
+impl From<StoreError> for PgFailure {
+    fn from(e: StoreError) -> Self {
+        PgFailure::Store(e)
+    }
+}
+
+impl Inner {
+    /// Turns a failure into a [`StoreError`], and notes whether the database is reachable.
+    fn fail(&self, failure: PgFailure, write: bool) -> StoreError {
+        let (unreachable, detail) = match failure {
+            PgFailure::Store(e) => return e,
+            PgFailure::Pool(detail) => (true, detail),
+            PgFailure::Pg(e) => (is_connection_error(&e), pg_detail(&e)),
+        };
+        if unreachable {
+            tracing::warn!(store = %self.label, %detail, "the PostgreSQL store is unreachable");
+            *self.unavailable.lock().unwrap_or_else(|e| e.into_inner()) = Some(detail.clone());
+            StoreError::Unavailable {
+                path: self.label.clone().into(),
+                detail,
+            }
+        } else if write {
+            StoreError::Commit(detail)
+        } else {
+            StoreError::Read(detail)
+        }
+    }
+
+    fn reachable(&self) {
+        let mut slot = self.unavailable.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.take().is_some() {
+            tracing::info!(store = %self.label, "the PostgreSQL store is reachable again");
+        }
+    }
+
+    fn check_open(&self) -> Result<(), StoreError> {
+        if self.closed.load(Ordering::SeqCst) {
+            Err(StoreError::Closed)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, i64>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, PgFailure> {
+        Ok(self.pool.get().await?)
+    }
+
+    /// Applies one job in one transaction. Returns the leases it created or ended.
+    async fn commit_job(&self, ops: &[WriteOp]) -> Result<Vec<(String, Option<i64>)>, PgFailure> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let mut leases = Vec::new();
+        for op in ops {
+            match op {
+                WriteOp::Put {
+                    id,
+                    bytes,
+                    live,
+                    due_ms,
+                    seq,
+                    expect,
+                } => {
+                    let due = due_ms.map(to_i64);
+                    let seq = seq.map(to_i64);
+                    match *expect {
+                        Expect::Any => {
+                            let st = tx
+                                .prepare_cached(
+                                    "INSERT INTO mcp_tasks (id, bytes, live, due_ms, seq, owner_node, lease_epoch)
+                                     VALUES ($1, $2, $3, $4, $5, $6, 1)
+                                     ON CONFLICT (id) DO UPDATE SET bytes = $2, live = $3, due_ms = $4,
+                                        seq = $5, updated_at = now()",
+                                )
+                                .await?;
+                            tx.execute(&st, &[id, bytes, live, &due, &seq, &self.node])
+                                .await?;
+                        }
+                        Expect::Absent => {
+                            let st = tx
+                                .prepare_cached(
+                                    "INSERT INTO mcp_tasks (id, bytes, live, due_ms, seq, owner_node, lease_epoch)
+                                     VALUES ($1, $2, $3, $4, $5, $6, 1)
+                                     ON CONFLICT (id) DO NOTHING",
+                                )
+                                .await?;
+                            let n = tx
+                                .execute(&st, &[id, bytes, live, &due, &seq, &self.node])
+                                .await?;
+                            if n == 0 {
+                                let found = self.stored_seq(&tx, id).await?;
+                                return Err(StoreError::Conflict {
+                                    id: id.clone(),
+                                    expected: None,
+                                    found,
+                                }
+                                .into());
+                            }
+                            leases.push((id.clone(), live.then_some(1)));
+                        }
+                        Expect::Seq(expected) => {
+                            let held = self.held().get(id).copied();
+                            let n = match (held, self.skip_fencing) {
+                                (_, true) => {
+                                    let st = tx
+                                        .prepare_cached(
+                                            "UPDATE mcp_tasks SET bytes = $2, live = $3, due_ms = $4,
+                                                seq = $5, updated_at = now()
+                                             WHERE id = $1 AND (seq = $6 OR seq IS NULL)",
+                                        )
+                                        .await?;
+                                    tx.execute(
+                                        &st,
+                                        &[id, bytes, live, &due, &seq, &to_i64(expected)],
+                                    )
+                                    .await?
+                                }
+                                (Some(epoch), false) => {
+                                    let st = tx
+                                        .prepare_cached(
+                                            "UPDATE mcp_tasks SET bytes = $2, live = $3, due_ms = $4,
+                                                seq = $5, updated_at = now()
+                                             WHERE id = $1 AND (seq = $6 OR seq IS NULL)
+                                               AND owner_node = $7 AND lease_epoch = $8",
+                                        )
+                                        .await?;
+                                    tx.execute(
+                                        &st,
+                                        &[
+                                            id,
+                                            bytes,
+                                            live,
+                                            &due,
+                                            &seq,
+                                            &to_i64(expected),
+                                            &self.node,
+                                            &epoch,
+                                        ],
+                                    )
+                                    .await?
+                                }
+                                (None, false) => 0,
+                            };
+                            if n == 0 {
+                                return Err(self.refusal(&tx, id, expected, held).await?.into());
+                            }
+                            if !*live {
+                                leases.push((id.clone(), None));
+                            }
+                        }
+                    }
+                }
+                WriteOp::Delete { id } => {
+                    let st = tx
+                        .prepare_cached("DELETE FROM mcp_tasks WHERE id = $1")
+                        .await?;
+                    tx.execute(&st, &[id]).await?;
+                    leases.push((id.clone(), None));
+                }
+                WriteOp::SetDue { id, due_ms } => {
+                    let st = tx
+                        .prepare_cached("UPDATE mcp_tasks SET due_ms = $2 WHERE id = $1")
+                        .await?;
+                    tx.execute(&st, &[id, &due_ms.map(to_i64)]).await?;
+                }
+                WriteOp::PutMeta { key, value } => {
+                    let st = tx
+                        .prepare_cached(
+                            "INSERT INTO mcp_meta (key, value) VALUES ($1, $2)
+                             ON CONFLICT (key) DO UPDATE SET value = $2",
+                        )
+                        .await?;
+                    tx.execute(&st, &[key, value]).await?;
+                }
+            }
+        }
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("store::group_commit", |arg| {
+            Err(PgFailure::Store(StoreError::Commit(format!(
+                "failpoint store::group_commit: {}",
+                arg.unwrap_or_default()
+            ))))
+        });
+        tx.commit().await?;
+        Ok(leases)
+    }
+
+    async fn stored_seq(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        id: &str,
+    ) -> Result<Option<u64>, PgFailure> {
+        let row = tx
+            .query_opt("SELECT seq FROM mcp_tasks WHERE id = $1", &[&id])
+            .await?;
+        Ok(row.and_then(|r| r.get::<_, Option<i64>>(0)).map(to_u64))
+    }
+
+    /// Why a conditional write updated nothing: the task moved to another node (fenced), or
+    /// its sequence number moved (conflict).
+    async fn refusal(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        id: &str,
+        expected: u64,
+        held: Option<i64>,
+    ) -> Result<StoreError, PgFailure> {
+        let row = tx
+            .query_opt(
+                "SELECT seq, owner_node, lease_epoch FROM mcp_tasks WHERE id = $1",
+                &[&id],
+            )
+            .await?;
+        let Some(row) = row else {
+            return Ok(StoreError::Conflict {
+                id: id.to_owned(),
+                expected: Some(expected),
+                found: None,
+            });
+        };
+        let found = row.get::<_, Option<i64>>(0).map(to_u64);
+        let owner: Option<String> = row.get(1);
+        let epoch: i64 = row.get(2);
+        let ours = !self.skip_fencing
+            && owner.as_deref() == Some(self.node.as_str())
+            && Some(epoch) == held;
+        if ours || self.skip_fencing {
+            return Ok(StoreError::Conflict {
+                id: id.to_owned(),
+                expected: Some(expected),
+                found,
+            });
+        }
+        let mut map = self.held();
+        if held.is_some() && map.get(id) == held.as_ref() {
+            map.remove(id);
+        }
+        tracing::warn!(task = id, node = %self.node, held = ?held, owner = ?owner, epoch,
+            "write refused: another node holds the task's lease (fenced)");
+        Ok(StoreError::Fenced { id: id.to_owned() })
+    }
+
+    /// Claims live tasks for this node: those no live node holds (`own` = also those this
+    /// node id held, at start). Bumps their epochs; at most `limit`.
+    async fn claim(&self, own: bool, limit: i64) -> Result<Vec<(String, Vec<u8>)>, PgFailure> {
+        let client = self.client().await?;
+        let ttl = self.lease_ttl.as_secs_f64();
+        let sql = if own {
+            "UPDATE mcp_tasks t SET owner_node = $1, lease_epoch = t.lease_epoch + 1
+             WHERE t.live AND t.owner_node = $1
+             RETURNING t.id, t.bytes, t.lease_epoch"
+        } else {
+            "WITH c AS (
+                SELECT t.id FROM mcp_tasks t
+                LEFT JOIN mcp_nodes n ON n.node_id = t.owner_node
+                WHERE t.live
+                  AND (t.owner_node IS NULL
+                       OR (t.owner_node <> $1
+                           AND (n.node_id IS NULL
+                                OR n.heartbeat_at < now() - make_interval(secs => $2))))
+                ORDER BY t.id
+                LIMIT $3
+                FOR UPDATE OF t SKIP LOCKED)
+             UPDATE mcp_tasks t SET owner_node = $1, lease_epoch = t.lease_epoch + 1
+             FROM c WHERE t.id = c.id
+             RETURNING t.id, t.bytes, t.lease_epoch"
+        };
+        let st = client.prepare_cached(sql).await?;
+        let rows = if own {
+            client.query(&st, &[&self.node]).await?
+        } else {
+            client.query(&st, &[&self.node, &ttl, &limit]).await?
+        };
+        let mut out = Vec::with_capacity(rows.len());
+        let mut held = self.held();
+        for row in rows {
+            let id: String = row.get(0);
+            let bytes: Vec<u8> = row.get(1);
+            let epoch: i64 = row.get(2);
+            held.insert(id.clone(), epoch);
+            out.push((id, bytes));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        if !out.is_empty() {
+            tracing::info!(node = %self.node, tasks = out.len(), own, "claimed live tasks");
+        }
+        Ok(out)
+    }
+
+    async fn heartbeat_once(&self) -> Result<(), PgFailure> {
+        let client = self.client().await?;
+        let st = client
+            .prepare_cached(
+                "INSERT INTO mcp_nodes (node_id, started_at, heartbeat_at) VALUES ($1, now(), now())
+                 ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = now()",
+            )
+            .await?;
+        client.execute(&st, &[&self.node]).await?;
+        Ok(())
+    }
+}
+
+impl PostgresStore {
+    /// Connects to the database at `url` (`postgres://USER@HOST:PORT/DB`, libpq-style
+    /// parameters accepted), applies the schema migrations this build knows (refusing a newer
+    /// schema), registers this node and starts its heartbeat.
+    pub async fn open(url: &str, options: PostgresOptions) -> Result<PostgresStore, StoreError> {
+        let mut config = tokio_postgres::Config::from_str(url).map_err(|e| StoreError::Open {
+            path: "postgres://…".into(),
+            detail: format!("the PostgreSQL URL does not parse: {e}"),
+        })?;
+        let mut label = redact(&config);
+        let open_err = |label: &str, detail: String| StoreError::Open {
+            path: label.into(),
+            detail,
+        };
+        if let Some(schema) = &options.schema {
+            if !valid_schema(schema) {
+                return Err(open_err(
+                    &label,
+                    format!("invalid schema name `{schema}` (letters, digits and `_` only)"),
+                ));
+            }
+            label.push_str(&format!(" (schema {schema})"));
+        }
+        let node = match options.node_id.clone() {
+            Some(id) if valid_node_id(&id) => id,
+            Some(id) => {
+                return Err(open_err(
+                    &label,
+                    format!("invalid node id `{id}` (1 to 63 letters, digits, `-`, `_` or `.`)"),
+                ));
+            }
+            None => random_node_id(),
+        };
+        if options.lease_ttl < Duration::from_millis(300) {
+            return Err(open_err(
+                &label,
+                "the lease TTL must be at least 300 ms".to_owned(),
+            ));
+        }
+        config.connect_timeout(options.connect_timeout);
+        if config.get_application_name().is_none() {
+            config.application_name(format!("mcp-tasks {node}"));
+        }
+        if let Some(schema) = &options.schema {
+            // Created first through a connection without the option.
+            create_schema(&config, schema)
+                .await
+                .map_err(|e| open_err(&label, e))?;
+            config.options(format!("-c search_path={schema}"));
+        }
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size.max(1))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(options.connect_timeout))
+            .create_timeout(Some(options.connect_timeout))
+            .recycle_timeout(Some(options.connect_timeout))
+            .build()
+            .map_err(|e| open_err(&label, e.to_string()))?;
+        let boot_epoch = migrate(&pool, &label).await?;
+        let inner = Arc::new(Inner {
+            pool,
+            label: label.clone(),
+            node: node.clone(),
+            lease_ttl: options.lease_ttl,
+            boot_epoch,
+            skip_fencing: options.unsafe_skip_fencing,
+            held: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
+            commits: AtomicU64::new(0),
+            ops: AtomicU64::new(0),
+            unavailable: Mutex::new(None),
+            heartbeat_paused: AtomicBool::new(false),
+            heartbeat: Mutex::new(None),
+        });
+        // Start-up waits for the first heartbeat: the node is registered before it claims.
+        let started = inner.started_at_registration().await;
+        started.map_err(|e| inner.fail(e, true))?;
+        let task = tokio::spawn(heartbeat(Arc::downgrade(&inner)));
+        *inner.heartbeat.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+        if options.unsafe_skip_fencing {
+            tracing::error!(node = %node, "UNSAFE: fencing is off (test-only switch): a node that lost a lease can still write");
+        }
+        tracing::info!(store = %label, node = %node, lease_ttl = ?options.lease_ttl, boot_epoch, "PostgreSQL task store opened");
+        Ok(PostgresStore { inner })
+    }
+
+    /// This node's id.
+    pub fn node(&self) -> &str {
+        &self.inner.node
+    }
+
+    /// The lease TTL.
+    pub fn lease_ttl(&self) -> Duration {
+        self.inner.lease_ttl
+    }
+
+    /// **Test only.** Stops (or resumes) this node's heartbeats, as if the process were
+    /// paused: once the TTL passes, other nodes take its tasks over.
+    #[doc(hidden)]
+    pub fn pause_heartbeat(&self, paused: bool) {
+        self.inner.heartbeat_paused.store(paused, Ordering::SeqCst);
+    }
+}
+
+impl Inner {
+    async fn started_at_registration(&self) -> Result<(), PgFailure> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO mcp_nodes (node_id, started_at, heartbeat_at) VALUES ($1, now(), now())
+                 ON CONFLICT (node_id) DO UPDATE SET started_at = now(), heartbeat_at = now()",
+                &[&self.node],
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+/// Renews the node's lease every third of the TTL until the store is dropped or closed.
+async fn heartbeat(inner: std::sync::Weak<Inner>) {
+    let mut last_ok = tokio::time::Instant::now();
+    let mut warned = false;
+    loop {
+        let period = match inner.upgrade() {
+            Some(inner) => inner.lease_ttl / 3,
+            None => return,
+        };
+        tokio::time::sleep(period).await;
+        let Some(inner) = inner.upgrade() else { return };
+        if inner.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        if inner.heartbeat_paused.load(Ordering::SeqCst) {
+            continue;
+        }
+        match inner.heartbeat_once().await {
+            Ok(()) => {
+                inner.reachable();
+                if warned {
+                    tracing::warn!(node = %inner.node,
+                        "heartbeat renewed after the lease lapsed: tasks other nodes took over meanwhile are theirs (this node's writes to them are fenced)");
+                }
+                last_ok = tokio::time::Instant::now();
+                warned = false;
+            }
+            Err(e) => {
+                let e = inner.fail(e, true);
+                if !warned && last_ok.elapsed() > inner.lease_ttl {
+                    warned = true;
+                    tracing::error!(node = %inner.node, error = %e,
+                        "this node's lease lapsed (no heartbeat for longer than the lease TTL): other nodes may take its tasks over");
+                } else {
+                    tracing::warn!(node = %inner.node, error = %e, "heartbeat failed");
+                }
+            }
+        }
+    }
+}
+
+/// Creates `schema` if it does not exist, on a connection of its own.
+async fn create_schema(config: &tokio_postgres::Config, schema: &str) -> Result<(), String> {
+    let (client, connection) = config.connect(NoTls).await.map_err(|e| pg_detail(&e))?;
+    let conn = tokio::spawn(connection);
+    let result = client
+        .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+        .await
+        .map_err(|e| pg_detail(&e));
+    drop(client);
+    let _ = conn.await;
+    result
+}
+
+/// Applies the migrations this build knows (once, under an advisory lock) and bumps the boot
+/// epoch. Returns the epoch.
+async fn migrate(pool: &Pool, label: &str) -> Result<u64, StoreError> {
+    let err = |detail: String| StoreError::Open {
+        path: label.into(),
+        detail,
+    };
+    let mut client = pool
+        .get()
+        .await
+        .map_err(|e| err(format!("cannot connect: {e}")))?;
+    let tx = client.transaction().await.map_err(|e| err(pg_detail(&e)))?;
+    tx.batch_execute(
+        "SELECT pg_advisory_xact_lock(727301, hashtext(coalesce(current_schema(), '')));
+         CREATE TABLE IF NOT EXISTS mcp_schema (
+            version    bigint PRIMARY KEY,
+            applied_at timestamptz NOT NULL DEFAULT now()
+         );",
+    )
+    .await
+    .map_err(|e| {
+        err(format!(
+            "preparing the migrations failed: {}",
+            pg_detail(&e)
+        ))
+    })?;
+    let current: i64 = tx
+        .query_one("SELECT coalesce(max(version), 0) FROM mcp_schema", &[])
+        .await
+        .map_err(|e| err(pg_detail(&e)))?
+        .get(0);
+    if current > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew {
+            store: label.to_owned(),
+            found: current,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate() {
+        let version = i as i64 + 1;
+        if version <= current {
+            continue;
+        }
+        tx.batch_execute(sql)
+            .await
+            .map_err(|e| err(format!("migration {version} failed: {}", pg_detail(&e))))?;
+        tx.execute("INSERT INTO mcp_schema (version) VALUES ($1)", &[&version])
+            .await
+            .map_err(|e| err(pg_detail(&e)))?;
+        tracing::info!(store = %label, version, "applied schema migration");
+    }
+    let previous = tx
+        .query_opt(
+            "SELECT value FROM mcp_meta WHERE key = $1",
+            &[&META_BOOT_EPOCH],
+        )
+        .await
+        .map_err(|e| err(pg_detail(&e)))?
+        .map(|r| r.get::<_, Vec<u8>>(0))
+        .map(|v| {
+            <[u8; 8]>::try_from(v.as_slice())
+                .map(u64::from_le_bytes)
+                .map_err(|_| err(format!("meta \"{META_BOOT_EPOCH}\" is not 8 bytes")))
+        })
+        .transpose()?
+        .unwrap_or(0);
+    let epoch = previous.saturating_add(1);
+    tx.execute(
+        "INSERT INTO mcp_meta (key, value) VALUES ($1, $2)
+         ON CONFLICT (key) DO UPDATE SET value = $2",
+        &[&META_BOOT_EPOCH, &epoch.to_le_bytes().to_vec()],
+    )
+    .await
+    .map_err(|e| err(pg_detail(&e)))?;
+    tx.commit().await.map_err(|e| err(pg_detail(&e)))?;
+    Ok(epoch)
+}
+
+impl TaskStore for PostgresStore {
+    fn describe(&self) -> String {
+        self.inner.label.clone()
+    }
+    fn boot_epoch(&self) -> u64 {
+        self.inner.boot_epoch
+    }
+    fn commit(&self, ops: Vec<WriteOp>) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let n = ops.len() as u64;
+            match self.inner.commit_job(&ops).await {
+                Ok(leases) => {
+                    self.inner.reachable();
+                    self.inner.commits.fetch_add(1, Ordering::Relaxed);
+                    self.inner.ops.fetch_add(n, Ordering::Relaxed);
+                    let mut held = self.inner.held();
+                    for (id, lease) in leases {
+                        match lease {
+                            Some(epoch) => held.insert(id, epoch),
+                            None => held.remove(&id),
+                        };
+                    }
+                    Ok(())
+                }
+                Err(e) => Err(self.inner.fail(e, true)),
+            }
+        })
+    }
+    fn get<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let run = async {
+                let client = self.inner.client().await?;
+                let st = client
+                    .prepare_cached("SELECT bytes FROM mcp_tasks WHERE id = $1")
+                    .await?;
+                let row = client.query_opt(&st, &[&id]).await?;
+                Ok::<_, PgFailure>(row.map(|r| r.get::<_, Vec<u8>>(0)))
+            };
+            let r = run.await.map_err(|e| self.inner.fail(e, false))?;
+            self.inner.reachable();
+            Ok(r)
+        })
+    }
+    fn get_many(&self, ids: Vec<String>) -> StoreFuture<'_, Vec<Option<Vec<u8>>>> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let run = async {
+                let client = self.inner.client().await?;
+                let st = client
+                    .prepare_cached("SELECT id, bytes FROM mcp_tasks WHERE id = ANY($1)")
+                    .await?;
+                let rows = client.query(&st, &[&ids]).await?;
+                let mut found: HashMap<String, Vec<u8>> =
+                    rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
+                Ok::<_, PgFailure>(ids.iter().map(|id| found.remove(id)).collect())
+            };
+            run.await.map_err(|e| self.inner.fail(e, false))
+        })
+    }
+    fn live(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
+        self.rows("SELECT id, bytes FROM mcp_tasks WHERE live ORDER BY id")
+    }
+    fn due(&self, now_ms: u64, limit: usize) -> StoreFuture<'_, Vec<String>> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let run = async {
+                let client = self.inner.client().await?;
+                let st = client
+                    .prepare_cached(
+                        "SELECT id FROM mcp_tasks WHERE due_ms IS NOT NULL AND due_ms <= $1
+                         ORDER BY due_ms, id LIMIT $2",
+                    )
+                    .await?;
+                let rows = client
+                    .query(
+                        &st,
+                        &[&to_i64(now_ms), &(limit.min(i64::MAX as usize) as i64)],
+                    )
+                    .await?;
+                Ok::<_, PgFailure>(rows.into_iter().map(|r| r.get(0)).collect())
+            };
+            run.await.map_err(|e| self.inner.fail(e, false))
+        })
+    }
+    fn next_due(&self) -> StoreFuture<'_, Option<u64>> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let run = async {
+                let client = self.inner.client().await?;
+                let row = client
+                    .query_one("SELECT min(due_ms) FROM mcp_tasks", &[])
+                    .await?;
+                Ok::<_, PgFailure>(row.get::<_, Option<i64>>(0).map(to_u64))
+            };
+            run.await.map_err(|e| self.inner.fail(e, false))
+        })
+    }
+    fn meta_get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let run = async {
+                let client = self.inner.client().await?;
+                let row = client
+                    .query_opt("SELECT value FROM mcp_meta WHERE key = $1", &[&key])
+                    .await?;
+                Ok::<_, PgFailure>(row.map(|r| r.get::<_, Vec<u8>>(0)))
+            };
+            run.await.map_err(|e| self.inner.fail(e, false))
+        })
+    }
+    fn tasks(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
+        self.rows("SELECT id, bytes FROM mcp_tasks ORDER BY id")
+    }
+    fn counts(&self) -> StoreFuture<'_, (u64, u64)> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let run = async {
+                let client = self.inner.client().await?;
+                let row = client
+                    .query_one(
+                        "SELECT count(*), count(*) FILTER (WHERE live) FROM mcp_tasks",
+                        &[],
+                    )
+                    .await?;
+                Ok::<_, PgFailure>((to_u64(row.get(0)), to_u64(row.get(1))))
+            };
+            run.await.map_err(|e| self.inner.fail(e, false))
+        })
+    }
+    fn stats(&self) -> StoreStats {
+        StoreStats {
+            commits: self.inner.commits.load(Ordering::Relaxed),
+            ops: self.inner.ops.load(Ordering::Relaxed),
+        }
+    }
+    fn is_closed(&self) -> bool {
+        self.inner.closed.load(Ordering::SeqCst)
+    }
+    fn halted(&self) -> Option<String> {
+        // PostgreSQL recovers on its own after a crash: the store never halts for good.
+        None
+    }
+    fn wait_halted(&self) -> BoxFuture<'_, String> {
+        Box::pin(std::future::pending())
+    }
+    fn unavailable(&self) -> Option<String> {
+        self.inner
+            .unavailable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if self.inner.closed.swap(true, Ordering::SeqCst) {
+                return;
+            }
+            if let Some(task) = self
+                .inner
+                .heartbeat
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+            {
+                task.abort();
+            }
+            // Hands this node's live tasks over at once (a rolling deploy does not wait for
+            // the lease to lapse): the next claim of another node bumps their epochs.
+            let release = async {
+                let client = self.inner.client().await?;
+                let released = client
+                    .execute(
+                        "UPDATE mcp_tasks SET owner_node = NULL WHERE live AND owner_node = $1",
+                        &[&self.inner.node],
+                    )
+                    .await?;
+                client
+                    .execute(
+                        "DELETE FROM mcp_nodes WHERE node_id = $1",
+                        &[&self.inner.node],
+                    )
+                    .await?;
+                Ok::<_, PgFailure>(released)
+            };
+            match release.await {
+                Ok(released) => {
+                    tracing::info!(node = %self.inner.node, released, "PostgreSQL task store closed; leases released")
+                }
+                Err(e) => {
+                    let e = self.inner.fail(e, true);
+                    tracing::warn!(node = %self.inner.node, error = %e,
+                        "could not release this node's leases at close; other nodes take its tasks over once the lease TTL passes");
+                }
+            }
+            self.inner.held().clear();
+            self.inner.pool.close();
+        })
+    }
+    fn is_shared(&self) -> bool {
+        true
+    }
+    fn node_id(&self) -> Option<&str> {
+        Some(&self.inner.node)
+    }
+    fn claim_live(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let mut all = self
+                .inner
+                .claim(true, 0)
+                .await
+                .map_err(|e| self.inner.fail(e, true))?;
+            loop {
+                let batch = self
+                    .inner
+                    .claim(false, CLAIM_BATCH)
+                    .await
+                    .map_err(|e| self.inner.fail(e, true))?;
+                let done = (batch.len() as i64) < CLAIM_BATCH;
+                all.extend(batch);
+                if done {
+                    break;
+                }
+            }
+            all.sort_by(|a, b| a.0.cmp(&b.0));
+            Ok(all)
+        })
+    }
+    fn claim_orphans(&self, limit: usize) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let limit = limit.min(i64::MAX as usize) as i64;
+            self.inner
+                .claim(false, limit)
+                .await
+                .map_err(|e| self.inner.fail(e, true))
+        })
+    }
+    fn holds(&self, id: &str) -> bool {
+        self.inner.held().contains_key(id)
+    }
+    fn claim_interval(&self) -> Option<Duration> {
+        Some(self.inner.lease_ttl / 3)
+    }
+    fn claim_one<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let run = async {
+                let client = self.inner.client().await?;
+                let st = client
+                    .prepare_cached(
+                        "UPDATE mcp_tasks SET owner_node = $2, lease_epoch = lease_epoch + 1
+                         WHERE id = $1 AND live
+                         RETURNING bytes, lease_epoch",
+                    )
+                    .await?;
+                let row = client.query_opt(&st, &[&id, &self.inner.node]).await?;
+                Ok::<_, PgFailure>(row.map(|r| {
+                    let epoch: i64 = r.get(1);
+                    self.inner.held().insert(id.to_owned(), epoch);
+                    r.get::<_, Vec<u8>>(0)
+                }))
+            };
+            run.await.map_err(|e| self.inner.fail(e, true))
+        })
+    }
+}
+
+/// Orphans claimed per statement.
+const CLAIM_BATCH: i64 = 256;
+
+impl PostgresStore {
+    fn rows(&self, sql: &'static str) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let run = async {
+                let client = self.inner.client().await?;
+                let st = client.prepare_cached(sql).await?;
+                let rows = client.query(&st, &[]).await?;
+                Ok::<_, PgFailure>(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
+            };
+            run.await.map_err(|e| self.inner.fail(e, false))
+        })
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(task) = self
+            .heartbeat
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            task.abort();
+        }
+    }
+}

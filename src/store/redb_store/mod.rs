@@ -1,0 +1,465 @@
+//! The redb backend: one file, one writer OS thread, group commit.
+//!
+//! It keeps opaque snapshot bytes keyed by task id and the index tables that the runtime
+//! maintains through [`WriteOp::Put`]:
+//!
+//! | table       | key              | value    | purpose                                        |
+//! |-------------|------------------|----------|------------------------------------------------|
+//! | `tasks`     | id               | bytes    | the latest snapshot of every stored task       |
+//! | `live`      | id               | `()`     | non-terminal tasks, read at start to rehydrate |
+//! | `due`       | `(due_ms, id)`   | `()`     | when the reaper must next look at a task       |
+//! | `due_by_id` | id               | `due_ms` | reverse of `due`, so a re-put replaces it      |
+//! | `seq`       | id               | u64      | version of the snapshot, for compare-and-set   |
+//! | `meta`      | key              | bytes    | schema version, boot epoch, ...                |
+//!
+//! Writes go through [`RedbStore::commit`]: the ops are queued to a dedicated writer thread
+//! that drains everything queued, applies all of it in one write transaction with one commit
+//! (one fsync), and only then acknowledges every waiter. Reads run in `spawn_blocking` so they
+//! never block tokio workers.
+//!
+//! The concerns live in their own files: `schema.rs` (tables, opening and creating the file,
+//! the storage backends that notice a failed fsync), `writer.rs` (the writer thread and group
+//! commit), `read.rs` (read transactions), `recovery.rs` (reopening after an I/O error).
+
+mod read;
+mod recovery;
+mod schema;
+mod writer;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use redb::Database;
+use tokio::sync::oneshot;
+
+use futures::future::BoxFuture;
+
+use super::{BackendFactory, StoreError, StoreFuture, StoreOptions, StoreStats, WriteOp};
+#[cfg(test)]
+use super::{Durability, Expect};
+#[cfg(test)]
+use schema::*;
+use schema::{
+    SyncFailure, Target, init_tables_and_boot, open_database, warn_if_readable_by_others,
+};
+#[cfg(test)]
+use writer::apply_jobs;
+use writer::{Job, Writer};
+
+/// The database as readers and the writer find it.
+pub(super) enum DbState {
+    Open(Arc<Database>),
+    /// An I/O error poisoned the database and reopening it failed (the detail says why).
+    Broken(String),
+    /// A sync failed: fail-stop, never reopened (the detail says why).
+    Halted(String),
+    Closed,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    pub(super) commits: AtomicU64,
+    pub(super) ops: AtomicU64,
+}
+
+/// The redb store. Cheap to clone; all clones share one database and one writer thread.
+#[derive(Clone)]
+pub struct RedbStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    boot_epoch: u64,
+    /// The database for reads and writes. Readers and the writer clone the `Arc` for one
+    /// transaction; the writer swaps it when it reopens the file after an I/O error, and
+    /// [`RedbStore::close`] waits until it holds the last reference.
+    db: Arc<RwLock<DbState>>,
+    /// The writer's queue; `None` once closed. Dropping it (also when the last clone of the
+    /// store is dropped) lets the writer finish what is queued and exit.
+    tx: RwLock<Option<mpsc::Sender<Job>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    /// Serialises [`RedbStore::close`] calls, so that each returns only once the file is released.
+    close_lock: tokio::sync::Mutex<()>,
+    counters: Arc<Counters>,
+    /// `Some(detail)` once the store halted after a failed fsync.
+    halted: tokio::sync::watch::Receiver<Option<String>>,
+    #[cfg(test)]
+    test_hooks: Arc<tests_support::Hooks>,
+}
+
+impl fmt::Debug for RedbStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedbStore")
+            .field("path", &self.inner.path)
+            .field("boot_epoch", &self.inner.boot_epoch)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedbStore {
+    /// Opens (or creates) the store file. Blocking: call it from `spawn_blocking` or before the
+    /// runtime starts (or use [`RedbStore::open_async`]).
+    ///
+    /// - A missing file is created atomically: initialised in `<name>.creating` beside it,
+    ///   renamed into place, and the directory fsynced (redb does not), so a crash never leaves
+    ///   a half-initialised store.
+    /// - An existing file must be a redb database; a corrupt, truncated or foreign file gives
+    ///   [`StoreError::Corrupt`] (or [`StoreError::Open`]) naming the file, and is never
+    ///   recreated or overwritten. An *empty* (0 byte) file is initialised as a new database.
+    /// - A file already open (also in this process) gives [`StoreError::AlreadyOpen`].
+    ///
+    /// Creates the tables, increments the boot epoch in meta and commits it durably, then starts
+    /// the writer thread.
+    pub fn open(path: &Path, options: StoreOptions) -> Result<RedbStore, StoreError> {
+        Self::open_inner(Target::File(path.to_path_buf()), options)
+    }
+
+    /// Like [`RedbStore::open`] on a redb [`StorageBackend`] instead of a file (simulated disks,
+    /// fault injection). `label` names the store in errors and logs. `factory` is called once
+    /// now and again whenever the store reopens after an I/O error; each backend it returns
+    /// must see the bytes the previous one left.
+    pub fn open_with_backend(
+        label: &Path,
+        factory: BackendFactory,
+        options: StoreOptions,
+    ) -> Result<RedbStore, StoreError> {
+        Self::open_inner(
+            Target::Backend {
+                label: label.to_path_buf(),
+                factory,
+            },
+            options,
+        )
+    }
+
+    /// [`RedbStore::open`] on the blocking pool.
+    pub async fn open_async(path: PathBuf, options: StoreOptions) -> Result<RedbStore, StoreError> {
+        Self::open_target_async(Target::File(path), options).await
+    }
+
+    /// [`RedbStore::open_with_backend`] on the blocking pool.
+    pub async fn open_with_backend_async(
+        label: PathBuf,
+        factory: BackendFactory,
+        options: StoreOptions,
+    ) -> Result<RedbStore, StoreError> {
+        Self::open_target_async(Target::Backend { label, factory }, options).await
+    }
+
+    async fn open_target_async(
+        target: Target,
+        options: StoreOptions,
+    ) -> Result<RedbStore, StoreError> {
+        let path = target.path().to_path_buf();
+        match tokio::task::spawn_blocking(move || RedbStore::open_inner(target, options)).await {
+            Ok(result) => result,
+            Err(e) => Err(StoreError::Open {
+                path,
+                detail: format!("the open task failed: {e}"),
+            }),
+        }
+    }
+
+    fn open_inner(target: Target, options: StoreOptions) -> Result<RedbStore, StoreError> {
+        let path = target.path().to_path_buf();
+        let open_err = |detail: String| StoreError::Open {
+            path: path.clone(),
+            detail,
+        };
+        if let Target::File(file) = &target {
+            warn_if_readable_by_others(file);
+        }
+        let sync_failure = Arc::new(SyncFailure::default());
+        let db = open_database(&target, options.verify_on_open, true, &sync_failure)?;
+        let boot_epoch = init_tables_and_boot(&db, &path, true)?;
+        if let Some(detail) = sync_failure.get() {
+            return Err(StoreError::Halted { path, detail });
+        }
+
+        let db = Arc::new(RwLock::new(DbState::Open(Arc::new(db))));
+        let counters = Arc::new(Counters::default());
+        let (halt_tx, halted) = tokio::sync::watch::channel(None);
+        let (tx, rx) = mpsc::channel::<Job>();
+        #[cfg(test)]
+        let test_hooks = Arc::new(tests_support::Hooks::default());
+        let writer = Writer {
+            db: Arc::clone(&db),
+            target,
+            rx,
+            durability: options.durability,
+            max_batch_ops: options.max_batch_ops.max(1),
+            verify_on_open: options.verify_on_open,
+            reopen_after_sync_failure: options.unsafe_reopen_after_sync_failure,
+            sync_failure,
+            halt: halt_tx,
+            counters: Arc::clone(&counters),
+            path: path.clone(),
+            #[cfg(test)]
+            hooks: Arc::clone(&test_hooks),
+        };
+        let handle = std::thread::Builder::new()
+            .name("mcp-tasks-store-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|e| open_err(format!("cannot start the writer thread: {e}")))?;
+
+        tracing::info!(path = %path.display(), boot_epoch, "task store opened");
+        Ok(RedbStore {
+            inner: Arc::new(Inner {
+                path,
+                boot_epoch,
+                db,
+                tx: RwLock::new(Some(tx)),
+                writer: Mutex::new(Some(handle)),
+                close_lock: tokio::sync::Mutex::new(()),
+                counters,
+                halted,
+                #[cfg(test)]
+                test_hooks,
+            }),
+        })
+    }
+
+    /// The file of this store.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The boot epoch this open recorded (1 for a new file, +1 per open).
+    pub fn boot_epoch(&self) -> u64 {
+        self.inner.boot_epoch
+    }
+
+    /// Commits `ops` durably (group commit) and returns once the transaction holding them has
+    /// committed. The writer drains every queued job (whole jobs, up to `max_batch_ops` ops per
+    /// transaction), applies them in one write transaction and one commit, then acks each waiter.
+    ///
+    /// On failure nothing of this call is stored. A failed commit (e.g. I/O) gives every job of
+    /// its batch the same [`StoreError::Commit`]; the writer stays up for later jobs, but note
+    /// that redb answers `PreviousIo` to every write after an I/O error until the file is
+    /// reopened. A job whose ops fail to *apply* (e.g. a value too large) fails alone: the rest of
+    /// its batch is retried job by job.
+    pub async fn commit(&self, ops: Vec<WriteOp>) -> Result<(), StoreError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.send(ops).await
+    }
+
+    /// Queues `ops` for the writer and waits for its answer. Empty `ops` only ask the writer to
+    /// reopen the database if an I/O error broke it.
+    async fn send(&self, ops: Vec<WriteOp>) -> Result<(), StoreError> {
+        let (ack, rx) = oneshot::channel();
+        {
+            let tx = self.inner.tx.read().unwrap_or_else(|e| e.into_inner());
+            let Some(tx) = tx.as_ref() else {
+                return Err(StoreError::Closed);
+            };
+            tx.send(Job { ops, ack }).map_err(|_| StoreError::Closed)?;
+        }
+        #[cfg(test)]
+        self.inner
+            .test_hooks
+            .enqueued
+            .fetch_add(1, Ordering::SeqCst);
+        match rx.await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Commit(
+                "the writer thread stopped before acknowledging the commit".into(),
+            )),
+        }
+    }
+
+    /// Counters since open.
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
+            commits: self.inner.counters.commits.load(Ordering::Relaxed),
+            ops: self.inner.counters.ops.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether [`RedbStore::close`] was called (on any clone).
+    pub fn is_closed(&self) -> bool {
+        matches!(
+            *self.inner.db.read().unwrap_or_else(|e| e.into_inner()),
+            DbState::Closed
+        )
+    }
+
+    /// `Some(detail)` once the store has halted after a failed fsync (fail-stop): it writes
+    /// and reads nothing more, and every call answers [`StoreError::Halted`]. The process
+    /// must restart; a server should exit non-zero (see [`RedbStore::wait_halted`]).
+    pub fn halted(&self) -> Option<String> {
+        self.inner.halted.borrow().clone()
+    }
+
+    /// Waits until the store halts after a failed fsync and returns why (pending forever on a
+    /// healthy store).
+    pub async fn wait_halted(&self) -> String {
+        let mut rx = self.inner.halted.clone();
+        loop {
+            if let Some(detail) = rx.borrow_and_update().clone() {
+                return detail;
+            }
+            if rx.changed().await.is_err() {
+                // The writer is gone (closed) without halting.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// `Some(detail)` while the store is unusable after an I/O error that reopening did not
+    /// cure (every write tries again first).
+    pub fn unavailable(&self) -> Option<String> {
+        match &*self.inner.db.read().unwrap_or_else(|e| e.into_inner()) {
+            DbState::Broken(detail) => Some(detail.clone()),
+            _ => None,
+        }
+    }
+
+    /// Stops the writer thread after it has finished the queued work, waits for in-flight reads
+    /// to release the database, and closes it, so the same file can be opened again in this
+    /// process once this returns. Later calls on any clone return [`StoreError::Closed`].
+    /// Idempotent; concurrent calls all return after the file is released.
+    pub async fn close(&self) {
+        let _serial = self.inner.close_lock.lock().await;
+        let tx = self
+            .inner
+            .tx
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let writer = self
+            .inner
+            .writer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if tx.is_none() && writer.is_none() && self.is_closed() {
+            return;
+        }
+        drop(tx);
+        let path = self.inner.path.clone();
+        let slot = Arc::clone(&self.inner.db);
+        let work = move || {
+            if let Some(writer) = writer
+                && writer.join().is_err()
+            {
+                tracing::error!(path = %path.display(), "the store writer thread panicked");
+            }
+            // Taken only once the writer is gone: it may swap the database while it reopens.
+            let db = std::mem::replace(
+                &mut *slot.write().unwrap_or_else(|e| e.into_inner()),
+                DbState::Closed,
+            );
+            if let DbState::Open(mut db) = db {
+                // Readers hold clones only for the length of one read transaction.
+                let db = loop {
+                    match Arc::try_unwrap(db) {
+                        Ok(db) => break db,
+                        Err(shared) => {
+                            db = shared;
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                    }
+                };
+                if let Err(e) = db.close() {
+                    tracing::error!(path = %path.display(), error = %e, "closing the task store failed");
+                }
+            }
+            tracing::info!(path = %path.display(), "task store closed");
+        };
+        if let Err(e) = tokio::task::spawn_blocking(work).await {
+            tracing::error!(error = %e, "the store close task failed");
+        }
+    }
+}
+
+pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_owned()
+    }
+}
+
+impl crate::store::TaskStore for RedbStore {
+    fn describe(&self) -> String {
+        self.inner.path.display().to_string()
+    }
+    fn boot_epoch(&self) -> u64 {
+        RedbStore::boot_epoch(self)
+    }
+    fn commit(&self, ops: Vec<WriteOp>) -> StoreFuture<'_, ()> {
+        Box::pin(RedbStore::commit(self, ops))
+    }
+    fn get<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
+        Box::pin(RedbStore::get(self, id))
+    }
+    fn get_many(&self, ids: Vec<String>) -> StoreFuture<'_, Vec<Option<Vec<u8>>>> {
+        Box::pin(RedbStore::get_many(self, ids))
+    }
+    fn live(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
+        Box::pin(RedbStore::live(self))
+    }
+    fn due(&self, now_ms: u64, limit: usize) -> StoreFuture<'_, Vec<String>> {
+        Box::pin(RedbStore::due(self, now_ms, limit))
+    }
+    fn next_due(&self) -> StoreFuture<'_, Option<u64>> {
+        Box::pin(RedbStore::next_due(self))
+    }
+    fn meta_get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
+        Box::pin(RedbStore::meta_get(self, key))
+    }
+    fn tasks(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
+        Box::pin(RedbStore::tasks(self))
+    }
+    fn counts(&self) -> StoreFuture<'_, (u64, u64)> {
+        Box::pin(RedbStore::counts(self))
+    }
+    fn stats(&self) -> StoreStats {
+        RedbStore::stats(self)
+    }
+    fn is_closed(&self) -> bool {
+        RedbStore::is_closed(self)
+    }
+    fn halted(&self) -> Option<String> {
+        RedbStore::halted(self)
+    }
+    fn wait_halted(&self) -> BoxFuture<'_, String> {
+        Box::pin(RedbStore::wait_halted(self))
+    }
+    fn unavailable(&self) -> Option<String> {
+        RedbStore::unavailable(self)
+    }
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(RedbStore::close(self))
+    }
+}
+
+#[cfg(test)]
+mod tests_support {
+    use std::sync::Mutex;
+    use std::sync::atomic::AtomicU64;
+
+    /// Test-only hooks to make group commit deterministic.
+    #[derive(Default)]
+    pub(super) struct Hooks {
+        /// The writer takes (and releases) this lock after receiving the first job of a batch
+        /// and before draining the queue; a test holding it lets jobs pile up.
+        pub gate: Mutex<()>,
+        /// Jobs sent to the writer.
+        pub enqueued: AtomicU64,
+    }
+}

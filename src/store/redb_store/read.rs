@@ -1,0 +1,171 @@
+//! Reads: each runs one redb read transaction on the blocking pool.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
+
+use super::schema::{DUE, LIVE, META, TASKS};
+use super::{DbState, RedbStore, panic_message};
+use crate::store::StoreError;
+
+impl RedbStore {
+    /// The snapshot bytes of task `id`.
+    pub async fn get(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let id = id.to_owned();
+        self.read(move |txn| {
+            let tasks = txn.open_table(TASKS)?;
+            Ok(tasks.get(id.as_str())?.map(|v| v.value().to_vec()))
+        })
+        .await
+    }
+
+    /// The snapshot bytes of each of `ids`, in one read transaction.
+    pub async fn get_many(&self, ids: Vec<String>) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.read(move |txn| {
+            let tasks = txn.open_table(TASKS)?;
+            ids.iter()
+                .map(|id| Ok(tasks.get(id.as_str())?.map(|v| v.value().to_vec())))
+                .collect()
+        })
+        .await
+    }
+
+    /// All (id, bytes) of live tasks, ordered by id, via the live index only.
+    pub async fn live(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        self.read(|txn| {
+            let live = txn.open_table(LIVE)?;
+            let tasks = txn.open_table(TASKS)?;
+            let mut out = Vec::with_capacity(usize::try_from(live.len()?).unwrap_or(0));
+            for entry in live.iter()? {
+                let (id, _) = entry?;
+                let id = id.value();
+                match tasks.get(id)? {
+                    Some(bytes) => out.push((id.to_owned(), bytes.value().to_vec())),
+                    None => tracing::warn!(id, "live index names a task that is not stored"),
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Ids whose due_ms <= `now_ms`, earliest first (ties by id), at most `limit`.
+    pub async fn due(&self, now_ms: u64, limit: usize) -> Result<Vec<String>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.read(move |txn| {
+            let due = txn.open_table(DUE)?;
+            let mut out = Vec::new();
+            for entry in due.iter()? {
+                let (key, _) = entry?;
+                let (at, id) = key.value();
+                if at > now_ms || out.len() >= limit {
+                    break;
+                }
+                out.push(id.to_owned());
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// The earliest due_ms in the index, if any.
+    pub async fn next_due(&self) -> Result<Option<u64>, StoreError> {
+        self.read(|txn| {
+            let due = txn.open_table(DUE)?;
+            Ok(due.first()?.map(|(k, _)| k.value().0))
+        })
+        .await
+    }
+
+    /// A value of the meta table.
+    pub async fn meta_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let key = key.to_owned();
+        self.read(move |txn| {
+            let meta = txn.open_table(META)?;
+            Ok(meta.get(key.as_str())?.map(|v| v.value().to_vec()))
+        })
+        .await
+    }
+
+    /// Every stored task (id, bytes), ordered by id. Reads the whole table: for checks and
+    /// tools, not for serving requests.
+    pub async fn tasks(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        self.read(|txn| {
+            let tasks = txn.open_table(TASKS)?;
+            let mut out = Vec::with_capacity(usize::try_from(tasks.len()?).unwrap_or(0));
+            for entry in tasks.iter()? {
+                let (id, bytes) = entry?;
+                out.push((id.value().to_owned(), bytes.value().to_vec()));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Number of stored tasks and of live tasks.
+    pub async fn counts(&self) -> Result<(u64, u64), StoreError> {
+        self.read(|txn| {
+            let tasks = txn.open_table(TASKS)?;
+            let live = txn.open_table(LIVE)?;
+            Ok((tasks.len()?, live.len()?))
+        })
+        .await
+    }
+
+    /// Runs a read transaction on the blocking pool.
+    async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&redb::ReadTransaction) -> Result<T, redb::Error> + Send + 'static,
+    {
+        let mut nudged = false;
+        let db = loop {
+            let broken = match &*self.inner.db.read().unwrap_or_else(|e| e.into_inner()) {
+                DbState::Open(db) => break Arc::clone(db),
+                DbState::Closed => return Err(StoreError::Closed),
+                // What the page cache shows may not be on disk: reads stop too.
+                DbState::Halted(detail) => {
+                    return Err(StoreError::Halted {
+                        path: self.inner.path.clone(),
+                        detail: detail.clone(),
+                    });
+                }
+                DbState::Broken(detail) => detail.clone(),
+            };
+            if nudged {
+                return Err(StoreError::Unavailable {
+                    path: self.inner.path.clone(),
+                    detail: broken,
+                });
+            }
+            // Only the writer reopens: ask it to try now (reads must not wait for a write).
+            nudged = true;
+            self.send(Vec::new()).await.ok();
+        };
+        let path = self.inner.path.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let run = || -> Result<T, redb::Error> {
+                let txn = db.begin_read()?;
+                f(&txn)
+            };
+            match catch_unwind(AssertUnwindSafe(run)) {
+                Ok(result) => result.map_err(|e| {
+                    tracing::error!(path = %path.display(), error = %e, "reading the task store failed");
+                    StoreError::Read(e.to_string())
+                }),
+                Err(panic) => {
+                    let msg = panic_message(&panic);
+                    tracing::error!(path = %path.display(), panic = %msg, "redb panicked in a read");
+                    Err(StoreError::Read(format!("redb panicked: {msg}")))
+                }
+            }
+        });
+        match task.await {
+            Ok(result) => result,
+            Err(e) => Err(StoreError::Read(format!("the read task failed: {e}"))),
+        }
+    }
+}

@@ -1,0 +1,361 @@
+//! The single writer thread and group commit: every queued job is applied in one write
+//! transaction with one commit (one fsync), then every waiter is acknowledged.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use redb::{Database, ReadableTable, WriteTransaction};
+use tokio::sync::oneshot;
+
+use super::schema::{DUE, DUE_BY_ID, LIVE, META, SEQ, SyncFailure, TASKS, Target};
+use super::{Counters, DbState, panic_message};
+use crate::store::{Durability, Expect, StoreError, WriteOp};
+
+/// One [`RedbStore::commit`] call waiting on the writer.
+pub(super) struct Job {
+    pub(super) ops: Vec<WriteOp>,
+    pub(super) ack: oneshot::Sender<Result<(), StoreError>>,
+}
+
+/// The single writer: owns all write transactions, and reopens the database after an I/O error.
+pub(super) struct Writer {
+    pub(super) db: Arc<RwLock<DbState>>,
+    pub(super) target: Target,
+    pub(super) rx: mpsc::Receiver<Job>,
+    pub(super) durability: Durability,
+    pub(super) max_batch_ops: usize,
+    pub(super) verify_on_open: bool,
+    /// See [`StoreOptions::unsafe_reopen_after_sync_failure`].
+    pub(super) reopen_after_sync_failure: bool,
+    pub(super) sync_failure: Arc<SyncFailure>,
+    pub(super) halt: tokio::sync::watch::Sender<Option<String>>,
+    pub(super) counters: Arc<Counters>,
+    pub(super) path: PathBuf,
+    #[cfg(test)]
+    pub(super) hooks: Arc<super::tests_support::Hooks>,
+}
+
+impl Writer {
+    pub(super) fn run(self) {
+        let mut pending: Option<Job> = None;
+        loop {
+            let first = match pending.take() {
+                Some(job) => job,
+                // Disconnected: every sender is gone (closed, or last Store dropped) and the
+                // queue is drained.
+                None => match self.rx.recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                },
+            };
+            #[cfg(test)]
+            drop(self.hooks.gate.lock().unwrap_or_else(|e| e.into_inner()));
+
+            let mut ops = first.ops.len();
+            let mut batch = vec![first];
+            while ops < self.max_batch_ops {
+                match self.rx.try_recv() {
+                    Ok(job) if ops + job.ops.len() > self.max_batch_ops => {
+                        pending = Some(job);
+                        break;
+                    }
+                    Ok(job) => {
+                        ops += job.ops.len();
+                        batch.push(job);
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.commit_batch(batch);
+        }
+        tracing::debug!(path = %self.path.display(), "store writer stopped");
+    }
+
+    /// The database to write to; after an I/O error that the last reopen did not cure, tries to
+    /// Applies `batch` in one transaction and acks every job.
+    fn commit_batch(&self, batch: Vec<Job>) {
+        let (opss, acks): (Vec<Vec<WriteOp>>, Vec<_>) =
+            batch.into_iter().map(|j| (j.ops, j.ack)).unzip();
+        let (results, poisoned) = match self.database() {
+            // Only reopen requests (see `RedbStore::send`): nothing to write.
+            Ok(_) if opss.iter().all(Vec::is_empty) => (vec![Ok(()); opss.len()], false),
+            Ok(db) => apply_jobs_inner(&db, &self.path, self.durability, &opss, &self.counters),
+            Err(e) => (vec![Err(e); opss.len()], false),
+        };
+        if let Some(detail) = self.sync_failure.get()
+            && !self.reopen_after_sync_failure
+        {
+            // Fail-stop: the OS may have dropped the pages of the failed sync while still
+            // serving them from its cache, so neither reopening nor going on is safe. Nothing
+            // more is written or read; the process must restart (and recover from the disk).
+            let halted = StoreError::Halted {
+                path: self.path.clone(),
+                detail: detail.clone(),
+            };
+            tracing::error!(path = %self.path.display(), %detail,
+                "FATAL: an fsync of the task store failed; the store stops (fail-stop) and acknowledges nothing more. Restart the process (after dropping the page cache or rebooting if the disk is suspect); redb recovers from what is on disk");
+            *self.db.write().unwrap_or_else(|e| e.into_inner()) = DbState::Halted(detail.clone());
+            self.halt.send_replace(Some(detail));
+            for ack in acks {
+                let _ = ack.send(Err(halted.clone()));
+            }
+            return;
+        }
+        if poisoned {
+            // redb answers `PreviousIo` to everything after an I/O error until the file is
+            // reopened; reopening also rolls back to the last durable commit. The waiters of
+            // this batch learn of the failure first (they may retry after the reopen).
+            for (ack, result) in acks.into_iter().zip(results) {
+                let _ = ack.send(result);
+            }
+            if self.reopen_after_sync_failure {
+                *self
+                    .sync_failure
+                    .0
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = None;
+            }
+            self.reopen();
+            return;
+        }
+        for (ack, result) in acks.into_iter().zip(results) {
+            // The waiter may have given up (dropped its future); the commit stands regardless.
+            let _ = ack.send(result);
+        }
+    }
+}
+
+/// Applies every job of `jobs` in one write transaction with one commit and returns one result
+/// per job. If applying fails (not committing), the transaction is aborted and each job is
+/// retried in its own transaction so that one bad job does not fail the others. Never panics:
+/// a panic inside redb becomes a [`StoreError::Commit`].
+#[cfg(test)]
+pub(super) fn apply_jobs(
+    db: &Database,
+    path: &Path,
+    durability: Durability,
+    jobs: &[Vec<WriteOp>],
+    counters: &Counters,
+) -> Vec<Result<(), StoreError>> {
+    apply_jobs_inner(db, path, durability, jobs, counters).0
+}
+
+/// [`apply_jobs`], plus whether a transaction failed to begin or commit (after which the
+/// database must be reopened).
+fn apply_jobs_inner(
+    db: &Database,
+    path: &Path,
+    durability: Durability,
+    jobs: &[Vec<WriteOp>],
+    counters: &Counters,
+) -> (Vec<Result<(), StoreError>>, bool) {
+    let ops: usize = jobs.iter().map(Vec::len).sum();
+    let started = Instant::now();
+    match guarded(path, || one_transaction(db, durability, jobs)) {
+        Ok(results) => {
+            counters.commits.fetch_add(1, Ordering::Relaxed);
+            counters.ops.fetch_add(ops as u64, Ordering::Relaxed);
+            tracing::debug!(
+                jobs = jobs.len(),
+                ops,
+                micros = started.elapsed().as_micros() as u64,
+                "store group commit"
+            );
+            (results, false)
+        }
+        Err(Failure::Apply(e)) if jobs.len() > 1 => {
+            tracing::warn!(path = %path.display(), error = %e, jobs = jobs.len(),
+                "applying a group commit failed; retrying its jobs one by one");
+            let mut poisoned = false;
+            let results = jobs
+                .iter()
+                .map(|job| {
+                    if poisoned {
+                        return Err(StoreError::Commit(
+                            "not attempted after an I/O error in the same batch".into(),
+                        ));
+                    }
+                    let (mut r, p) =
+                        apply_jobs_inner(db, path, durability, std::slice::from_ref(job), counters);
+                    poisoned |= p;
+                    r.pop()
+                        .unwrap_or_else(|| Err(StoreError::Commit("no result".into())))
+                })
+                .collect();
+            (results, poisoned)
+        }
+        Err(failure) => {
+            let (e, poisoned) = match failure {
+                Failure::Apply(e) => (e, false),
+                Failure::Commit(e) => (e, true),
+            };
+            let err = StoreError::Commit(e);
+            tracing::error!(path = %path.display(), error = %err, jobs = jobs.len(), ops, "store commit failed");
+            (vec![Err(err); jobs.len()], poisoned)
+        }
+    }
+}
+
+/// Why a transaction failed: while applying ops (the transaction was aborted) or while
+/// beginning or committing it (maybe an I/O error: the batch's outcome is reported to all its
+/// jobs, and the database is reopened).
+enum Failure {
+    Apply(String),
+    Commit(String),
+}
+
+fn guarded<T>(path: &Path, f: impl FnOnce() -> Result<T, Failure>) -> Result<T, Failure> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(panic) => {
+            let msg = panic_message(&panic);
+            tracing::error!(path = %path.display(), panic = %msg, "redb panicked in a write");
+            Err(Failure::Commit(format!("redb panicked: {msg}")))
+        }
+    }
+}
+
+fn one_transaction(
+    db: &Database,
+    durability: Durability,
+    jobs: &[Vec<WriteOp>],
+) -> Result<Vec<Result<(), StoreError>>, Failure> {
+    let mut txn = db
+        .begin_write()
+        .map_err(|e| Failure::Commit(e.to_string()))?;
+    if durability == Durability::None {
+        txn.set_durability(redb::Durability::None)
+            .map_err(|e| Failure::Commit(e.to_string()))?;
+    }
+    let results = apply_jobs_to(&txn, jobs).map_err(|e| match e {
+        // redb latches an I/O error: the database must be reopened like after a failed commit.
+        redb::Error::Io(_) | redb::Error::PreviousIo => Failure::Commit(e.to_string()),
+        other => Failure::Apply(other.to_string()),
+    })?;
+    // Inside a group commit: the ops are applied, the commit has not started.
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!("store::group_commit", |arg| {
+        Err(Failure::Commit(format!(
+            "failpoint store::group_commit: {}",
+            arg.unwrap_or_default()
+        )))
+    });
+    txn.commit().map_err(|e| Failure::Commit(e.to_string()))?;
+    Ok(results)
+}
+
+/// Applies every job whose preconditions hold (checked against the transaction, so a job sees
+/// the writes of the jobs before it); a job whose precondition fails is skipped whole and
+/// answered [`StoreError::Conflict`].
+fn apply_jobs_to(
+    txn: &WriteTransaction,
+    jobs: &[Vec<WriteOp>],
+) -> Result<Vec<Result<(), StoreError>>, redb::Error> {
+    let mut tasks = txn.open_table(TASKS)?;
+    let mut live = txn.open_table(LIVE)?;
+    let mut due = txn.open_table(DUE)?;
+    let mut due_by_id = txn.open_table(DUE_BY_ID)?;
+    let mut seqs = txn.open_table(SEQ)?;
+    let mut meta = txn.open_table(META)?;
+    let mut results = Vec::with_capacity(jobs.len());
+    'jobs: for job in jobs {
+        for op in job {
+            if let WriteOp::Put { id, expect, .. } = op {
+                let id = id.as_str();
+                let stored = || -> Result<(bool, Option<u64>), redb::Error> {
+                    let exists = tasks.get(id)?.is_some();
+                    Ok((exists, seqs.get(id)?.map(|v| v.value())))
+                };
+                let conflict = match *expect {
+                    Expect::Any => None,
+                    Expect::Absent => match stored()? {
+                        (false, _) => None,
+                        (true, found) => Some((None, found)),
+                    },
+                    Expect::Seq(n) => match stored()? {
+                        (true, Some(found)) if found == n => None,
+                        // Stored before sequence numbers were kept: accepted once.
+                        (true, None) => None,
+                        (_, found) => Some((Some(n), found)),
+                    },
+                };
+                if let Some((expected, found)) = conflict {
+                    results.push(Err(StoreError::Conflict {
+                        id: id.to_owned(),
+                        expected,
+                        found,
+                    }));
+                    continue 'jobs;
+                }
+            }
+        }
+        for op in job {
+            match op {
+                WriteOp::Put {
+                    id,
+                    bytes,
+                    live: is_live,
+                    due_ms,
+                    seq,
+                    expect: _,
+                } => {
+                    let id = id.as_str();
+                    tasks.insert(id, bytes.as_slice())?;
+                    match seq {
+                        Some(seq) => {
+                            seqs.insert(id, *seq)?;
+                        }
+                        None => {
+                            seqs.remove(id)?;
+                        }
+                    }
+                    if *is_live {
+                        live.insert(id, ())?;
+                    } else {
+                        live.remove(id)?;
+                    }
+                    let old = due_by_id.remove(id)?.map(|v| v.value());
+                    if let Some(old) = old {
+                        due.remove((old, id))?;
+                    }
+                    if let Some(at) = *due_ms {
+                        due.insert((at, id), ())?;
+                        due_by_id.insert(id, at)?;
+                    }
+                }
+                WriteOp::Delete { id } => {
+                    let id = id.as_str();
+                    tasks.remove(id)?;
+                    live.remove(id)?;
+                    seqs.remove(id)?;
+                    let old = due_by_id.remove(id)?.map(|v| v.value());
+                    if let Some(old) = old {
+                        due.remove((old, id))?;
+                    }
+                }
+                WriteOp::SetDue { id, due_ms } => {
+                    let id = id.as_str();
+                    let old = due_by_id.remove(id)?.map(|v| v.value());
+                    if let Some(old) = old {
+                        due.remove((old, id))?;
+                    }
+                    if let Some(at) = *due_ms
+                        && tasks.get(id)?.is_some()
+                    {
+                        due.insert((at, id), ())?;
+                        due_by_id.insert(id, at)?;
+                    }
+                }
+                WriteOp::PutMeta { key, value } => {
+                    meta.insert(key.as_str(), value.as_slice())?;
+                }
+            }
+        }
+        results.push(Ok(()));
+    }
+    Ok(results)
+}
