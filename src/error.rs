@@ -161,8 +161,12 @@ impl From<StoreError> for RpcError {
                 no more writes; the server must be restarted"
                 .to_owned(),
             StoreError::Unavailable { .. } => {
-                "the task store is unavailable after an I/O error; retry later".to_owned()
+                "the task store is unavailable (an I/O error, or the database cannot be reached); retry later"
+                    .to_owned()
             }
+            StoreError::Fenced { .. } => "the task was taken over by another replica while \
+                this one handled the request; nothing was written, retry the request"
+                .to_owned(),
             StoreError::Conflict { .. } => {
                 "the task changed concurrently; nothing was written, retry the request".to_owned()
             }

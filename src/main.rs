@@ -47,9 +47,17 @@ struct ServeArgs {
     /// The address to serve Streamable HTTP on (the endpoint is `/mcp`).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     listen: String,
-    /// The redb file that holds the tasks (created if missing).
-    #[arg(long, value_name = "PATH", default_value = "mcp-tasks.redb")]
-    store: PathBuf,
+    /// Where the tasks are kept: a redb file (created if missing, one process at a time), or
+    /// a PostgreSQL database shared by several replicas, `postgres://USER@HOST:PORT/DB`.
+    #[arg(long, value_name = "PATH|URL", default_value = "mcp-tasks.redb")]
+    store: String,
+    /// With a PostgreSQL store: this replica's node id (default: a random one, logged).
+    #[arg(long, value_name = "NAME")]
+    node_id: Option<String>,
+    /// With a PostgreSQL store: how long a replica's lease lasts without a heartbeat before
+    /// the other replicas take its tasks over (heartbeats run every third of it).
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
+    lease_ttl: Duration,
     /// An `Origin` accepted besides the loopback ones (repeatable).
     #[arg(long = "allowed-origin", value_name = "ORIGIN")]
     allowed_origins: Vec<String>,
@@ -334,9 +342,40 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("`{s}` is too long"))
 }
 
+/// Whether `store` names a PostgreSQL database rather than a redb file.
+fn is_postgres_url(store: &str) -> bool {
+    store.starts_with("postgres://") || store.starts_with("postgresql://")
+}
+
+/// The runtime builder over the store `--store` names; with the node id on a shared store.
+async fn store_builder(args: &ServeArgs) -> Result<(RuntimeBuilder, Option<String>), String> {
+    if !is_postgres_url(&args.store) {
+        if args.node_id.is_some() {
+            return Err("--node-id needs a PostgreSQL store (--store postgres://...)".into());
+        }
+        return Ok((Runtime::builder(&args.store), None));
+    }
+    #[cfg(feature = "postgres")]
+    {
+        let options = mcp_tasks::store::PostgresOptions {
+            node_id: args.node_id.clone(),
+            lease_ttl: args.lease_ttl,
+            ..Default::default()
+        };
+        let store = mcp_tasks::store::Store::postgres(&args.store, options)
+            .await
+            .map_err(|e| e.to_string())?;
+        let node = store.node_id().map(str::to_owned);
+        tracing::info!(node = node.as_deref(), store = %store.describe(), "serving as a replica over PostgreSQL");
+        Ok((Runtime::builder_with_store(store), node))
+    }
+    #[cfg(not(feature = "postgres"))]
+    Err("this build has no PostgreSQL store (cargo feature `postgres`)".into())
+}
+
 /// The runtime builder for `serve`: the demo's tool, or a fixture set.
-fn builder(args: &ServeArgs) -> RuntimeBuilder {
-    let builder = Runtime::builder(&args.store)
+fn builder(args: &ServeArgs, builder: RuntimeBuilder, node: Option<String>) -> RuntimeBuilder {
+    let builder = builder
         .default_ttl(args.task_ttl.0)
         .expired_retention(args.expired_retention)
         .restart_budget(args.restart_budget)
@@ -344,7 +383,7 @@ fn builder(args: &ServeArgs) -> RuntimeBuilder {
     match args.fixtures {
         None => builder.tool(demo::generate_report(Duration::from_millis(1500))),
         Some(Fixtures::Conformance) => fixtures::conformance::install(builder),
-        Some(Fixtures::Bench) => fixtures::bench::install(builder),
+        Some(Fixtures::Bench) => fixtures::bench::install_on_node(builder, node),
         Some(Fixtures::Crash) => mcp_tasks::sim::install(
             builder,
             args.side_effects
@@ -355,7 +394,14 @@ fn builder(args: &ServeArgs) -> RuntimeBuilder {
 }
 
 async fn start(args: &ServeArgs) -> Option<Runtime> {
-    match builder(args).start().await {
+    let (base, node) = match store_builder(args).await {
+        Ok(opened) => opened,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return None;
+        }
+    };
+    match builder(args, base, node).start().await {
         Ok(runtime) => Some(runtime),
         Err(e) => {
             eprintln!("error: {e}");

@@ -274,7 +274,8 @@ impl RuntimeBuilder {
                 "the supervisor stopped while rehydrating".into(),
             ));
         }
-        let reaper = tokio::spawn(reap(shared.clone(), supervisor.clone(), stop_rx));
+        let reaper = tokio::spawn(reap(shared.clone(), supervisor.clone(), stop_rx.clone()));
+        let takeover = tokio::spawn(take_over(shared.clone(), supervisor.clone(), stop_rx));
         Ok(Runtime {
             dispatcher: Arc::new(Dispatcher {
                 shared,
@@ -284,6 +285,7 @@ impl RuntimeBuilder {
                 supervisor,
                 supervisor_task,
                 reaper,
+                takeover,
                 stop: stop_tx,
             }),
         })
@@ -304,6 +306,7 @@ struct Parts {
     supervisor: ActorRef<SupervisorMsg>,
     supervisor_task: JoinHandle<()>,
     reaper: JoinHandle<()>,
+    takeover: JoinHandle<()>,
     stop: watch::Sender<bool>,
 }
 
@@ -312,6 +315,7 @@ impl Drop for Runtime {
         if let Some(parts) = self.parts.take() {
             let _ = parts.stop.send(true);
             parts.reaper.abort();
+            parts.takeover.abort();
             parts
                 .supervisor
                 .stop_children(Some("runtime dropped".into()));
@@ -395,6 +399,7 @@ impl Runtime {
         };
         let _ = parts.stop.send(true);
         let _ = parts.reaper.await;
+        let _ = parts.takeover.await;
         parts
             .supervisor
             .stop_children_and_wait(
@@ -500,6 +505,62 @@ async fn request_state_key(store: &Store) -> Result<Vec<u8>, StoreError> {
         }])
         .await?;
     Ok(key)
+}
+
+/// Orphans claimed per statement by [`take_over`].
+const CLAIM_BATCH: usize = 256;
+
+/// On a store shared by replicas: every `claim_interval` (a third of the lease TTL), claims
+/// the live tasks whose node stopped renewing its lease, in batches, and starts their actors
+/// (they resume from their journal). Nothing to do on a store owned by one process.
+async fn take_over(
+    shared: Arc<Shared>,
+    supervisor: ActorRef<SupervisorMsg>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let Some(every) = shared.store.claim_interval() else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.changed() => return,
+        }
+        loop {
+            let claimed = match shared.store.claim_orphans(CLAIM_BATCH).await {
+                Ok(claimed) => claimed,
+                Err(e) => {
+                    tracing::warn!(error = %e, "claiming orphaned tasks failed; retrying");
+                    break;
+                }
+            };
+            let full = claimed.len() >= CLAIM_BATCH;
+            for (raw, _) in claimed {
+                let Ok(id) = crate::task::TaskId::parse(&raw) else {
+                    tracing::warn!(id = %raw, "a claimed task has an invalid id; skipped");
+                    continue;
+                };
+                tracing::info!(task = %id, node = shared.store.node_id(), "took an orphaned task over");
+                let task = id.clone();
+                match supervisor
+                    .call(|port| SupervisorMsg::Ensure(task, port), None)
+                    .await
+                {
+                    Ok(ractor::rpc::CallResult::Success(Ok(()))) => {}
+                    other => {
+                        let detail = match other {
+                            Ok(ractor::rpc::CallResult::Success(Err(e))) => e.message,
+                            _ => "the supervisor did not answer".to_owned(),
+                        };
+                        tracing::warn!(task = %id, error = %detail, "could not start a claimed task");
+                    }
+                }
+            }
+            if !full || *stop.borrow() {
+                break;
+            }
+        }
+    }
 }
 
 /// Ids the reaper takes from the expiry index per pass.
@@ -630,7 +691,11 @@ pub(crate) async fn reap_once(
                 pass.deleted += 1;
             }
         } else if record.is_expired(now) {
-            expiries.push(id);
+            // On a shared store a live task is expired by the node that holds its lease
+            // (an orphan is claimed first): once per cluster, never by two nodes.
+            if shared.store.holds(id.as_str()) {
+                expiries.push(id);
+            }
         }
     }
     let deletions = async {

@@ -127,6 +127,9 @@ impl Subscriber {
     }
 }
 
+/// How often a follower reads a task that runs on another replica.
+const SHARED_POLL: Duration = Duration::from_millis(200);
+
 /// Follows one task's committed snapshots across actor restarts, until it is terminal.
 async fn follow(shared: Arc<Shared>, id: TaskId, me: ActorRef<SubscriberMsg>) {
     loop {
@@ -147,6 +150,15 @@ async fn follow(shared: Arc<Shared>, id: TaskId, me: ActorRef<SubscriberMsg>) {
             Ok(Some(record)) if record.status.is_terminal() => {
                 let _ = me.cast(SubscriberMsg::Snapshot(record));
                 return;
+            }
+            // On a store shared by replicas the task may run on another node: every committed
+            // state this poll sees is sent (the subscriber drops any it has seen a newer one
+            // of, so none goes backwards).
+            Ok(Some(record)) if shared.store.is_shared() => {
+                if me.cast(SubscriberMsg::Snapshot(record)).is_err() {
+                    return;
+                }
+                tokio::time::sleep(SHARED_POLL).await;
             }
             Ok(Some(_)) => tokio::time::sleep(Duration::from_millis(50)).await, // restarting
             Ok(None) => return,                                                 // deleted

@@ -86,15 +86,31 @@ impl Supervisor {
         state: &mut SupervisorState,
         id: &TaskId,
     ) -> Result<(), RuntimeError> {
-        if self.shared.live.get(id).is_some() {
-            return Ok(());
+        let store = &self.shared.store;
+        let take_over = store.is_shared() && !store.holds(id.as_str());
+        match self.shared.live.get(id) {
+            // An actor left from a lease this node lost: it stops, the task is claimed anew.
+            Some(stale) if take_over => {
+                stale.actor.stop(Some("lease lost".into()));
+                self.shared.live.remove_if(id, stale.actor.get_id());
+            }
+            Some(_) => return Ok(()),
+            None => {}
         }
         let (count, cause) = state
             .pending
             .get(id)
             .map(|p| (p.count, p.cause.clone()))
             .unwrap_or_default();
-        let spawned = match self.shared.load_stored(id).await? {
+        let stored = if take_over {
+            match store.claim_one(id.as_str()).await? {
+                Some(bytes) => Some(Arc::new(persist::decode(&bytes)?)),
+                None => None,
+            }
+        } else {
+            self.shared.load_stored(id).await?
+        };
+        let spawned = match stored {
             Some(record) => {
                 self.spawn_task(myself, state, record, Start::Resume { count, cause })
                     .await?

@@ -87,8 +87,17 @@ impl Dispatcher {
         if record.status.is_terminal() {
             return Ok(());
         }
+        let store = &self.shared.store;
         for attempt in 0..2 {
-            let live = match self.shared.live.get(&record.id) {
+            // On a shared store, a task whose lease another node holds is taken over first:
+            // the request is applied here, durably, and the other node's actor is fenced at
+            // its next write.
+            let local = if store.is_shared() && !store.holds(record.id.as_str()) {
+                None
+            } else {
+                self.shared.live.get(&record.id)
+            };
+            let live = match local {
                 Some(live) => live,
                 None if attempt == 0 => {
                     // A stored live task without an actor (restarting, or its spawn failed).

@@ -1,0 +1,123 @@
+//! PostgreSQL for the tests: every test gets a schema of its own in the database
+//! `mcp_tasks_test` (created if missing), so tests run in parallel without seeing each
+//! other's tasks. Without a reachable server the tests are skipped with a message, unless
+//! `MCP_TASKS_REQUIRE_POSTGRES` is set (CI sets it: there an unreachable server fails).
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use mcp_tasks::store::PostgresOptions;
+use tokio_postgres::NoTls;
+
+/// The server tests use (without a database name).
+pub fn server() -> String {
+    std::env::var("MCP_TASKS_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned())
+}
+
+pub const DATABASE: &str = "mcp_tasks_test";
+
+/// One test's schema.
+pub struct Pg {
+    /// URL of the test database (no schema option).
+    pub url: String,
+    pub schema: String,
+}
+
+fn random_schema() -> String {
+    let mut bytes = [0u8; 6];
+    getrandom::fill(&mut bytes).unwrap();
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("t_{hex}")
+}
+
+async fn connect(url: &str) -> Result<tokio_postgres::Client, String> {
+    let connecting = tokio_postgres::connect(url, NoTls);
+    let (client, conn) = tokio::time::timeout(Duration::from_secs(5), connecting)
+        .await
+        .map_err(|_| "timed out connecting".to_owned())?
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    Ok(client)
+}
+
+/// A fresh schema, or `None` (after saying why) when PostgreSQL is not reachable.
+pub async fn fresh() -> Option<Pg> {
+    let server = server();
+    let admin = match connect(&format!("{server}/postgres")).await {
+        Ok(client) => client,
+        Err(e) => {
+            if std::env::var_os("MCP_TASKS_REQUIRE_POSTGRES").is_some() {
+                panic!(
+                    "PostgreSQL is required (MCP_TASKS_REQUIRE_POSTGRES) but {server} is not reachable: {e}"
+                );
+            }
+            eprintln!(
+                "SKIPPED: PostgreSQL is not reachable at {server} ({e}); start it or set MCP_TASKS_TEST_POSTGRES to run the PostgreSQL tests"
+            );
+            return None;
+        }
+    };
+    let exists = admin
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&DATABASE])
+        .await
+        .unwrap()
+        .is_some();
+    if !exists {
+        // Another test may create it at the same moment: "already exists" is fine.
+        if let Err(e) = admin
+            .batch_execute(&format!("CREATE DATABASE {DATABASE}"))
+            .await
+        {
+            let dup = e
+                .as_db_error()
+                .is_some_and(|d| d.code().code() == "42P04" || d.code().code() == "23505");
+            assert!(dup, "creating the test database failed: {e}");
+        }
+    }
+    let url = format!("{server}/{DATABASE}");
+    let schema = random_schema();
+    let client = connect(&url).await.unwrap();
+    client
+        .batch_execute(&format!("CREATE SCHEMA {schema}"))
+        .await
+        .unwrap();
+    Some(Pg { url, schema })
+}
+
+impl Pg {
+    /// Store options for node `node` in this test's schema.
+    pub fn options(&self, node: &str, lease_ttl: Duration) -> PostgresOptions {
+        PostgresOptions {
+            node_id: Some(node.to_owned()),
+            lease_ttl,
+            schema: Some(self.schema.clone()),
+            pool_size: 4,
+            ..PostgresOptions::default()
+        }
+    }
+
+    /// The URL with this schema as the search path, for a `serve` process.
+    pub fn url_with_schema(&self) -> String {
+        format!("{}?options=-c%20search_path%3D{}", self.url, self.schema)
+    }
+
+    /// A plain client on the test database, with this schema as the search path.
+    pub async fn client(&self) -> tokio_postgres::Client {
+        let client = connect(&self.url).await.unwrap();
+        client
+            .batch_execute(&format!("SET search_path = {}", self.schema))
+            .await
+            .unwrap();
+        client
+    }
+
+    /// Drops the schema and everything in it.
+    pub async fn drop(self) {
+        if let Ok(client) = connect(&self.url).await {
+            let _ = client
+                .batch_execute(&format!("DROP SCHEMA {} CASCADE", self.schema))
+                .await;
+        }
+    }
+}

@@ -1,0 +1,496 @@
+//! The runtime over the PostgreSQL store: the protocol round trip, restarts resuming from the
+//! journal on another node, schema versions, leases with fencing (in process), and the
+//! database going away and coming back. Each test has a schema of its own (tests/pg).
+#![cfg(feature = "postgres")]
+
+mod pg;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use mcp_tasks::store::{PostgresOptions, PostgresStore, Store, StoreError, TaskStore};
+use mcp_tasks::tool::{CallToolResult, InputRequest, TaskPolicy, ToolDescriptor, tool_fn};
+use mcp_tasks::{Owner, Runtime, RuntimeBuilder, RuntimeConfig};
+use serde_json::{Value, json};
+
+fn meta() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities":
+            { "extensions": { "io.modelcontextprotocol/tasks": {} } }
+    })
+}
+
+async fn call(rt: &Runtime, method: &str, mut params: Value) -> Value {
+    params["_meta"] = meta();
+    let msg = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
+    rt.handle_json(msg, &Owner::anonymous())
+        .await
+        .expect("a response")
+}
+
+async fn create(rt: &Runtime, tool: &str, arguments: Value) -> String {
+    let r = call(
+        rt,
+        "tools/call",
+        json!({ "name": tool, "arguments": arguments }),
+    )
+    .await;
+    assert_eq!(r["result"]["resultType"], "task", "{r}");
+    r["result"]["taskId"].as_str().unwrap().to_owned()
+}
+
+async fn get(rt: &Runtime, task: &str) -> Value {
+    call(rt, "tasks/get", json!({ "taskId": task })).await
+}
+
+async fn wait_status(rt: &Runtime, task: &str, status: &str) -> Value {
+    for _ in 0..400 {
+        let r = get(rt, task).await;
+        if r["result"]["status"] == status {
+            return r["result"].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("task {task} never became {status}: {}", get(rt, task).await);
+}
+
+/// `journaled`: one journaled step (counted in `runs`), then asks for `confirm`, then
+/// completes with the step's value and the answer.
+fn journaled(runs: Arc<AtomicUsize>) -> Arc<dyn mcp_tasks::tool::Tool> {
+    tool_fn(
+        ToolDescriptor::new("journaled", "a step, then a question").task_policy(TaskPolicy::Always),
+        move |ctx, _| {
+            let runs = runs.clone();
+            async move {
+                let n = ctx
+                    .step("prepare", || async move {
+                        Ok(runs.fetch_add(1, Ordering::SeqCst) + 1)
+                    })
+                    .await?;
+                let schema = json!({
+                    "type": "object",
+                    "properties": { "confirm": { "type": "boolean" } },
+                    "required": ["confirm"]
+                });
+                let answer = ctx
+                    .input("confirm", InputRequest::elicit_form("Sure?", schema))
+                    .await?;
+                Ok(CallToolResult::text(format!(
+                    "step run {n}; answer {answer}"
+                )))
+            }
+        },
+    )
+}
+
+fn builder(store: Store) -> RuntimeBuilder {
+    let mut config = RuntimeConfig::default();
+    config.restart_backoff = Duration::from_millis(10);
+    Runtime::builder_with_store(store).config(config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_get_update_cancel_and_restart_on_another_node() {
+    let Some(pg) = pg::fresh().await else { return };
+    let runs = Arc::new(AtomicUsize::new(0));
+    let ttl = Duration::from_secs(5);
+    let a = Store::postgres(&pg.url, pg.options("a", ttl))
+        .await
+        .unwrap();
+    let rt = builder(a)
+        .tool(journaled(runs.clone()))
+        .tool(mcp_tasks::fixtures::bench::sleep_task_on(Some("a".into())))
+        .start()
+        .await
+        .unwrap();
+    // Durable before return: the record is in the database when the handle comes back.
+    let task = create(&rt, "journaled", json!({})).await;
+    let waiting = wait_status(&rt, &task, "input_required").await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(waiting["inputRequests"]["confirm"].is_object(), "{waiting}");
+    let sleeper = create(&rt, "sleep_task", json!({ "ms": 600_000 })).await;
+    let cancelled = call(&rt, "tasks/cancel", json!({ "taskId": sleeper })).await;
+    assert!(cancelled.get("result").is_some(), "{cancelled}");
+    wait_status(&rt, &sleeper, "cancelled").await;
+    // A clean shutdown hands the leases over at once.
+    rt.shutdown().await;
+
+    let b = Store::postgres(&pg.url, pg.options("b", ttl))
+        .await
+        .unwrap();
+    let rt = builder(b)
+        .tool(journaled(runs.clone()))
+        .start()
+        .await
+        .unwrap();
+    let again = wait_status(&rt, &task, "input_required").await;
+    assert_eq!(again["inputRequests"], waiting["inputRequests"]);
+    let r = call(
+        &rt,
+        "tasks/update",
+        json!({ "taskId": task, "inputResponses": { "confirm": { "action": "accept", "content": { "confirm": true } } } }),
+    )
+    .await;
+    assert!(r.get("result").is_some(), "{r}");
+    let done = wait_status(&rt, &task, "completed").await;
+    let text = done["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(text.starts_with("step run 1;"), "{text}");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the committed step is not run again on the node that took the task over"
+    );
+    let (stored, live) = rt.store().counts().await.unwrap();
+    assert_eq!((stored, live), (2, 0));
+    rt.shutdown().await;
+    pg.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_schema_is_refused_and_left_alone() {
+    let Some(pg) = pg::fresh().await else { return };
+    let opts = pg.options("a", Duration::from_secs(5));
+    let store = PostgresStore::open(&pg.url, opts.clone()).await.unwrap();
+    store.close().await;
+    let client = pg.client().await;
+    client
+        .batch_execute("INSERT INTO mcp_schema (version) VALUES (99)")
+        .await
+        .unwrap();
+    match PostgresStore::open(&pg.url, opts).await {
+        Err(e @ StoreError::SchemaTooNew { found: 99, .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains("upgrade mcp-tasks"), "{msg}");
+            assert!(!msg.contains("password"), "{msg}");
+        }
+        other => panic!("expected SchemaTooNew, got {other:?}"),
+    }
+    let versions: i64 = client
+        .query_one("SELECT count(*) FROM mcp_schema", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(versions, 2, "nothing was changed");
+    pg.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_urls_and_node_ids_are_clear_errors() {
+    let e = PostgresStore::open("postgres://u@h:notaport/db", PostgresOptions::default())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("does not parse"), "{e}");
+    let Some(pg) = pg::fresh().await else { return };
+    let mut opts = pg.options("a", Duration::from_secs(5));
+    opts.node_id = Some("no spaces".into());
+    let e = PostgresStore::open(&pg.url, opts).await.unwrap_err();
+    assert!(e.to_string().contains("invalid node id"), "{e}");
+    pg.drop().await;
+}
+
+/// `hold`: on node a, waits until `release` is set and then completes (late); on node b,
+/// completes at once. The result names the node.
+fn hold(node: &'static str, release: Arc<AtomicBool>) -> Arc<dyn mcp_tasks::tool::Tool> {
+    tool_fn(
+        ToolDescriptor::new("hold", "completes on b, holds on a").task_policy(TaskPolicy::Always),
+        move |_ctx, _| {
+            let release = release.clone();
+            async move {
+                if node == "a" {
+                    while !release.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+                Ok(CallToolResult::text(format!("done on node {node}")))
+            }
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_past_its_lease_is_fenced_after_the_takeover() {
+    let Some(pg) = pg::fresh().await else { return };
+    let ttl = Duration::from_millis(600);
+    let release = Arc::new(AtomicBool::new(false));
+    let a_store = Arc::new(
+        PostgresStore::open(&pg.url, pg.options("a", ttl))
+            .await
+            .unwrap(),
+    );
+    let a = builder(Store::from_backend(a_store.clone()))
+        .tool(hold("a", release.clone()))
+        .start()
+        .await
+        .unwrap();
+    let b_store = Store::postgres(&pg.url, pg.options("b", ttl))
+        .await
+        .unwrap();
+    let b = builder(b_store)
+        .tool(hold("b", release.clone()))
+        .start()
+        .await
+        .unwrap();
+
+    let task = create(&a, "hold", json!({})).await;
+    assert!(a_store.holds(&task));
+    // Node a stops renewing its lease (as if paused); b takes the task over and completes it.
+    a_store.pause_heartbeat(true);
+    let done = wait_status(&b, &task, "completed").await;
+    assert_eq!(done["result"]["content"][0]["text"], "done on node b");
+    // Any replica answers with the committed state, a's included.
+    assert_eq!(get(&a, &task).await["result"], done);
+    let client = pg.client().await;
+    let row = client
+        .query_one(
+            "SELECT seq, owner_node, lease_epoch FROM mcp_tasks WHERE id = $1",
+            &[&task],
+        )
+        .await
+        .unwrap();
+    let (seq, owner, epoch): (i64, String, i64) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!(owner, "b");
+    assert!(epoch >= 2, "the takeover bumped the epoch: {epoch}");
+
+    // Node a wakes up: its tool completes late, and its write is refused (fenced).
+    a_store.pause_heartbeat(false);
+    release.store(true, Ordering::SeqCst);
+    for _ in 0..100 {
+        if !a_store.holds(&task) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!a_store.holds(&task), "node a learnt that it was fenced");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = client
+        .query_one(
+            "SELECT seq, owner_node, lease_epoch FROM mcp_tasks WHERE id = $1",
+            &[&task],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            after.get::<_, i64>(0),
+            after.get::<_, String>(1),
+            after.get::<_, i64>(2)
+        ),
+        (seq, owner, epoch),
+        "the record never changes after the fenced write"
+    );
+    assert_eq!(get(&a, &task).await["result"], done);
+    a.shutdown().await;
+    b.shutdown().await;
+    pg.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_on_another_replica_takes_the_task_over() {
+    let Some(pg) = pg::fresh().await else { return };
+    let ttl = Duration::from_secs(10);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let a = builder(
+        Store::postgres(&pg.url, pg.options("a", ttl))
+            .await
+            .unwrap(),
+    )
+    .tool(journaled(runs.clone()))
+    .start()
+    .await
+    .unwrap();
+    let b = builder(
+        Store::postgres(&pg.url, pg.options("b", ttl))
+            .await
+            .unwrap(),
+    )
+    .tool(journaled(runs.clone()))
+    .start()
+    .await
+    .unwrap();
+    let task = create(&a, "journaled", json!({})).await;
+    wait_status(&a, &task, "input_required").await;
+    // b answers for a task a runs: durable on b, and a's actor is fenced if it writes again.
+    let r = call(
+        &b,
+        "tasks/update",
+        json!({ "taskId": task, "inputResponses": { "confirm": { "action": "accept", "content": { "confirm": true } } } }),
+    )
+    .await;
+    assert!(r.get("result").is_some(), "{r}");
+    let done = wait_status(&a, &task, "completed").await;
+    assert_eq!(get(&b, &task).await["result"], done);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the step ran once");
+    a.shutdown().await;
+    b.shutdown().await;
+    pg.drop().await;
+}
+
+/// A TCP proxy to PostgreSQL that a test can cut (every connection dropped, new ones
+/// refused) and restore.
+struct Proxy {
+    port: u16,
+    down: tokio::sync::watch::Sender<bool>,
+}
+
+async fn proxy(target: &str) -> Proxy {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (down, rx) = tokio::sync::watch::channel(false);
+    let target = target.to_owned();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut inbound, _)) = listener.accept().await else {
+                return;
+            };
+            if *rx.borrow() {
+                continue; // refused: dropped at once
+            }
+            let target = target.clone();
+            let mut rx = rx.clone();
+            tokio::spawn(async move {
+                let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                    return;
+                };
+                tokio::select! {
+                    _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                    _ = rx.wait_for(|down| *down) => {}
+                }
+            });
+        }
+    });
+    Proxy { port, down }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_going_away_answers_32603_and_service_resumes() {
+    let Some(pg) = pg::fresh().await else { return };
+    let server = pg::server();
+    let hostport = server.rsplit('@').next().unwrap().to_owned();
+    let proxy = proxy(&hostport).await;
+    let url = pg
+        .url
+        .replace(&hostport, &format!("127.0.0.1:{}", proxy.port));
+    let mut opts = pg.options("a", Duration::from_secs(30));
+    opts.connect_timeout = Duration::from_secs(1);
+    let rt = builder(Store::postgres(&url, opts).await.unwrap())
+        .tool(mcp_tasks::fixtures::bench::sleep_task_on(Some("a".into())))
+        .start()
+        .await
+        .unwrap();
+    let before = create(&rt, "sleep_task", json!({ "ms": 0 })).await;
+    wait_status(&rt, &before, "completed").await;
+
+    proxy.down.send_replace(true);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for method in ["get", "create"] {
+        let r = if method == "get" {
+            get(&rt, &before).await
+        } else {
+            call(
+                &rt,
+                "tools/call",
+                json!({ "name": "sleep_task", "arguments": { "ms": 0 } }),
+            )
+            .await
+        };
+        assert_eq!(r["error"]["code"], -32603, "{method}: {r}");
+        let msg = r["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("unavailable"), "{method}: {msg}");
+        assert!(
+            !msg.contains("127.0.0.1"),
+            "no addresses in client errors: {msg}"
+        );
+    }
+    assert!(rt.store().unavailable().is_some());
+
+    proxy.down.send_replace(false);
+    // Service resumes without a restart; nothing acknowledged was lost.
+    let mut resumed = None;
+    for _ in 0..100 {
+        let r = call(
+            &rt,
+            "tools/call",
+            json!({ "name": "sleep_task", "arguments": { "ms": 0 } }),
+        )
+        .await;
+        if r.get("result").is_some() {
+            resumed = Some(r["result"]["taskId"].as_str().unwrap().to_owned());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let after = resumed.expect("service resumed once the database was back");
+    wait_status(&rt, &after, "completed").await;
+    let old = wait_status(&rt, &before, "completed").await;
+    assert_eq!(old["result"]["content"][0]["text"], "Slept 0 ms on node a.");
+    rt.shutdown().await;
+    pg.drop().await;
+}
+
+fn put(id: &str, seq: u64, live: bool) -> mcp_tasks::store::WriteOp {
+    mcp_tasks::store::WriteOp::Put {
+        id: id.to_owned(),
+        bytes: vec![seq as u8],
+        live,
+        due_ms: None,
+        seq: Some(seq),
+        expect: if seq == 1 {
+            mcp_tasks::store::Expect::Absent
+        } else {
+            mcp_tasks::store::Expect::Seq(seq - 1)
+        },
+    }
+}
+
+/// The fence itself, where the sequence number alone would not refuse the write: node b
+/// claimed the task (epoch bumped) but has not written yet when node a writes. With the
+/// test-only switch that skips the lease check, a's write goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_epoch_refuses_a_write_the_sequence_number_would_let_through() {
+    let Some(pg) = pg::fresh().await else { return };
+    let ttl = Duration::from_millis(300);
+    for skip in [false, true] {
+        let id = format!("tsk_fence_{skip}");
+        let mut a_opts = pg.options("a", ttl);
+        a_opts.unsafe_skip_fencing = skip;
+        let a = PostgresStore::open(&pg.url, a_opts).await.unwrap();
+        let b = PostgresStore::open(&pg.url, pg.options("b", ttl))
+            .await
+            .unwrap();
+        a.commit(vec![put(&id, 1, true)]).await.unwrap();
+        assert!(a.holds(&id) && !b.holds(&id));
+        a.pause_heartbeat(true);
+        let mut claimed = Vec::new();
+        for _ in 0..100 {
+            claimed = b.claim_orphans(16).await.unwrap();
+            if !claimed.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(claimed.len(), 1, "b took the orphan over");
+        assert!(b.holds(&id));
+        let late = a.commit(vec![put(&id, 2, true)]).await;
+        if skip {
+            assert!(
+                late.is_ok(),
+                "without the fence the stale write lands: {late:?}"
+            );
+        } else {
+            assert!(
+                matches!(late, Err(StoreError::Fenced { .. })),
+                "fenced: {late:?}"
+            );
+            assert!(!a.holds(&id));
+            assert_eq!(a.get(&id).await.unwrap(), Some(vec![1]), "nothing written");
+            // The new owner writes on.
+            b.commit(vec![put(&id, 2, false)]).await.unwrap();
+        }
+        // Not claimed twice: a live node's tasks are not orphans.
+        b.close().await;
+        a.close().await;
+    }
+    pg.drop().await;
+}
