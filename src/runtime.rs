@@ -492,19 +492,30 @@ async fn previous_run_crashed(store: &Store) -> Result<bool, StoreError> {
 /// The key that signs MRTR `requestState`s: made on first start, kept in the store so that
 /// every replica and restart verifies the same states.
 async fn request_state_key(store: &Store) -> Result<Vec<u8>, StoreError> {
-    if let Some(key) = store.meta_get(KEY_META).await?
+    let stored = store.meta_get(KEY_META).await?;
+    if let Some(key) = &stored
         && key.len() >= 32
     {
-        return Ok(key);
+        return Ok(key.clone());
     }
     let key = RequestStateCodec::generate_key();
-    store
-        .commit(vec![WriteOp::PutMeta {
+    let write = match stored {
+        // Too short to be a key: replaced.
+        Some(_) => WriteOp::PutMeta {
             key: KEY_META.to_owned(),
             value: key.clone(),
-        }])
-        .await?;
-    Ok(key)
+        },
+        // Replicas starting together on a new store: the first key written wins.
+        None => WriteOp::PutMetaIfAbsent {
+            key: KEY_META.to_owned(),
+            value: key.clone(),
+        },
+    };
+    store.commit(vec![write]).await?;
+    match store.meta_get(KEY_META).await? {
+        Some(stored) if stored.len() >= 32 => Ok(stored),
+        _ => Ok(key),
+    }
 }
 
 /// Orphans claimed per statement by [`take_over`].

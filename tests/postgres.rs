@@ -488,7 +488,20 @@ async fn the_lease_epoch_refuses_a_write_the_sequence_number_would_let_through()
             // The new owner writes on.
             b.commit(vec![put(&id, 2, false)]).await.unwrap();
         }
-        // Not claimed twice: a live node's tasks are not orphans.
+        // The first replica's meta value wins (the requestState key of a new store).
+        for (store, value) in [(&a, b"from a".to_vec()), (&b, b"from b".to_vec())] {
+            store
+                .commit(vec![mcp_tasks::store::WriteOp::PutMetaIfAbsent {
+                    key: format!("k_{skip}"),
+                    value,
+                }])
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            b.meta_get(&format!("k_{skip}")).await.unwrap(),
+            Some(b"from a".to_vec())
+        );
         b.close().await;
         a.close().await;
     }

@@ -100,6 +100,9 @@ impl State {
                 let due_ms = due_ms.filter(|_| self.tasks.contains_key(&id));
                 self.set_due(&id, due_ms);
             }
+            WriteOp::PutMetaIfAbsent { key, value } => {
+                self.meta.entry(key).or_insert(value);
+            }
             WriteOp::PutMeta { key, value } => {
                 self.meta.insert(key, value);
             }
@@ -272,6 +275,16 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(store.next_due().await.unwrap(), None);
+        for value in [b"first".to_vec(), b"second".to_vec()] {
+            store
+                .commit(vec![WriteOp::PutMetaIfAbsent {
+                    key: "k".into(),
+                    value,
+                }])
+                .await
+                .unwrap();
+        }
+        assert_eq!(store.meta_get("k").await.unwrap(), Some(b"first".to_vec()));
         store.close().await;
         assert!(matches!(store.get("a").await, Err(StoreError::Closed)));
     }

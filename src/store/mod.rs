@@ -201,6 +201,14 @@ pub enum WriteOp {
     SetDue { id: String, due_ms: Option<u64> },
     /// Set a key in the meta table.
     PutMeta { key: String, value: Vec<u8> },
+    /// Set a key in the meta table unless it is set already (the first writer wins: replicas
+    /// starting together agree on one value; read it back after the commit).
+    PutMetaIfAbsent {
+        /// The meta key.
+        key: String,
+        /// The value stored if the key is absent.
+        value: Vec<u8>,
+    },
 }
 
 /// Counters since open.

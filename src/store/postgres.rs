@@ -402,6 +402,15 @@ impl Inner {
                         .await?;
                     tx.execute(&st, &[id, &due_ms.map(to_i64)]).await?;
                 }
+                WriteOp::PutMetaIfAbsent { key, value } => {
+                    let st = tx
+                        .prepare_cached(
+                            "INSERT INTO mcp_meta (key, value) VALUES ($1, $2)
+                             ON CONFLICT (key) DO NOTHING",
+                        )
+                        .await?;
+                    tx.execute(&st, &[key, value]).await?;
+                }
                 WriteOp::PutMeta { key, value } => {
                     let st = tx
                         .prepare_cached(

@@ -52,8 +52,11 @@ pub async fn fresh() -> Option<Pg> {
                     "PostgreSQL is required (MCP_TASKS_REQUIRE_POSTGRES) but {server} is not reachable: {e}"
                 );
             }
-            eprintln!(
-                "SKIPPED: PostgreSQL is not reachable at {server} ({e}); start it or set MCP_TASKS_TEST_POSTGRES to run the PostgreSQL tests"
+            // Straight to stderr, past the test harness's capture, so that `cargo test` says so.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED: PostgreSQL is not reachable at {server} ({e}); start it (scripts/postgres.sh) or set MCP_TASKS_TEST_POSTGRES to run the PostgreSQL tests"
             );
             return None;
         }

@@ -350,6 +350,11 @@ fn apply_jobs_to(
                         due_by_id.insert(id, at)?;
                     }
                 }
+                WriteOp::PutMetaIfAbsent { key, value } => {
+                    if meta.get(key.as_str())?.is_none() {
+                        meta.insert(key.as_str(), value.as_slice())?;
+                    }
+                }
                 WriteOp::PutMeta { key, value } => {
                     meta.insert(key.as_str(), value.as_slice())?;
                 }
