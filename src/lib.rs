@@ -23,6 +23,8 @@ pub mod limits;
 pub mod persist;
 pub mod protocol;
 pub mod quota;
+#[cfg(feature = "postgres")]
+pub mod replicas_demo;
 pub mod runtime;
 pub mod sim;
 pub mod store;

@@ -30,9 +30,14 @@ enum Command {
         /// Print the JSON of every exchange.
         #[arg(long)]
         verbose: bool,
-        /// Use this store file instead of a fresh one in a temporary directory.
+        /// Use this store file instead of a fresh one in a temporary directory (with
+        /// `--replicas`: the PostgreSQL database, `postgres://USER@HOST:PORT/DB`).
         #[arg(long)]
         store: Option<PathBuf>,
+        /// Play the replica demo instead: 2 replicas over the PostgreSQL `--store`, a lease
+        /// takeover and a refused late completion, step by step.
+        #[arg(long, value_name = "N")]
+        replicas: Option<u32>,
     },
     /// Serve MCP (`2026-07-28`, Tasks extension) on Streamable HTTP, or on stdio.
     Serve(Box<ServeArgs>),
@@ -269,7 +274,12 @@ fn main() -> ExitCode {
     };
     let code = rt.block_on(async {
         match cli.command {
-            Command::Demo { verbose, store } => run_demo(verbose, store).await,
+            Command::Demo {
+                replicas: Some(n),
+                store,
+                ..
+            } => run_replicas_demo(n, store).await,
+            Command::Demo { verbose, store, .. } => run_demo(verbose, store).await,
             Command::Serve(args) if args.stdio => serve_stdio(*args).await,
             Command::Serve(args) => serve_http(*args).await,
             #[cfg(feature = "client")]
@@ -279,6 +289,35 @@ fn main() -> ExitCode {
     // Everything is stopped and flushed; a read of stdin may still block a worker thread.
     rt.shutdown_background();
     code
+}
+
+/// `demo --replicas 2 --store postgres://…`.
+async fn run_replicas_demo(replicas: u32, store: Option<PathBuf>) -> ExitCode {
+    if replicas != 2 {
+        eprintln!("error: the replica demo plays with --replicas 2");
+        return ExitCode::FAILURE;
+    }
+    let url = store.as_deref().and_then(|p| p.to_str()).unwrap_or("");
+    if !is_postgres_url(url) {
+        eprintln!("error: the replica demo needs --store postgres://USER@HOST:PORT/DB");
+        return ExitCode::FAILURE;
+    }
+    #[cfg(feature = "postgres")]
+    {
+        let mut out = std::io::stdout().lock();
+        match mcp_tasks::replicas_demo::run(url, &mut out).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+    #[cfg(not(feature = "postgres"))]
+    {
+        eprintln!("error: this build has no PostgreSQL store (cargo feature `postgres`)");
+        ExitCode::FAILURE
+    }
 }
 
 async fn run_demo(verbose: bool, store: Option<PathBuf>) -> ExitCode {

@@ -507,3 +507,27 @@ async fn the_lease_epoch_refuses_a_write_the_sequence_number_would_let_through()
     }
     pg.drop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replica_demo_shows_the_takeover_and_the_refused_late_completion() {
+    let Some(pg) = pg::fresh().await else { return };
+    let mut out = Vec::new();
+    mcp_tasks::replicas_demo::run(&pg.url, &mut out)
+        .await
+        .unwrap();
+    let out = String::from_utf8(out).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 8, "{out}");
+    assert!(
+        lines[1].contains("(lease: owner a, epoch 1, seq 1)"),
+        "{out}"
+    );
+    assert!(lines[3].contains("(lease: owner b, epoch 2"), "{out}");
+    assert!(lines[4].contains("\"Slept 1000 ms on node b.\""), "{out}");
+    assert!(lines[5].contains("refused: fenced"), "{out}");
+    assert_eq!(
+        lines[7],
+        "the task was completed once, by b; the record never changed after that"
+    );
+    pg.drop().await;
+}

@@ -33,7 +33,14 @@ impl Replica {
     fn spawn(store: &str, node: &str, lease_ttl: &str) -> Replica {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-tasks"))
             .args(["serve", "--listen", "127.0.0.1:0", "--fixtures", "bench"])
-            .args(["--store", store, "--node-id", node, "--lease-ttl", lease_ttl])
+            .args([
+                "--store",
+                store,
+                "--node-id",
+                node,
+                "--lease-ttl",
+                lease_ttl,
+            ])
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -57,13 +64,15 @@ impl Replica {
                 l.lock().unwrap().push(line);
             }
         });
-        let addr = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| {
-            let _ = child.kill();
-            panic!(
-                "replica {node} did not start; its log:\n{}",
-                log.lock().unwrap().join("\n")
-            )
-        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| {
+                let _ = child.kill();
+                panic!(
+                    "replica {node} did not start; its log:\n{}",
+                    log.lock().unwrap().join("\n")
+                )
+            });
         Replica {
             child,
             addr: addr.parse().unwrap(),

@@ -13,7 +13,7 @@ mod task;
 pub(crate) use subscriber::{OUTPUT_CAPACITY, Subscriber, SubscriberArgs};
 pub(crate) use supervisor::{Supervisor, SupervisorMsg};
 pub use task::TaskMsg;
-pub(crate) use task::{StoreFailure, TaskActor};
+pub(crate) use task::{FencedStop, StoreFailure, TaskActor};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -10,7 +10,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use super::task::Start;
-use super::{Shared, StoreFailure, TaskActor};
+use super::{FencedStop, Shared, StoreFailure, TaskActor};
 use crate::error::{RpcError, RuntimeError};
 use crate::persist;
 use crate::task::{TaskId, TaskRecord};
@@ -266,6 +266,12 @@ impl Actor for Supervisor {
                     return Ok(());
                 };
                 self.shared.live.remove_if(&id, cell.get_id());
+                if error.downcast_ref::<FencedStop>().is_some() {
+                    // Another node runs the task now: nothing to restart here.
+                    state.pending.remove(&id);
+                    tracing::info!(task = %id, "task actor stopped: the task was taken over by another node");
+                    return Ok(());
+                }
                 let store_failure = error.downcast_ref::<StoreFailure>().is_some();
                 let pending = state.pending.entry(id.clone()).or_default();
                 pending.failures = pending.failures.saturating_add(1);

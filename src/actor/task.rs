@@ -215,8 +215,10 @@ fn reply(
 /// `Err(StoreFailure)` when `result` is a store error.
 fn store_failure<T>(result: &Result<T, RuntimeError>) -> Result<(), ActorProcessingErr> {
     match result {
-        // Fenced: the actor already stops; it must not be restarted on this node.
-        Err(RuntimeError::Store(StoreError::Fenced { .. })) => Ok(()),
+        // Fenced: the actor stops and must not be restarted on this node.
+        Err(RuntimeError::Store(e @ StoreError::Fenced { .. })) => {
+            Err(Box::new(FencedStop(e.to_string())))
+        }
         Err(RuntimeError::Store(e)) => Err(Box::new(StoreFailure(e.to_string()))),
         _ => Ok(()),
     }
@@ -236,7 +238,20 @@ impl std::fmt::Display for StoreFailure {
 
 impl std::error::Error for StoreFailure {}
 
-/// `result`, with a store error turned into [`StoreFailure`].
+/// A task actor stopped because another node took its task over (its write was fenced).
+/// The supervisor does not restart it: the task is the other node's now.
+#[derive(Debug)]
+pub(crate) struct FencedStop(pub(crate) String);
+
+impl std::fmt::Display for FencedStop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl std::error::Error for FencedStop {}
+
+/// `result`, with a store error turned into [`StoreFailure`] (or [`FencedStop`]).
 fn or_store_failure<T>(result: Result<T, RuntimeError>) -> Result<T, ActorProcessingErr> {
     store_failure(&result)?;
     result.map_err(|e| Box::new(e) as ActorProcessingErr)

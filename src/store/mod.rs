@@ -32,7 +32,7 @@ use redb::StorageBackend;
 
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub use postgres::{PostgresOptions, PostgresStore};
+pub use postgres::{Lease, PostgresOptions, PostgresStore};
 pub use redb_store::RedbStore;
 
 /// The meta key of the boot epoch (u64, little endian), incremented by every [`Store::open`].

@@ -102,6 +102,31 @@ impl Default for PostgresOptions {
     }
 }
 
+/// The lease of one task, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The node that holds (or last held) the task; `None` once released.
+    pub owner: Option<String>,
+    /// The lease epoch, bumped by every claim.
+    pub epoch: u64,
+    /// The record's sequence number.
+    pub seq: Option<u64>,
+    /// Whether the task is still live (not finished).
+    pub live: bool,
+}
+
+impl std::fmt::Display for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "owner {}, epoch {}, seq {}",
+            self.owner.as_deref().unwrap_or("none"),
+            self.epoch,
+            self.seq.map_or("-".to_owned(), |s| s.to_string())
+        )
+    }
+}
+
 /// A task store in a PostgreSQL database, shared by every replica that opens it.
 pub struct PostgresStore {
     inner: Arc<Inner>,
@@ -649,6 +674,26 @@ impl PostgresStore {
     /// The lease TTL.
     pub fn lease_ttl(&self) -> Duration {
         self.inner.lease_ttl
+    }
+
+    /// The lease of task `id` as the database has it (for operators, tests and the demo).
+    pub async fn lease_of(&self, id: &str) -> Result<Option<Lease>, StoreError> {
+        let run = async {
+            let client = self.inner.client().await?;
+            let row = client
+                .query_opt(
+                    "SELECT owner_node, lease_epoch, seq, live FROM mcp_tasks WHERE id = $1",
+                    &[&id],
+                )
+                .await?;
+            Ok::<_, PgFailure>(row.map(|r| Lease {
+                owner: r.get(0),
+                epoch: to_u64(r.get(1)),
+                seq: r.get::<_, Option<i64>>(2).map(to_u64),
+                live: r.get(3),
+            }))
+        };
+        run.await.map_err(|e| self.inner.fail(e, false))
     }
 
     /// **Test only.** Stops (or resumes) this node's heartbeats, as if the process were
