@@ -14,7 +14,7 @@ use super::{Answer, Dispatcher, MessageStream, RequestContext};
 use crate::actor::{Shared, SupervisorMsg};
 use crate::error::RpcError;
 use crate::task::{TaskId, TaskRecord};
-use crate::tool::context::ProgressSink;
+use crate::tool::context::RequestSink;
 use crate::tool::{TaskPolicy, Tool, ToolContext, ToolError};
 use crate::wire::jsonrpc;
 use crate::wire::meta::RequestMeta;
@@ -125,7 +125,7 @@ impl Dispatcher {
         request_state: Option<&str>,
         input_responses: Option<Map<String, Value>>,
         capabilities: Value,
-        progress: Option<ProgressSink>,
+        progress: Option<RequestSink>,
     ) -> Result<ToolContext, RpcError> {
         let mut responses = Map::new();
         if let Some(state) = request_state {
@@ -155,9 +155,10 @@ impl Dispatcher {
         input_required_result(&self.shared, binding, ctx, requests)
     }
 
-    /// `tools/call`. A synchronous call whose request carries a `progressToken`, on a
-    /// transport that can stream, answers with a stream as soon as the tool reports progress:
-    /// the `notifications/progress`, then the response. Without a report it is one response.
+    /// `tools/call`. A synchronous call whose request carries a `progressToken` or a
+    /// `logLevel`, on a transport that can stream, answers with a stream as soon as the tool
+    /// reports progress or logs: the `notifications/progress` and `notifications/message`,
+    /// then the response. Without a report it is one response.
     pub(super) async fn call_tool(
         &self,
         id: &Value,
@@ -194,8 +195,9 @@ impl Dispatcher {
         };
 
         if !as_task {
-            let token = meta.progress_token.clone().filter(|_| ctx.streams);
-            let Some(token) = token else {
+            let wants_stream =
+                ctx.streams && (meta.progress_token.is_some() || meta.log_level.is_some());
+            if !wants_stream {
                 let tool_ctx = self.mrtr_context(
                     &binding,
                     call.request_state.as_deref(),
@@ -206,14 +208,18 @@ impl Dispatcher {
                 return run_sync(&self.shared, tool, tool_ctx, binding)
                     .await
                     .map(Answer::Result);
-            };
+            }
             let (tx, rx) = mpsc::channel(PROGRESS_BUFFER);
             let tool_ctx = self.mrtr_context(
                 &binding,
                 call.request_state.as_deref(),
                 call.input_responses.clone(),
                 capabilities,
-                Some(ProgressSink::new(token, tx)),
+                Some(RequestSink::new(
+                    meta.progress_token.clone(),
+                    meta.log_level,
+                    tx,
+                )),
             )?;
             let shared = self.shared.clone();
             let owner = ctx.owner.clone();

@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use super::ToolError;
 use crate::actor::TaskMsg;
 use crate::task::{Event, Owner, TaskId, TaskRecord, TaskStatus};
+pub use crate::wire::LogLevel;
 
 /// One request for client input (`InputRequest` of MRTR): an `elicitation/create`,
 /// `sampling/createMessage` or `roots/list` request without `jsonrpc` and `id`.
@@ -107,22 +108,29 @@ struct Inner {
     mode: Mode,
     /// Step names used by this run of the tool (a name used twice is a bug of the tool).
     steps: std::sync::Mutex<std::collections::BTreeSet<String>>,
-    progress: Option<ProgressSink>,
+    progress: Option<RequestSink>,
 }
 
-/// Where the progress of a synchronous call goes: `notifications/progress` for the request's
-/// `progressToken`, on the response stream of that request (never anywhere else).
-pub(crate) struct ProgressSink {
-    token: Value,
+/// Where the request-scoped notifications of a synchronous call go, on the response stream
+/// of that request (never anywhere else): `notifications/progress` for the request's
+/// `progressToken`, `notifications/message` at or above the request's `logLevel`.
+pub(crate) struct RequestSink {
+    token: Option<Value>,
+    log_level: Option<LogLevel>,
     messages: tokio::sync::mpsc::Sender<Value>,
     /// The last progress sent: values must increase.
     last: std::sync::Mutex<Option<f64>>,
 }
 
-impl ProgressSink {
-    pub(crate) fn new(token: Value, messages: tokio::sync::mpsc::Sender<Value>) -> Self {
+impl RequestSink {
+    pub(crate) fn new(
+        token: Option<Value>,
+        log_level: Option<LogLevel>,
+        messages: tokio::sync::mpsc::Sender<Value>,
+    ) -> Self {
         Self {
             token,
+            log_level,
             messages,
             last: std::sync::Mutex::new(None),
         }
@@ -209,7 +217,7 @@ impl ToolContext {
         owner: Owner,
         client_capabilities: Value,
         responses: Map<String, Value>,
-        progress: Option<ProgressSink>,
+        progress: Option<RequestSink>,
     ) -> Self {
         let inputs = InlineInputs {
             responses,
@@ -525,7 +533,12 @@ impl ToolContext {
             };
             return self.set_status(status).await;
         }
-        let Some(sink) = &self.inner.progress else {
+        let Some((sink, token)) = self
+            .inner
+            .progress
+            .as_ref()
+            .and_then(|s| s.token.as_ref().map(|t| (s, t)))
+        else {
             return Ok(());
         };
         {
@@ -537,11 +550,33 @@ impl ToolContext {
             *last = Some(progress);
         }
         let notification =
-            crate::wire::results::progress_notification(&sink.token, progress, total, message);
+            crate::wire::results::progress_notification(token, progress, total, message);
         if let Err(e) = sink.messages.try_send(notification) {
             tracing::debug!(error = %e, "progress notification dropped");
         }
         Ok(())
+    }
+
+    /// Sends a log message (`notifications/message`) about this call to the client.
+    ///
+    /// Only a synchronous call whose request asked for log messages
+    /// (`_meta["io.modelcontextprotocol/logLevel"]`) at `level` or a less severe level gets
+    /// it, on the response stream of that request. Tasks carry no log messages (the Tasks
+    /// extension supports no request-scoped notifications on tasks); without a level nobody
+    /// asked and nothing is sent. Like progress, messages are dropped rather than queued
+    /// without bound when the caller reads slowly.
+    pub fn log(&self, level: LogLevel, logger: Option<&str>, data: Value) {
+        let Some(sink) = &self.inner.progress else {
+            return;
+        };
+        match sink.log_level {
+            Some(min) if level >= min => {}
+            _ => return,
+        }
+        let notification = crate::wire::results::log_notification(level, logger, data);
+        if let Err(e) = sink.messages.try_send(notification) {
+            tracing::debug!(error = %e, "log notification dropped");
+        }
     }
 
     /// Whether a client asked to cancel the task.

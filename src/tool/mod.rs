@@ -9,7 +9,7 @@
 pub(crate) mod context;
 pub mod registry;
 
-pub use context::{ElicitAction, ElicitResponse, InputRequest, StepKey, ToolContext};
+pub use context::{ElicitAction, ElicitResponse, InputRequest, LogLevel, StepKey, ToolContext};
 pub use registry::ToolRegistry;
 
 use std::future::Future;

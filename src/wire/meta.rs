@@ -15,6 +15,9 @@ pub struct RequestMeta {
     /// `_meta.progressToken` (a string or an integer): the client asks for
     /// `notifications/progress` about this request.
     pub progress_token: Option<Value>,
+    /// `_meta["io.modelcontextprotocol/logLevel"]`: the client asks for `notifications/message`
+    /// about this request at this level and above (none without it).
+    pub log_level: Option<super::LogLevel>,
 }
 
 impl RequestMeta {
@@ -108,11 +111,26 @@ impl RequestMeta {
                 )));
             }
         };
+        let log_level = match meta.get(keys::LOG_LEVEL) {
+            None => None,
+            Some(Value::String(s)) if super::LogLevel::from_wire(s).is_some() => {
+                super::LogLevel::from_wire(s)
+            }
+            Some(other) => {
+                return Err(RpcError::invalid_params(format!(
+                    "`_meta[\"{}\"]` must be one of debug, info, notice, warning, error, \
+                     critical, alert, emergency (got {})",
+                    keys::LOG_LEVEL,
+                    super::jsonrpc::kind(other)
+                )));
+            }
+        };
         Ok(Self {
             protocol_version,
             client_capabilities,
             client_info,
             progress_token,
+            log_level,
         })
     }
 

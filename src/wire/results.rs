@@ -114,6 +114,15 @@ pub fn progress_notification(
     json!({ "jsonrpc": "2.0", "method": "notifications/progress", "params": params })
 }
 
+/// A `notifications/message` log message at `level`.
+pub fn log_notification(level: super::LogLevel, logger: Option<&str>, data: Value) -> Value {
+    let mut params = obj(json!({ "level": level.as_str(), "data": data }));
+    if let Some(l) = logger {
+        params.insert("logger".into(), json!(l));
+    }
+    json!({ "jsonrpc": "2.0", "method": "notifications/message", "params": params })
+}
+
 /// Core MRTR `InputRequiredResult`: the outstanding requests and the signed state.
 pub fn input_required(
     server: &ServerInfo,
