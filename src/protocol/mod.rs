@@ -13,6 +13,8 @@ pub(crate) mod request_state;
 mod tasks;
 mod tools;
 
+pub(crate) use tasks::TaskCursor;
+
 use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;

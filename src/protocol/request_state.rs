@@ -94,6 +94,12 @@ impl RequestStateCodec {
         key
     }
 
+    /// A key for another purpose, derived from this one (HMAC-SHA256 of `label`): as durable
+    /// and as shared between replicas as the request-state key, and independent of it.
+    pub(crate) fn derive_key(&self, label: &str) -> Vec<u8> {
+        self.mac(label.as_bytes()).finalize().into_bytes().to_vec()
+    }
+
     fn mac(&self, data: &[u8]) -> HmacSha256 {
         let mut mac =
             HmacSha256::new_from_slice(&self.key).expect("HMAC accepts keys of any length");

@@ -132,3 +132,57 @@ impl Dispatcher {
         }
     }
 }
+
+/// Where a page of [`Dispatcher::owned_tasks`] starts: after this task in (creation time, id)
+/// order.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct TaskCursor {
+    pub(crate) created_at_ms: u64,
+    pub(crate) id: String,
+}
+
+impl Dispatcher {
+    /// One page of `owner`'s unexpired tasks, oldest first, after `after`; and whether more
+    /// follow. Reads every stored record (the store has no index by owner): the cost grows
+    /// with the number of stored tasks, which expiry and retention bound. Records that do
+    /// not decode are skipped (the reaper quarantines them).
+    pub(crate) async fn owned_tasks(
+        &self,
+        owner: &crate::task::Owner,
+        after: Option<&TaskCursor>,
+        limit: usize,
+    ) -> Result<(Vec<TaskRecord>, bool), RpcError> {
+        let now = self.shared.now_ms();
+        let stored = self.shared.store.tasks().await?;
+        let owner = owner.clone();
+        let after = after.cloned();
+        let mut mine: Vec<TaskRecord> = tokio::task::spawn_blocking(move || {
+            stored
+                .into_iter()
+                .filter_map(|(_, bytes)| crate::persist::decode(&bytes).ok())
+                .filter(|r| r.owner.same_as(&owner) && !r.is_expired(now))
+                .filter(|r| {
+                    after.as_ref().is_none_or(|a| {
+                        (r.created_at_ms, r.id.as_str()) > (a.created_at_ms, a.id.as_str())
+                    })
+                })
+                .collect()
+        })
+        .await
+        .map_err(|e| RpcError::internal(format!("listing tasks failed: {e}")))?;
+        mine.sort_by(|a, b| {
+            (a.created_at_ms, a.id.as_str()).cmp(&(b.created_at_ms, b.id.as_str()))
+        });
+        // A live task's freshest committed snapshot is its actor's.
+        for record in &mut mine {
+            if let Some(live) = self.shared.live.snapshot(&record.id)
+                && live.seq > record.seq
+            {
+                *record = (*live).clone();
+            }
+        }
+        let more = mine.len() > limit;
+        mine.truncate(limit);
+        Ok((mine, more))
+    }
+}

@@ -30,8 +30,11 @@
 //! [`HttpConfig::resource`] when one is set (without authentication, as clients need it to
 //! find the authorization server).
 //!
-//! Sessions do not exist in `2026-07-28`: `Mcp-Session-Id` is neither minted nor echoed, and
-//! `Last-Event-ID` is ignored (SSE events carry no ids).
+//! Sessions do not exist in `2026-07-28`: modern requests never get an `Mcp-Session-Id`, and
+//! their SSE events carry no ids. The same endpoint also serves `2025-11-25` and
+//! `2025-06-18` clients: `initialize`, and every message that carries an `Mcp-Session-Id` and
+//! does not declare the `2026-07-28` era, go to the legacy adapter ([`crate::legacy`]; the
+//! HTTP side, with `GET` streams, `Last-Event-ID` and `DELETE`, is in `http/legacy.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -197,9 +200,15 @@ impl HttpConfig {
     }
 }
 
+mod legacy;
+
+pub use legacy::SESSION_HEADER;
+
 struct Endpoint {
     handle: RuntimeHandle,
     config: HttpConfig,
+    /// The adapter for `2025-11-25` and `2025-06-18` sessions.
+    legacy: Arc<crate::legacy::Legacy>,
     /// Requests in progress per owner.
     in_flight: std::sync::Mutex<HashMap<Owner, usize>>,
 }
@@ -254,6 +263,7 @@ pub fn router(handle: RuntimeHandle, config: HttpConfig) -> Router {
         }
     }
     router.with_state(Arc::new(Endpoint {
+        legacy: crate::legacy::Legacy::new(handle.clone()),
         handle,
         config,
         in_flight: std::sync::Mutex::new(HashMap::new()),
@@ -329,6 +339,26 @@ async fn respond(endpoint: &Arc<Endpoint>, request: Request) -> (Response, &'sta
     if let Err(why) = check_origin(&parts.headers, config) {
         return (transport_error(StatusCode::FORBIDDEN, None, &why), "origin");
     }
+    // A legacy session's GET stream or DELETE.
+    if (parts.method == Method::GET || parts.method == Method::DELETE)
+        && legacy::session_header(&parts.headers).is_some()
+    {
+        let identity = match authenticate(config, &parts).await {
+            Ok(identity) => identity,
+            Err(refusal) => return (refusal, "unauthorized"),
+        };
+        let Some(in_flight) = endpoint.begin_request(&identity.owner) else {
+            return (too_many(config), "too-many");
+        };
+        return legacy::get_or_delete(
+            endpoint,
+            &parts.method,
+            &parts.headers,
+            identity.owner,
+            in_flight,
+        )
+        .await;
+    }
     if parts.method != Method::POST {
         let mut response = transport_error(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -352,20 +382,7 @@ async fn respond(endpoint: &Arc<Endpoint>, request: Request) -> (Response, &'sta
 
     // (3) This caller's requests in progress, bounded.
     let Some(in_flight) = endpoint.begin_request(&identity.owner) else {
-        let limit = config.max_requests_per_principal;
-        let error = RpcError::from(crate::quota::QuotaError {
-            kind: crate::quota::QuotaKind::ConcurrentRequests,
-            limit: limit as u64,
-            retry_after: Duration::from_secs(1),
-        });
-        let mut response = json_response(
-            StatusCode::TOO_MANY_REQUESTS,
-            &jsonrpc::error_response(None, &error),
-        );
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        return (response, "too-many");
+        return (too_many(config), "too-many");
     };
 
     // (4) The body, bounded in size and time.
@@ -404,6 +421,11 @@ async fn respond(endpoint: &Arc<Endpoint>, request: Request) -> (Response, &'sta
             return (transport_error(StatusCode::BAD_REQUEST, None, &why), "body");
         }
     };
+
+    // A legacy session's message (or initialize) goes to the legacy adapter.
+    if let Some(message) = legacy::is_legacy_post(&parts.headers, &body) {
+        return legacy::post(endpoint, &parts.headers, identity.owner, message, in_flight).await;
+    }
 
     // (5) Routing headers; a malformed one is -32020 for a request (a notification and an
     // unreadable message get the dispatcher's usual answer).
@@ -460,6 +482,24 @@ async fn respond(endpoint: &Arc<Endpoint>, request: Request) -> (Response, &'sta
             )
         }
     }
+}
+
+/// `429` for a caller with too many requests in progress.
+fn too_many(config: &HttpConfig) -> Response {
+    let limit = config.max_requests_per_principal;
+    let error = RpcError::from(crate::quota::QuotaError {
+        kind: crate::quota::QuotaKind::ConcurrentRequests,
+        limit: limit as u64,
+        retry_after: Duration::from_secs(1),
+    });
+    let mut response = json_response(
+        StatusCode::TOO_MANY_REQUESTS,
+        &jsonrpc::error_response(None, &error),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
 }
 
 // ---------------------------------------------------------------------------------------------

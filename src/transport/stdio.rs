@@ -13,6 +13,12 @@
 //! without being buffered. At the end of the input the transport stops reading, drops the open
 //! listen streams, waits until every request in flight has written its response, and returns.
 //!
+//! A client that opens with a legacy `initialize` (`2025-11-25`, `2025-06-18`) makes the
+//! connection its session: from then on every message that does not declare the
+//! `2026-07-28` era goes to the legacy adapter ([`crate::legacy`]), which may write
+//! server-to-client requests and notifications between responses; the client's responses to
+//! those requests come back as lines like any other message.
+//!
 //! Nothing but protocol messages is written to the output; logs go through `tracing`.
 
 use std::collections::HashMap;
@@ -77,7 +83,9 @@ where
     let (out, rx) = mpsc::channel::<Vec<u8>>(OUTPUT_QUEUE);
     let mut writer = tokio::spawn(write_lines(output, rx));
     let mut server = Server {
+        legacy: crate::legacy::Legacy::new(handle.clone()),
         handle,
+        session: None,
         ctx: Arc::new(RequestContext::new(owner).with_streams(true)),
         out,
         registry: Arc::new(Mutex::new(Registry::default())),
@@ -123,6 +131,10 @@ where
     };
     drop(reader);
 
+    // The connection was the legacy session: its in-process state goes (tasks stay).
+    if let Some(session) = &server.session {
+        server.legacy.forget(session);
+    }
     let Server {
         out,
         stop_streams,
@@ -191,6 +203,10 @@ fn log_join(joined: Result<(), JoinError>) {
 /// The state of the read loop.
 struct Server {
     handle: RuntimeHandle,
+    /// The adapter for `2025-11-25` and `2025-06-18` clients.
+    legacy: Arc<crate::legacy::Legacy>,
+    /// Set once the client opened with a legacy `initialize`: the connection is its session.
+    session: Option<crate::legacy::Session>,
     ctx: Arc<RequestContext>,
     out: mpsc::Sender<Vec<u8>>,
     registry: Arc<Mutex<Registry>>,
@@ -241,6 +257,9 @@ impl Server {
             }
         };
 
+        if let Some(accepted) = self.accept_legacy(&message).await {
+            return accepted;
+        }
         let method = message.get("method").and_then(Value::as_str);
         let id = message.get("id").filter(|id| is_request_id(id)).cloned();
         if id.is_none()
@@ -269,6 +288,72 @@ impl Server {
         };
         self.jobs.spawn(job.run(message, is_listen));
         true
+    }
+}
+
+impl Server {
+    /// Handles a message of the legacy surface: `initialize` (which makes this connection a
+    /// legacy session) and, once there is a session, every message that does not declare the
+    /// `2026-07-28` era. `None` for any other message. `Some(false)` when the writer is gone.
+    async fn accept_legacy(&mut self, message: &Value) -> Option<bool> {
+        use crate::legacy::{self, LegacyOutcome};
+        if legacy::is_initialize(message) && self.session.is_none() {
+            return Some(match self.legacy.initialize(message, &self.ctx.owner) {
+                Ok((response, session)) => {
+                    // The standing stream: task status notifications and input requests of
+                    // tasks, written as they come, until the connection ends.
+                    let live = self.legacy.live(&session);
+                    let out = self.out.clone();
+                    self.jobs.spawn(async move {
+                        let mut ended = live.ended.subscribe();
+                        let mut standing = std::pin::pin!(live.standing.read(None));
+                        loop {
+                            let next = tokio::select! {
+                                next = standing.next() => next,
+                                _ = ended.wait_for(|e| *e) => None,
+                            };
+                            let Some((_, message)) = next else { break };
+                            if out.send(encode(&message)).await.is_err() {
+                                break;
+                            }
+                        }
+                    });
+                    self.session = Some(session);
+                    self.out.send(encode(&response)).await.is_ok()
+                }
+                Err(error) => self.out.send(encode(&error)).await.is_ok(),
+            });
+        }
+        let session = self.session.clone()?;
+        if legacy::is_modern(message) {
+            return None;
+        }
+        let Ok(permit) = self.permits.clone().acquire_owned().await else {
+            return Some(true);
+        };
+        let legacy = self.legacy.clone();
+        let owner = self.ctx.owner.clone();
+        let out = self.out.clone();
+        let message = message.clone();
+        self.jobs.spawn(async move {
+            let state = legacy.state(&session).await;
+            let outcome = legacy.handle(&session, &state, &owner, message, true).await;
+            drop(permit);
+            match outcome {
+                LegacyOutcome::Accepted => {}
+                LegacyOutcome::Reply(body) => {
+                    let _ = out.send(encode(&body)).await;
+                }
+                LegacyOutcome::Stream(mut stream) => {
+                    while let Some(message) = stream.next().await {
+                        if out.send(encode(&message)).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        Some(true)
     }
 }
 

@@ -192,3 +192,4 @@ pub fn token_entry(token: &str, tenant: &str, principal: &str, scopes: &[&str]) 
         serde_json::to_string(scopes).unwrap()
     )
 }
+pub mod legacy;

@@ -1,0 +1,375 @@
+//! Streamable HTTP for legacy (`2025-11-25`, `2025-06-18`) sessions on the same endpoint.
+//!
+//! - `POST` `initialize` (without `Mcp-Session-Id`): the response carries the new
+//!   `Mcp-Session-Id`; every later message of the session must carry it (a legacy request
+//!   without it is `400`), and an id that does not verify for the caller, expired or was ended
+//!   is `404` (the client starts a new session).
+//! - `POST` of a notification or of a response to a server-to-client request: `202`.
+//! - `POST` of a request: one JSON response, or an SSE stream when the request sends
+//!   notifications or server-to-client requests before its response. Every SSE event has an
+//!   id (`{stream}-{seq}`); the stream goes on when the client disconnects, and `GET` with
+//!   `Last-Event-ID` resumes it after that event.
+//! - `GET` with `Mcp-Session-Id`: the session's standing stream (task status notifications,
+//!   input requests of its tasks); one reader at a time, a newer one replaces the older.
+//! - `DELETE` with `Mcp-Session-Id`: ends the session.
+//!
+//! JSON-RPC errors of legacy requests travel with `200`, as those revisions expect.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use serde_json::Value;
+use tokio::time::Sleep;
+
+use super::{Endpoint, InFlight, accepts_event_stream, json_response, transport_error};
+use crate::error::RpcError;
+use crate::legacy::{self, LEGACY_VERSIONS, LegacyOutcome, Session, SessionState};
+use crate::task::Owner;
+
+/// The `Mcp-Session-Id` header.
+pub const SESSION_HEADER: &str = "mcp-session-id";
+/// The `Last-Event-ID` header.
+const LAST_EVENT_ID: &str = "last-event-id";
+
+/// The session id a request carries, if any.
+pub(super) fn session_header(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+/// Whether a `POST` body belongs to the legacy surface: it opens a session, or it comes with
+/// a session id and does not declare the `2026-07-28` era. Decided without parsing when
+/// neither marker can be there, so modern traffic pays nothing.
+pub(super) fn is_legacy_post(headers: &HeaderMap, body: &[u8]) -> Option<Value> {
+    let has_session = headers.contains_key(SESSION_HEADER);
+    if !has_session && !contains(body, b"initialize") {
+        return None;
+    }
+    let message: Value = serde_json::from_slice(body).ok()?;
+    if !message.is_object() {
+        return None;
+    }
+    if legacy::is_initialize(&message) || (has_session && !legacy::is_modern(&message)) {
+        Some(message)
+    } else {
+        None
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn not_found(why: &str) -> Response {
+    transport_error(
+        StatusCode::NOT_FOUND,
+        None,
+        &format!("Session not found: {why}; send initialize to start a new session"),
+    )
+}
+
+fn session_id_header(id: &str) -> Option<HeaderValue> {
+    HeaderValue::from_str(id).ok()
+}
+
+/// Resolves the session of a request, or the refusal to send.
+async fn resolve(
+    endpoint: &Endpoint,
+    headers: &HeaderMap,
+    owner: &Owner,
+) -> Result<(Session, SessionState), Response> {
+    let Some(id) = session_header(headers) else {
+        return Err(transport_error(
+            StatusCode::BAD_REQUEST,
+            None,
+            "Bad Request: the Mcp-Session-Id header is required after initialize",
+        ));
+    };
+    match endpoint.legacy.resolve(&id, owner).await {
+        Ok(found) => Ok(found),
+        Err(e) => {
+            tracing::debug!(reason = %e, "legacy session refused");
+            Err(not_found(&e.to_string()))
+        }
+    }
+}
+
+/// A `MCP-Protocol-Version` header, when present, must name a legacy version we speak; the
+/// `400` to send when it does not.
+fn version_refusal(headers: &HeaderMap) -> Option<Response> {
+    match headers
+        .get(super::PROTOCOL_VERSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+    {
+        None => None,
+        Some(v) if LEGACY_VERSIONS.contains(&v) => None,
+        Some(v) => Some(transport_error(
+            StatusCode::BAD_REQUEST,
+            None,
+            &format!(
+                "Bad Request: unsupported MCP-Protocol-Version `{v}` for a session (supported: {})",
+                LEGACY_VERSIONS.join(", ")
+            ),
+        )),
+    }
+}
+
+/// A legacy `POST`.
+pub(super) async fn post(
+    endpoint: &Arc<Endpoint>,
+    headers: &HeaderMap,
+    owner: Owner,
+    message: Value,
+    in_flight: InFlight,
+) -> (Response, &'static str) {
+    if legacy::is_initialize(&message) && session_header(headers).is_none() {
+        return match endpoint.legacy.initialize(&message, &owner) {
+            Ok((body, session)) => {
+                let id = endpoint.legacy.session_id(&session);
+                let mut response = json_response(StatusCode::OK, &body);
+                if let Some(value) = session_id_header(&id) {
+                    response
+                        .headers_mut()
+                        .insert(HeaderName::from_static(SESSION_HEADER), value);
+                }
+                (response, "legacy-initialize")
+            }
+            Err(body) => (json_response(StatusCode::OK, &body), "legacy-json"),
+        };
+    }
+    if let Some(refusal) = version_refusal(headers) {
+        return (refusal, "legacy-version");
+    }
+    let (session, state) = match resolve(endpoint, headers, &owner).await {
+        Ok(found) => found,
+        Err(refusal) => return (refusal, "legacy-session"),
+    };
+    let streams = accepts_event_stream(headers);
+    let legacy = endpoint.legacy.clone();
+    let live = legacy.live(&session);
+    // The request runs on its own task: a client that disconnects cannot cut it in half.
+    let handled = tokio::spawn(async move {
+        legacy
+            .handle(&session, &state, &owner, message, streams)
+            .await
+    })
+    .await;
+    match handled {
+        Ok(LegacyOutcome::Accepted) => (StatusCode::ACCEPTED.into_response(), "legacy-accepted"),
+        Ok(LegacyOutcome::Reply(body)) => (json_response(StatusCode::OK, &body), "legacy-json"),
+        Ok(LegacyOutcome::Stream(messages)) => {
+            // The messages go into a resumable log, read by this response; if the client
+            // disconnects, the rest waits there for a GET with Last-Event-ID.
+            let log = live.open_stream();
+            let writer = log.clone();
+            tokio::spawn(async move {
+                let mut messages = messages;
+                while let Some(message) = messages.next().await {
+                    writer.push(message);
+                }
+                writer.finish();
+            });
+            let events = log.read(Some(1)).boxed();
+            (
+                sse_response(events, endpoint.config.keep_alive, in_flight),
+                "legacy-sse",
+            )
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "a legacy request failed");
+            let error = RpcError::internal("the request could not be completed");
+            let body = crate::wire::jsonrpc::error_response(None, &error);
+            (
+                json_response(StatusCode::INTERNAL_SERVER_ERROR, &body),
+                "legacy-json",
+            )
+        }
+    }
+}
+
+/// A legacy `GET` (the standing stream, or a resumption) or `DELETE`.
+pub(super) async fn get_or_delete(
+    endpoint: &Arc<Endpoint>,
+    method: &Method,
+    headers: &HeaderMap,
+    owner: Owner,
+    in_flight: InFlight,
+) -> (Response, &'static str) {
+    if let Some(refusal) = version_refusal(headers) {
+        return (refusal, "legacy-version");
+    }
+    let (session, _state) = match resolve(endpoint, headers, &owner).await {
+        Ok(found) => found,
+        Err(refusal) => return (refusal, "legacy-session"),
+    };
+    if method == Method::DELETE {
+        return match endpoint.legacy.end(&session).await {
+            Ok(()) => (StatusCode::OK.into_response(), "legacy-delete"),
+            Err(e) => {
+                let body = crate::wire::jsonrpc::error_response(None, &e);
+                (
+                    json_response(StatusCode::INTERNAL_SERVER_ERROR, &body),
+                    "legacy-delete",
+                )
+            }
+        };
+    }
+    if !accepts_event_stream(headers) {
+        return (
+            transport_error(
+                StatusCode::NOT_ACCEPTABLE,
+                None,
+                "Not Acceptable: a GET stream needs Accept: text/event-stream",
+            ),
+            "legacy-get",
+        );
+    }
+    let live = endpoint.legacy.live(&session);
+    let resume = headers
+        .get(LAST_EVENT_ID)
+        .and_then(|v| v.to_str().ok())
+        .and_then(legacy::parse_event_id)
+        .and_then(|(stream, seq)| live.stream(stream).map(|log| (log, seq)));
+    let events = match resume {
+        Some((log, seq)) => log.read(Some(seq + 1)).boxed(),
+        None => live.standing.read(None).boxed(),
+    };
+    (
+        sse_response(events, endpoint.config.keep_alive, in_flight),
+        "legacy-get",
+    )
+}
+
+fn sse_response(
+    events: BoxStream<'static, (String, Value)>,
+    keep_alive: Duration,
+    in_flight: InFlight,
+) -> Response {
+    let body = Body::from_stream(EventBody::new(events, keep_alive, in_flight));
+    (
+        StatusCode::OK,
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+            (
+                HeaderName::from_static("x-accel-buffering"),
+                HeaderValue::from_static("no"),
+            ),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// SSE events with ids, and keep-alive comments after every `keep_alive` of silence.
+struct EventBody {
+    events: BoxStream<'static, (String, Value)>,
+    keep_alive: Option<(Duration, Pin<Box<Sleep>>)>,
+    done: bool,
+    _in_flight: InFlight,
+}
+
+impl EventBody {
+    fn new(
+        events: BoxStream<'static, (String, Value)>,
+        keep_alive: Duration,
+        in_flight: InFlight,
+    ) -> Self {
+        let keep_alive =
+            (!keep_alive.is_zero()).then(|| (keep_alive, Box::pin(tokio::time::sleep(keep_alive))));
+        Self {
+            events,
+            keep_alive,
+            done: false,
+            _in_flight: in_flight,
+        }
+    }
+}
+
+fn event(id: &str, message: &Value) -> Bytes {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(b"id: ");
+    out.extend_from_slice(id.as_bytes());
+    out.extend_from_slice(b"\nevent: message\ndata: ");
+    if serde_json::to_writer(&mut out, message).is_err() {
+        out.extend_from_slice(b"null");
+    }
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+impl Stream for EventBody {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match self.events.poll_next_unpin(cx) {
+            Poll::Ready(Some((id, message))) => {
+                if let Some((period, sleep)) = &mut self.keep_alive {
+                    sleep.as_mut().reset(tokio::time::Instant::now() + *period);
+                }
+                return Poll::Ready(Some(Ok(event(&id, &message))));
+            }
+            Poll::Ready(None) => {
+                self.done = true;
+                return Poll::Ready(None);
+            }
+            Poll::Pending => {}
+        }
+        if let Some((period, sleep)) = &mut self.keep_alive
+            && sleep.as_mut().poll(cx).is_ready()
+        {
+            let next = tokio::time::Instant::now() + *period;
+            sleep.as_mut().reset(next);
+            return Poll::Ready(Some(Ok(Bytes::from_static(b": keep-alive\n\n"))));
+        }
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_initialize_or_a_session_is_legacy() {
+        let none = HeaderMap::new();
+        let init = br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25"}}"#;
+        assert!(is_legacy_post(&none, init).is_some());
+        let modern_init = br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
+        assert!(is_legacy_post(&none, modern_init).is_none());
+        let list = br#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+        assert!(is_legacy_post(&none, list).is_none());
+        let mut with = HeaderMap::new();
+        with.insert(SESSION_HEADER, HeaderValue::from_static("mcs1.x.y"));
+        assert!(is_legacy_post(&with, list).is_some());
+        let modern = br#"{"jsonrpc":"2.0","id":2,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
+        assert!(is_legacy_post(&with, modern).is_none());
+        let discover = br#"{"jsonrpc":"2.0","id":2,"method":"server/discover"}"#;
+        assert!(is_legacy_post(&with, discover).is_none());
+    }
+
+    #[test]
+    fn events_carry_their_id() {
+        let e = event("3-7", &serde_json::json!({"a":1}));
+        assert_eq!(&e[..], b"id: 3-7\nevent: message\ndata: {\"a\":1}\n\n");
+    }
+}
