@@ -8,6 +8,7 @@
 //! hand it JSON-RPC messages with [`Runtime::handle_message`], and [`Runtime::shutdown`] it.
 
 pub mod actor;
+pub mod admin;
 pub mod auth;
 pub mod catalog;
 #[cfg(feature = "client")]

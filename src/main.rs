@@ -14,6 +14,7 @@ use mcp_tasks::{Owner, Runtime, RuntimeBuilder, demo, fixtures};
 
 #[cfg(feature = "client")]
 mod cli;
+mod cli_store;
 
 #[derive(Parser)]
 #[command(name = "mcp-tasks", version, about = "Durable tasks for MCP servers")]
@@ -41,6 +42,9 @@ enum Command {
     },
     /// Serve MCP (`2026-07-28`, Tasks extension) on Streamable HTTP, or on stdio.
     Serve(Box<ServeArgs>),
+    /// Operate a store: stats, list, show, backup, compact, verify, migrate, purge.
+    #[command(subcommand, after_help = cli_store::EXIT_CODES)]
+    Store(cli_store::StoreCommand),
     /// Client commands: tools, call, get, watch, answer, cancel.
     #[cfg(feature = "client")]
     #[command(flatten)]
@@ -56,6 +60,10 @@ struct ServeArgs {
     /// a PostgreSQL database shared by several replicas, `postgres://USER@HOST:PORT/DB`.
     #[arg(long, value_name = "PATH|URL", default_value = "mcp-tasks.redb")]
     store: String,
+    /// With a redb store: do not listen on the admin socket `<store>.admin.sock`, through which
+    /// `mcp-tasks store stats|list|show|verify|backup` read the store while the server runs.
+    #[arg(long)]
+    no_admin_socket: bool,
     /// With a PostgreSQL store: this replica's node id (default: a random one, logged).
     #[arg(long, value_name = "NAME")]
     node_id: Option<String>,
@@ -251,6 +259,7 @@ fn main() -> ExitCode {
     let default_filter = match cli.command {
         Command::Demo { .. } => "warn",
         Command::Serve(_) => "info",
+        Command::Store(_) => "warn",
         #[cfg(feature = "client")]
         Command::Client(_) => "warn",
     };
@@ -282,6 +291,7 @@ fn main() -> ExitCode {
             Command::Demo { verbose, store, .. } => run_demo(verbose, store).await,
             Command::Serve(args) if args.stdio => serve_stdio(*args).await,
             Command::Serve(args) => serve_http(*args).await,
+            Command::Store(command) => cli_store::run(command).await,
             #[cfg(feature = "client")]
             Command::Client(command) => cli::run(command).await,
         }
@@ -432,7 +442,9 @@ fn builder(args: &ServeArgs, builder: RuntimeBuilder, node: Option<String>) -> R
     }
 }
 
-async fn start(args: &ServeArgs) -> Option<Runtime> {
+async fn start(
+    args: &ServeArgs,
+) -> Option<(Runtime, Option<mcp_tasks::admin::socket::AdminSocket>)> {
     let (base, node) = match store_builder(args).await {
         Ok(opened) => opened,
         Err(e) => {
@@ -441,7 +453,20 @@ async fn start(args: &ServeArgs) -> Option<Runtime> {
         }
     };
     match builder(args, base, node).start().await {
-        Ok(runtime) => Some(runtime),
+        Ok(runtime) => {
+            let admin = if args.no_admin_socket {
+                None
+            } else {
+                match runtime.admin_socket() {
+                    Ok(socket) => socket,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no admin socket: `mcp-tasks store` commands cannot read the store while this server runs");
+                        None
+                    }
+                }
+            };
+            Some((runtime, admin))
+        }
         Err(e) => {
             eprintln!("error: {e}");
             None
@@ -465,7 +490,7 @@ async fn serve_http(args: ServeArgs) -> ExitCode {
         Ok(addr) => addr.to_string(),
         Err(_) => args.listen.clone(),
     };
-    let Some(runtime) = start(&args).await else {
+    let Some((runtime, _admin)) = start(&args).await else {
         return ExitCode::FAILURE;
     };
     let mut config = http::HttpConfig::default();
@@ -515,7 +540,7 @@ async fn serve_stdio(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let Some(runtime) = start(&args).await else {
+    let Some((runtime, _admin)) = start(&args).await else {
         return ExitCode::FAILURE;
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

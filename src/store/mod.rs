@@ -34,6 +34,7 @@ pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{Lease, PostgresOptions, PostgresStore};
 pub use redb_store::RedbStore;
+pub(crate) use redb_store::schema as redb_schema;
 
 /// The meta key of the boot epoch (u64, little endian), incremented by every [`Store::open`].
 pub const META_BOOT_EPOCH: &str = "boot_epoch";
@@ -275,6 +276,11 @@ pub trait TaskStore: Send + Sync + 'static {
     /// the store's, not a local actor's snapshot, and writes are fenced by leases.
     fn is_shared(&self) -> bool {
         false
+    }
+    /// The redb store, when this is one (store administration reads it through its own
+    /// read transactions).
+    fn as_redb(&self) -> Option<&RedbStore> {
+        None
     }
     /// This process's node id on a shared store.
     fn node_id(&self) -> Option<&str> {

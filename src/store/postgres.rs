@@ -760,6 +760,33 @@ async fn heartbeat(inner: std::sync::Weak<Inner>) {
 }
 
 /// Creates `schema` if it does not exist, on a connection of its own.
+/// Creates or migrates the schema of the database at `url` exactly as a server's open does
+/// (and bumps its boot epoch), without registering a node: `mcp-tasks store migrate` prepares
+/// its target with it.
+pub(crate) async fn prepare_schema(url: &str) -> Result<(), StoreError> {
+    let config = tokio_postgres::Config::from_str(url).map_err(|e| StoreError::Open {
+        path: "postgres://…".into(),
+        detail: format!("the PostgreSQL URL does not parse: {e}"),
+    })?;
+    let label = redact(&config);
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager)
+        .max_size(1)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .build()
+        .map_err(|e| StoreError::Open {
+            path: label.clone().into(),
+            detail: e.to_string(),
+        })?;
+    migrate(&pool, &label).await.map(drop)
+}
+
 async fn create_schema(config: &tokio_postgres::Config, schema: &str) -> Result<(), String> {
     let (client, connection) = config.connect(NoTls).await.map_err(|e| pg_detail(&e))?;
     let conn = tokio::spawn(connection);

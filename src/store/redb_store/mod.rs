@@ -23,7 +23,7 @@
 
 mod read;
 mod recovery;
-mod schema;
+pub(crate) mod schema;
 mod writer;
 
 #[cfg(test)]
@@ -395,6 +395,10 @@ pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl crate::store::TaskStore for RedbStore {
+    fn as_redb(&self) -> Option<&RedbStore> {
+        Some(self)
+    }
+
     fn describe(&self) -> String {
         self.inner.path.display().to_string()
     }

@@ -115,6 +115,16 @@ impl RedbStore {
         .await
     }
 
+    /// Runs `f` in one read transaction on the blocking pool (store administration reads the
+    /// running server's store through it: see `admin::socket`).
+    pub(crate) async fn read_txn<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&redb::ReadTransaction) -> Result<T, redb::Error> + Send + 'static,
+    {
+        self.read(f).await
+    }
+
     /// Runs a read transaction on the blocking pool.
     async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
     where

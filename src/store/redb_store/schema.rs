@@ -12,17 +12,17 @@ use super::panic_message;
 use crate::store::{BackendFactory, META_BOOT_EPOCH, StoreError};
 
 /// id → snapshot bytes.
-pub(super) const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
+pub(crate) const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
 /// ids of non-terminal tasks.
-pub(super) const LIVE: TableDefinition<&str, ()> = TableDefinition::new("live");
+pub(crate) const LIVE: TableDefinition<&str, ()> = TableDefinition::new("live");
 /// (due_ms, id) for the expiry reaper.
-pub(super) const DUE: TableDefinition<(u64, &str), ()> = TableDefinition::new("due");
+pub(crate) const DUE: TableDefinition<(u64, &str), ()> = TableDefinition::new("due");
 /// id → due_ms, the reverse of [`DUE`].
-pub(super) const DUE_BY_ID: TableDefinition<&str, u64> = TableDefinition::new("due_by_id");
+pub(crate) const DUE_BY_ID: TableDefinition<&str, u64> = TableDefinition::new("due_by_id");
 /// id → sequence number of the stored snapshot, for conditional writes ([`Expect`]).
-pub(super) const SEQ: TableDefinition<&str, u64> = TableDefinition::new("seq");
+pub(crate) const SEQ: TableDefinition<&str, u64> = TableDefinition::new("seq");
 /// Free-form metadata.
-pub(super) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
 /// Where the bytes of a store live.
 #[derive(Clone)]
@@ -326,7 +326,7 @@ pub(super) fn open_database(
 }
 
 /// Creates an empty file that only its owner can read and write (`0600` on Unix).
-pub(super) fn create_private_file(path: &Path) -> std::io::Result<()> {
+pub(crate) fn create_private_file(path: &Path) -> std::io::Result<()> {
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);
     #[cfg(unix)]
@@ -356,7 +356,7 @@ pub(super) fn warn_if_readable_by_others(path: &Path) {
 /// Creates a new store file so that a crash never leaves a half-initialised one at `path`:
 /// the database is initialised (tables created, committed durably) in a temporary file beside
 /// it, which is then renamed into place, and the directory is fsynced.
-pub(super) fn create_atomically(path: &Path) -> Result<(), StoreError> {
+pub(crate) fn create_atomically(path: &Path) -> Result<(), StoreError> {
     let open_err = |detail: String| StoreError::Open {
         path: path.to_path_buf(),
         detail,

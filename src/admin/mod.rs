@@ -1,0 +1,997 @@
+//! Operating a store without writing code: `mcp-tasks store …`.
+//!
+//! An operator's view of what a store holds — counts by status and tool, one task in full,
+//! lists with filters — and the care it needs: a consistent backup while the server runs,
+//! compaction, an integrity check, migration between redb and PostgreSQL, purging what an
+//! operator decides must go. This is deliberately not a protocol method (the MCP Tasks
+//! extension has no `tasks/list` for clients): it reads the store directly.
+//!
+//! How each backend is reached:
+//!
+//! - **redb, no server running:** the file is opened read-only (a shared lock) for the reading
+//!   commands, and writable for `compact`, `purge`, `verify`'s integrity check and a
+//!   migration's target. Nothing is changed by a reading command.
+//! - **redb held by a running server:** redb lets one process hold the file, so the reading
+//!   commands (`stats`, `list`, `show`, `verify` without the page check, `backup`) go through
+//!   the server's admin socket, `<store>.admin.sock` beside the file (see [`socket`]): the
+//!   server runs them in read transactions of its own, which never block its writer. Commands
+//!   that write (`compact`, `purge`, migrating from or to the file) refuse while it is held.
+//! - **PostgreSQL:** read directly with one connection; `purge` and `migrate` refuse while a
+//!   node's heartbeat is fresh (a replica could be running the tasks).
+
+mod pg;
+mod redb;
+pub mod socket;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::persist;
+use crate::store::StoreError;
+use crate::task::TaskRecord;
+
+/// Where a store is: a redb file or a PostgreSQL database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Location {
+    /// A redb file.
+    Redb(PathBuf),
+    /// A PostgreSQL URL (`postgres://` or `postgresql://`).
+    Postgres(String),
+}
+
+impl Location {
+    /// A `postgres://…` or `postgresql://…` URL, else a path to a redb file.
+    pub fn parse(s: &str) -> Location {
+        if s.starts_with("postgres://") || s.starts_with("postgresql://") {
+            Location::Postgres(s.to_owned())
+        } else {
+            Location::Redb(PathBuf::from(s))
+        }
+    }
+
+    /// The location as it may be printed (a URL without its password).
+    pub fn display(&self) -> String {
+        match self {
+            Location::Redb(p) => p.display().to_string(),
+            Location::Postgres(url) => redact_url(url),
+        }
+    }
+}
+
+/// A URL without the password of its user info.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((user_info, host)) => {
+            let user = user_info.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}@{host}{tail}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// Errors of the store administration commands. Each is one line an operator can act on;
+/// nothing was modified when one is returned (unless it says otherwise).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdminError {
+    /// No file at the path.
+    #[error("{}: no such store file", .0.display())]
+    NotFound(PathBuf),
+    /// The file exists but is not an mcp-tasks store.
+    #[error("{path} is not an mcp-tasks store: {detail}")]
+    NotAStore {
+        /// The location.
+        path: String,
+        /// Why.
+        detail: String,
+    },
+    /// A running server holds the store and the command needs it for itself (or the server
+    /// has no admin socket).
+    #[error("{path} is held by a running mcp-tasks server: {detail}")]
+    InUse {
+        /// The location.
+        path: String,
+        /// What to do.
+        detail: String,
+    },
+    /// The store was written by a newer mcp-tasks.
+    #[error(
+        "{store} has schema version {found}, newer than the {supported} this build supports; upgrade mcp-tasks (nothing was changed)"
+    )]
+    SchemaTooNew {
+        /// The location.
+        store: String,
+        /// The version found.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
+    /// No task with this id.
+    #[error("no task {0} in this store")]
+    NoSuchTask(String),
+    /// A bad argument (a malformed id, a target that exists, …).
+    #[error("{0}")]
+    Invalid(String),
+    /// The store failed underneath.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// redb failed.
+    #[error("{path}: {detail}")]
+    Redb {
+        /// The file.
+        path: String,
+        /// redb's message.
+        detail: String,
+    },
+    /// PostgreSQL failed.
+    #[error("{store}: {detail}")]
+    Postgres {
+        /// The redacted URL.
+        store: String,
+        /// The server's message.
+        detail: String,
+    },
+    /// The running server refused or failed the request (its message).
+    #[error("the running server: {0}")]
+    Remote(String),
+    /// The admin socket of a running server failed.
+    #[error("the admin socket {}: {detail}", path.display())]
+    Socket {
+        /// The socket path.
+        path: PathBuf,
+        /// What failed.
+        detail: String,
+    },
+    /// This build lacks what the command needs.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// Which tasks a `list` or `purge` selects. Empty fields select everything.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Filter {
+    /// Any of these statuses (wire spelling: `working`, `input_required`, `completed`,
+    /// `failed`, `cancelled`).
+    #[serde(default)]
+    pub status: Vec<String>,
+    /// This tool.
+    #[serde(default)]
+    pub tool: Option<String>,
+    /// This tenant (of the task's owner).
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// Created more than this long ago (milliseconds).
+    #[serde(default)]
+    pub older_than_ms: Option<u64>,
+    /// At most this many tasks (`list`: a page; the default is 100).
+    #[serde(default)]
+    pub limit: Option<usize>,
+    /// Only ids after this one (the `next` cursor of the previous page).
+    #[serde(default)]
+    pub after: Option<String>,
+}
+
+impl Filter {
+    fn matches(&self, record: &TaskRecord, now_ms: u64) -> bool {
+        (self.status.is_empty() || self.status.iter().any(|s| s == record.status.as_str()))
+            && self.tool.as_ref().is_none_or(|t| *t == record.tool)
+            && self
+                .tenant
+                .as_ref()
+                .is_none_or(|t| *t == record.owner.tenant)
+            && self
+                .older_than_ms
+                .is_none_or(|age| now_ms.saturating_sub(record.created_at_ms) > age)
+    }
+}
+
+/// One stored task as the store keeps it.
+#[derive(Debug, Clone)]
+pub(crate) struct Row {
+    pub(crate) id: String,
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) due_ms: Option<u64>,
+    /// In the live index.
+    pub(crate) live: bool,
+    /// The stored sequence number (compare-and-set).
+    pub(crate) seq: Option<u64>,
+    pub(crate) lease: Option<Lease>,
+}
+
+/// Who holds a task on a shared (PostgreSQL) store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The node that runs the task (`None`: unclaimed, any node may take it).
+    pub node: Option<String>,
+    /// The lease epoch: bumped by every claim; writes are fenced on it.
+    pub epoch: u64,
+}
+
+/// One line of `store list`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskSummary {
+    /// The task id.
+    pub id: String,
+    /// Its status (`working`, `input_required`, …).
+    pub status: String,
+    /// Its tool.
+    pub tool: String,
+    /// Its owner's tenant.
+    pub tenant: String,
+    /// Created, in milliseconds since the Unix epoch.
+    pub created_at_ms: u64,
+    /// Last updated, in milliseconds since the Unix epoch.
+    pub last_updated_at_ms: u64,
+    /// Its sequence number.
+    pub seq: u64,
+    /// The status message, if any.
+    pub status_message: Option<String>,
+}
+
+impl TaskSummary {
+    fn of(record: &TaskRecord) -> Self {
+        Self {
+            id: record.id.to_string(),
+            status: record.status.as_str().to_owned(),
+            tool: record.tool.clone(),
+            tenant: record.owner.tenant.clone(),
+            created_at_ms: record.created_at_ms,
+            last_updated_at_ms: record.last_updated_at_ms,
+            seq: record.seq,
+            status_message: record.status_message.clone(),
+        }
+    }
+}
+
+/// A page of `store list`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ListPage {
+    /// The tasks, by id.
+    pub tasks: Vec<TaskSummary>,
+    /// Pass as `after` (`--after`) for the next page; `None` at the end.
+    pub next: Option<String>,
+    /// Records of the scanned range that do not decode (see `store verify`).
+    pub undecodable: Vec<String>,
+}
+
+/// `store show`: one task in full.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskDetail {
+    /// The summary line.
+    pub summary: TaskSummary,
+    /// The owner (tenant and principal).
+    pub owner: Value,
+    /// The snapshot encoding version of the stored bytes.
+    pub snapshot_version: u32,
+    /// Bytes of the stored snapshot.
+    pub snapshot_bytes: usize,
+    /// The arguments of the call.
+    pub arguments: Value,
+    /// Time to live from creation (ms); `None` = unlimited.
+    pub ttl_ms: Option<u64>,
+    /// When it expires (ms since the epoch).
+    pub expires_at_ms: Option<u64>,
+    /// When the reaper next looks at it (ms since the epoch).
+    pub due_ms: Option<u64>,
+    /// Runs of the tool since the task last made progress (the restart budget counts them).
+    pub attempts: u32,
+    /// Whether a client asked for cancellation.
+    pub cancel_requested: bool,
+    /// Committed steps, by name, with their recorded results. A step's idempotency key is
+    /// (task id, step name, attempt); the attempt a step committed in is not recorded, so
+    /// `attempts` is the run count of the current run.
+    pub journal: BTreeMap<String, Value>,
+    /// Every input key ever issued.
+    pub input_keys_issued: Vec<String>,
+    /// Keys still waiting for an answer, with their requests.
+    pub input_requests_pending: BTreeMap<String, Value>,
+    /// Answers received, by key.
+    pub input_answers: BTreeMap<String, Value>,
+    /// The outcome of a finished task (its result or error).
+    pub outcome: Option<Value>,
+    /// The lease on a shared store.
+    pub lease: Option<Lease>,
+}
+
+/// `store stats`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct StatsReport {
+    /// `redb` or `postgres`.
+    pub backend: String,
+    /// The location (a URL without password).
+    pub location: String,
+    /// Whether the figures came from a running server (its admin socket).
+    pub via_server: bool,
+    /// Schema version (PostgreSQL migrations) or table layout version (redb).
+    pub schema_version: i64,
+    /// Snapshot encoding versions of the stored records, with their counts.
+    pub snapshot_versions: BTreeMap<String, u64>,
+    /// The boot epoch (incremented by every open by a server).
+    pub boot_epoch: Option<u64>,
+    /// Stored tasks.
+    pub tasks: u64,
+    /// By status.
+    pub by_status: BTreeMap<String, u64>,
+    /// By tool.
+    pub by_tool: BTreeMap<String, u64>,
+    /// Non-terminal tasks.
+    pub live: u64,
+    /// Live tasks past their expiry (the reaper fails them at its next pass).
+    pub due_for_expiry: u64,
+    /// Finished tasks whose reaper entry is due (deleted at the reaper's next pass).
+    pub due_for_deletion: u64,
+    /// The oldest live task.
+    pub oldest_live: Option<OldestLive>,
+    /// Records that do not decode.
+    pub undecodable: u64,
+    /// Bytes of all stored snapshots.
+    pub snapshot_bytes: u64,
+    /// redb: the file; PostgreSQL: table sizes.
+    pub space: Space,
+    /// Nodes known to a shared store, with the age of their last heartbeat.
+    pub nodes: Vec<NodeInfo>,
+}
+
+/// The oldest live task.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct OldestLive {
+    /// Its id.
+    pub id: String,
+    /// Created (ms since the epoch).
+    pub created_at_ms: u64,
+    /// Its status.
+    pub status: String,
+}
+
+/// Space used by a store.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Space {
+    /// redb: the file size.
+    pub file_bytes: Option<u64>,
+    /// redb: bytes in pages that tables use (the rest of the file is free or redb's own).
+    pub used_bytes: Option<u64>,
+    /// redb: `file_bytes - used_bytes`, what `store compact` can give back at most.
+    pub free_bytes: Option<u64>,
+    /// PostgreSQL: total size of each table (with indexes and TOAST).
+    pub tables: BTreeMap<String, u64>,
+}
+
+/// A node of a shared store.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// The node id.
+    pub node: String,
+    /// Seconds since its last heartbeat.
+    pub heartbeat_age_s: f64,
+    /// Live tasks it holds.
+    pub live_tasks: u64,
+}
+
+/// `store verify`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct VerifyReport {
+    /// Records read.
+    pub records: u64,
+    /// Ids of records that do not decode, with why.
+    pub undecodable: BTreeMap<String, String>,
+    /// Index entries that name no stored task, or stored tasks missing from an index.
+    pub index_problems: Vec<String>,
+    /// Whether redb's page checksums were verified (needs the file for itself: not while a
+    /// server holds it).
+    pub pages_checked: bool,
+    /// What redb's check found (`None` when it passed or did not run).
+    pub pages_problem: Option<String>,
+}
+
+impl VerifyReport {
+    /// No problem found.
+    pub fn is_clean(&self) -> bool {
+        self.undecodable.is_empty()
+            && self.index_problems.is_empty()
+            && self.pages_problem.is_none()
+    }
+}
+
+/// `store backup`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct BackupReport {
+    /// The copy.
+    pub to: String,
+    /// Tasks copied.
+    pub tasks: u64,
+    /// Meta entries copied.
+    pub meta: u64,
+    /// Size of the copy.
+    pub bytes: u64,
+    /// Whether a running server made it (in one of its read transactions).
+    pub via_server: bool,
+}
+
+/// `store compact`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CompactReport {
+    /// File size before.
+    pub before_bytes: u64,
+    /// File size after.
+    pub after_bytes: u64,
+}
+
+/// `store migrate`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MigrateReport {
+    /// The source.
+    pub from: String,
+    /// The target.
+    pub to: String,
+    /// Tasks written to the target (new or replaced).
+    pub tasks: u64,
+    /// Of them, live (resumable on the target).
+    pub live: u64,
+    /// Meta entries carried over.
+    pub meta: u64,
+    /// Tasks the target already held byte-identical (a re-run).
+    pub unchanged: u64,
+}
+
+/// `store purge`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PurgeReport {
+    /// The tasks selected (removed unless `dry_run`).
+    pub tasks: Vec<TaskSummary>,
+    /// Whether nothing was removed.
+    pub dry_run: bool,
+}
+
+/// The default page of `store list`.
+pub const DEFAULT_LIST_LIMIT: usize = 100;
+/// Records read per batch when scanning.
+const SCAN_BATCH: usize = 1024;
+
+/// A store opened for reading.
+pub(crate) enum Reader {
+    Redb(redb::RedbReader),
+    #[cfg(feature = "postgres")]
+    Postgres(pg::PgReader),
+}
+
+impl Reader {
+    async fn scan(&self, after: Option<String>, limit: usize) -> Result<Vec<Row>, AdminError> {
+        match self {
+            Reader::Redb(r) => r.scan(after, limit).await,
+            #[cfg(feature = "postgres")]
+            Reader::Postgres(r) => r.scan(after, limit).await,
+        }
+    }
+
+    async fn row(&self, id: &str) -> Result<Option<Row>, AdminError> {
+        match self {
+            Reader::Redb(r) => r.row(id).await,
+            #[cfg(feature = "postgres")]
+            Reader::Postgres(r) => r.row(id).await,
+        }
+    }
+
+    /// Backend facts: everything of [`StatsReport`] that is not counted from the records.
+    async fn facts(&self, now_ms: u64) -> Result<StatsReport, AdminError> {
+        match self {
+            Reader::Redb(r) => r.facts(now_ms).await,
+            #[cfg(feature = "postgres")]
+            Reader::Postgres(r) => r.facts(now_ms).await,
+        }
+    }
+}
+
+/// What a command does with a redb file that a running server holds.
+enum WhenHeld {
+    /// Ask the server through its admin socket.
+    AskServer,
+    /// Refuse (the command needs the file for itself).
+    Refuse(&'static str),
+}
+
+/// Opens `location` for reading; `Ok(None)` when a running server holds the redb file (ask it
+/// through its socket).
+async fn open_reader(location: &Location) -> Result<Option<Reader>, AdminError> {
+    match location {
+        Location::Redb(path) => match redb::RedbReader::open(path).await {
+            Ok(r) => Ok(Some(Reader::Redb(r))),
+            Err(AdminError::InUse { .. }) => Ok(None),
+            Err(e) => Err(e),
+        },
+        Location::Postgres(url) => open_pg(url).await.map(Some),
+    }
+}
+
+#[cfg(feature = "postgres")]
+async fn open_pg(url: &str) -> Result<Reader, AdminError> {
+    Ok(Reader::Postgres(pg::PgReader::connect(url).await?))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn open_pg(_url: &str) -> Result<Reader, AdminError> {
+    Err(AdminError::Unsupported(
+        "this build has no PostgreSQL support (cargo feature `postgres`)".into(),
+    ))
+}
+
+fn held(location: &Location, when: WhenHeld) -> AdminError {
+    let path = location.display();
+    match when {
+        WhenHeld::AskServer => AdminError::InUse {
+            path,
+            detail: "it has no admin socket to answer through; stop the server or start it with its admin socket".into(),
+        },
+        WhenHeld::Refuse(what) => AdminError::InUse {
+            path,
+            detail: format!("{what} needs the file for itself; stop the server first (nothing was changed)"),
+        },
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Decodes a stored snapshot for reporting.
+fn decode(row: &Row) -> Result<TaskRecord, String> {
+    persist::decode(&row.bytes).map_err(|e| e.to_string())
+}
+
+/// `store stats`.
+pub async fn stats(location: &Location) -> Result<StatsReport, AdminError> {
+    match open_reader(location).await? {
+        Some(reader) => stats_of(&reader, now_ms()).await,
+        None => socket::ask(location, socket::Request::Stats).await,
+    }
+}
+
+pub(crate) async fn stats_of(reader: &Reader, now_ms: u64) -> Result<StatsReport, AdminError> {
+    let mut report = reader.facts(now_ms).await?;
+    let mut after = None;
+    loop {
+        let rows = reader.scan(after.clone(), SCAN_BATCH).await?;
+        let Some(last) = rows.last() else { break };
+        after = Some(last.id.clone());
+        for row in &rows {
+            report.tasks += 1;
+            report.snapshot_bytes += row.bytes.len() as u64;
+            match persist::snapshot_version(&row.bytes) {
+                Ok(v) => *report.snapshot_versions.entry(v.to_string()).or_default() += 1,
+                Err(_) => {
+                    *report
+                        .snapshot_versions
+                        .entry("unknown".into())
+                        .or_default() += 1
+                }
+            }
+            let Ok(record) = decode(row) else {
+                report.undecodable += 1;
+                continue;
+            };
+            *report
+                .by_status
+                .entry(record.status.as_str().to_owned())
+                .or_default() += 1;
+            *report.by_tool.entry(record.tool.clone()).or_default() += 1;
+            let due = row.due_ms.is_some_and(|d| d <= now_ms);
+            if record.status.is_terminal() {
+                report.due_for_deletion += u64::from(due);
+            } else {
+                report.live += 1;
+                report.due_for_expiry += u64::from(record.is_expired(now_ms));
+                let older = report
+                    .oldest_live
+                    .as_ref()
+                    .is_none_or(|o| record.created_at_ms < o.created_at_ms);
+                if older {
+                    report.oldest_live = Some(OldestLive {
+                        id: row.id.clone(),
+                        created_at_ms: record.created_at_ms,
+                        status: record.status.as_str().to_owned(),
+                    });
+                }
+            }
+        }
+        if rows.len() < SCAN_BATCH {
+            break;
+        }
+    }
+    Ok(report)
+}
+
+/// `store list`.
+pub async fn list(location: &Location, filter: &Filter) -> Result<ListPage, AdminError> {
+    match open_reader(location).await? {
+        Some(reader) => list_of(&reader, filter, now_ms()).await,
+        None => socket::ask(location, socket::Request::List(filter.clone())).await,
+    }
+}
+
+pub(crate) async fn list_of(
+    reader: &Reader,
+    filter: &Filter,
+    now_ms: u64,
+) -> Result<ListPage, AdminError> {
+    let limit = filter.limit.unwrap_or(DEFAULT_LIST_LIMIT).max(1);
+    let mut page = ListPage::default();
+    let mut after = filter.after.clone();
+    loop {
+        let rows = reader.scan(after.clone(), SCAN_BATCH).await?;
+        let Some(last) = rows.last() else {
+            return Ok(page);
+        };
+        after = Some(last.id.clone());
+        let full = rows.len() == SCAN_BATCH;
+        for row in rows {
+            match decode(&row) {
+                Ok(record) if filter.matches(&record, now_ms) => {
+                    page.tasks.push(TaskSummary::of(&record));
+                    if page.tasks.len() == limit {
+                        page.next = Some(row.id);
+                        return Ok(page);
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => page.undecodable.push(row.id),
+            }
+        }
+        if !full {
+            return Ok(page);
+        }
+    }
+}
+
+/// `store show`.
+pub async fn show(location: &Location, id: &str) -> Result<TaskDetail, AdminError> {
+    match open_reader(location).await? {
+        Some(reader) => show_of(&reader, id).await,
+        None => socket::ask(location, socket::Request::Show(id.to_owned())).await,
+    }
+}
+
+pub(crate) async fn show_of(reader: &Reader, id: &str) -> Result<TaskDetail, AdminError> {
+    crate::task::TaskId::parse(id).map_err(|e| AdminError::Invalid(format!("{id}: {e}")))?;
+    let row = reader
+        .row(id)
+        .await?
+        .ok_or_else(|| AdminError::NoSuchTask(id.to_owned()))?;
+    let record = decode(&row).map_err(|e| {
+        AdminError::Invalid(format!("task {id} is stored but does not decode: {e}"))
+    })?;
+    Ok(TaskDetail {
+        summary: TaskSummary::of(&record),
+        owner: serde_json::json!({
+            "tenant": record.owner.tenant,
+            "principal": record.owner.principal,
+        }),
+        snapshot_version: persist::snapshot_version(&row.bytes).unwrap_or(0),
+        snapshot_bytes: row.bytes.len(),
+        arguments: record.arguments.clone(),
+        ttl_ms: record.ttl_ms,
+        expires_at_ms: record.expires_at_ms(),
+        due_ms: row.due_ms,
+        attempts: record.attempts,
+        cancel_requested: record.cancel_requested,
+        journal: record.journal.clone(),
+        input_keys_issued: record.issued_keys.iter().cloned().collect(),
+        input_requests_pending: record.pending_inputs.clone(),
+        input_answers: record.answers.clone(),
+        outcome: record.outcome.as_ref().map(|o| match o {
+            crate::task::Outcome::Result(result) => serde_json::json!({ "result": result }),
+            crate::task::Outcome::Error(e) => serde_json::json!({
+                "error": { "code": e.code, "message": e.message, "data": e.data }
+            }),
+        }),
+        lease: row.lease.clone(),
+    })
+}
+
+/// `store verify`: decodes every record and checks the indexes; on a redb file no server
+/// holds, also redb's page checksums.
+pub async fn verify(location: &Location) -> Result<VerifyReport, AdminError> {
+    if let Location::Redb(path) = location {
+        match redb::verify_offline(path).await {
+            Err(AdminError::InUse { .. }) => {
+                return socket::ask(location, socket::Request::Verify).await;
+            }
+            other => return other,
+        }
+    }
+    match open_reader(location).await? {
+        Some(reader) => verify_of(&reader).await,
+        None => Err(held(location, WhenHeld::AskServer)),
+    }
+}
+
+/// Decodes every record (the index checks are the backend's).
+pub(crate) async fn verify_of(reader: &Reader) -> Result<VerifyReport, AdminError> {
+    let mut report = VerifyReport::default();
+    let mut after = None;
+    loop {
+        let rows = reader.scan(after.clone(), SCAN_BATCH).await?;
+        let Some(last) = rows.last() else { break };
+        after = Some(last.id.clone());
+        for row in &rows {
+            report.records += 1;
+            match decode(row) {
+                Ok(record) if record.id.as_str() != row.id => {
+                    report.undecodable.insert(
+                        row.id.clone(),
+                        format!("the record names another id ({})", record.id),
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    report.undecodable.insert(row.id.clone(), e);
+                }
+            }
+        }
+        if rows.len() < SCAN_BATCH {
+            break;
+        }
+    }
+    if let Reader::Redb(r) = reader {
+        report.index_problems = r.index_problems().await?;
+    }
+    Ok(report)
+}
+
+/// `store backup`: a consistent copy of a redb store (one read transaction), verified by
+/// opening it. Works while a server runs (it makes the copy).
+pub async fn backup(location: &Location, to: &Path) -> Result<BackupReport, AdminError> {
+    let Location::Redb(path) = location else {
+        return Err(AdminError::Unsupported(
+            "store backup copies a redb file; back up PostgreSQL with pg_dump (or `store migrate` it to a redb file)".into(),
+        ));
+    };
+    if to.exists() {
+        return Err(AdminError::Invalid(format!(
+            "{} exists; a backup never overwrites a file",
+            to.display()
+        )));
+    }
+    match redb::RedbReader::open(path).await {
+        Ok(reader) => reader.backup(to).await,
+        Err(AdminError::InUse { .. }) => {
+            let to = std::path::absolute(to)
+                .map_err(|e| AdminError::Invalid(format!("{}: {e}", to.display())))?;
+            socket::ask(location, socket::Request::Backup(to)).await
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `store compact` (redb, offline).
+pub async fn compact(location: &Location) -> Result<CompactReport, AdminError> {
+    let Location::Redb(path) = location else {
+        return Err(AdminError::Unsupported(
+            "store compact applies to redb files; PostgreSQL reclaims space with VACUUM".into(),
+        ));
+    };
+    redb::compact(path).await
+}
+
+/// `store purge`: removes the selected tasks (or only lists them with `dry_run`). Refuses
+/// while a server holds a redb file or a replica heartbeats on PostgreSQL.
+pub async fn purge(
+    location: &Location,
+    filter: &Filter,
+    dry_run: bool,
+) -> Result<PurgeReport, AdminError> {
+    let now = now_ms();
+    let selected = match location {
+        Location::Redb(path) => {
+            let reader = match redb::RedbReader::open(path).await {
+                Ok(r) => r,
+                Err(AdminError::InUse { .. }) if dry_run => {
+                    return socket::ask(location, socket::Request::PurgeDryRun(filter.clone()))
+                        .await;
+                }
+                Err(AdminError::InUse { .. }) => {
+                    return Err(held(location, WhenHeld::Refuse("store purge")));
+                }
+                Err(e) => return Err(e),
+            };
+            select(&Reader::Redb(reader), filter, now).await?
+        }
+        Location::Postgres(_) => {
+            let reader = open_reader(location)
+                .await?
+                .ok_or_else(|| AdminError::Invalid("no reader for this store".into()))?;
+            #[cfg(feature = "postgres")]
+            if let Reader::Postgres(pg) = &reader
+                && !dry_run
+            {
+                pg.refuse_if_nodes_alive("store purge").await?;
+            }
+            select(&reader, filter, now).await?
+        }
+    };
+    let report = PurgeReport {
+        tasks: selected,
+        dry_run,
+    };
+    if dry_run || report.tasks.is_empty() {
+        return Ok(report);
+    }
+    let ids: Vec<String> = report.tasks.iter().map(|t| t.id.clone()).collect();
+    match location {
+        Location::Redb(path) => redb::delete(path, ids).await?,
+        Location::Postgres(url) => pg_delete(url, ids).await?,
+    }
+    Ok(report)
+}
+
+#[cfg(feature = "postgres")]
+async fn pg_delete(url: &str, ids: Vec<String>) -> Result<(), AdminError> {
+    pg::PgReader::connect(url).await?.delete(ids).await
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn pg_delete(_url: &str, _ids: Vec<String>) -> Result<(), AdminError> {
+    Err(AdminError::Unsupported(
+        "this build has no PostgreSQL support (cargo feature `postgres`)".into(),
+    ))
+}
+
+/// Every task `filter` selects (its `limit` caps them; `after` starts the scan).
+pub(crate) async fn select(
+    reader: &Reader,
+    filter: &Filter,
+    now_ms: u64,
+) -> Result<Vec<TaskSummary>, AdminError> {
+    let mut out = Vec::new();
+    let mut after = filter.after.clone();
+    loop {
+        let rows = reader.scan(after.clone(), SCAN_BATCH).await?;
+        let Some(last) = rows.last() else { break };
+        after = Some(last.id.clone());
+        for row in &rows {
+            if let Ok(record) = decode(row)
+                && filter.matches(&record, now_ms)
+            {
+                out.push(TaskSummary::of(&record));
+                if filter.limit.is_some_and(|l| out.len() >= l) {
+                    return Ok(out);
+                }
+            }
+        }
+        if rows.len() < SCAN_BATCH {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// Everything a store holds, for a migration: every task row and every meta entry.
+pub(crate) struct Dump {
+    pub(crate) rows: Vec<Row>,
+    pub(crate) meta: Vec<(String, Vec<u8>)>,
+}
+
+/// `store migrate`: copies every task (snapshot bytes verbatim, with its indexes) and every
+/// meta entry from one store to another. Idempotent: a re-run rewrites the same bytes.
+/// Refuses a redb file a server holds and a PostgreSQL database a replica heartbeats on (on
+/// either side). Live tasks arrive unclaimed on PostgreSQL (the first replica to start takes
+/// them over) and in the live index on redb (the next server resumes them).
+pub async fn migrate(from: &Location, to: &Location) -> Result<MigrateReport, AdminError> {
+    if from == to {
+        return Err(AdminError::Invalid(
+            "the source and the target are the same store".into(),
+        ));
+    }
+    let dump = match from {
+        Location::Redb(path) => redb::dump(path).await?,
+        Location::Postgres(url) => pg_dump(url).await?,
+    };
+    let mut report = MigrateReport {
+        from: from.display(),
+        to: to.display(),
+        meta: dump.meta.len() as u64,
+        ..MigrateReport::default()
+    };
+    let live = dump
+        .rows
+        .iter()
+        .filter(|r| decode(r).is_ok_and(|t| !t.status.is_terminal()))
+        .count();
+    report.live = live as u64;
+    let (written, unchanged) = match to {
+        Location::Redb(path) => redb::load(path, dump).await?,
+        Location::Postgres(url) => pg_load(url, dump).await?,
+    };
+    report.tasks = written;
+    report.unchanged = unchanged;
+    Ok(report)
+}
+
+#[cfg(feature = "postgres")]
+async fn pg_dump(url: &str) -> Result<Dump, AdminError> {
+    let reader = pg::PgReader::connect(url).await?;
+    reader.refuse_if_nodes_alive("store migrate").await?;
+    reader.dump().await
+}
+
+#[cfg(feature = "postgres")]
+async fn pg_load(url: &str, dump: Dump) -> Result<(u64, u64), AdminError> {
+    pg::load(url, dump).await
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn pg_dump(_url: &str) -> Result<Dump, AdminError> {
+    Err(AdminError::Unsupported(
+        "this build has no PostgreSQL support (cargo feature `postgres`)".into(),
+    ))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn pg_load(_url: &str, _dump: Dump) -> Result<(u64, u64), AdminError> {
+    Err(AdminError::Unsupported(
+        "this build has no PostgreSQL support (cargo feature `postgres`)".into(),
+    ))
+}
+
+/// A duration such as `90s`, `15m`, `2h`, `7d` or `250ms` (for `--older-than`).
+pub fn parse_age(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("`{s}`: give a unit (ms, s, m, h or d), e.g. 15m"))?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("`{s}`: expected a number followed by ms, s, m, h or d"))?;
+    let secs = match unit {
+        "ms" => return Ok(Duration::from_millis(n)),
+        "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3600),
+        "d" => n.saturating_mul(86_400),
+        _ => return Err(format!("`{s}`: unknown unit `{unit}` (ms, s, m, h or d)")),
+    };
+    Ok(Duration::from_secs(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_lose_their_password() {
+        assert_eq!(
+            redact_url("postgres://app:secret@db:5432/tasks"),
+            "postgres://app@db:5432/tasks"
+        );
+        assert_eq!(redact_url("postgres://db/tasks"), "postgres://db/tasks");
+        assert_eq!(
+            Location::parse("postgresql://u@h/d"),
+            Location::Postgres("postgresql://u@h/d".into())
+        );
+        assert_eq!(Location::parse("t.redb"), Location::Redb("t.redb".into()));
+    }
+
+    #[test]
+    fn ages_parse_with_units() {
+        assert_eq!(parse_age("15m").unwrap(), Duration::from_secs(900));
+        assert_eq!(parse_age("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_age("2d").unwrap(), Duration::from_secs(172_800));
+        assert!(parse_age("15").unwrap_err().contains("unit"));
+        assert!(parse_age("3w").unwrap_err().contains("unknown unit"));
+        assert!(parse_age("m").is_err());
+    }
+}

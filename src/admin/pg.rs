@@ -1,0 +1,341 @@
+//! The PostgreSQL side of store administration: one plain connection, reading the tables the
+//! PostgreSQL backend keeps (see `store::postgres`).
+#![cfg(feature = "postgres")]
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use tokio_postgres::{Client, NoTls};
+
+use super::{AdminError, Dump, Lease, NodeInfo, Row, Space, StatsReport, redact_url};
+use crate::store::META_BOOT_EPOCH;
+use crate::store::postgres::SCHEMA_VERSION;
+
+/// A node whose heartbeat is younger than this is taken to be running: writing commands
+/// refuse while one is (a replica could be running the tasks they would change).
+const ALIVE_WITHIN_SECS: f64 = 60.0;
+
+/// Rows per statement when loading.
+const LOAD_CHUNK: usize = 500;
+
+pub(crate) struct PgReader {
+    client: Client,
+    label: String,
+}
+
+fn pg_err(label: &str, e: &tokio_postgres::Error) -> AdminError {
+    let detail = match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => {
+            let mut s = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(inner) = source {
+                s.push_str(": ");
+                s.push_str(&inner.to_string());
+                source = inner.source();
+            }
+            s
+        }
+    };
+    AdminError::Postgres {
+        store: label.to_owned(),
+        detail,
+    }
+}
+
+fn to_u64(v: Option<i64>) -> Option<u64> {
+    v.map(|v| u64::try_from(v).unwrap_or(0))
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn row_of(r: &tokio_postgres::Row) -> Row {
+    Row {
+        id: r.get(0),
+        bytes: r.get(1),
+        live: r.get(2),
+        due_ms: to_u64(r.get(3)),
+        seq: to_u64(r.get(4)),
+        lease: Some(Lease {
+            node: r.get(5),
+            epoch: to_u64(Some(r.get::<_, i64>(6))).unwrap_or(0),
+        }),
+    }
+}
+
+const COLUMNS: &str = "id, bytes, live, due_ms, seq, owner_node, lease_epoch";
+
+impl PgReader {
+    /// Connects and checks that the database holds an mcp-tasks schema this build can read.
+    pub(crate) async fn connect(url: &str) -> Result<PgReader, AdminError> {
+        let label = redact_url(url);
+        let config = tokio_postgres::Config::from_str(url).map_err(|e| {
+            AdminError::Invalid(format!("{label}: the PostgreSQL URL does not parse: {e}"))
+        })?;
+        let (client, connection) = config
+            .connect(NoTls)
+            .await
+            .map_err(|e| pg_err(&label, &e))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "admin PostgreSQL connection ended");
+            }
+        });
+        let reader = PgReader { client, label };
+        reader.schema_version().await?;
+        Ok(reader)
+    }
+
+    async fn schema_version(&self) -> Result<i64, AdminError> {
+        let version: i64 = match self
+            .client
+            .query_one("SELECT coalesce(max(version), 0) FROM mcp_schema", &[])
+            .await
+        {
+            Ok(row) => row.get(0),
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+                return Err(AdminError::NotAStore {
+                    path: self.label.clone(),
+                    detail: "no mcp_schema table (no mcp-tasks server has used this database)"
+                        .into(),
+                });
+            }
+            Err(e) => return Err(pg_err(&self.label, &e)),
+        };
+        if version > SCHEMA_VERSION {
+            return Err(AdminError::SchemaTooNew {
+                store: self.label.clone(),
+                found: version,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        Ok(version)
+    }
+
+    pub(crate) async fn scan(
+        &self,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<Vec<Row>, AdminError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .client
+            .query(
+                &format!(
+                    "SELECT {COLUMNS} FROM mcp_tasks
+                     WHERE $1::text IS NULL OR id > $1 ORDER BY id LIMIT $2"
+                ),
+                &[&after, &limit],
+            )
+            .await
+            .map_err(|e| pg_err(&self.label, &e))?;
+        Ok(rows.iter().map(row_of).collect())
+    }
+
+    pub(crate) async fn row(&self, id: &str) -> Result<Option<Row>, AdminError> {
+        let row = self
+            .client
+            .query_opt(
+                &format!("SELECT {COLUMNS} FROM mcp_tasks WHERE id = $1"),
+                &[&id],
+            )
+            .await
+            .map_err(|e| pg_err(&self.label, &e))?;
+        Ok(row.as_ref().map(row_of))
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeInfo>, AdminError> {
+        let rows = self
+            .client
+            .query(
+                "SELECT n.node_id,
+                        extract(epoch FROM now() - n.heartbeat_at)::float8,
+                        (SELECT count(*) FROM mcp_tasks t WHERE t.live AND t.owner_node = n.node_id)
+                 FROM mcp_nodes n ORDER BY n.node_id",
+                &[],
+            )
+            .await
+            .map_err(|e| pg_err(&self.label, &e))?;
+        Ok(rows
+            .iter()
+            .map(|r| NodeInfo {
+                node: r.get(0),
+                heartbeat_age_s: r.get(1),
+                live_tasks: u64::try_from(r.get::<_, i64>(2)).unwrap_or(0),
+            })
+            .collect())
+    }
+
+    pub(crate) async fn facts(&self, _now_ms: u64) -> Result<StatsReport, AdminError> {
+        let schema_version = self.schema_version().await?;
+        let boot_epoch = self
+            .client
+            .query_opt(
+                "SELECT value FROM mcp_meta WHERE key = $1",
+                &[&META_BOOT_EPOCH],
+            )
+            .await
+            .map_err(|e| pg_err(&self.label, &e))?
+            .and_then(|r| <[u8; 8]>::try_from(r.get::<_, Vec<u8>>(0).as_slice()).ok())
+            .map(u64::from_le_bytes);
+        let sizes = self
+            .client
+            .query(
+                "SELECT t, pg_total_relation_size(t::regclass)
+                 FROM unnest(ARRAY['mcp_tasks', 'mcp_meta', 'mcp_nodes', 'mcp_schema']) AS t",
+                &[],
+            )
+            .await
+            .map_err(|e| pg_err(&self.label, &e))?;
+        let tables: BTreeMap<String, u64> = sizes
+            .iter()
+            .map(|r| (r.get(0), u64::try_from(r.get::<_, i64>(1)).unwrap_or(0)))
+            .collect();
+        Ok(StatsReport {
+            backend: "postgres".into(),
+            location: self.label.clone(),
+            schema_version,
+            boot_epoch,
+            space: Space {
+                tables,
+                ..Space::default()
+            },
+            nodes: self.nodes().await?,
+            ..StatsReport::default()
+        })
+    }
+
+    /// Refuses when a node heartbeat within the last minute.
+    pub(crate) async fn refuse_if_nodes_alive(&self, what: &str) -> Result<(), AdminError> {
+        let alive: Vec<String> = self
+            .nodes()
+            .await?
+            .into_iter()
+            .filter(|n| n.heartbeat_age_s < ALIVE_WITHIN_SECS)
+            .map(|n| n.node)
+            .collect();
+        if alive.is_empty() {
+            return Ok(());
+        }
+        Err(AdminError::InUse {
+            path: self.label.clone(),
+            detail: format!(
+                "{what} refuses while replicas run (heartbeat within {ALIVE_WITHIN_SECS} s: {}); stop them first (nothing was changed)",
+                alive.join(", ")
+            ),
+        })
+    }
+
+    pub(crate) async fn delete(&self, ids: Vec<String>) -> Result<(), AdminError> {
+        self.client
+            .execute("DELETE FROM mcp_tasks WHERE id = ANY($1)", &[&ids])
+            .await
+            .map_err(|e| pg_err(&self.label, &e))?;
+        Ok(())
+    }
+
+    pub(crate) async fn dump(&self) -> Result<Dump, AdminError> {
+        let rows = self
+            .client
+            .query(&format!("SELECT {COLUMNS} FROM mcp_tasks ORDER BY id"), &[])
+            .await
+            .map_err(|e| pg_err(&self.label, &e))?;
+        let meta = self
+            .client
+            .query("SELECT key, value FROM mcp_meta ORDER BY key", &[])
+            .await
+            .map_err(|e| pg_err(&self.label, &e))?;
+        Ok(Dump {
+            rows: rows.iter().map(row_of).collect(),
+            meta: meta.iter().map(|r| (r.get(0), r.get(1))).collect(),
+        })
+    }
+}
+
+/// Writes a dump into a PostgreSQL database (its schema created or migrated as a server
+/// would), in one transaction. Live tasks arrive unclaimed (`owner_node` NULL): the first
+/// replica to look for orphans takes them over and resumes them from their journal. Returns
+/// (tasks written, tasks already identical).
+pub(crate) async fn load(url: &str, dump: Dump) -> Result<(u64, u64), AdminError> {
+    let label = redact_url(url);
+    // The schema, exactly as a server creates it (versioned migrations).
+    crate::store::postgres::prepare_schema(url)
+        .await
+        .map_err(AdminError::Store)?;
+    let mut reader = PgReader::connect(url).await?;
+    reader.refuse_if_nodes_alive("store migrate").await?;
+    let tx = reader
+        .client
+        .transaction()
+        .await
+        .map_err(|e| pg_err(&label, &e))?;
+    let mut written = 0u64;
+    let mut unchanged = 0u64;
+    for chunk in dump.rows.chunks(LOAD_CHUNK) {
+        let ids: Vec<&str> = chunk.iter().map(|r| r.id.as_str()).collect();
+        let bytes: Vec<&[u8]> = chunk.iter().map(|r| r.bytes.as_slice()).collect();
+        let live: Vec<bool> = chunk.iter().map(|r| r.live).collect();
+        let due: Vec<Option<i64>> = chunk.iter().map(|r| r.due_ms.map(to_i64)).collect();
+        let seq: Vec<Option<i64>> = chunk.iter().map(|r| r.seq.map(to_i64)).collect();
+        let same: i64 = tx
+            .query_one(
+                "SELECT count(*) FROM mcp_tasks t
+                 JOIN unnest($1::text[], $2::bytea[]) AS u(id, bytes)
+                   ON t.id = u.id AND t.bytes = u.bytes",
+                &[&ids, &bytes],
+            )
+            .await
+            .map_err(|e| pg_err(&label, &e))?
+            .get(0);
+        tx.execute(
+            "INSERT INTO mcp_tasks (id, bytes, live, due_ms, seq, owner_node)
+             SELECT id, bytes, live, due_ms, seq, NULL
+             FROM unnest($1::text[], $2::bytea[], $3::bool[], $4::int8[], $5::int8[])
+                  AS u(id, bytes, live, due_ms, seq)
+             ON CONFLICT (id) DO UPDATE
+               SET bytes = EXCLUDED.bytes, live = EXCLUDED.live, due_ms = EXCLUDED.due_ms,
+                   seq = EXCLUDED.seq, owner_node = NULL, updated_at = now()",
+            &[&ids, &bytes, &live, &due, &seq],
+        )
+        .await
+        .map_err(|e| pg_err(&label, &e))?;
+        let same = u64::try_from(same).unwrap_or(0);
+        unchanged += same;
+        written += chunk.len() as u64 - same;
+    }
+    for (key, value) in &dump.meta {
+        if key == META_BOOT_EPOCH {
+            // Never move a boot epoch backwards: keep the larger one.
+            let theirs = <[u8; 8]>::try_from(value.as_slice())
+                .map(u64::from_le_bytes)
+                .unwrap_or(0);
+            let ours = tx
+                .query_opt("SELECT value FROM mcp_meta WHERE key = $1", &[key])
+                .await
+                .map_err(|e| pg_err(&label, &e))?
+                .and_then(|r| <[u8; 8]>::try_from(r.get::<_, Vec<u8>>(0).as_slice()).ok())
+                .map(u64::from_le_bytes)
+                .unwrap_or(0);
+            let epoch = theirs.max(ours).to_le_bytes().to_vec();
+            tx.execute(
+                "INSERT INTO mcp_meta (key, value) VALUES ($1, $2)
+                 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                &[key, &epoch],
+            )
+            .await
+            .map_err(|e| pg_err(&label, &e))?;
+        } else {
+            tx.execute(
+                "INSERT INTO mcp_meta (key, value) VALUES ($1, $2)
+                 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                &[key, value],
+            )
+            .await
+            .map_err(|e| pg_err(&label, &e))?;
+        }
+    }
+    tx.commit().await.map_err(|e| pg_err(&label, &e))?;
+    Ok((written, unchanged))
+}

@@ -1,0 +1,657 @@
+//! The redb side of store administration: reading a file (read-only when no server holds it,
+//! or through the running server's own database), and the offline writes (compact, purge,
+//! migration target).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use redb::{
+    Database, DatabaseError, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, ReadableTable,
+    ReadableTableMetadata, StorageError, TableError,
+};
+
+use super::{AdminError, BackupReport, CompactReport, Dump, Row, Space, StatsReport};
+use crate::store::META_BOOT_EPOCH;
+use crate::store::RedbStore;
+use crate::store::redb_schema::{DUE, DUE_BY_ID, LIVE, META, SEQ, TASKS, create_private_file};
+
+/// The table layout version of a redb store (this build writes no other).
+const LAYOUT_VERSION: i64 = 1;
+/// redb's default page size, used to turn page counts into bytes.
+const PAGE_SIZE: u64 = 4096;
+
+/// The database a reader reads.
+enum Db {
+    /// Opened read-only by this process (no server holds the file).
+    ReadOnly(Arc<ReadOnlyDatabase>),
+    /// Opened writable by this process: the file needed recovery, which a read-only open
+    /// cannot do, or the command writes.
+    Writable(Arc<Database>),
+    /// The running server's store (admin socket).
+    Server(RedbStore),
+}
+
+/// A redb store opened for reading.
+pub(crate) struct RedbReader {
+    path: PathBuf,
+    db: Db,
+}
+
+fn redb_err(path: &Path, e: impl std::fmt::Display) -> AdminError {
+    AdminError::Redb {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    }
+}
+
+/// Maps an error of opening a file to what the operator should hear.
+fn open_error(path: &Path, e: DatabaseError) -> AdminError {
+    let shown = path.display().to_string();
+    match e {
+        DatabaseError::DatabaseAlreadyOpen | DatabaseError::LockProtocolMismatch => {
+            AdminError::InUse {
+                path: shown,
+                detail: "another process has it open".into(),
+            }
+        }
+        DatabaseError::UpgradeRequired(v) => AdminError::NotAStore {
+            path: shown,
+            detail: format!("a redb file of an older format ({v}) this build cannot read"),
+        },
+        DatabaseError::Storage(StorageError::Corrupted(detail)) => AdminError::NotAStore {
+            path: shown,
+            detail: format!("not a redb database, or a damaged one ({detail})"),
+        },
+        DatabaseError::Storage(StorageError::Io(io))
+            if io.kind() == std::io::ErrorKind::InvalidData =>
+        {
+            AdminError::NotAStore {
+                path: shown,
+                detail: format!("not a redb database ({io})"),
+            }
+        }
+        other => redb_err(path, other),
+    }
+}
+
+/// Runs blocking redb work off the tokio workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, AdminError> + Send + 'static,
+) -> Result<T, AdminError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| AdminError::Invalid(format!("a blocking task failed: {e}")))?
+}
+
+fn check_exists(path: &Path) -> Result<(), AdminError> {
+    match path.try_exists() {
+        Ok(true) if path.is_file() => Ok(()),
+        Ok(true) => Err(AdminError::NotAStore {
+            path: path.display().to_string(),
+            detail: "not a file".into(),
+        }),
+        Ok(false) => Err(AdminError::NotFound(path.to_path_buf())),
+        Err(e) => Err(redb_err(path, e)),
+    }
+}
+
+/// The tables of a store must exist (an empty redb file of another program has none).
+fn check_tables(path: &Path, txn: &ReadTransaction) -> Result<(), AdminError> {
+    match txn.open_table(TASKS) {
+        Ok(_) => Ok(()),
+        Err(TableError::TableDoesNotExist(_)) => Err(AdminError::NotAStore {
+            path: path.display().to_string(),
+            detail: "a redb database without the `tasks` table".into(),
+        }),
+        Err(TableError::TableTypeMismatch { .. }) => Err(AdminError::NotAStore {
+            path: path.display().to_string(),
+            detail: "a redb database whose `tasks` table has other types".into(),
+        }),
+        Err(e) => Err(redb_err(path, e)),
+    }
+}
+
+/// Opens `path` writable (redb recovers an uncleanly closed file). `AlreadyOpen` means a
+/// server holds it.
+fn open_writable(path: &Path) -> Result<Database, AdminError> {
+    check_exists(path)?;
+    let db = Database::builder()
+        .open(path)
+        .map_err(|e| open_error(path, e))?;
+    let txn = db.begin_read().map_err(|e| redb_err(path, e))?;
+    check_tables(path, &txn)?;
+    drop(txn);
+    Ok(db)
+}
+
+impl RedbReader {
+    /// Opens `path` for reading. [`AdminError::InUse`] when a server holds it.
+    pub(crate) async fn open(path: &Path) -> Result<RedbReader, AdminError> {
+        let path = path.to_path_buf();
+        blocking(move || {
+            check_exists(&path)?;
+            let db = match ReadOnlyDatabase::open(&path) {
+                Ok(db) => Db::ReadOnly(Arc::new(db)),
+                // The file was not closed cleanly (a crash, a kill): a read-only open cannot
+                // recover it. Recover it as a server's start would.
+                Err(DatabaseError::RepairAborted) => {
+                    tracing::warn!(path = %path.display(),
+                        "the store was not closed cleanly; redb recovers it (as a server start would)");
+                    Db::Writable(Arc::new(open_writable(&path)?))
+                }
+                Err(e) => return Err(open_error(&path, e)),
+            };
+            let reader = RedbReader { path, db };
+            reader.read_blocking(check_tables)??;
+            Ok(reader)
+        })
+        .await
+    }
+
+    /// A reader over a running server's store (its admin socket).
+    pub(crate) fn server(store: RedbStore, path: PathBuf) -> RedbReader {
+        RedbReader {
+            path,
+            db: Db::Server(store),
+        }
+    }
+
+    /// `f` in one read transaction, on the calling (blocking) thread. Not for `Db::Server`.
+    fn read_blocking<T>(
+        &self,
+        f: impl FnOnce(&Path, &ReadTransaction) -> T,
+    ) -> Result<T, AdminError> {
+        let txn = match &self.db {
+            Db::ReadOnly(db) => db.begin_read(),
+            Db::Writable(db) => db.begin_read(),
+            Db::Server(_) => {
+                return Err(AdminError::Invalid(
+                    "a server's store is read asynchronously".into(),
+                ));
+            }
+        }
+        .map_err(|e| redb_err(&self.path, e))?;
+        Ok(f(&self.path, &txn))
+    }
+
+    /// `f` in one read transaction, off the tokio workers.
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Path, &ReadTransaction) -> Result<T, AdminError> + Send + 'static,
+    ) -> Result<T, AdminError> {
+        let path = self.path.clone();
+        match &self.db {
+            Db::ReadOnly(db) => {
+                let db = Arc::clone(db);
+                blocking(move || {
+                    let txn = db.begin_read().map_err(|e| redb_err(&path, e))?;
+                    f(&path, &txn)
+                })
+                .await
+            }
+            Db::Writable(db) => {
+                let db = Arc::clone(db);
+                blocking(move || {
+                    let txn = db.begin_read().map_err(|e| redb_err(&path, e))?;
+                    f(&path, &txn)
+                })
+                .await
+            }
+            Db::Server(store) => store
+                .read_txn(move |txn| Ok(f(&path, txn)))
+                .await
+                .map_err(AdminError::Store)?,
+        }
+    }
+
+    pub(crate) async fn scan(
+        &self,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<Vec<Row>, AdminError> {
+        self.read(move |path, txn| {
+            let err = |e: &dyn std::fmt::Display| redb_err(path, e);
+            let tasks = txn.open_table(TASKS).map_err(|e| err(&e))?;
+            let live = txn.open_table(LIVE).map_err(|e| err(&e))?;
+            let due = txn.open_table(DUE_BY_ID).map_err(|e| err(&e))?;
+            let seq = txn.open_table(SEQ).map_err(|e| err(&e))?;
+            let range = match &after {
+                Some(a) => tasks.range::<&str>((
+                    std::ops::Bound::Excluded(a.as_str()),
+                    std::ops::Bound::Unbounded,
+                )),
+                None => tasks.range::<&str>(..),
+            }
+            .map_err(|e| err(&e))?;
+            let mut out = Vec::new();
+            for entry in range.take(limit) {
+                let (id, bytes) = entry.map_err(|e| err(&e))?;
+                let id = id.value().to_owned();
+                out.push(Row {
+                    bytes: bytes.value().to_vec(),
+                    due_ms: due
+                        .get(id.as_str())
+                        .map_err(|e| err(&e))?
+                        .map(|v| v.value()),
+                    live: live.get(id.as_str()).map_err(|e| err(&e))?.is_some(),
+                    seq: seq
+                        .get(id.as_str())
+                        .map_err(|e| err(&e))?
+                        .map(|v| v.value()),
+                    lease: None,
+                    id,
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    pub(crate) async fn row(&self, id: &str) -> Result<Option<Row>, AdminError> {
+        let id = id.to_owned();
+        self.read(move |path, txn| {
+            let err = |e: &dyn std::fmt::Display| redb_err(path, e);
+            let tasks = txn.open_table(TASKS).map_err(|e| err(&e))?;
+            let Some(bytes) = tasks.get(id.as_str()).map_err(|e| err(&e))? else {
+                return Ok(None);
+            };
+            let live = txn.open_table(LIVE).map_err(|e| err(&e))?;
+            let due = txn.open_table(DUE_BY_ID).map_err(|e| err(&e))?;
+            let seq = txn.open_table(SEQ).map_err(|e| err(&e))?;
+            Ok(Some(Row {
+                bytes: bytes.value().to_vec(),
+                due_ms: due
+                    .get(id.as_str())
+                    .map_err(|e| err(&e))?
+                    .map(|v| v.value()),
+                live: live.get(id.as_str()).map_err(|e| err(&e))?.is_some(),
+                seq: seq
+                    .get(id.as_str())
+                    .map_err(|e| err(&e))?
+                    .map(|v| v.value()),
+                lease: None,
+                id,
+            }))
+        })
+        .await
+    }
+
+    pub(crate) async fn facts(&self, _now_ms: u64) -> Result<StatsReport, AdminError> {
+        let via_server = matches!(self.db, Db::Server(_));
+        let file_bytes = std::fs::metadata(&self.path).ok().map(|m| m.len());
+        let location = self.path.display().to_string();
+        let (boot_epoch, used) = self
+            .read(move |path, txn| {
+                let err = |e: &dyn std::fmt::Display| redb_err(path, e);
+                let meta = txn.open_table(META).map_err(|e| err(&e))?;
+                let epoch = meta
+                    .get(META_BOOT_EPOCH)
+                    .map_err(|e| err(&e))?
+                    .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+                    .map(u64::from_le_bytes);
+                let mut pages = 0u64;
+                macro_rules! add {
+                    ($t:expr) => {{
+                        let table = txn.open_table($t).map_err(|e| err(&e))?;
+                        let s = table.stats().map_err(|e| err(&e))?;
+                        pages += s.leaf_pages() + s.branch_pages();
+                    }};
+                }
+                add!(TASKS);
+                add!(LIVE);
+                add!(DUE_BY_ID);
+                add!(SEQ);
+                add!(META);
+                let due = txn.open_table(DUE).map_err(|e| err(&e))?;
+                let s = due.stats().map_err(|e| err(&e))?;
+                pages += s.leaf_pages() + s.branch_pages();
+                Ok((epoch, pages * PAGE_SIZE))
+            })
+            .await?;
+        Ok(StatsReport {
+            backend: "redb".into(),
+            location,
+            via_server,
+            schema_version: LAYOUT_VERSION,
+            boot_epoch,
+            space: Space {
+                file_bytes,
+                used_bytes: Some(used),
+                free_bytes: file_bytes.map(|f| f.saturating_sub(used)),
+                tables: BTreeMap::new(),
+            },
+            ..StatsReport::default()
+        })
+    }
+
+    /// Index entries that name no stored task.
+    pub(crate) async fn index_problems(&self) -> Result<Vec<String>, AdminError> {
+        self.read(|path, txn| {
+            let err = |e: &dyn std::fmt::Display| redb_err(path, e);
+            let tasks = txn.open_table(TASKS).map_err(|e| err(&e))?;
+            let mut problems = Vec::new();
+            let live = txn.open_table(LIVE).map_err(|e| err(&e))?;
+            for entry in live.iter().map_err(|e| err(&e))? {
+                let (id, _) = entry.map_err(|e| err(&e))?;
+                if tasks.get(id.value()).map_err(|e| err(&e))?.is_none() {
+                    problems.push(format!(
+                        "the live index names {} which is not stored",
+                        id.value()
+                    ));
+                }
+            }
+            let due_by_id = txn.open_table(DUE_BY_ID).map_err(|e| err(&e))?;
+            for entry in due_by_id.iter().map_err(|e| err(&e))? {
+                let (id, _) = entry.map_err(|e| err(&e))?;
+                if tasks.get(id.value()).map_err(|e| err(&e))?.is_none() {
+                    problems.push(format!(
+                        "the expiry index names {} which is not stored",
+                        id.value()
+                    ));
+                }
+            }
+            let due = txn.open_table(DUE).map_err(|e| err(&e))?;
+            for entry in due.iter().map_err(|e| err(&e))? {
+                let (key, _) = entry.map_err(|e| err(&e))?;
+                let (at, id) = key.value();
+                if due_by_id.get(id).map_err(|e| err(&e))?.map(|v| v.value()) != Some(at) {
+                    problems.push(format!(
+                        "the expiry index entry ({at}, {id}) has no reverse entry"
+                    ));
+                }
+            }
+            Ok(problems)
+        })
+        .await
+    }
+
+    /// A consistent copy in one read transaction, verified by reopening it.
+    pub(crate) async fn backup(&self, to: &Path) -> Result<BackupReport, AdminError> {
+        let to = to.to_path_buf();
+        let via_server = matches!(self.db, Db::Server(_));
+        let target = to.clone();
+        let (tasks, meta) = self
+            .read(move |path, txn| copy_into(path, txn, &target))
+            .await?;
+        // Verify the copy by opening it and counting what it holds.
+        let check = to.clone();
+        let copied = blocking(move || {
+            let db = ReadOnlyDatabase::open(&check).map_err(|e| open_error(&check, e))?;
+            let txn = db.begin_read().map_err(|e| redb_err(&check, e))?;
+            let t = txn.open_table(TASKS).map_err(|e| redb_err(&check, e))?;
+            t.len().map_err(|e| redb_err(&check, e))
+        })
+        .await?;
+        if copied != tasks {
+            return Err(AdminError::Invalid(format!(
+                "the backup {} holds {copied} tasks, the source {tasks}; it is not usable",
+                to.display()
+            )));
+        }
+        let bytes = std::fs::metadata(&to).map(|m| m.len()).unwrap_or(0);
+        Ok(BackupReport {
+            to: to.display().to_string(),
+            tasks,
+            meta,
+            bytes,
+            via_server,
+        })
+    }
+
+    /// Every row and meta entry (a migration's source).
+    pub(crate) async fn dump(&self) -> Result<Dump, AdminError> {
+        let meta = self
+            .read(|path, txn| {
+                let err = |e: &dyn std::fmt::Display| redb_err(path, e);
+                let meta = txn.open_table(META).map_err(|e| err(&e))?;
+                let mut out = Vec::new();
+                for entry in meta.iter().map_err(|e| err(&e))? {
+                    let (k, v) = entry.map_err(|e| err(&e))?;
+                    out.push((k.value().to_owned(), v.value().to_vec()));
+                }
+                Ok(out)
+            })
+            .await?;
+        let mut rows = Vec::new();
+        let mut after = None;
+        loop {
+            let batch = self.scan(after.clone(), super::SCAN_BATCH).await?;
+            let full = batch.len() == super::SCAN_BATCH;
+            after = batch.last().map(|r| r.id.clone());
+            rows.extend(batch);
+            if !full {
+                break;
+            }
+        }
+        Ok(Dump { rows, meta })
+    }
+}
+
+/// Copies every table of `txn` into a new file at `to` (created `0600`, never overwritten).
+fn copy_into(path: &Path, txn: &ReadTransaction, to: &Path) -> Result<(u64, u64), AdminError> {
+    let err = |e: &dyn std::fmt::Display| redb_err(path, e);
+    let terr = |e: &dyn std::fmt::Display| redb_err(to, e);
+    create_private_file(to)
+        .map_err(|e| AdminError::Invalid(format!("cannot create {}: {e}", to.display())))?;
+    let result = (|| {
+        let db = Database::create(to).map_err(|e| terr(&e))?;
+        let w = db.begin_write().map_err(|e| terr(&e))?;
+        let mut tasks = 0;
+        let mut metas = 0;
+        {
+            macro_rules! copy {
+                ($t:expr, $count:expr) => {{
+                    let src = txn.open_table($t).map_err(|e| err(&e))?;
+                    let mut dst = w.open_table($t).map_err(|e| terr(&e))?;
+                    for entry in src.iter().map_err(|e| err(&e))? {
+                        let (k, v) = entry.map_err(|e| err(&e))?;
+                        dst.insert(k.value(), v.value()).map_err(|e| terr(&e))?;
+                        $count += 1;
+                    }
+                }};
+            }
+            let mut ignored = 0u64;
+            copy!(TASKS, tasks);
+            copy!(META, metas);
+            copy!(LIVE, ignored);
+            copy!(DUE, ignored);
+            copy!(DUE_BY_ID, ignored);
+            copy!(SEQ, ignored);
+            let _ = ignored;
+        }
+        w.commit().map_err(|e| terr(&e))?;
+        drop(db);
+        Ok((tasks, metas))
+    })();
+    if result.is_err() {
+        // Never leave a half-written backup behind.
+        let _ = std::fs::remove_file(to);
+    }
+    result
+}
+
+/// `store verify` on a file no server holds: redb's page check, then every record decoded
+/// and the indexes checked. [`AdminError::InUse`] when a server holds it.
+pub(crate) async fn verify_offline(path: &Path) -> Result<super::VerifyReport, AdminError> {
+    let p = path.to_path_buf();
+    let (db, problem) = blocking(move || {
+        let mut db = open_writable(&p)?;
+        let problem = match db.check_integrity() {
+            Ok(true) => None,
+            Ok(false) => Some("redb found damaged pages and repaired the file".to_owned()),
+            Err(e) => Some(format!("redb's page check failed: {e}")),
+        };
+        Ok((db, problem))
+    })
+    .await?;
+    let reader = RedbReader {
+        path: path.to_path_buf(),
+        db: Db::Writable(Arc::new(db)),
+    };
+    let mut report = super::verify_of(&super::Reader::Redb(reader)).await?;
+    report.pages_checked = true;
+    report.pages_problem = problem;
+    Ok(report)
+}
+
+/// `store compact` (offline).
+pub(crate) async fn compact(path: &Path) -> Result<CompactReport, AdminError> {
+    let p = path.to_path_buf();
+    blocking(move || {
+        let before_bytes = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
+        let mut db = match open_writable(&p) {
+            Err(AdminError::InUse { path, .. }) => {
+                return Err(AdminError::InUse {
+                    path,
+                    detail: "store compact needs the file for itself; stop the server first (nothing was changed)".into(),
+                });
+            }
+            other => other?,
+        };
+        while db.compact().map_err(|e| redb_err(&p, e))? {}
+        drop(db);
+        let after_bytes = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
+        Ok(CompactReport {
+            before_bytes,
+            after_bytes,
+        })
+    })
+    .await
+}
+
+/// Removes tasks and all their index entries, in one durable commit (offline).
+pub(crate) async fn delete(path: &Path, ids: Vec<String>) -> Result<(), AdminError> {
+    let p = path.to_path_buf();
+    blocking(move || {
+        let db = match open_writable(&p) {
+            Err(AdminError::InUse { path, .. }) => {
+                return Err(AdminError::InUse {
+                    path,
+                    detail: "store purge needs the file for itself; stop the server first (nothing was changed)".into(),
+                });
+            }
+            other => other?,
+        };
+        let err = |e: &dyn std::fmt::Display| redb_err(&p, e);
+        let w = db.begin_write().map_err(|e| err(&e))?;
+        {
+            let mut tasks = w.open_table(TASKS).map_err(|e| err(&e))?;
+            let mut live = w.open_table(LIVE).map_err(|e| err(&e))?;
+            let mut due = w.open_table(DUE).map_err(|e| err(&e))?;
+            let mut due_by_id = w.open_table(DUE_BY_ID).map_err(|e| err(&e))?;
+            let mut seq = w.open_table(SEQ).map_err(|e| err(&e))?;
+            for id in &ids {
+                tasks.remove(id.as_str()).map_err(|e| err(&e))?;
+                live.remove(id.as_str()).map_err(|e| err(&e))?;
+                seq.remove(id.as_str()).map_err(|e| err(&e))?;
+                if let Some(at) = due_by_id.remove(id.as_str()).map_err(|e| err(&e))? {
+                    let at = at.value();
+                    due.remove((at, id.as_str())).map_err(|e| err(&e))?;
+                }
+            }
+        }
+        w.commit().map_err(|e| err(&e))?;
+        Ok(())
+    })
+    .await
+}
+
+/// Everything a file holds, for a migration. Refuses a file a server holds.
+pub(crate) async fn dump(path: &Path) -> Result<Dump, AdminError> {
+    match RedbReader::open(path).await {
+        Ok(reader) => reader.dump().await,
+        Err(AdminError::InUse { path, .. }) => Err(AdminError::InUse {
+            path,
+            detail: "store migrate needs the source for itself; stop the server first (nothing was changed)".into(),
+        }),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes a dump into a redb file (created when missing), in one durable commit. Returns
+/// (tasks written, tasks already identical).
+pub(crate) async fn load(path: &Path, dump: Dump) -> Result<(u64, u64), AdminError> {
+    let p = path.to_path_buf();
+    blocking(move || {
+        if !p.exists() {
+            // A new store, created the way a server creates one (atomically, 0600).
+            crate::store::redb_schema::create_atomically(&p).map_err(AdminError::Store)?;
+        }
+        let db = match open_writable(&p) {
+            Err(AdminError::InUse { path, .. }) => {
+                return Err(AdminError::InUse {
+                    path,
+                    detail: "store migrate needs the target for itself; stop the server first (nothing was changed)".into(),
+                });
+            }
+            other => other?,
+        };
+        let err = |e: &dyn std::fmt::Display| redb_err(&p, e);
+        let w = db.begin_write().map_err(|e| err(&e))?;
+        let mut written = 0;
+        let mut unchanged = 0;
+        {
+            let mut tasks = w.open_table(TASKS).map_err(|e| err(&e))?;
+            let mut live = w.open_table(LIVE).map_err(|e| err(&e))?;
+            let mut due = w.open_table(DUE).map_err(|e| err(&e))?;
+            let mut due_by_id = w.open_table(DUE_BY_ID).map_err(|e| err(&e))?;
+            let mut seq = w.open_table(SEQ).map_err(|e| err(&e))?;
+            let mut meta = w.open_table(META).map_err(|e| err(&e))?;
+            for row in &dump.rows {
+                let id = row.id.as_str();
+                let same = tasks
+                    .get(id)
+                    .map_err(|e| err(&e))?
+                    .is_some_and(|v| v.value() == row.bytes.as_slice());
+                if same {
+                    unchanged += 1;
+                } else {
+                    tasks.insert(id, row.bytes.as_slice()).map_err(|e| err(&e))?;
+                    written += 1;
+                }
+                if row.live {
+                    live.insert(id, ()).map_err(|e| err(&e))?;
+                } else {
+                    live.remove(id).map_err(|e| err(&e))?;
+                }
+                match row.seq {
+                    Some(s) => {
+                        seq.insert(id, s).map_err(|e| err(&e))?;
+                    }
+                    None => {
+                        seq.remove(id).map_err(|e| err(&e))?;
+                    }
+                }
+                if let Some(old) = due_by_id.remove(id).map_err(|e| err(&e))? {
+                    let old = old.value();
+                    due.remove((old, id)).map_err(|e| err(&e))?;
+                }
+                if let Some(at) = row.due_ms {
+                    due.insert((at, id), ()).map_err(|e| err(&e))?;
+                    due_by_id.insert(id, at).map_err(|e| err(&e))?;
+                }
+            }
+            for (key, value) in &dump.meta {
+                if key == META_BOOT_EPOCH {
+                    // Never move a boot epoch backwards: keep the larger one.
+                    let theirs = <[u8; 8]>::try_from(value.as_slice()).map(u64::from_le_bytes).unwrap_or(0);
+                    let ours = meta
+                        .get(key.as_str())
+                        .map_err(|e| err(&e))?
+                        .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+                        .map(u64::from_le_bytes)
+                        .unwrap_or(0);
+                    let epoch = theirs.max(ours);
+                    meta.insert(key.as_str(), epoch.to_le_bytes().as_slice())
+                        .map_err(|e| err(&e))?;
+                } else {
+                    meta.insert(key.as_str(), value.as_slice()).map_err(|e| err(&e))?;
+                }
+            }
+        }
+        w.commit().map_err(|e| err(&e))?;
+        Ok((written, unchanged))
+    })
+    .await
+}

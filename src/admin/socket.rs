@@ -1,0 +1,268 @@
+//! The admin socket: how `mcp-tasks store …` reads a redb store that a running server holds.
+//!
+//! redb lets one process open a file, so a server that runs on `tasks.redb` listens on the
+//! Unix socket `tasks.redb.admin.sock` beside it (created `0600`: only the store's owner can
+//! connect, as only they can read the file). A command connects, writes one JSON request
+//! line, and reads one JSON response line. The server answers from read transactions of its
+//! own — the same code the command runs on a file no server holds — so an answer never blocks
+//! the server's writer and never changes the store. Only reading commands are served (and
+//! `backup`, which writes a new file, never the store); nothing here can change a task.
+//!
+//! Unix only; elsewhere (or when the path is too long for a socket address) the server runs
+//! without it and the commands ask the operator to stop the server first.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+use super::{AdminError, Filter, Location, Reader, redb::RedbReader};
+use crate::store::RedbStore;
+
+/// Longest request line accepted (a filter is small).
+const MAX_REQUEST: usize = 64 * 1024;
+
+/// What a command asks a running server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", content = "arg", rename_all = "snake_case")]
+pub(crate) enum Request {
+    Stats,
+    List(Filter),
+    Show(String),
+    Verify,
+    Backup(PathBuf),
+    PurgeDryRun(Filter),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Response {
+    Ok(serde_json::Value),
+    NoSuchTask(String),
+    Error(String),
+}
+
+/// The socket path of the store at `store`.
+pub fn socket_path(store: &Path) -> PathBuf {
+    let mut name = store.as_os_str().to_owned();
+    name.push(".admin.sock");
+    PathBuf::from(name)
+}
+
+/// Asks the server that holds `location` (a redb file).
+pub(crate) async fn ask<T: DeserializeOwned>(
+    location: &Location,
+    request: Request,
+) -> Result<T, AdminError> {
+    let Location::Redb(store) = location else {
+        return Err(AdminError::Invalid(
+            "only a redb store has an admin socket".into(),
+        ));
+    };
+    let path = socket_path(store);
+    let held = |detail: String| AdminError::InUse {
+        path: store.display().to_string(),
+        detail,
+    };
+    #[cfg(unix)]
+    {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+        if !path.exists() {
+            return Err(held(format!(
+                "it has no admin socket ({} is missing: a server older than this command, or one on a path too long for a socket); stop the server to read the file directly",
+                path.display()
+            )));
+        }
+        let sock_err = |detail: String| AdminError::Socket {
+            path: path.clone(),
+            detail,
+        };
+        let mut stream = tokio::net::UnixStream::connect(&path)
+            .await
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::ConnectionRefused => held(format!(
+                    "its admin socket {} does not answer (is the server stopped while still holding the file?)",
+                    path.display()
+                )),
+                _ => sock_err(e.to_string()),
+            })?;
+        let mut line = serde_json::to_vec(&request).map_err(|e| sock_err(e.to_string()))?;
+        line.push(b'\n');
+        stream
+            .write_all(&line)
+            .await
+            .map_err(|e| sock_err(e.to_string()))?;
+        let mut reader = BufReader::new(stream);
+        let mut answer = String::new();
+        reader
+            .read_line(&mut answer)
+            .await
+            .map_err(|e| sock_err(e.to_string()))?;
+        if answer.is_empty() {
+            return Err(sock_err(
+                "the server closed the connection without answering".into(),
+            ));
+        }
+        match serde_json::from_str::<Response>(&answer)
+            .map_err(|e| sock_err(format!("unreadable answer: {e}")))?
+        {
+            Response::Ok(v) => {
+                serde_json::from_value(v).map_err(|e| sock_err(format!("unexpected answer: {e}")))
+            }
+            Response::NoSuchTask(id) => Err(AdminError::NoSuchTask(id)),
+            Response::Error(message) => Err(AdminError::Remote(message)),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = request;
+        Err(held(format!(
+            "admin sockets need Unix ({}); stop the server to read the file directly",
+            path.display()
+        )))
+    }
+}
+
+/// A listening admin socket; removes its file when dropped.
+pub struct AdminSocket {
+    path: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl AdminSocket {
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for AdminSocket {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl crate::runtime::Runtime {
+    /// Starts the admin socket beside the runtime's redb store (`<store>.admin.sock`), through
+    /// which `mcp-tasks store stats|list|show|verify|backup` read the store while this runtime
+    /// holds it. `Ok(None)` for other stores. Keep the returned guard: dropping it closes the
+    /// socket and removes its file.
+    pub fn admin_socket(&self) -> Result<Option<AdminSocket>, AdminError> {
+        match self.store().backend().as_redb() {
+            Some(redb) => bind(redb.clone(), redb.path()).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Starts answering admin requests for `store` (held by this process) on its socket.
+/// A stale socket file (a server that crashed) is replaced: this process holds the store's
+/// lock, so no other server can be using it.
+#[cfg(unix)]
+pub(crate) fn bind(store: RedbStore, store_path: &Path) -> Result<AdminSocket, AdminError> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = socket_path(store_path);
+    let sock_err = |detail: String| AdminError::Socket {
+        path: path.clone(),
+        detail,
+    };
+    match std::fs::remove_file(&path) {
+        Ok(()) => tracing::debug!(path = %path.display(), "removed a stale admin socket"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(sock_err(format!("cannot remove the old socket: {e}"))),
+    }
+    let listener = tokio::net::UnixListener::bind(&path).map_err(|e| sock_err(e.to_string()))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| sock_err(format!("cannot restrict it to its owner: {e}")))?;
+    let store_path = store_path.to_path_buf();
+    let task = tokio::spawn(async move {
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "admin socket accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let reader = RedbReader::server(store.clone(), store_path.clone());
+            tokio::spawn(async move {
+                if let Err(e) = serve_one(stream, Reader::Redb(reader)).await {
+                    tracing::debug!(error = %e, "admin socket connection failed");
+                }
+            });
+        }
+    });
+    tracing::info!(path = %path.display(), "admin socket listening (mcp-tasks store … reads the live store through it)");
+    Ok(AdminSocket { path, task })
+}
+
+#[cfg(not(unix))]
+pub(crate) fn bind(_store: RedbStore, store_path: &Path) -> Result<AdminSocket, AdminError> {
+    Err(AdminError::Unsupported(format!(
+        "no admin socket for {} (Unix only)",
+        store_path.display()
+    )))
+}
+
+#[cfg(unix)]
+async fn serve_one(stream: tokio::net::UnixStream, reader: Reader) -> std::io::Result<()> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    BufReader::new(read.take(MAX_REQUEST as u64))
+        .read_line(&mut line)
+        .await?;
+    let response = match serde_json::from_str::<Request>(&line) {
+        Ok(request) => answer(&reader, request).await,
+        Err(e) => Response::Error(format!("unreadable request: {e}")),
+    };
+    let mut out = serde_json::to_vec(&response).unwrap_or_else(|e| {
+        format!("{{\"error\":\"the answer does not serialise: {e}\"}}").into_bytes()
+    });
+    out.push(b'\n');
+    write.write_all(&out).await?;
+    write.shutdown().await
+}
+
+async fn answer(reader: &Reader, request: Request) -> Response {
+    let now = super::now_ms();
+    let result = match request {
+        Request::Stats => super::stats_of(reader, now).await.map(|mut r| {
+            r.via_server = true;
+            to_value(&r)
+        }),
+        Request::List(filter) => super::list_of(reader, &filter, now)
+            .await
+            .map(|r| to_value(&r)),
+        Request::Show(id) => super::show_of(reader, &id).await.map(|r| to_value(&r)),
+        Request::Verify => super::verify_of(reader).await.map(|r| to_value(&r)),
+        Request::Backup(to) => match reader {
+            Reader::Redb(r) if to.is_absolute() && !to.exists() => {
+                r.backup(&to).await.map(|r| to_value(&r))
+            }
+            Reader::Redb(_) if to.exists() => Err(AdminError::Invalid(format!(
+                "{} exists; a backup never overwrites a file",
+                to.display()
+            ))),
+            _ => Err(AdminError::Invalid(
+                "a backup target must be an absolute path".into(),
+            )),
+        },
+        Request::PurgeDryRun(filter) => super::select(reader, &filter, now).await.map(|tasks| {
+            to_value(&super::PurgeReport {
+                tasks,
+                dry_run: true,
+            })
+        }),
+    };
+    match result {
+        Ok(v) => Response::Ok(v),
+        Err(AdminError::NoSuchTask(id)) => Response::NoSuchTask(id),
+        Err(e) => Response::Error(e.to_string()),
+    }
+}
+
+fn to_value<T: Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
+}

@@ -1,0 +1,481 @@
+//! `mcp-tasks store …`: the operator's commands over [`mcp_tasks::admin`].
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use mcp_tasks::admin::{self, AdminError, Filter, Location};
+use serde::Serialize;
+
+/// Exit statuses of `mcp-tasks store …`, for `--help`.
+pub const EXIT_CODES: &str = "Exit status: 0 success; 1 an error (one line on stderr, nothing changed); 2 a usage error; 3 `verify` found problems.";
+
+#[derive(Subcommand)]
+pub enum StoreCommand {
+    /// Tasks by status and tool, live and due tasks, the oldest live task, space used, schema
+    /// version and boot epoch.
+    Stats {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Tasks matching filters, a page at a time (`--after` the last id for the next page).
+    List {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        filter: FilterArgs,
+    },
+    /// One task in full: snapshot, journal of steps, input keys issued and answered, owner,
+    /// lease and epoch on a shared store.
+    Show {
+        #[command(flatten)]
+        common: Common,
+        /// The task id.
+        id: String,
+    },
+    /// A consistent copy of a redb store (one read transaction, also while a server runs),
+    /// verified by opening it.
+    Backup {
+        #[command(flatten)]
+        common: Common,
+        /// The new file (never overwritten).
+        #[arg(long, value_name = "FILE")]
+        to: PathBuf,
+    },
+    /// Gives a redb file's free pages back to the file system (offline: stop the server).
+    Compact {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Checks a store: redb's page checksums (offline), every record decoded, the indexes.
+    Verify {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Copies every task, journal and answer to another store (redb ⇄ PostgreSQL);
+    /// idempotent; refuses a store a running server holds.
+    Migrate {
+        /// The source store (a redb path or a postgres:// URL).
+        #[arg(long, value_name = "PATH|URL")]
+        from: String,
+        /// The target store (a redb path, created if missing, or a postgres:// URL).
+        #[arg(long, value_name = "PATH|URL")]
+        to: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Removes the tasks matching filters (offline for redb; refuses while replicas run).
+    Purge {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Only list what would be removed.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+#[derive(Args)]
+pub struct Common {
+    /// The store: a redb file or a postgres:// URL.
+    #[arg(long, value_name = "PATH|URL", default_value = "mcp-tasks.redb")]
+    store: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct FilterArgs {
+    /// Only tasks with this status (repeatable): working, input_required, completed, failed,
+    /// cancelled.
+    #[arg(long, value_name = "STATUS", value_parser = parse_status)]
+    status: Vec<String>,
+    /// Only tasks of this tool.
+    #[arg(long)]
+    tool: Option<String>,
+    /// Only tasks of this tenant.
+    #[arg(long)]
+    tenant: Option<String>,
+    /// Only tasks created longer ago than this (e.g. 90s, 15m, 2h, 7d).
+    #[arg(long, value_name = "AGE", value_parser = admin::parse_age)]
+    older_than: Option<std::time::Duration>,
+    /// At most this many tasks (list: default 100).
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Start after this task id (the cursor a list page prints).
+    #[arg(long, value_name = "ID")]
+    after: Option<String>,
+}
+
+fn parse_status(s: &str) -> Result<String, String> {
+    match mcp_tasks::task::TaskStatus::from_wire(s) {
+        Some(status) => Ok(status.as_str().to_owned()),
+        None => Err(format!(
+            "`{s}` is not a status (working, input_required, completed, failed, cancelled)"
+        )),
+    }
+}
+
+impl FilterArgs {
+    fn filter(self) -> Filter {
+        Filter {
+            status: self.status,
+            tool: self.tool,
+            tenant: self.tenant,
+            older_than_ms: self.older_than.map(|d| d.as_millis() as u64),
+            limit: self.limit,
+            after: self.after,
+        }
+    }
+}
+
+pub async fn run(command: StoreCommand) -> ExitCode {
+    match execute(command).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_json<T: Serialize>(value: &T) {
+    match serde_json::to_string_pretty(value) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("error: cannot print JSON: {e}"),
+    }
+}
+
+fn time(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since the epoch (proleptic Gregorian), UTC.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+async fn execute(command: StoreCommand) -> Result<ExitCode, AdminError> {
+    match command {
+        StoreCommand::Stats { common } => {
+            let r = admin::stats(&Location::parse(&common.store)).await?;
+            if common.json {
+                print_json(&r);
+                return Ok(ExitCode::SUCCESS);
+            }
+            println!(
+                "store      {} ({}{})",
+                r.location,
+                r.backend,
+                if r.via_server {
+                    ", read through the running server"
+                } else {
+                    ""
+                }
+            );
+            println!(
+                "schema     {}   boot epoch {}",
+                r.schema_version,
+                r.boot_epoch.map_or("-".into(), |e| e.to_string())
+            );
+            println!(
+                "tasks      {} ({} live, {} undecodable, {} of snapshots)",
+                r.tasks,
+                r.live,
+                r.undecodable,
+                bytes(r.snapshot_bytes)
+            );
+            for (status, n) in &r.by_status {
+                println!("  {status:<16} {n}");
+            }
+            if !r.by_tool.is_empty() {
+                println!("by tool");
+                for (tool, n) in &r.by_tool {
+                    println!("  {tool:<16} {n}");
+                }
+            }
+            println!(
+                "due        {} live past their expiry, {} finished due for deletion",
+                r.due_for_expiry, r.due_for_deletion
+            );
+            match &r.oldest_live {
+                Some(o) => println!(
+                    "oldest live {} ({}, created {})",
+                    o.id,
+                    o.status,
+                    time(o.created_at_ms)
+                ),
+                None => println!("oldest live -"),
+            }
+            if let Some(file) = r.space.file_bytes {
+                println!(
+                    "file       {} ({} in table pages, about {} free)",
+                    bytes(file),
+                    bytes(r.space.used_bytes.unwrap_or(0)),
+                    bytes(r.space.free_bytes.unwrap_or(0))
+                );
+            }
+            for (table, size) in &r.space.tables {
+                println!("table      {table:<12} {}", bytes(*size));
+            }
+            for n in &r.nodes {
+                println!(
+                    "node       {:<20} heartbeat {:.1} s ago, {} live tasks",
+                    n.node, n.heartbeat_age_s, n.live_tasks
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        StoreCommand::List { common, filter } => {
+            let page = admin::list(&Location::parse(&common.store), &filter.filter()).await?;
+            if common.json {
+                print_json(&page);
+                return Ok(ExitCode::SUCCESS);
+            }
+            for t in &page.tasks {
+                println!(
+                    "{}  {:<14} {:<20} {:<12} {}{}",
+                    t.id,
+                    t.status,
+                    t.tool,
+                    t.tenant,
+                    time(t.created_at_ms),
+                    t.status_message
+                        .as_deref()
+                        .map(|m| format!("  {m}"))
+                        .unwrap_or_default()
+                );
+            }
+            if !page.undecodable.is_empty() {
+                eprintln!(
+                    "{} records do not decode (see `store verify`)",
+                    page.undecodable.len()
+                );
+            }
+            if let Some(next) = &page.next {
+                eprintln!("more: --after {next}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        StoreCommand::Show { common, id } => {
+            let t = admin::show(&Location::parse(&common.store), &id).await?;
+            if common.json {
+                print_json(&t);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let s = &t.summary;
+            println!("task       {}", s.id);
+            println!(
+                "status     {} (seq {}){}",
+                s.status,
+                s.seq,
+                s.status_message
+                    .as_deref()
+                    .map(|m| format!(": {m}"))
+                    .unwrap_or_default()
+            );
+            println!("tool       {}", s.tool);
+            println!("owner      {}", t.owner);
+            println!(
+                "created    {}   updated {}",
+                time(s.created_at_ms),
+                time(s.last_updated_at_ms)
+            );
+            println!(
+                "expires    {}",
+                t.expires_at_ms.map_or("never".into(), time)
+            );
+            println!(
+                "attempts   {}   cancel requested {}",
+                t.attempts, t.cancel_requested
+            );
+            if let Some(lease) = &t.lease {
+                println!(
+                    "lease      node {} epoch {}",
+                    lease.node.as_deref().unwrap_or("(unclaimed)"),
+                    lease.epoch
+                );
+            }
+            println!(
+                "snapshot   v{}, {}",
+                t.snapshot_version,
+                bytes(t.snapshot_bytes as u64)
+            );
+            println!("arguments  {}", t.arguments);
+            println!("journal    {} steps", t.journal.len());
+            for (step, result) in &t.journal {
+                println!("  {step} = {result}");
+            }
+            println!(
+                "inputs     {} issued, {} pending, {} answered",
+                t.input_keys_issued.len(),
+                t.input_requests_pending.len(),
+                t.input_answers.len()
+            );
+            for key in &t.input_keys_issued {
+                let state = if t.input_requests_pending.contains_key(key) {
+                    "pending".to_owned()
+                } else if let Some(answer) = t.input_answers.get(key) {
+                    format!("answered {answer}")
+                } else {
+                    "withdrawn".to_owned()
+                };
+                println!("  {key}: {state}");
+            }
+            if let Some(outcome) = &t.outcome {
+                println!("outcome    {outcome}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        StoreCommand::Backup { common, to } => {
+            let r = admin::backup(&Location::parse(&common.store), &to).await?;
+            if common.json {
+                print_json(&r);
+            } else {
+                println!(
+                    "backed up {} tasks and {} meta entries to {} ({}){}; verified by opening it",
+                    r.tasks,
+                    r.meta,
+                    r.to,
+                    bytes(r.bytes),
+                    if r.via_server {
+                        ", made by the running server"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        StoreCommand::Compact { common } => {
+            let r = admin::compact(&Location::parse(&common.store)).await?;
+            if common.json {
+                print_json(&r);
+            } else {
+                println!(
+                    "compacted: {} -> {}",
+                    bytes(r.before_bytes),
+                    bytes(r.after_bytes)
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        StoreCommand::Verify { common } => {
+            let r = admin::verify(&Location::parse(&common.store)).await?;
+            if common.json {
+                print_json(&r);
+            } else {
+                println!(
+                    "{} records read; {} undecodable; {} index problems; pages {}",
+                    r.records,
+                    r.undecodable.len(),
+                    r.index_problems.len(),
+                    match (&r.pages_problem, r.pages_checked) {
+                        (Some(p), _) => p.clone(),
+                        (None, true) => "checked, no damage".into(),
+                        (None, false) => "not checked (a running server holds the file)".into(),
+                    }
+                );
+                for (id, why) in &r.undecodable {
+                    println!("  undecodable {id}: {why}");
+                }
+                for p in &r.index_problems {
+                    println!("  {p}");
+                }
+            }
+            Ok(if r.is_clean() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(3)
+            })
+        }
+        StoreCommand::Migrate { from, to, json } => {
+            let r = admin::migrate(&Location::parse(&from), &Location::parse(&to)).await?;
+            if json {
+                print_json(&r);
+            } else {
+                println!(
+                    "migrated {} -> {}: {} tasks written ({} live, resumable there), {} already identical, {} meta entries",
+                    r.from, r.to, r.tasks, r.live, r.unchanged, r.meta
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        StoreCommand::Purge {
+            common,
+            filter,
+            dry_run,
+        } => {
+            let r =
+                admin::purge(&Location::parse(&common.store), &filter.filter(), dry_run).await?;
+            if common.json {
+                print_json(&r);
+            } else {
+                for t in &r.tasks {
+                    println!(
+                        "{}  {:<14} {:<20} {}",
+                        t.id,
+                        t.status,
+                        t.tool,
+                        time(t.created_at_ms)
+                    );
+                }
+                println!(
+                    "{} {} tasks",
+                    if r.dry_run { "would remove" } else { "removed" },
+                    r.tasks.len()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_print_as_utc() {
+        assert_eq!(time(0), "1970-01-01T00:00:00Z");
+        assert_eq!(time(1_764_547_200_000), "2025-12-01T00:00:00Z");
+        assert_eq!(time(951_782_400_000 + 3_723_000), "2000-02-29T01:02:03Z");
+    }
+
+    #[test]
+    fn sizes_print_in_binary_units() {
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(bytes(3 * 1024 * 1024), "3.0 MiB");
+    }
+}
