@@ -5,6 +5,7 @@
 //! on the target, and bad input answered with one line and nothing changed.
 
 mod pg;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -16,48 +17,11 @@ use mcp_tasks::admin::{self, Filter, Location};
 use mcp_tasks::tool::{
     CallToolResult, InputRequest, TaskPolicy, ToolDescriptor, ToolError, tool_fn,
 };
-use mcp_tasks::{Owner, Runtime, RuntimeBuilder, RuntimeConfig};
+use mcp_tasks::{Runtime, RuntimeBuilder, RuntimeConfig};
 use serde_json::{Value, json};
+use support::embedded::{call, create, wait_status};
 
 const BIN: &str = env!("CARGO_BIN_EXE_mcp-tasks");
-
-fn meta() -> Value {
-    json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities":
-            { "extensions": { "io.modelcontextprotocol/tasks": {} } }
-    })
-}
-
-async fn call(rt: &Runtime, method: &str, mut params: Value) -> Value {
-    params["_meta"] = meta();
-    let msg = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
-    rt.handle_json(msg, &Owner::anonymous())
-        .await
-        .expect("a response")
-}
-
-async fn create(rt: &Runtime, tool: &str, arguments: Value) -> String {
-    let r = call(
-        rt,
-        "tools/call",
-        json!({ "name": tool, "arguments": arguments }),
-    )
-    .await;
-    assert_eq!(r["result"]["resultType"], "task", "{r}");
-    r["result"]["taskId"].as_str().unwrap().to_owned()
-}
-
-async fn wait_status(rt: &Runtime, task: &str, status: &str) -> Value {
-    for _ in 0..800 {
-        let r = call(rt, "tasks/get", json!({ "taskId": task })).await;
-        if r["result"]["status"] == status {
-            return r["result"].clone();
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("task {task} never became {status}");
-}
 
 /// The tools of these tests: `done` completes, `fail` fails, `ask` waits for `confirm`,
 /// `hold` works until cancelled.

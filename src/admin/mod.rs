@@ -483,6 +483,16 @@ impl Reader {
         }
     }
 
+    /// Index entries that disagree with the stored tasks (PostgreSQL keeps its indexes in
+    /// the task rows: nothing to disagree).
+    async fn index_problems(&self) -> Result<Vec<String>, AdminError> {
+        match self {
+            Reader::Redb(r) => r.index_problems().await,
+            #[cfg(feature = "postgres")]
+            Reader::Postgres(_) => Ok(Vec::new()),
+        }
+    }
+
     /// Backend facts: everything of [`StatsReport`] that is not counted from the records.
     async fn facts(&self, now_ms: u64) -> Result<StatsReport, AdminError> {
         match self {
@@ -521,9 +531,7 @@ async fn open_pg(url: &str) -> Result<Reader, AdminError> {
 
 #[cfg(not(feature = "postgres"))]
 async fn open_pg(_url: &str) -> Result<Reader, AdminError> {
-    Err(AdminError::Unsupported(
-        "this build has no PostgreSQL support (cargo feature `postgres`)".into(),
-    ))
+    Err(no_postgres())
 }
 
 fn held(location: &Location, when: WhenHeld) -> AdminError {
@@ -745,9 +753,7 @@ pub(crate) async fn verify_of(reader: &Reader) -> Result<VerifyReport, AdminErro
             break;
         }
     }
-    if let Reader::Redb(r) = reader {
-        report.index_problems = r.index_problems().await?;
-    }
+    report.index_problems = reader.index_problems().await?;
     Ok(report)
 }
 
@@ -844,9 +850,7 @@ async fn pg_delete(url: &str, ids: Vec<String>) -> Result<(), AdminError> {
 
 #[cfg(not(feature = "postgres"))]
 async fn pg_delete(_url: &str, _ids: Vec<String>) -> Result<(), AdminError> {
-    Err(AdminError::Unsupported(
-        "this build has no PostgreSQL support (cargo feature `postgres`)".into(),
-    ))
+    Err(no_postgres())
 }
 
 /// Every task `filter` selects (its `limit` caps them; `after` starts the scan).
@@ -934,16 +938,20 @@ async fn pg_load(url: &str, dump: Dump) -> Result<(u64, u64), AdminError> {
 
 #[cfg(not(feature = "postgres"))]
 async fn pg_dump(_url: &str) -> Result<Dump, AdminError> {
-    Err(AdminError::Unsupported(
-        "this build has no PostgreSQL support (cargo feature `postgres`)".into(),
-    ))
+    Err(no_postgres())
 }
 
 #[cfg(not(feature = "postgres"))]
 async fn pg_load(_url: &str, _dump: Dump) -> Result<(u64, u64), AdminError> {
-    Err(AdminError::Unsupported(
+    Err(no_postgres())
+}
+
+/// Without the `postgres` feature, every PostgreSQL location answers this.
+#[cfg(not(feature = "postgres"))]
+fn no_postgres() -> AdminError {
+    AdminError::Unsupported(
         "this build has no PostgreSQL support (cargo feature `postgres`)".into(),
-    ))
+    )
 }
 
 /// A duration such as `90s`, `15m`, `2h`, `7d` or `250ms` (for `--older-than`).

@@ -24,22 +24,9 @@ pub(crate) struct PgReader {
 }
 
 fn pg_err(label: &str, e: &tokio_postgres::Error) -> AdminError {
-    let detail = match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => {
-            let mut s = e.to_string();
-            let mut source = std::error::Error::source(e);
-            while let Some(inner) = source {
-                s.push_str(": ");
-                s.push_str(&inner.to_string());
-                source = inner.source();
-            }
-            s
-        }
-    };
     AdminError::Postgres {
         store: label.to_owned(),
-        detail,
+        detail: crate::store::postgres::pg_detail(e),
     }
 }
 

@@ -227,21 +227,12 @@ impl RedbReader {
             let mut out = Vec::new();
             for entry in range.take(limit) {
                 let (id, bytes) = entry.map_err(|e| err(&e))?;
-                let id = id.value().to_owned();
-                out.push(Row {
-                    bytes: bytes.value().to_vec(),
-                    due_ms: due
-                        .get(id.as_str())
-                        .map_err(|e| err(&e))?
-                        .map(|v| v.value()),
-                    live: live.get(id.as_str()).map_err(|e| err(&e))?.is_some(),
-                    seq: seq
-                        .get(id.as_str())
-                        .map_err(|e| err(&e))?
-                        .map(|v| v.value()),
-                    lease: None,
-                    id,
-                });
+                let indexes = Indexes {
+                    live: &live,
+                    due: &due,
+                    seq: &seq,
+                };
+                out.push(indexes.row(path, id.value(), bytes.value())?);
             }
             Ok(out)
         })
@@ -256,23 +247,12 @@ impl RedbReader {
             let Some(bytes) = tasks.get(id.as_str()).map_err(|e| err(&e))? else {
                 return Ok(None);
             };
-            let live = txn.open_table(LIVE).map_err(|e| err(&e))?;
-            let due = txn.open_table(DUE_BY_ID).map_err(|e| err(&e))?;
-            let seq = txn.open_table(SEQ).map_err(|e| err(&e))?;
-            Ok(Some(Row {
-                bytes: bytes.value().to_vec(),
-                due_ms: due
-                    .get(id.as_str())
-                    .map_err(|e| err(&e))?
-                    .map(|v| v.value()),
-                live: live.get(id.as_str()).map_err(|e| err(&e))?.is_some(),
-                seq: seq
-                    .get(id.as_str())
-                    .map_err(|e| err(&e))?
-                    .map(|v| v.value()),
-                lease: None,
-                id,
-            }))
+            let indexes = Indexes {
+                live: &txn.open_table(LIVE).map_err(|e| err(&e))?,
+                due: &txn.open_table(DUE_BY_ID).map_err(|e| err(&e))?,
+                seq: &txn.open_table(SEQ).map_err(|e| err(&e))?,
+            };
+            indexes.row(path, &id, bytes.value()).map(Some)
         })
         .await
     }
@@ -331,26 +311,29 @@ impl RedbReader {
             let err = |e: &dyn std::fmt::Display| redb_err(path, e);
             let tasks = txn.open_table(TASKS).map_err(|e| err(&e))?;
             let mut problems = Vec::new();
+            // Ids an index names that are not stored.
+            let mut orphans = |index: &str, ids: Vec<String>| -> Result<(), AdminError> {
+                for id in ids {
+                    if tasks.get(id.as_str()).map_err(|e| err(&e))?.is_none() {
+                        problems.push(format!("the {index} index names {id} which is not stored"));
+                    }
+                }
+                Ok(())
+            };
             let live = txn.open_table(LIVE).map_err(|e| err(&e))?;
-            for entry in live.iter().map_err(|e| err(&e))? {
-                let (id, _) = entry.map_err(|e| err(&e))?;
-                if tasks.get(id.value()).map_err(|e| err(&e))?.is_none() {
-                    problems.push(format!(
-                        "the live index names {} which is not stored",
-                        id.value()
-                    ));
-                }
-            }
+            let ids = live
+                .iter()
+                .map_err(|e| err(&e))?
+                .map(|e| e.map(|(id, _)| id.value().to_owned()).map_err(|e| err(&e)))
+                .collect::<Result<Vec<_>, _>>()?;
+            orphans("live", ids)?;
             let due_by_id = txn.open_table(DUE_BY_ID).map_err(|e| err(&e))?;
-            for entry in due_by_id.iter().map_err(|e| err(&e))? {
-                let (id, _) = entry.map_err(|e| err(&e))?;
-                if tasks.get(id.value()).map_err(|e| err(&e))?.is_none() {
-                    problems.push(format!(
-                        "the expiry index names {} which is not stored",
-                        id.value()
-                    ));
-                }
-            }
+            let ids = due_by_id
+                .iter()
+                .map_err(|e| err(&e))?
+                .map(|e| e.map(|(id, _)| id.value().to_owned()).map_err(|e| err(&e)))
+                .collect::<Result<Vec<_>, _>>()?;
+            orphans("expiry", ids)?;
             let due = txn.open_table(DUE).map_err(|e| err(&e))?;
             for entry in due.iter().map_err(|e| err(&e))? {
                 let (key, _) = entry.map_err(|e| err(&e))?;
@@ -425,6 +408,27 @@ impl RedbReader {
             }
         }
         Ok(Dump { rows, meta })
+    }
+}
+
+/// The index tables a [`Row`] reads beside the snapshot bytes.
+struct Indexes<'a> {
+    live: &'a redb::ReadOnlyTable<&'static str, ()>,
+    due: &'a redb::ReadOnlyTable<&'static str, u64>,
+    seq: &'a redb::ReadOnlyTable<&'static str, u64>,
+}
+
+impl Indexes<'_> {
+    fn row(&self, path: &Path, id: &str, bytes: &[u8]) -> Result<Row, AdminError> {
+        let err = |e: redb::StorageError| redb_err(path, e);
+        Ok(Row {
+            id: id.to_owned(),
+            bytes: bytes.to_vec(),
+            due_ms: self.due.get(id).map_err(err)?.map(|v| v.value()),
+            live: self.live.get(id).map_err(err)?.is_some(),
+            seq: self.seq.get(id).map_err(err)?.map(|v| v.value()),
+            lease: None,
+        })
     }
 }
 

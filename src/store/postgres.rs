@@ -205,7 +205,7 @@ fn redact(config: &tokio_postgres::Config) -> String {
 }
 
 /// The message of a PostgreSQL error, with the server's own text when there is one.
-fn pg_detail(e: &tokio_postgres::Error) -> String {
+pub(crate) fn pg_detail(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
         None => {

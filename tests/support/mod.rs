@@ -192,4 +192,5 @@ pub fn token_entry(token: &str, tenant: &str, principal: &str, scopes: &[&str]) 
         serde_json::to_string(scopes).unwrap()
     )
 }
+pub mod embedded;
 pub mod legacy;
