@@ -71,6 +71,10 @@ struct ServeArgs {
     /// the other replicas take its tasks over (heartbeats run every third of it).
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
     lease_ttl: Duration,
+    /// Test only: writes of a PostgreSQL store skip the lease and sequence checks (a replica
+    /// that lost a lease overwrites the new owner's work). For the replica crash suite.
+    #[arg(long, hide = true)]
+    unsafe_skip_fencing: bool,
     /// An `Origin` accepted besides the loopback ones (repeatable).
     #[arg(long = "allowed-origin", value_name = "ORIGIN")]
     allowed_origins: Vec<String>,
@@ -409,6 +413,7 @@ async fn store_builder(args: &ServeArgs) -> Result<(RuntimeBuilder, Option<Strin
         let options = mcp_tasks::store::PostgresOptions {
             node_id: args.node_id.clone(),
             lease_ttl: args.lease_ttl,
+            unsafe_skip_fencing: args.unsafe_skip_fencing,
             ..Default::default()
         };
         let store = mcp_tasks::store::Store::postgres(&args.store, options)

@@ -564,7 +564,7 @@ async fn take_over(
                 tracing::info!(task = %id, node = shared.store.node_id(), "took an orphaned task over");
                 let task = id.clone();
                 match supervisor
-                    .call(|port| SupervisorMsg::Ensure(task, port), None)
+                    .call(|port| SupervisorMsg::Claimed(task, port), None)
                     .await
                 {
                     Ok(ractor::rpc::CallResult::Success(Ok(()))) => {}

@@ -21,6 +21,14 @@ pub(crate) enum SupervisorMsg {
     Spawn(Arc<TaskRecord>, RpcReplyPort<Result<(), RpcError>>),
     /// Make sure a stored, non-terminal task has a running actor (rehydrate on touch).
     Ensure(TaskId, RpcReplyPort<Result<(), RpcError>>),
+    /// On a shared store: take the task's lease for this node (whoever holds it) and run it
+    /// here from the stored record, replacing a local actor that is behind the store (a
+    /// request reached this node for a task another node changed or runs).
+    TakeOver(TaskId, RpcReplyPort<Result<(), RpcError>>),
+    /// This node just claimed the task's lease (an orphan): start its actor from the stored
+    /// record, replacing an actor left from an earlier lease of this node (its record may be
+    /// older than the stored one).
+    Claimed(TaskId, RpcReplyPort<Result<(), RpcError>>),
     /// Restart a failed task actor (sent by the backoff timer).
     Restart(TaskId),
     /// Answers once the supervisor handles messages, i.e. after start-up rehydration.
@@ -85,12 +93,26 @@ impl Supervisor {
         myself: &ActorRef<SupervisorMsg>,
         state: &mut SupervisorState,
         id: &TaskId,
+        claimed: bool,
+    ) -> Result<(), RuntimeError> {
+        self.rehydrate_with(myself, state, id, claimed, false).await
+    }
+
+    /// [`Supervisor::rehydrate`]; `steal` = claim the lease even if this node holds it.
+    async fn rehydrate_with(
+        &self,
+        myself: &ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+        id: &TaskId,
+        claimed: bool,
+        steal: bool,
     ) -> Result<(), RuntimeError> {
         let store = &self.shared.store;
-        let take_over = store.is_shared() && !store.holds(id.as_str());
+        let take_over = store.is_shared() && (steal || !store.holds(id.as_str()));
         match self.shared.live.get(id) {
-            // An actor left from a lease this node lost: it stops, the task is claimed anew.
-            Some(stale) if take_over => {
+            // An actor left from a lease this node lost: it stops, the task is claimed anew
+            // (or was just claimed) and runs from the stored record.
+            Some(stale) if take_over || claimed => {
                 stale.actor.stop(Some("lease lost".into()));
                 self.shared.live.remove_if(id, stale.actor.get_id());
             }
@@ -221,13 +243,21 @@ impl Actor for Supervisor {
                 let _ = port.send(r.map(|_| ()).map_err(RpcError::from));
             }
             SupervisorMsg::Ensure(id, port) => {
-                let r = self.rehydrate(&myself, state, &id).await;
+                let r = self.rehydrate(&myself, state, &id, false).await;
+                let _ = port.send(r.map_err(RpcError::from));
+            }
+            SupervisorMsg::TakeOver(id, port) => {
+                let r = self.rehydrate_with(&myself, state, &id, false, true).await;
+                let _ = port.send(r.map_err(RpcError::from));
+            }
+            SupervisorMsg::Claimed(id, port) => {
+                let r = self.rehydrate(&myself, state, &id, true).await;
                 let _ = port.send(r.map_err(RpcError::from));
             }
             SupervisorMsg::Ready(port) => {
                 let _ = port.send(());
             }
-            SupervisorMsg::Restart(id) => match self.rehydrate(&myself, state, &id).await {
+            SupervisorMsg::Restart(id) => match self.rehydrate(&myself, state, &id, false).await {
                 Ok(()) => {}
                 Err(RuntimeError::Store(e)) => {
                     // The store is failing (I/O error, reopening): try again later; the task

@@ -89,10 +89,19 @@ impl Dispatcher {
         }
         let store = &self.shared.store;
         for attempt in 0..2 {
-            // On a shared store, a task whose lease another node holds is taken over first:
-            // the request is applied here, durably, and the other node's actor is fenced at
-            // its next write.
-            let local = if store.is_shared() && !store.holds(record.id.as_str()) {
+            // On a shared store, a task whose lease another node holds, or whose local actor
+            // is behind the record just read (another node changed it), is taken over first:
+            // the request is applied here to the latest record, durably, and the other node's
+            // actor is fenced at its next write. (A stale actor would ignore an answer for a
+            // key it never saw issued, and acknowledge it.)
+            let take_over = store.is_shared()
+                && (!store.holds(record.id.as_str())
+                    || self
+                        .shared
+                        .live
+                        .snapshot(&record.id)
+                        .is_some_and(|local| local.seq < record.seq));
+            let local = if take_over {
                 None
             } else {
                 self.shared.live.get(&record.id)
@@ -102,10 +111,15 @@ impl Dispatcher {
                 None if attempt == 0 => {
                     // A stored live task without an actor (restarting, or its spawn failed).
                     let id = record.id.clone();
-                    let _ = self
-                        .supervisor
-                        .call(|port| SupervisorMsg::Ensure(id, port), None)
-                        .await;
+                    let _ = if take_over {
+                        self.supervisor
+                            .call(|port| SupervisorMsg::TakeOver(id, port), None)
+                            .await
+                    } else {
+                        self.supervisor
+                            .call(|port| SupervisorMsg::Ensure(id, port), None)
+                            .await
+                    };
                     continue;
                 }
                 None => break,

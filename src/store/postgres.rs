@@ -82,9 +82,10 @@ pub struct PostgresOptions {
     /// Keep the tables in this schema (created if missing) instead of the connection's
     /// default (`public`); letters, digits and `_`. Lets tests and tenants share a database.
     pub schema: Option<String>,
-    /// **Test only.** Writes skip the lease check (owner and epoch), keeping only the
-    /// sequence-number check: the replica crash suite uses it to show that its checker
-    /// catches what fencing prevents. Default `false`.
+    /// **Test only.** Writes of a task are unconditional (no owner, epoch or sequence-number
+    /// check: like a job queue that completes a job by its id), so a replica that lost a
+    /// lease overwrites the new owner's work. The replica crash suite uses it to show that
+    /// its checker catches what fencing prevents. Default `false`.
     #[doc(hidden)]
     pub unsafe_skip_fencing: bool,
 }
@@ -370,14 +371,10 @@ impl Inner {
                                         .prepare_cached(
                                             "UPDATE mcp_tasks SET bytes = $2, live = $3, due_ms = $4,
                                                 seq = $5, updated_at = now()
-                                             WHERE id = $1 AND (seq = $6 OR seq IS NULL)",
+                                             WHERE id = $1",
                                         )
                                         .await?;
-                                    tx.execute(
-                                        &st,
-                                        &[id, bytes, live, &due, &seq, &to_i64(expected)],
-                                    )
-                                    .await?
+                                    tx.execute(&st, &[id, bytes, live, &due, &seq]).await?
                                 }
                                 (Some(epoch), false) => {
                                     let st = tx

@@ -6,6 +6,7 @@
 pub mod checker;
 pub mod disk;
 pub mod driver;
+pub mod http;
 pub mod power;
 
 use std::time::Duration;

@@ -1,0 +1,361 @@
+//! Replica crash and partition suite: three `mcp-tasks serve --fixtures crash` replicas over
+//! one PostgreSQL schema, driven over Streamable HTTP by the seeded workload
+//! (tests/sim/driver.rs) with every request sent to a replica picked at random (create on one,
+//! get/update/cancel/listen on others), while replicas are killed with SIGKILL (and restarted,
+//! under the same node id or a new one) or paused with SIGSTOP/SIGCONT, sometimes past their
+//! lease (the dangerous case: the paused replica wakes after its tasks were taken over). After
+//! every fault cycle the harness reads the tasks table and records what is durable; the one
+//! checker (tests/sim/checker.rs) judges the history.
+//!
+//! On replicas steps are at-least-once *across nodes*: a replica that was paused in the
+//! middle of a step finishes it after the new owner committed the same step (its commit is
+//! then refused), so `StepReExecuted` is allowed here; everything else is checked as on one
+//! node. Without fencing (`serve --unsafe-skip-fencing`, test-only) the same workload ends
+//! with a finished task overwritten by a stale replica, which the checker reports.
+//!
+//! `MCP_TASKS_SEED=<seed>` replays a run; `MCP_TASKS_REPLICA_CYCLES=<n>` sets the number of
+//! fault cycles (default 24); `MCP_TASKS_SOAK_SECS=<s>` runs cycles for that long instead.
+#![cfg(all(unix, feature = "postgres"))]
+
+mod pg;
+mod sim;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use mcp_tasks::sim::FileSideEffects;
+use serde_json::Value;
+use sim::checker::{Allow, History, Kind, Report, check};
+use sim::driver::{Alive, Conn, Driver, DriverConfig, always_alive};
+use sim::http::Http;
+use sim::{Rng, env_u64, seeds, soak};
+
+const REPLICAS: usize = 3;
+const LEASE_TTL: &str = "1s";
+
+struct Replica {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        signal(&self.child, libc::SIGCONT);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, sig);
+    }
+}
+
+fn spawn(store: &str, node: &str, effects: &Path, unfenced: bool) -> Replica {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-tasks"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--fixtures", "crash"])
+        .args([
+            "--store",
+            store,
+            "--node-id",
+            node,
+            "--lease-ttl",
+            LEASE_TTL,
+        ])
+        .args(["--restart-budget", "1000000", "--no-quotas"])
+        .arg("--side-effects")
+        .arg(effects)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if unfenced {
+        cmd.arg("--unsafe-skip-fencing");
+    }
+    let mut child = cmd.spawn().expect("start mcp-tasks serve");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        let mut head = Vec::new();
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if let Some(rest) = line.split("listening on http://").nth(1)
+                && let Some(addr) = rest.strip_suffix("/mcp")
+                && let Some(tx) = tx.take()
+            {
+                let _ = tx.send(Ok(addr.trim().to_owned()));
+            }
+            if tx.is_some() && head.len() < 50 {
+                head.push(line);
+            }
+        }
+        if let Some(tx) = tx {
+            let _ = tx.send(Err(head.join("\n")));
+        }
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(Ok(addr)) => Replica {
+            child,
+            addr: addr.parse().unwrap(),
+        },
+        other => {
+            let _ = child.kill();
+            panic!("replica {node} did not start: {other:?}");
+        }
+    }
+}
+
+/// Sends each request to a replica picked at random among those not killed.
+struct Spread {
+    addrs: Arc<Mutex<Vec<Option<SocketAddr>>>>,
+    rng: Mutex<Rng>,
+}
+
+impl Spread {
+    fn pick(&self) -> Option<SocketAddr> {
+        let up: Vec<SocketAddr> = self
+            .addrs
+            .lock()
+            .unwrap()
+            .iter()
+            .flatten()
+            .copied()
+            .collect();
+        self.rng.lock().unwrap().pick(&up).copied()
+    }
+}
+
+impl Conn for Spread {
+    fn call(&self, message: Value) -> BoxFuture<'static, Result<Value, String>> {
+        match self.pick() {
+            Some(addr) => Http { addr }.call(message),
+            None => Box::pin(async { Err("no replica is up".to_owned()) }),
+        }
+    }
+
+    fn listen(
+        &self,
+        message: Value,
+    ) -> BoxFuture<'static, Result<BoxStream<'static, Value>, String>> {
+        match self.pick() {
+            Some(addr) => Http { addr }.listen(message),
+            None => Box::pin(async { Err("no replica is up".to_owned()) }),
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Records the tasks table as durable for `epoch`, then waits until the wall clock passed
+/// every stored `lastUpdatedAt` (so later observations are strictly newer).
+async fn read_durable(pg: &pg::Pg, history: &History, epoch: u32) {
+    let client = pg.client().await;
+    let rows = client
+        .query("SELECT id, bytes FROM mcp_tasks ORDER BY id", &[])
+        .await
+        .expect("read the tasks table");
+    let tasks: Vec<(String, Vec<u8>)> = rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
+    let mut max = 0;
+    for (_, bytes) in &tasks {
+        if let Ok(r) = mcp_tasks::persist::decode(bytes) {
+            max = max.max(r.last_updated_at_ms);
+        }
+    }
+    history.durable(epoch, tasks);
+    while now_ms() <= max {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[derive(Debug, Default)]
+struct Figures {
+    kills: u64,
+    pauses: u64,
+    long_pauses: u64,
+    requests: u64,
+}
+
+/// One run: `cycles` fault cycles (or until `until`) with its own schema and history.
+async fn run(
+    pg: &pg::Pg,
+    seed: u64,
+    cycles: u64,
+    until: Option<Instant>,
+    unfenced: bool,
+    dir: &Path,
+) -> (Report, Figures) {
+    let mut rng = Rng::new(seed);
+    let store = pg.url_with_schema();
+    let effects = dir.join("side-effects.log");
+    let history = Arc::new(History::default());
+    let cfg = DriverConfig {
+        max_tasks: 120,
+        // Steps long enough that a pause often lands inside one.
+        max_delay_ms: if unfenced { 400 } else { 150 },
+        request_timeout: Duration::from_secs(4),
+        ..DriverConfig::default()
+    };
+    let mut driver = Driver::new(rng.fork(1), history.clone(), cfg);
+    let mut figures = Figures::default();
+    let mut nodes: Vec<String> = (0..REPLICAS).map(|i| format!("n{i}")).collect();
+    let mut replicas: Vec<Replica> = nodes
+        .iter()
+        .map(|n| spawn(&store, n, &effects, unfenced))
+        .collect();
+    let addrs = Arc::new(Mutex::new(
+        replicas.iter().map(|r| Some(r.addr)).collect::<Vec<_>>(),
+    ));
+    let conn = Spread {
+        addrs: addrs.clone(),
+        rng: Mutex::new(rng.fork(2)),
+    };
+    let alive: Alive = always_alive();
+    let mut epoch = 0u32;
+    let mut cycle = 0;
+    loop {
+        let more = match until {
+            Some(t) => Instant::now() < t,
+            None => cycle < cycles,
+        };
+        if !more {
+            break;
+        }
+        cycle += 1;
+        let victim = rng.range(0, REPLICAS as u64) as usize;
+        let at = Duration::from_millis(rng.range(50, 400));
+        // Without fencing only pauses past the lease matter; with it, every kind of fault.
+        let mode = if unfenced { 0 } else { rng.range(0, 10) };
+        let pause = Duration::from_millis(if rng.chance(50) || unfenced {
+            rng.range(1300, 2600) // past the 1 s lease: the replica's tasks are taken over
+        } else {
+            rng.range(50, 600)
+        });
+        let pid = replicas[victim].child.id();
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        let a = addrs.clone();
+        let fault = tokio::spawn(async move {
+            tokio::time::sleep(at).await;
+            let sig = |s| unsafe {
+                libc::kill(pid as libc::pid_t, s);
+            };
+            match mode {
+                // SIGSTOP … SIGCONT: the replica stays, paused (requests to it wait).
+                0..5 => {
+                    sig(libc::SIGSTOP);
+                    tokio::time::sleep(pause).await;
+                    sig(libc::SIGCONT);
+                }
+                // Killed (sometimes while stopped): restarted below.
+                _ => {
+                    if mode < 7 {
+                        sig(libc::SIGSTOP);
+                        tokio::time::sleep(pause).await;
+                    }
+                    a.lock().unwrap()[victim] = None;
+                    sig(libc::SIGKILL);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            d.store(true, Ordering::SeqCst);
+        });
+        while !done.load(Ordering::SeqCst) {
+            driver.act(&conn, epoch, &alive).await;
+        }
+        let _ = fault.await;
+        if mode >= 5 {
+            figures.kills += 1;
+            let _ = replicas[victim].child.wait();
+            // Back under the same node id (it claims its own tasks at once) or a new one
+            // (its old tasks are orphans until the lease lapses).
+            if rng.chance(50) {
+                nodes[victim] = format!("n{victim}c{cycle}");
+            }
+            replicas[victim] = spawn(&store, &nodes[victim], &effects, unfenced);
+            addrs.lock().unwrap()[victim] = Some(replicas[victim].addr);
+        } else {
+            figures.pauses += 1;
+            if pause > Duration::from_secs(1) {
+                figures.long_pauses += 1;
+            }
+        }
+        driver.stop_listeners();
+        read_durable(pg, &history, epoch).await;
+        epoch += 1;
+    }
+    // Faults stop: a last stretch of work, then every task must finish (liveness).
+    driver.run(&conn, epoch, 40, &alive).await;
+    driver
+        .settle(&conn, epoch, Duration::from_secs(60), &alive)
+        .await;
+    driver.stop_listeners();
+    read_durable(pg, &history, epoch).await;
+    figures.requests = driver.counts.requests;
+    drop(replicas);
+    let effects = FileSideEffects::read(&effects).unwrap_or_default();
+    let allow = Allow {
+        cross_node_step_reexecution: true,
+        ..Allow::default()
+    };
+    (check(&history.events(), &effects, &allow), figures)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_killed_and_paused_past_their_lease_keep_every_invariant() {
+    let started = Instant::now();
+    let until = soak().map(|d| started + d);
+    let cycles = env_u64("MCP_TASKS_REPLICA_CYCLES", 24);
+    let seed = seeds(0x5EED_0A11, 1)[0];
+    let Some(pg) = pg::fresh().await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (report, f) = run(&pg, seed, cycles, until, false, dir.path()).await;
+    eprintln!(
+        "replicas: seed {seed:#x}, {REPLICAS} replicas, {} kills, {} pauses ({} past the lease), {} requests: {}; {:.1}s",
+        f.kills,
+        f.pauses,
+        f.long_pauses,
+        f.requests,
+        report.summary(20),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        report.is_clean(),
+        "seed {seed:#x} (replay with MCP_TASKS_SEED={seed:#x}): {}",
+        report.summary(20)
+    );
+    pg.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_fencing_a_stale_replica_overwrites_a_finished_task() {
+    let Some(pg) = pg::fresh().await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let seed = seeds(0xBAD_0F0E, 1)[0];
+    let (report, f) = run(&pg, seed, 8, None, true, dir.path()).await;
+    eprintln!(
+        "unfenced replicas: seed {seed:#x}, {} pauses past the lease: {}",
+        f.long_pauses,
+        report.summary(5)
+    );
+    assert!(
+        report.has(Kind::TerminalChanged) || report.has(Kind::SeqBackwards),
+        "seed {seed:#x}: without fencing a stale replica should have overwritten a task: {}",
+        report.summary(20)
+    );
+    pg.drop().await;
+}
