@@ -32,7 +32,12 @@ struct Server {
 
 impl Server {
     async fn start(store: &Path) -> Self {
+        Self::start_with(store, mcp_tasks::quota::Quotas::default()).await
+    }
+
+    async fn start_with(store: &Path, quotas: mcp_tasks::quota::Quotas) -> Self {
         let rt = mcp_tasks::fixtures::conformance::install(Runtime::builder(store))
+            .quotas(quotas)
             .start()
             .await
             .expect("the runtime starts");
@@ -495,6 +500,79 @@ async fn a_disconnected_stream_resumes_with_last_event_id() {
     assert!(
         response["result"]["content"][0]["text"].is_string(),
         "{response}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn past_the_listen_quota_tasks_are_followed_by_polling() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut quotas = mcp_tasks::quota::Quotas::default();
+    quotas.max_listens = 1;
+    let server = Server::start_with(&dir.path().join("s.redb"), quotas).await;
+    let mut client = Client::new(&server.url());
+    client.initialize(caps()).await;
+    let mut tasks = Vec::new();
+    for id in 1..=3 {
+        let create = client
+            .result(
+                id,
+                "tools/call",
+                json!({ "name": "slow_compute",
+                "arguments": { "seconds": 1, "label": format!("t{id}") }, "task": {} }),
+            )
+            .await;
+        tasks.push(task_of(&create));
+    }
+    let asking = task_of(
+        &client
+            .result(
+                4,
+                "tools/call",
+                json!({ "name": "confirm_delete",
+                "arguments": { "filename": "q.txt" }, "task": {} }),
+            )
+            .await,
+    );
+    // Every tasks/result gets its answer although at most one listen is allowed.
+    let waits = tasks.iter().enumerate().map(|(i, task)| {
+        let client = client.clone();
+        let task = task.clone();
+        async move {
+            client
+                .call(10 + i as u64, "tasks/result", json!({ "taskId": task }))
+                .await
+        }
+    });
+    for (i, done) in futures::future::join_all(waits)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        let text = done["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(text.contains(&format!("`t{}`", i + 1)), "{done}");
+    }
+    let body = json!({ "jsonrpc": "2.0", "id": 20, "method": "tasks/result", "params": { "taskId": asking } });
+    let Reply::Stream(mut result) = client.post(&body).await else {
+        panic!("tasks/result streams while the task waits")
+    };
+    let ask = result
+        .until("the elicitation", |m| m["method"] == "elicitation/create")
+        .await;
+    client
+        .answer(
+            &ask,
+            json!({ "action": "accept", "content": { "confirm": false } }),
+        )
+        .await;
+    let done = result
+        .until("the result", |m| m.get("id") == Some(&json!(20)))
+        .await;
+    assert_eq!(
+        done["result"]["content"][0]["text"],
+        "Kept q.txt: the deletion was not confirmed."
     );
     server.stop().await;
 }

@@ -1,8 +1,9 @@
 //! Legacy (`2025-11-25`) clients over stdio: the real binary (`mcp-tasks serve --stdio
 //! --fixtures conformance`) as a child process. The connection that opens with `initialize`
 //! is the session; server-to-client requests and task notifications are lines between the
-//! responses, and the client's responses are lines too. The server is restarted in the
-//! middle of a task (a new process on the same store, a new session): the task finishes.
+//! responses, and the client's responses are lines too. The server is killed (SIGKILL) in
+//! the middle of two tasks and started again on the same store with a new session: both
+//! tasks finish.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
@@ -108,6 +109,12 @@ impl Server {
         self.send(&json!({ "jsonrpc": "2.0", "id": request["id"], "result": result }));
     }
 
+    /// Kills the process (SIGKILL): no shutdown of any kind.
+    fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
     /// Closes stdin and waits for a clean exit.
     fn stop(mut self) {
         drop(self.stdin.take());
@@ -187,8 +194,8 @@ fn legacy_session_on_stdio_with_tasks_across_a_restart() {
         .unwrap()
         .to_owned();
 
-    // Restart: a new process on the same store, a new session.
-    server.stop();
+    // A crash (SIGKILL), then a new process on the same store and a new session.
+    server.kill();
     let mut server = Server::start(&store);
     server.initialize();
     let got = server.result(6, "tasks/get", json!({ "taskId": task }));

@@ -16,6 +16,8 @@ use tokio::sync::{oneshot, watch};
 const LOG_CAPACITY: usize = 1024;
 /// A session without open streams or activity for this long is forgotten by this process.
 const IDLE: Duration = Duration::from_secs(3600);
+/// Watchers of one session that follow their task with a listen; more poll instead.
+const LISTENING_WATCHERS: u64 = 4;
 /// How long a finished stream stays resumable.
 const FINISHED_RETENTION: Duration = Duration::from_secs(300);
 
@@ -157,6 +159,8 @@ pub(crate) struct Live {
     sent_inputs: Mutex<BTreeSet<String>>,
     /// Open `tasks/result` streams per task.
     result_streams: Mutex<HashMap<String, usize>>,
+    /// Watchers of this session that hold a listen.
+    listening_watchers: Arc<AtomicU64>,
     last_used: Mutex<Instant>,
     /// The session ended: everything it runs stops.
     pub(crate) ended: watch::Sender<bool>,
@@ -173,6 +177,7 @@ impl Live {
             watched: Mutex::new(BTreeSet::new()),
             sent_inputs: Mutex::new(BTreeSet::new()),
             result_streams: Mutex::new(HashMap::new()),
+            listening_watchers: Arc::new(AtomicU64::new(0)),
             last_used: Mutex::new(Instant::now()),
             ended: watch::channel(false).0,
         })
@@ -250,6 +255,18 @@ impl Live {
         }
     }
 
+    /// A place among the session's listening watchers (at most [`LISTENING_WATCHERS`]),
+    /// held until dropped; `None` when they are all taken.
+    pub(crate) fn listening_watcher(&self) -> Option<WatcherSlot> {
+        let counter = self.listening_watchers.clone();
+        counter
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < LISTENING_WATCHERS).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| WatcherSlot(counter))
+    }
+
     /// Whether a `tasks/result` stream of `task` is open.
     pub(crate) fn has_result_stream(&self, task: &str) -> bool {
         lock(&self.result_streams).get(task).is_some_and(|n| *n > 0)
@@ -265,6 +282,15 @@ impl Live {
             && lock(&self.pending).is_empty()
             && lock(&self.watched).is_empty()
             && now.duration_since(*lock(&self.last_used)) > IDLE
+    }
+}
+
+/// A listening watcher's place; released when dropped.
+pub(crate) struct WatcherSlot(Arc<AtomicU64>);
+
+impl Drop for WatcherSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
@@ -25,6 +26,8 @@ use crate::wire::{methods, results};
 
 /// Tasks per `tasks/list` page.
 const PAGE_SIZE: usize = 50;
+/// How often a task followed without a listen is read.
+const POLL: Duration = Duration::from_millis(250);
 
 /// A modern task object (`CreateTaskResult`, `DetailedTask`) as a 2025-11-25 `Task`:
 /// `ttl`/`pollInterval` for `ttlMs`/`pollIntervalMs`, and `failed` for a completed tool call
@@ -242,7 +245,11 @@ impl Call {
         let _guard = live.result_stream(task);
         let mut ended = live.ended.subscribe();
         let mut asked = std::collections::BTreeSet::new();
-        let mut stream = match self.legacy.listen(&self.session, &self.owner, task).await? {
+        let mut stream = match self
+            .legacy
+            .follow(&self.session, &self.owner, task, true)
+            .await?
+        {
             Some(stream) => stream,
             None => return Err(RpcError::task_not_found()),
         };
@@ -295,6 +302,71 @@ fn task_notification(message: &Value) -> Option<&Value> {
 }
 
 impl Legacy {
+    /// A task's committed snapshots for `owner`, as `notifications/tasks` messages: from a
+    /// modern listen when `listen` is asked and the owner's listen quota admits one, else
+    /// from modern `tasks/get` every [`POLL`] (a change of status or `lastUpdatedAt` is a new
+    /// snapshot; the stream ends after a terminal one). `None` if the task is not the
+    /// owner's or unknown.
+    async fn follow(
+        self: &Arc<Self>,
+        session: &Session,
+        owner: &Owner,
+        task: &str,
+        listen: bool,
+    ) -> Result<Option<BoxStream<'static, Value>>, RpcError> {
+        if listen {
+            match self.listen(session, owner, task).await {
+                Err(e) if e.code == crate::error::code::QUOTA_EXCEEDED => {
+                    tracing::debug!(%task, "listen quota reached; following a legacy task by polling");
+                }
+                other => return other,
+            }
+        }
+        let first = self.get(session, owner, task).await?;
+        let legacy = self.clone();
+        let (session, owner, task) = (session.clone(), owner.clone(), task.to_owned());
+        let state = (Some(first), None::<(Value, Value)>, false);
+        let polled = futures::stream::unfold(state, move |(mut next, mut seen, done)| {
+            let (legacy, session, owner, task) =
+                (legacy.clone(), session.clone(), owner.clone(), task.clone());
+            async move {
+                if done {
+                    return None;
+                }
+                loop {
+                    let detail = match next.take() {
+                        Some(d) => d,
+                        None => {
+                            tokio::time::sleep(POLL).await;
+                            legacy.get(&session, &owner, &task).await.ok()?
+                        }
+                    };
+                    let key = (detail["status"].clone(), detail["lastUpdatedAt"].clone());
+                    if seen.as_ref() == Some(&key) {
+                        continue;
+                    }
+                    let terminal = is_terminal(detail["status"].as_str());
+                    seen = Some(key);
+                    let message = json!({ "jsonrpc": "2.0", "method": "notifications/tasks", "params": detail });
+                    return Some((message, (None, seen, terminal)));
+                }
+            }
+        });
+        Ok(Some(polled.boxed()))
+    }
+
+    /// Modern `tasks/get` of `task` for `owner` (the detailed task).
+    async fn get(&self, session: &Session, owner: &Owner, task: &str) -> Result<Value, RpcError> {
+        let request = json!({
+            "jsonrpc": "2.0", "id": "mcp-tasks/get", "method": methods::TASKS_GET,
+            "params": { "taskId": task, "_meta": modern_meta(session, None, true) }
+        });
+        let ctx = RequestContext::new(owner.clone());
+        let response =
+            super::final_response(self.handle.dispatch_json(request, &ctx).await, None).await;
+        super::into_result(response)
+    }
+
     /// A modern listen stream on one task of `owner`: `None` if the task is not theirs or
     /// unknown (the acknowledgement agrees to no task).
     async fn listen(
@@ -302,7 +374,7 @@ impl Legacy {
         session: &Session,
         owner: &Owner,
         task: &str,
-    ) -> Result<Option<futures::stream::BoxStream<'static, Value>>, RpcError> {
+    ) -> Result<Option<BoxStream<'static, Value>>, RpcError> {
         let request = json!({
             "jsonrpc": "2.0", "id": format!("mcp-tasks/follow/{task}"),
             "method": methods::SUBSCRIPTIONS_LISTEN,
@@ -322,7 +394,10 @@ impl Legacy {
                     .is_some_and(|ids| !ids.is_empty());
                 Ok(agreed.then(|| stream.boxed()))
             }
-            Outcome::Reply(reply) => Err(super::into_result(reply.body).unwrap_err()),
+            Outcome::Reply(reply) => match super::into_result(reply.body) {
+                Err(e) => Err(e),
+                Ok(_) => Err(RpcError::internal("the listen ended at once")),
+            },
             Outcome::Accepted => Ok(None),
         }
     }
@@ -360,7 +435,13 @@ impl Legacy {
         }
         tokio::spawn(async move {
             let mut ended = live.ended.subscribe();
-            let stream = match self.listen(&session, &owner, &task).await {
+            // A few watchers per session listen; the others poll, so that legacy tasks never
+            // use up the owner's listen quota.
+            let listener = live.listening_watcher();
+            let stream = match self
+                .follow(&session, &owner, &task, listener.is_some())
+                .await
+            {
                 Ok(Some(stream)) => stream,
                 Ok(None) => {
                     live.unwatch_task(&task);
