@@ -111,7 +111,7 @@ pub struct FilterArgs {
 }
 
 fn parse_status(s: &str) -> Result<String, String> {
-    match mcp_tasks::task::TaskStatus::from_wire(s) {
+    match mcp_tasks::TaskStatus::from_wire(s) {
         Some(status) => Ok(status.as_str().to_owned()),
         None => Err(format!(
             "`{s}` is not a status (working, input_required, completed, failed, cancelled)"

@@ -8,7 +8,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::error::RpcError;
+use crate::wire::error::RpcError;
 
 /// Size limits per call and per task. `Default` gives the documented defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -523,7 +523,7 @@ async fn serve_http(args: ServeArgs) -> ExitCode {
     let reloader = tokio::spawn(reload_on_hangup(tokens));
     let served = until_signal(&runtime, serving, stop_tx).await;
     reloader.abort();
-    let halted = runtime.store().halted();
+    let halted = runtime.halted();
     runtime.shutdown().await;
     if let Some(code) = halted_exit(halted) {
         return code;
@@ -560,7 +560,7 @@ async fn serve_stdio(args: ServeArgs) -> ExitCode {
     );
     let served = until_signal(&runtime, serving, stop_tx).await;
     runtime.begin_shutdown();
-    let halted = runtime.store().halted();
+    let halted = runtime.halted();
     runtime.shutdown().await;
     if let Some(code) = halted_exit(halted) {
         return code;
@@ -601,7 +601,7 @@ async fn until_signal<T>(
             let _ = stop.send(());
             finish(serving).await
         }
-        detail = runtime.store().wait_halted() => {
+        detail = runtime.wait_halted() => {
             tracing::error!(%detail, "the task store halted after a failed fsync; stopping the server");
             runtime.begin_shutdown();
             let _ = stop.send(());

@@ -14,7 +14,7 @@
 //! | [`Quotas::max_listen_task_ids`] | memory and fan-out: each followed id holds a follower (~700 B) and costs a send per update | 4,096 across all listens |
 //!
 //! Owners are counted separately: one principal at its limits does not reduce anyone else's.
-//! A refusal is [`QuotaError`], answered as JSON-RPC [`crate::error::code::QUOTA_EXCEEDED`]
+//! A refusal is [`QuotaError`], answered as JSON-RPC [`crate::wire::error::code::QUOTA_EXCEEDED`]
 //! (HTTP `429` with `Retry-After`); nothing is stored for the refused request. The HTTP
 //! transport adds the limits that are not about the owner's state (request body size,
 //! connections, concurrent requests per principal, timeouts).

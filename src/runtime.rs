@@ -10,77 +10,20 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::actor::{LiveTasks, Shared, Supervisor, SupervisorMsg, TaskMsg};
+use crate::actor::{Supervisor, SupervisorMsg};
+use crate::shared::{LiveTasks, Shared, TaskMsg};
+pub use crate::shared::RuntimeConfig;
 use crate::catalog::{
     Catalog, CatalogError, Completer, CompletionRef, Prompt, Resource, ResourceTemplate,
 };
 use crate::clock::{Clock, SystemClock};
-use crate::limits::Limits;
-use crate::protocol::request_state::{KEY_META, RequestStateCodec};
-use crate::protocol::{Dispatcher, Outcome, Reply, RequestContext};
+use crate::shared::request_state::{KEY_META, RequestStateCodec};
+use crate::protocol::{Dispatcher, Dispatched, Reply, RequestContext};
 use crate::store::{BackendFactory, Store, StoreError, StoreOptions, WriteOp};
 use crate::task::Owner;
-use crate::tool::registry::RegistryError;
+use crate::tool::RegistryError;
 use crate::tool::{Tool, ToolRegistry};
 use crate::wire::ServerInfo;
-use crate::wire::results::CacheHints;
-
-/// Tunables of a runtime. `Default` gives production values.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct RuntimeConfig {
-    pub server_info: ServerInfo,
-    pub instructions: Option<String>,
-    /// Time to live of a task from its creation (a tool may override it); `None` is unlimited.
-    /// Past it a live task is failed ("Task has expired") and every task answers `-32602
-    /// "Task has expired"`. Default 15 minutes (`serve --task-ttl`).
-    pub default_ttl: Option<Duration>,
-    /// The `pollIntervalMs` suggested to clients.
-    pub poll_interval: Duration,
-    /// How long a task stays stored after its expiry (answering "expired") before the reaper
-    /// deletes it; a finished task is therefore kept `ttl + retention` after its creation.
-    /// Default 1 hour (`serve --expired-retention`).
-    pub expired_retention: Duration,
-    /// How long a working task's tool may take to honour a cancellation request before it is
-    /// stopped and the task marked `cancelled`.
-    pub cancel_grace: Duration,
-    /// Runs of a `working` task's tool that may end in a crash, a kill or a panic without
-    /// progress (a new step or input request) before the task is marked `failed`: its tool is
-    /// started at most `1 + restart_budget` times in a row without progress. The count is
-    /// persisted in the task (`TaskRecord::attempts`), so it holds across process restarts; a
-    /// clean shutdown and a store failure do not count. Default 3.
-    pub restart_budget: u32,
-    /// First restart delay; doubles with every further failure (capped at 30 s).
-    pub restart_backoff: Duration,
-    /// How often the expiry reaper looks at the expiry index.
-    pub reaper_interval: Duration,
-    pub cache_hints: CacheHints,
-    /// Size limits per call and per task (see [`Limits`] for the defaults).
-    pub limits: Limits,
-    /// Per-owner limits on live tasks, creation rate and listens. The default here is
-    /// [`crate::quota::Quotas::unlimited`]: an embedder decides; `mcp-tasks serve` uses
-    /// [`crate::quota::Quotas::default`], the limits recommended for a shared server.
-    pub quotas: crate::quota::Quotas,
-}
-
-impl Default for RuntimeConfig {
-    fn default() -> Self {
-        Self {
-            server_info: ServerInfo::default(),
-            instructions: None,
-            default_ttl: Some(Duration::from_secs(15 * 60)),
-            poll_interval: Duration::from_secs(1),
-            expired_retention: Duration::from_secs(60 * 60),
-            cancel_grace: Duration::from_secs(10),
-            restart_budget: 3,
-            restart_backoff: Duration::from_millis(100),
-            reaper_interval: Duration::from_secs(1),
-            cache_hints: CacheHints::default(),
-            limits: Limits::default(),
-            quotas: crate::quota::Quotas::unlimited(),
-        }
-    }
-}
 
 /// Why a runtime did not start.
 #[derive(Debug, thiserror::Error)]
@@ -376,7 +319,29 @@ impl Runtime {
         self.dispatcher.shared.live.len()
     }
 
-    /// The store (for tools that want their own records, and for tests).
+    /// Why the task store stopped accepting writes, if it did: after a failed fsync the store
+    /// halts for good (nothing acknowledged is lost, nothing more is written) and the server
+    /// must be restarted. `None` while it works.
+    pub fn halted(&self) -> Option<String> {
+        self.dispatcher.shared.store.halted()
+    }
+
+    /// Resolves with the reason once the task store halts (see [`Runtime::halted`]); a
+    /// server selects on it to stop instead of answering every write with an error.
+    pub async fn wait_halted(&self) -> String {
+        self.dispatcher.shared.store.wait_halted().await
+    }
+
+    /// The runtime's store, for the crate's own administration (the admin socket answers
+    /// read-only commands from it).
+    pub(crate) fn shared_store(&self) -> &Store {
+        &self.dispatcher.shared.store
+    }
+
+    /// The raw store, which can break every invariant of the runtime (delete a live task,
+    /// replace the signing key). Only for this crate's own tests.
+    #[cfg(any(test, feature = "unstable-internals"))]
+    #[doc(hidden)]
     pub fn store(&self) -> &Store {
         &self.dispatcher.shared.store
     }
@@ -448,12 +413,12 @@ impl RuntimeHandle {
 
     /// Handles one raw JSON-RPC message with a full request context: nothing (a
     /// notification), one response, or a stream (`subscriptions/listen`).
-    pub async fn dispatch(&self, message: &[u8], ctx: &RequestContext) -> Outcome {
+    pub async fn dispatch(&self, message: &[u8], ctx: &RequestContext) -> Dispatched {
         self.dispatcher.handle(message, ctx).await
     }
 
     /// Handles one JSON-RPC message given as JSON with a full request context.
-    pub async fn dispatch_json(&self, message: Value, ctx: &RequestContext) -> Outcome {
+    pub async fn dispatch_json(&self, message: Value, ctx: &RequestContext) -> Dispatched {
         self.dispatcher.handle_value(message, ctx).await
     }
 
@@ -614,7 +579,7 @@ pub(crate) async fn reap_due(
     shared: &Shared,
     supervisor: &ActorRef<SupervisorMsg>,
     stop: &watch::Receiver<bool>,
-) -> Result<ReapPass, crate::error::RuntimeError> {
+) -> Result<ReapPass, crate::shared::RuntimeError> {
     let mut total = ReapPass::default();
     loop {
         let pass = reap_once(shared, supervisor).await?;
@@ -658,7 +623,7 @@ impl ReapPass {
 pub(crate) async fn reap_once(
     shared: &Shared,
     supervisor: &ActorRef<SupervisorMsg>,
-) -> Result<ReapPass, crate::error::RuntimeError> {
+) -> Result<ReapPass, crate::shared::RuntimeError> {
     let now = shared.now_ms();
     let due = shared.store.due(now, REAP_BATCH).await?;
     let mut pass = ReapPass {

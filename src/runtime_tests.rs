@@ -346,10 +346,10 @@ async fn expiry_and_give_up_racing_restarts_never_change_a_terminal_state() {
         for (_, (_, terminal)) in seen {
             if let Some(t) = terminal {
                 let key = match &t.outcome {
-                    Some(crate::task::Outcome::Error(e)) if e.message.contains("expired") => {
+                    Some(crate::task::TaskOutcome::Error(e)) if e.message.contains("expired") => {
                         "failed (expired)"
                     }
-                    Some(crate::task::Outcome::Error(e)) if e.message.contains("given up") => {
+                    Some(crate::task::TaskOutcome::Error(e)) if e.message.contains("given up") => {
                         "failed (given up)"
                     }
                     _ => t.status.as_str(),

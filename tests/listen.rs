@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use mcp_tasks::tool::{CallToolResult, TaskPolicy, ToolDescriptor, tool_fn};
-use mcp_tasks::{MessageStream, Outcome, Owner, RequestContext, Runtime};
+use mcp_tasks::{Dispatched, MessageStream, Owner, RequestContext, Runtime};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
@@ -41,7 +41,7 @@ async fn listen(rt: &Runtime, owner: &Owner, id: Value, task_ids: &[&str]) -> Me
         .dispatch_json(msg, &RequestContext::new(owner.clone()))
         .await
     {
-        Outcome::Stream(s) => s,
+        Dispatched::Stream(s) => s,
         other => panic!("listen did not stream: {other:?}"),
     }
 }

@@ -1575,7 +1575,7 @@ async fn mrtr_subscriptions_prompts_and_resources() {
         json!({ "notifications": { "taskIds": [task] } }),
         caps.clone(),
     );
-    let mcp_tasks::Outcome::Stream(mut stream) = runtime
+    let mcp_tasks::Dispatched::Stream(mut stream) = runtime
         .handle()
         .dispatch_json(listen, &mcp_tasks::RequestContext::new(owner.clone()))
         .await
@@ -1640,7 +1640,7 @@ async fn completions_resources_rich_content_and_progress() {
         ResourceContents, ResourceTemplate, completer_fn, prompt_fn,
     };
     use mcp_tasks::content;
-    use mcp_tasks::protocol::{Outcome, RequestContext};
+    use mcp_tasks::protocol::{Dispatched, RequestContext};
     use mcp_tasks::tool::TaskPolicy;
 
     let dir = tempfile::tempdir().expect("tempdir");
@@ -1779,7 +1779,7 @@ async fn completions_resources_rich_content_and_progress() {
     );
     msg["params"]["_meta"]["progressToken"] = json!("p-7");
     let ctx = RequestContext::new(owner.clone()).with_streams(true);
-    let Outcome::Stream(mut stream) = runtime.handle().dispatch_json(msg, &ctx).await else {
+    let Dispatched::Stream(mut stream) = runtime.handle().dispatch_json(msg, &ctx).await else {
         panic!("a call with a progressToken that reports progress streams");
     };
     use futures::StreamExt as _;

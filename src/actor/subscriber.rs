@@ -16,9 +16,9 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc::{self, OwnedPermit, error::TrySendError};
 use tokio::task::JoinHandle;
 
-use super::Shared;
+use crate::shared::Shared;
 use crate::task::{TaskId, TaskRecord};
-use crate::wire::{keys, results};
+use crate::wire::keys;
 
 /// How many notifications wait in a listen stream before the latest-wins map takes over.
 pub(crate) const OUTPUT_CAPACITY: usize = 16;
@@ -80,7 +80,7 @@ impl SubscriberState {
     }
 
     fn notification(&self, record: &TaskRecord, shared: &Shared) -> Value {
-        let mut params = results::detailed_task(record, &shared.config.server_info);
+        let mut params = crate::task::json::detailed_task(record, &shared.config.server_info);
         params.insert(
             "_meta".into(),
             json!({ keys::SUBSCRIPTION_ID: self.subscription_id.clone() }),

@@ -10,8 +10,10 @@ use std::time::Duration;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use super::task::Start;
-use super::{FencedStop, Shared, StoreFailure, TaskActor};
-use crate::error::{RpcError, RuntimeError};
+use super::{FencedStop, StoreFailure, TaskActor};
+use crate::shared::Shared;
+use crate::shared::RuntimeError;
+use crate::wire::error::RpcError;
 use crate::persist;
 use crate::task::{TaskId, TaskRecord};
 

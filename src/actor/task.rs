@@ -1,37 +1,36 @@
 //! The task actor: owns one live task's record and runs its tool.
 
-use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use serde_json::Value;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{LiveTask, Shared};
-use crate::error::{RpcError, RuntimeError, code};
+use crate::shared::{LiveTask, RuntimeError, Shared, TaskMsg};
 use crate::store::StoreError;
-use crate::task::{Event, Outcome, TaskError, TaskRecord, TransitionError, apply};
-use crate::tool::{CallToolResult, ToolContext, ToolError, context::TaskLink};
+use crate::wire::error::{RpcError, code};
+use crate::task::{Event, TaskOutcome, TaskError, TaskRecord, TransitionError, apply};
+use crate::tool::context::{EventSink, TaskLink};
+use crate::tool::{ToolContext, ToolError};
 
-/// Messages a task actor handles.
-pub enum TaskMsg {
-    /// `tasks/update`: answers for outstanding input keys.
-    Update(BTreeMap<String, Value>, RpcReplyPort<Result<(), RpcError>>),
-    /// `tasks/cancel`.
-    Cancel(RpcReplyPort<Result<(), RpcError>>),
-    /// The reaper found the task past its time to live.
-    Expire(RpcReplyPort<Result<(), RpcError>>),
-    /// An event recorded by the running tool (a step, an input request, a status message).
-    Tool(Event, RpcReplyPort<Result<(), RpcError>>),
-    /// The tool's future ended.
-    ToolExited(Result<CallToolResult, ToolError>),
-    /// The tool's future panicked: the actor fails and the supervisor restarts it.
-    ToolPanicked(String),
-    /// The grace period after a cancellation request ended.
-    CancelGraceElapsed,
+/// A running tool's events go to its task actor as [`TaskMsg::Tool`].
+struct ActorEvents(ActorRef<TaskMsg>);
+
+impl EventSink for ActorEvents {
+    fn record(&self, event: Event) -> futures::future::BoxFuture<'_, Result<(), ToolError>> {
+        Box::pin(async move {
+            match self.0.call(|reply| TaskMsg::Tool(event, reply), None).await {
+                Ok(ractor::rpc::CallResult::Success(Ok(()))) => Ok(()),
+                Ok(ractor::rpc::CallResult::Success(Err(e))) => {
+                    Err(ToolError::Runtime(e.message))
+                }
+                Ok(_) => Err(ToolError::Runtime("the task actor did not answer".into())),
+                Err(e) => Err(ToolError::Runtime(format!("the task actor is gone: {e}"))),
+            }
+        })
+    }
 }
 
 /// Aborts the tool's tokio task when the actor's state is dropped, also when the actor
@@ -121,7 +120,7 @@ impl TaskActor {
             return false;
         };
         let link = TaskLink {
-            actor: myself.clone(),
+            events: Box::new(ActorEvents(myself.clone())),
             snapshots: state.publisher.subscribe(),
             limits: self.shared.config.limits,
         };
@@ -183,7 +182,7 @@ impl TaskActor {
                 ),
                 data: None,
             };
-            self.transition(myself, state, Event::Finish(Outcome::Error(error)))
+            self.transition(myself, state, Event::Finish(TaskOutcome::Error(error)))
                 .await?;
             return Ok(false);
         }
@@ -355,15 +354,15 @@ impl Actor for TaskActor {
                     Ok(result) => {
                         let result = result.to_json();
                         match self.shared.config.limits.check_result(&result) {
-                            Ok(()) => Event::Finish(Outcome::Result(result)),
-                            Err(e) => Event::Finish(Outcome::Error(TaskError {
+                            Ok(()) => Event::Finish(TaskOutcome::Result(result)),
+                            Err(e) => Event::Finish(TaskOutcome::Error(TaskError {
                                 code: e.code,
                                 message: e.message,
                                 data: None,
                             })),
                         }
                     }
-                    Err(ToolError::Rpc(e)) => Event::Finish(Outcome::Error(TaskError {
+                    Err(ToolError::Rpc(e)) => Event::Finish(TaskOutcome::Error(TaskError {
                         code: e.code,
                         message: e.message,
                         data: e.data,
@@ -371,7 +370,7 @@ impl Actor for TaskActor {
                     Err(ToolError::Cancelled) => Event::Cancelled {
                         status_message: None,
                     },
-                    Err(ToolError::InputRequired(_)) => Event::Finish(Outcome::Error(TaskError {
+                    Err(ToolError::InputRequired(_)) => Event::Finish(TaskOutcome::Error(TaskError {
                         code: code::INTERNAL_ERROR,
                         message: "the tool asked for input outside a task".into(),
                         data: None,

@@ -700,8 +700,8 @@ pub(crate) async fn show_of(reader: &Reader, id: &str) -> Result<TaskDetail, Adm
         input_requests_pending: record.pending_inputs.clone(),
         input_answers: record.answers.clone(),
         outcome: record.outcome.as_ref().map(|o| match o {
-            crate::task::Outcome::Result(result) => serde_json::json!({ "result": result }),
-            crate::task::Outcome::Error(e) => serde_json::json!({
+            crate::task::TaskOutcome::Result(result) => serde_json::json!({ "result": result }),
+            crate::task::TaskOutcome::Error(e) => serde_json::json!({
                 "error": { "code": e.code, "message": e.message, "data": e.data }
             }),
         }),

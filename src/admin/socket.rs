@@ -148,7 +148,7 @@ impl crate::runtime::Runtime {
     /// holds it. `Ok(None)` for other stores. Keep the returned guard: dropping it closes the
     /// socket and removes its file.
     pub fn admin_socket(&self) -> Result<Option<AdminSocket>, AdminError> {
-        match self.store().backend().as_redb() {
+        match self.shared_store().backend().as_redb() {
             Some(redb) => bind(redb.clone(), redb.path()).map(Some),
             None => Ok(None),
         }

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::error::{RpcError, code};
+use crate::wire::error::{RpcError, code};
 
 /// Everything a client call can fail with.
 #[derive(Debug, thiserror::Error)]

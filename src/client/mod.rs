@@ -59,9 +59,9 @@ pub use error::ClientError;
 pub use store::{HandleStore, SavedTask};
 pub use transport::{HttpTransport, InProcessTransport, Response, Transport};
 
-use crate::error::RpcError;
 use crate::runtime::RuntimeHandle;
 use crate::task::{Owner, TaskStatus};
+use crate::wire::error::RpcError;
 use crate::wire::{PROTOCOL_VERSION, TASKS_EXTENSION, keys, methods};
 
 /// The poll interval used when a task does not suggest one.

@@ -14,7 +14,7 @@ use reqwest::header::{self, HeaderValue};
 use serde_json::Value;
 
 use super::ClientError;
-use crate::protocol::{Outcome, RequestContext};
+use crate::protocol::{Dispatched, RequestContext};
 use crate::runtime::RuntimeHandle;
 use crate::task::Owner;
 use crate::wire::{PROTOCOL_VERSION, keys, methods};
@@ -452,9 +452,9 @@ impl Transport for InProcessTransport {
         Box::pin(async move {
             let ctx = RequestContext::new(self.owner.clone());
             Ok(match self.handle.dispatch_json(message, &ctx).await {
-                Outcome::Accepted => Response::Accepted,
-                Outcome::Reply(reply) => Response::Message(reply.body),
-                Outcome::Stream(stream) => Response::Stream(stream.map(Ok).boxed()),
+                Dispatched::Accepted => Response::Accepted,
+                Dispatched::Reply(reply) => Response::Message(reply.body),
+                Dispatched::Stream(stream) => Response::Stream(stream.map(Ok).boxed()),
             })
         })
     }

@@ -28,13 +28,13 @@ use futures::{StreamExt, future};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
-use crate::actor::Shared;
-use crate::error::RpcError;
-use crate::protocol::{Outcome, RequestContext};
+use crate::protocol::{Dispatched, RequestContext};
 use crate::runtime::RuntimeHandle;
+use crate::shared::Shared;
 use crate::store::WriteOp;
 use crate::task::Owner;
 use crate::tool::TaskPolicy;
+use crate::wire::error::RpcError;
 use crate::wire::{self, LogLevel, TASKS_EXTENSION, keys, methods};
 
 pub(crate) use hub::{Live, parse_event_id};
@@ -528,11 +528,11 @@ fn server_request(id: &str, request: &Value, version: &str, task: Option<&str>) 
 
 /// The final JSON-RPC response among the messages of a modern outcome, sending the others
 /// (request-scoped notifications) to `out`.
-async fn final_response(outcome: Outcome, out: Option<&mpsc::Sender<Value>>) -> Value {
+async fn final_response(outcome: Dispatched, out: Option<&mpsc::Sender<Value>>) -> Value {
     match outcome {
-        Outcome::Reply(reply) => reply.body,
-        Outcome::Accepted => json!({ "jsonrpc": "2.0", "result": {} }),
-        Outcome::Stream(mut stream) => {
+        Dispatched::Reply(reply) => reply.body,
+        Dispatched::Accepted => json!({ "jsonrpc": "2.0", "result": {} }),
+        Dispatched::Stream(mut stream) => {
             let mut last = Value::Null;
             while let Some(message) = stream.next().await {
                 if message.get("method").is_some() {
@@ -636,7 +636,7 @@ impl Call {
             _ => None,
         };
         if let Some(message) = refusal {
-            let error = RpcError::new(crate::error::code::METHOD_NOT_FOUND, message);
+            let error = RpcError::new(crate::wire::error::code::METHOD_NOT_FOUND, message);
             return LegacyOutcome::Reply(error_response(&self.id, &error));
         }
         self.rounds(methods::TOOLS_CALL, params, as_task).await
@@ -787,7 +787,7 @@ fn into_result(response: Value) -> Result<Value, RpcError> {
     let code = error
         .get("code")
         .and_then(Value::as_i64)
-        .unwrap_or(crate::error::code::INTERNAL_ERROR);
+        .unwrap_or(crate::wire::error::code::INTERNAL_ERROR);
     let message = error
         .get("message")
         .and_then(Value::as_str)
@@ -803,7 +803,7 @@ async fn one_or_stream(mut rx: mpsc::Receiver<Value>) -> LegacyOutcome {
     let Some(first) = rx.recv().await else {
         return LegacyOutcome::Reply(json!({
             "jsonrpc": "2.0", "id": null,
-            "error": { "code": crate::error::code::INTERNAL_ERROR, "message": "the request ended without a response" }
+            "error": { "code": crate::wire::error::code::INTERNAL_ERROR, "message": "the request ended without a response" }
         }));
     };
     if first.get("method").is_none() {

@@ -19,10 +19,10 @@ use super::{
     Call, Legacy, LegacyOutcome, RELATED_TASK, STREAM_BUFFER, Session, TASK_REQUEST_PREFIX,
     error_response, legacy_result, modern_meta, one_or_stream, server_request,
 };
-use crate::error::RpcError;
-use crate::protocol::{Outcome, RequestContext, TaskCursor};
+use crate::protocol::{Dispatched, RequestContext, TaskCursor};
 use crate::task::Owner;
-use crate::wire::{methods, results};
+use crate::wire::error::RpcError;
+use crate::wire::methods;
 
 /// Tasks per `tasks/list` page.
 const PAGE_SIZE: usize = 50;
@@ -91,7 +91,7 @@ fn final_outcome(id: &Value, task: &Value) -> Value {
         }
         Some("failed") => {
             let mut error = task.get("error").cloned().unwrap_or_else(
-                || json!({ "code": crate::error::code::INTERNAL_ERROR, "message": "the task failed" }),
+                || json!({ "code": crate::wire::error::code::INTERNAL_ERROR, "message": "the task failed" }),
             );
             if let Some(e) = error.as_object_mut() {
                 let data = e.entry("data").or_insert_with(|| json!({}));
@@ -104,7 +104,7 @@ fn final_outcome(id: &Value, task: &Value) -> Value {
         }
         _ => {
             let error = RpcError::new(
-                crate::error::code::INTERNAL_ERROR,
+                crate::wire::error::code::INTERNAL_ERROR,
                 "Task was cancelled before it produced a result",
             )
             .with_data(json!({ RELATED_TASK: { "taskId": task_id }, "status": "cancelled" }));
@@ -160,7 +160,7 @@ impl Call {
         let server = &self.legacy.shared.config.server_info;
         let tasks: Vec<Value> = records
             .iter()
-            .map(|r| legacy_task(&Value::Object(results::detailed_task(r, server))))
+            .map(|r| legacy_task(&Value::Object(crate::task::json::detailed_task(r, server))))
             .collect();
         let mut result = json!({ "tasks": tasks });
         if more && let Some(last) = records.last() {
@@ -316,7 +316,7 @@ impl Legacy {
     ) -> Result<Option<BoxStream<'static, Value>>, RpcError> {
         if listen {
             match self.listen(session, owner, task).await {
-                Err(e) if e.code == crate::error::code::QUOTA_EXCEEDED => {
+                Err(e) if e.code == crate::wire::error::code::QUOTA_EXCEEDED => {
                     tracing::debug!(%task, "listen quota reached; following a legacy task by polling");
                 }
                 other => return other,
@@ -385,7 +385,7 @@ impl Legacy {
         });
         let ctx = RequestContext::new(owner.clone()).with_streams(true);
         match self.handle.dispatch_json(request, &ctx).await {
-            Outcome::Stream(mut stream) => {
+            Dispatched::Stream(mut stream) => {
                 let ack = stream.next().await;
                 let agreed = ack
                     .as_ref()
@@ -394,11 +394,11 @@ impl Legacy {
                     .is_some_and(|ids| !ids.is_empty());
                 Ok(agreed.then(|| stream.boxed()))
             }
-            Outcome::Reply(reply) => match super::into_result(reply.body) {
+            Dispatched::Reply(reply) => match super::into_result(reply.body) {
                 Err(e) => Err(e),
                 Ok(_) => Err(RpcError::internal("the listen ended at once")),
             },
-            Outcome::Accepted => Ok(None),
+            Dispatched::Accepted => Ok(None),
         }
     }
 

@@ -45,7 +45,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::task::{Outcome, Owner, TaskError, TaskId, TaskRecord, TaskStatus};
+use crate::task::{TaskOutcome, Owner, TaskError, TaskId, TaskRecord, TaskStatus};
 
 /// The format version [`encode`] writes (variant index + 1 of the newest [`Envelope`]
 /// variant).
@@ -276,10 +276,10 @@ impl From<StatusV1> for TaskStatus {
 }
 
 impl OutcomeV1 {
-    fn from_outcome(outcome: &Outcome) -> Result<Self, PersistError> {
+    fn from_outcome(outcome: &TaskOutcome) -> Result<Self, PersistError> {
         Ok(match outcome {
-            Outcome::Result(value) => Self::Result(json_text(value)?),
-            Outcome::Error(TaskError {
+            TaskOutcome::Result(value) => Self::Result(json_text(value)?),
+            TaskOutcome::Error(TaskError {
                 code,
                 message,
                 data,
@@ -291,14 +291,14 @@ impl OutcomeV1 {
         })
     }
 
-    fn into_outcome(self) -> Result<Outcome, PersistError> {
+    fn into_outcome(self) -> Result<TaskOutcome, PersistError> {
         Ok(match self {
-            Self::Result(text) => Outcome::Result(parse_json("outcome.result", &text)?),
+            Self::Result(text) => TaskOutcome::Result(parse_json("outcome.result", &text)?),
             Self::Error {
                 code,
                 message,
                 data,
-            } => Outcome::Error(TaskError {
+            } => TaskOutcome::Error(TaskError {
                 code,
                 message,
                 data: data

@@ -14,7 +14,7 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::task::{Outcome, Owner, TaskError, TaskId, TaskRecord, TaskStatus};
+use crate::task::{TaskOutcome, Owner, TaskError, TaskId, TaskRecord, TaskStatus};
 
 // ---- canonical records ----
 
@@ -111,7 +111,7 @@ fn completed() -> TaskRecord {
         json!({ "action": "accept", "content": { "name": "Ada" } }),
     );
     r.journal.insert("render".into(), json!("ok"));
-    r.outcome = Some(Outcome::Result(json!({
+    r.outcome = Some(TaskOutcome::Result(json!({
         "resultType": "complete",
         "content": [{ "type": "text", "text": "Hello, Ada!" }],
         "isError": false,
@@ -125,7 +125,7 @@ fn failed() -> TaskRecord {
     let mut r = base(0x04);
     r.status = TaskStatus::Failed;
     r.status_message = Some("upstream exploded".into());
-    r.outcome = Some(Outcome::Error(TaskError {
+    r.outcome = Some(TaskOutcome::Error(TaskError {
         code: -32603,
         message: "upstream exploded".into(),
         data: Some(json!({ "retryable": false, "detail": "ünïcødé ✓", "attempts": [1, 2, 3] })),
@@ -214,8 +214,8 @@ fn describe(name: &str, record: &TaskRecord, bytes: &[u8]) -> Value {
             "journal": map(&record.journal),
             "outcome": match &record.outcome {
                 None => Value::Null,
-                Some(Outcome::Result(v)) => json!({ "result": v }),
-                Some(Outcome::Error(e)) =>
+                Some(TaskOutcome::Result(v)) => json!({ "result": v }),
+                Some(TaskOutcome::Error(e)) =>
                     json!({ "error": { "code": e.code, "message": e.message, "data": e.data } }),
             },
             "cancel_requested": record.cancel_requested,
@@ -543,11 +543,11 @@ fn arb_status() -> impl Strategy<Value = TaskStatus> {
     ]
 }
 
-fn arb_outcome() -> impl Strategy<Value = Option<Outcome>> {
+fn arb_outcome() -> impl Strategy<Value = Option<TaskOutcome>> {
     prop::option::of(prop_oneof![
-        arb_json().prop_map(Outcome::Result),
+        arb_json().prop_map(TaskOutcome::Result),
         (any::<i64>(), ".{0,16}", prop::option::of(arb_json())).prop_map(
-            |(code, message, data)| Outcome::Error(TaskError {
+            |(code, message, data)| TaskOutcome::Error(TaskError {
                 code,
                 message,
                 data

@@ -6,10 +6,10 @@ use std::panic::AssertUnwindSafe;
 use futures::FutureExt;
 use serde_json::{Map, Value};
 
-use super::request_state::Binding;
+use crate::shared::request_state::Binding;
 use super::{Dispatcher, RequestContext};
 use crate::catalog::{Catalog, Completion, CompletionRef, CompletionRequest};
-use crate::error::RpcError;
+use crate::wire::error::RpcError;
 use crate::tool::ToolError;
 use crate::wire::jsonrpc::kind;
 use crate::wire::meta::RequestMeta;

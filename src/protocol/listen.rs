@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::{Dispatcher, MessageStream, RequestContext};
 use crate::actor::{OUTPUT_CAPACITY, Subscriber, SubscriberArgs};
-use crate::error::RpcError;
+use crate::wire::error::RpcError;
 use crate::quota::ListenPermit;
 use crate::task::TaskId;
 use crate::wire::jsonrpc::kind;

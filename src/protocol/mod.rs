@@ -1,15 +1,15 @@
 //! The dispatcher: one JSON-RPC message and the caller's identity in, nothing, one JSON-RPC
 //! response, or a stream of messages out. It validates in the order the official conformance suite expects, routes
 //! to the task actors, the supervisor and the subscriber actors, and maps every internal error
-//! to a JSON-RPC error through `crate::error`.
+//! to a JSON-RPC error through the `From` impls of `errors.rs`.
 //!
 //! It is not an actor on purpose: requests are handled concurrently on the caller's tokio
 //! task, so neither validation nor store reads serialize the server. Per-task ordering comes
 //! from the task actors.
 
 mod catalog;
+mod errors;
 mod listen;
-pub(crate) mod request_state;
 mod tasks;
 mod tools;
 
@@ -25,8 +25,9 @@ use futures::stream::BoxStream;
 use ractor::ActorRef;
 use serde_json::{Map, Value};
 
-use crate::actor::{Shared, SupervisorMsg};
-use crate::error::{RpcError, http_status};
+use crate::actor::SupervisorMsg;
+use crate::shared::Shared;
+use crate::wire::error::{RpcError, http_status};
 use crate::task::Owner;
 use crate::tool::registry::HeaderParam;
 use crate::wire::jsonrpc::{self, Incoming};
@@ -57,7 +58,7 @@ pub struct RequestContext {
     /// body is authoritative and some clients omit it).
     pub strict_headers: bool,
     /// Whether the transport can send request-scoped notifications (`notifications/progress`)
-    /// before the response ([`Outcome::Stream`]): an HTTP client that accepts
+    /// before the response ([`Dispatched::Stream`]): an HTTP client that accepts
     /// `text/event-stream`, stdio. Without it a request is always answered with one response.
     pub streams: bool,
 }
@@ -144,7 +145,7 @@ impl std::fmt::Debug for MessageStream {
 
 /// What a transport sends back for one incoming message.
 #[derive(Debug)]
-pub enum Outcome {
+pub enum Dispatched {
     /// A notification: nothing is sent (HTTP `202 Accepted`).
     Accepted,
     /// One JSON-RPC response.
@@ -153,11 +154,11 @@ pub enum Outcome {
     Stream(MessageStream),
 }
 
-impl Outcome {
+impl Dispatched {
     /// The single response, if this is one.
     pub fn into_reply(self) -> Option<Reply> {
         match self {
-            Outcome::Reply(r) => Some(r),
+            Dispatched::Reply(r) => Some(r),
             _ => None,
         }
     }
@@ -177,41 +178,41 @@ pub(crate) struct Dispatcher {
 
 impl Dispatcher {
     /// Handles one raw message.
-    pub(crate) async fn handle(&self, bytes: &[u8], ctx: &RequestContext) -> Outcome {
+    pub(crate) async fn handle(&self, bytes: &[u8], ctx: &RequestContext) -> Dispatched {
         match jsonrpc::parse(bytes) {
             Ok(incoming) => self.handle_incoming(incoming, ctx).await,
-            Err(rejection) => Outcome::Reply(Reply::error(rejection.id.as_ref(), &rejection.error)),
+            Err(rejection) => Dispatched::Reply(Reply::error(rejection.id.as_ref(), &rejection.error)),
         }
     }
 
     /// Handles one message that is already JSON.
-    pub(crate) async fn handle_value(&self, value: Value, ctx: &RequestContext) -> Outcome {
+    pub(crate) async fn handle_value(&self, value: Value, ctx: &RequestContext) -> Dispatched {
         match jsonrpc::from_value(value) {
             Ok(incoming) => self.handle_incoming(incoming, ctx).await,
-            Err(rejection) => Outcome::Reply(Reply::error(rejection.id.as_ref(), &rejection.error)),
+            Err(rejection) => Dispatched::Reply(Reply::error(rejection.id.as_ref(), &rejection.error)),
         }
     }
 
-    async fn handle_incoming(&self, incoming: Incoming, ctx: &RequestContext) -> Outcome {
+    async fn handle_incoming(&self, incoming: Incoming, ctx: &RequestContext) -> Dispatched {
         match incoming {
             Incoming::Notification { method, .. } => {
                 tracing::debug!(%method, "notification accepted");
-                Outcome::Accepted
+                Dispatched::Accepted
             }
             Incoming::Request { id, method, params } => {
                 match self.request(&id, &method, params.as_ref(), ctx).await {
-                    Ok(Answer::Result(result)) => Outcome::Reply(Reply::ok(&id, result)),
-                    Ok(Answer::Stream(stream)) => Outcome::Stream(stream),
+                    Ok(Answer::Result(result)) => Dispatched::Reply(Reply::ok(&id, result)),
+                    Ok(Answer::Stream(stream)) => Dispatched::Stream(stream),
                     Err(error) => {
                         tracing::debug!(%method, code = error.code, message = %error.message, "request failed");
-                        Outcome::Reply(Reply::error(Some(&id), &error))
+                        Dispatched::Reply(Reply::error(Some(&id), &error))
                     }
                 }
             }
         }
     }
 
-    /// Digest §2.5 step 5: the `MCP-Protocol-Version` header equals the body's version.
+    /// Streamable HTTP transport (SEP-2243): the `MCP-Protocol-Version` header equals the body's version.
     fn check_version_header(
         &self,
         meta: &RequestMeta,
@@ -232,7 +233,7 @@ impl Dispatcher {
         }
     }
 
-    /// Digest §2.5 step 7: `Mcp-Method` and `Mcp-Name` agree with the body.
+    /// Streamable HTTP transport (SEP-2243): `Mcp-Method` and `Mcp-Name` agree with the body.
     fn check_routing_headers(
         &self,
         method: &str,

@@ -7,8 +7,9 @@ use ractor::rpc::CallResult;
 use serde_json::{Map, Value};
 
 use super::{Dispatcher, RequestContext};
-use crate::actor::{SupervisorMsg, TaskMsg};
-use crate::error::RpcError;
+use crate::actor::SupervisorMsg;
+use crate::shared::TaskMsg;
+use crate::wire::error::RpcError;
 use crate::task::{TaskId, TaskRecord};
 use crate::wire::params::{TaskIdParams, UpdateTaskParams};
 use crate::wire::results;
@@ -51,7 +52,7 @@ impl Dispatcher {
     ) -> Result<Value, RpcError> {
         let p = TaskIdParams::parse(params)?;
         let record = self.resolve(&p.task_id, ctx).await?;
-        Ok(results::get_task(&record, &self.shared.config.server_info))
+        Ok(crate::task::json::get_task(&record, &self.shared.config.server_info))
     }
 
     pub(super) async fn update_task(

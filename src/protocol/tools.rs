@@ -9,10 +9,11 @@ use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::request_state::Binding;
+use crate::shared::request_state::Binding;
 use super::{Answer, Dispatcher, MessageStream, RequestContext};
-use crate::actor::{Shared, SupervisorMsg};
-use crate::error::RpcError;
+use crate::actor::SupervisorMsg;
+use crate::shared::Shared;
+use crate::wire::error::RpcError;
 use crate::task::{TaskId, TaskRecord};
 use crate::tool::context::RequestSink;
 use crate::tool::{TaskPolicy, Tool, ToolContext, ToolError};
@@ -333,6 +334,6 @@ impl Dispatcher {
         .await
         .map_err(|e| RpcError::internal(format!("task creation was interrupted: {e}")))??;
         tracing::debug!(task = %record.id, tool = %record.tool, owner = %record.owner, "task created");
-        Ok(Answer::Result(results::create_task(&record, server)))
+        Ok(Answer::Result(crate::task::json::create_task(&record, server)))
     }
 }

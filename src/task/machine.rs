@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::{Outcome, TaskError, TaskRecord, TaskStatus};
+use super::{TaskOutcome, TaskError, TaskRecord, TaskStatus};
 
 /// Something that happens to a task. Events come from clients (`tasks/update`,
 /// `tasks/cancel`), from the tool running inside the task, and from the expiry reaper.
@@ -26,7 +26,7 @@ pub enum Event {
     /// cancelled at once; a working task is flagged and its tool stops cooperatively.
     RequestCancel,
     /// The tool ended with a result (`completed`) or a JSON-RPC error (`failed`).
-    Finish(Outcome),
+    Finish(TaskOutcome),
     /// The tool stopped because cancellation was requested.
     Cancelled { status_message: Option<String> },
     /// The task outlived `createdAt + ttlMs` before it ended.
@@ -142,12 +142,12 @@ pub fn apply(
             refuse_if_terminal(record)?;
             next.pending_inputs.clear();
             match &outcome {
-                Outcome::Result(_) => {
+                TaskOutcome::Result(_) => {
                     // No status message of an earlier state survives on a finished task.
                     next.status = TaskStatus::Completed;
                     next.status_message = None;
                 }
-                Outcome::Error(TaskError { message, .. }) => {
+                TaskOutcome::Error(TaskError { message, .. }) => {
                     next.status = TaskStatus::Failed;
                     next.status_message = Some(message.clone());
                 }
@@ -169,8 +169,8 @@ pub fn apply(
             next.pending_inputs.clear();
             next.status = TaskStatus::Failed;
             next.status_message = Some("Task has expired.".into());
-            next.outcome = Some(Outcome::Error(TaskError {
-                code: crate::error::code::INTERNAL_ERROR,
+            next.outcome = Some(TaskOutcome::Error(TaskError {
+                code: crate::wire::error::code::INTERNAL_ERROR,
                 message: "Task has expired before it finished".into(),
                 data: None,
             }));

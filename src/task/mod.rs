@@ -7,6 +7,7 @@
 
 mod answer;
 mod id;
+pub mod json;
 mod machine;
 
 pub use id::{Owner, TaskId, TaskIdError};
@@ -74,7 +75,7 @@ pub struct TaskError {
 
 /// How a task ended, when it ended with an outcome of the tool.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
+pub enum TaskOutcome {
     /// The tool produced a `CallToolResult` (also with `isError: true`): the task is `completed`.
     Result(Value),
     /// The tool produced a JSON-RPC error: the task is `failed`.
@@ -111,7 +112,7 @@ pub struct TaskRecord {
     /// Recorded results of journaled steps, by step name.
     pub journal: BTreeMap<String, Value>,
     /// Set once the task is `completed` or `failed`.
-    pub outcome: Option<Outcome>,
+    pub outcome: Option<TaskOutcome>,
     /// A client asked for cancellation; the tool sees it cooperatively.
     pub cancel_requested: bool,
     /// Runs of the tool started since the task last made progress, the current one included:

@@ -5,14 +5,12 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
-use ractor::ActorRef;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 
 use super::ToolError;
-use crate::actor::TaskMsg;
 use crate::task::{Event, Owner, TaskId, TaskRecord, TaskStatus};
 pub use crate::wire::LogLevel;
 
@@ -72,9 +70,16 @@ impl ElicitResponse {
     }
 }
 
+/// Where a running tool's events go: its task actor, which commits them before answering.
+/// A trait so that the tool layer does not name the actor layer above it.
+pub(crate) trait EventSink: Send + Sync {
+    /// Records `event` durably; resolves once it is committed (or refused).
+    fn record(&self, event: Event) -> futures::future::BoxFuture<'_, Result<(), ToolError>>;
+}
+
 /// The link between a running tool and its task actor.
 pub(crate) struct TaskLink {
-    pub(crate) actor: ActorRef<TaskMsg>,
+    pub(crate) events: Box<dyn EventSink>,
     pub(crate) snapshots: watch::Receiver<Arc<TaskRecord>>,
     pub(crate) limits: crate::limits::Limits,
 }
@@ -273,16 +278,7 @@ impl ToolContext {
         let Mode::Task(link) = &self.inner.mode else {
             return Ok(());
         };
-        match link
-            .actor
-            .call(|reply| TaskMsg::Tool(event, reply), None)
-            .await
-        {
-            Ok(ractor::rpc::CallResult::Success(Ok(()))) => Ok(()),
-            Ok(ractor::rpc::CallResult::Success(Err(e))) => Err(ToolError::Runtime(e.message)),
-            Ok(_) => Err(ToolError::Runtime("the task actor did not answer".into())),
-            Err(e) => Err(ToolError::Runtime(format!("the task actor is gone: {e}"))),
-        }
+        link.events.record(event).await
     }
 
     /// A journaled step: runs `f` and commits its result under `name` before returning; when
@@ -322,10 +318,12 @@ impl ToolContext {
             .unwrap_or_else(|e| e.into_inner())
             .insert(name.to_owned());
         if !fresh {
-            return Err(ToolError::Rpc(crate::error::RpcError::internal(format!(
-                "step name `{name}` is used twice in one task; step names are journal keys and \
+            return Err(ToolError::Rpc(crate::wire::error::RpcError::internal(
+                format!(
+                    "step name `{name}` is used twice in one task; step names are journal keys and \
                  must be unique per task"
-            ))));
+                ),
+            )));
         }
         let mut attempt = 1;
         if let Some(snap) = self.snapshot() {
@@ -470,10 +468,12 @@ impl ToolContext {
                     .get(cap)
                     .is_some_and(Value::is_object)
             {
-                return Err(ToolError::Rpc(crate::error::RpcError::missing_capability(
-                    json!({ cap: {} }),
-                    format!("input `{key}` needs the client capability `{cap}`"),
-                )));
+                return Err(ToolError::Rpc(
+                    crate::wire::error::RpcError::missing_capability(
+                        json!({ cap: {} }),
+                        format!("input `{key}` needs the client capability `{cap}`"),
+                    ),
+                ));
             }
             match inputs.responses.get(&key) {
                 Some(answer) if answer.is_object() => {

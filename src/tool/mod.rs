@@ -7,10 +7,11 @@
 //! their recorded values, answered [`ToolContext::input`]s return their answers.
 
 pub(crate) mod context;
-pub mod registry;
+pub(crate) mod registry;
 
 pub use context::{ElicitAction, ElicitResponse, InputRequest, LogLevel, StepKey, ToolContext};
-pub use registry::ToolRegistry;
+pub use registry::RegistryError;
+pub(crate) use registry::ToolRegistry;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde_json::{Map, Value, json};
 
-use crate::error::RpcError;
+use crate::wire::error::RpcError;
 
 /// Whether a call of this tool becomes a task (the server decides per call, as the Tasks extension allows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

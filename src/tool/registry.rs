@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::Tool;
-use crate::error::RpcError;
+use crate::wire::error::RpcError;
 
 struct Entry {
     tool: Arc<dyn Tool>,
@@ -157,10 +157,6 @@ impl ToolRegistry {
     /// tool).
     pub fn header_params(&self, name: &str) -> &[HeaderParam] {
         self.tools.get(name).map_or(&[], |e| e.headers.as_slice())
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.tools.is_empty()
     }
 
     /// The `tools/list` objects in registration order.

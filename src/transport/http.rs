@@ -16,8 +16,8 @@
 //!    [`HttpConfig::body_timeout`] → `408`;
 //! 5. `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` are trimmed and `=?base64?…?=`-decoded
 //!    into [`RoutingHeaders`] and the message is dispatched;
-//! 6. [`Outcome::Accepted`] → `202` (no body), [`Outcome::Reply`] → its status with one compact
-//!    JSON body, [`Outcome::Stream`] → `200 text/event-stream`, one message per `data:` line,
+//! 6. [`Dispatched::Accepted`] → `202` (no body), [`Dispatched::Reply`] → its status with one compact
+//!    JSON body, [`Dispatched::Stream`] → `200 text/event-stream`, one message per `data:` line,
 //!    keep-alive comments in between.
 //!
 //! The dispatch runs on its own tokio task: a client that drops its connection while a
@@ -57,10 +57,10 @@ use serde_json::Value;
 use tokio::time::Sleep;
 
 use crate::auth::{Anonymous, AuthError, Authenticator, Identity, ProtectedResource};
-use crate::error::{RpcError, code};
-use crate::protocol::{MessageStream, Outcome, RequestContext, RoutingHeaders};
+use crate::protocol::{Dispatched, MessageStream, RequestContext, RoutingHeaders};
 use crate::runtime::RuntimeHandle;
 use crate::task::Owner;
+use crate::wire::error::{RpcError, code};
 use crate::wire::jsonrpc;
 
 /// The `MCP-Protocol-Version` request header.
@@ -454,8 +454,8 @@ async fn respond(endpoint: &Arc<Endpoint>, request: Request) -> (Response, &'sta
 
     // (6) Map the outcome.
     match outcome {
-        Ok((Outcome::Accepted, _)) => (StatusCode::ACCEPTED.into_response(), "accepted"),
-        Ok((Outcome::Reply(reply), _)) => {
+        Ok((Dispatched::Accepted, _)) => (StatusCode::ACCEPTED.into_response(), "accepted"),
+        Ok((Dispatched::Reply(reply), _)) => {
             let status = StatusCode::from_u16(reply.http_status)
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             let mut response = json_response(status, &reply.body);
@@ -469,7 +469,7 @@ async fn respond(endpoint: &Arc<Endpoint>, request: Request) -> (Response, &'sta
             }
             (response, "json")
         }
-        Ok((Outcome::Stream(stream), in_flight)) => {
+        Ok((Dispatched::Stream(stream), in_flight)) => {
             (sse_response(stream, config.keep_alive, in_flight), "sse")
         }
         Err(e) => {

@@ -1,5 +1,5 @@
 //! Transports: Streamable HTTP ([`http`]) and stdio ([`stdio`]). Both hand raw JSON-RPC
-//! messages to a [`crate::RuntimeHandle`] and map its [`crate::Outcome`] to their wire.
+//! messages to a [`crate::RuntimeHandle`] and map its [`crate::Dispatched`] to their wire.
 
 pub mod http;
 mod server;

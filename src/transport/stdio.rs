@@ -34,10 +34,10 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use tokio::task::{JoinError, JoinSet};
 
-use crate::error::RpcError;
-use crate::protocol::{Outcome, RequestContext};
+use crate::protocol::{Dispatched, RequestContext};
 use crate::runtime::RuntimeHandle;
 use crate::task::Owner;
+use crate::wire::error::RpcError;
 use crate::wire::jsonrpc;
 use crate::wire::limits::MAX_MESSAGE_BYTES;
 use crate::wire::methods;
@@ -387,15 +387,15 @@ impl Job {
         let outcome = dispatched.unwrap_or_else(|_| {
             tracing::error!(id = ?self.id, "handling a request panicked");
             let error = RpcError::internal("the request could not be handled");
-            Outcome::Reply(crate::protocol::Reply {
+            Dispatched::Reply(crate::protocol::Reply {
                 body: jsonrpc::error_response(self.id.as_ref(), &error),
                 http_status: 500,
             })
         });
         drop(self.permit);
         match outcome {
-            Outcome::Accepted => {}
-            Outcome::Reply(reply) => {
+            Dispatched::Accepted => {}
+            Dispatched::Reply(reply) => {
                 if self
                     .registration
                     .as_mut()
@@ -406,7 +406,7 @@ impl Job {
                 }
                 let _ = self.out.send(encode(&reply.body)).await;
             }
-            Outcome::Stream(mut stream) => {
+            Dispatched::Stream(mut stream) => {
                 tracing::debug!(id = ?self.id, "stream opened");
                 let mut registration = self.registration;
                 let mut stop = self.stop;

@@ -3,7 +3,7 @@
 use serde_json::{Map, Value, json};
 
 use super::limits;
-use crate::error::RpcError;
+use crate::wire::error::RpcError;
 
 /// A message read from a client.
 #[derive(Debug, Clone, PartialEq)]
@@ -159,7 +159,7 @@ pub fn error_response(id: Option<&Value>, error: &RpcError) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::code;
+    use crate::wire::error::code;
 
     #[test]
     fn requests_and_notifications() {

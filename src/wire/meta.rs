@@ -3,7 +3,7 @@
 use serde_json::{Map, Value};
 
 use super::{SUPPORTED_VERSIONS, TASKS_EXTENSION, keys, limits};
-use crate::error::RpcError;
+use crate::wire::error::RpcError;
 
 /// The validated `_meta` of one request.
 #[derive(Debug, Clone, PartialEq)]
@@ -153,13 +153,6 @@ impl RequestMeta {
             .get("extensions")
             .and_then(Value::as_object)
             .is_some_and(|e| e.get(id).is_some_and(Value::is_object))
-    }
-
-    /// Whether a top-level capability (`sampling`, `elicitation`, `roots`) is declared.
-    pub fn declares(&self, capability: &str) -> bool {
-        self.client_capabilities
-            .get(capability)
-            .is_some_and(Value::is_object)
     }
 }
 

@@ -5,6 +5,7 @@
 //! this server handles, and [`results`] builds every result shape (flat task objects,
 //! cache hints, `resultType`, server identity).
 
+pub mod error;
 pub mod jsonrpc;
 pub mod meta;
 pub mod params;

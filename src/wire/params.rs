@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use super::jsonrpc::kind;
 use super::limits;
-use crate::error::RpcError;
+use crate::wire::error::RpcError;
 
 /// `tools/call` parameters.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,10 +1,9 @@
-//! Result shapes. Every result carries `resultType` and
+//! Result shapes (the task objects are in `task::json`). Every result carries `resultType` and
 //! `_meta["io.modelcontextprotocol/serverInfo"]`; task objects are flat (Tasks extension, SEP-2663).
 
 use serde_json::{Map, Value, json};
 
-use super::{ServerInfo, TASKS_EXTENSION, iso8601, keys};
-use crate::task::{Outcome, TaskRecord, TaskStatus};
+use super::{ServerInfo, TASKS_EXTENSION, keys};
 
 /// Cache hints of `server/discover` and list results (SEP-2549).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,7 +21,8 @@ impl Default for CacheHints {
     }
 }
 
-fn with_server_info(mut result: Map<String, Value>, server: &ServerInfo) -> Value {
+/// `result` with the server's identity added to its `_meta`.
+pub(crate) fn with_server_info(mut result: Map<String, Value>, server: &ServerInfo) -> Value {
     let meta = result
         .entry("_meta")
         .or_insert_with(|| Value::Object(Map::new()));
@@ -32,7 +32,8 @@ fn with_server_info(mut result: Map<String, Value>, server: &ServerInfo) -> Valu
     Value::Object(result)
 }
 
-fn obj(v: Value) -> Map<String, Value> {
+/// The members of `v`, or none when it is not an object.
+pub(crate) fn obj(v: Value) -> Map<String, Value> {
     match v {
         Value::Object(m) => m,
         _ => Map::new(),
@@ -155,74 +156,5 @@ pub fn call_tool_result(server: &ServerInfo, result: Value) -> Value {
     };
     r.insert("resultType".into(), json!("complete"));
     r.entry("content").or_insert_with(|| json!([]));
-    with_server_info(r, server)
-}
-
-/// The flat `Task` fields shared by every task object.
-fn task_fields(record: &TaskRecord) -> Map<String, Value> {
-    let mut t = Map::new();
-    t.insert("taskId".into(), json!(record.id.as_str()));
-    t.insert("status".into(), json!(record.status.as_str()));
-    if let Some(m) = &record.status_message {
-        t.insert("statusMessage".into(), json!(m));
-    }
-    t.insert("createdAt".into(), json!(iso8601(record.created_at_ms)));
-    t.insert(
-        "lastUpdatedAt".into(),
-        json!(iso8601(record.last_updated_at_ms)),
-    );
-    t.insert(
-        "ttlMs".into(),
-        record.ttl_ms.map_or(Value::Null, |v| json!(v)),
-    );
-    if let Some(p) = record.poll_interval_ms {
-        t.insert("pollIntervalMs".into(), json!(p));
-    }
-    t
-}
-
-/// `DetailedTask`: the task fields plus what its status carries (`inputRequests`, `result`
-/// or `error`). This is the body of `tasks/get` and of every `notifications/tasks`.
-pub fn detailed_task(record: &TaskRecord, server: &ServerInfo) -> Map<String, Value> {
-    let mut t = task_fields(record);
-    match record.status {
-        TaskStatus::InputRequired => {
-            let requests: Map<String, Value> = record
-                .pending_inputs
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            t.insert("inputRequests".into(), Value::Object(requests));
-        }
-        TaskStatus::Completed => {
-            if let Some(Outcome::Result(r)) = &record.outcome {
-                t.insert("result".into(), call_tool_result(server, r.clone()));
-            }
-        }
-        TaskStatus::Failed => {
-            if let Some(Outcome::Error(e)) = &record.outcome {
-                let mut err = obj(json!({ "code": e.code, "message": e.message }));
-                if let Some(d) = &e.data {
-                    err.insert("data".into(), d.clone());
-                }
-                t.insert("error".into(), Value::Object(err));
-            }
-        }
-        TaskStatus::Working | TaskStatus::Cancelled => {}
-    }
-    t
-}
-
-/// `CreateTaskResult`: `resultType: "task"` and the flat task fields, nothing else.
-pub fn create_task(record: &TaskRecord, server: &ServerInfo) -> Value {
-    let mut r = obj(json!({ "resultType": "task" }));
-    r.extend(task_fields(record));
-    with_server_info(r, server)
-}
-
-/// `GetTaskResult`: `resultType: "complete"` and the detailed task.
-pub fn get_task(record: &TaskRecord, server: &ServerInfo) -> Value {
-    let mut r = obj(json!({ "resultType": "complete" }));
-    r.extend(detailed_task(record, server));
     with_server_info(r, server)
 }

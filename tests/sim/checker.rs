@@ -31,9 +31,9 @@ use std::sync::Mutex;
 
 use mcp_tasks::persist;
 use mcp_tasks::sim::{JobSpec, SideEffect};
+use mcp_tasks::task::json::detailed_task;
 use mcp_tasks::task::{TaskRecord, TaskStatus};
 use mcp_tasks::wire::ServerInfo;
-use mcp_tasks::wire::results::detailed_task;
 use serde_json::{Map, Value, json};
 
 /// Where an observation came from.
@@ -739,7 +739,7 @@ fn check_journal(
     }
     if d.status == TaskStatus::Completed {
         let structured = match &d.outcome {
-            Some(mcp_tasks::task::Outcome::Result(r)) => r.get("structuredContent").cloned(),
+            Some(mcp_tasks::task::TaskOutcome::Result(r)) => r.get("structuredContent").cloned(),
             _ => None,
         };
         let steps = spec.map_or(d.journal.len() as u32, |s| s.steps);

@@ -10,7 +10,7 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use mcp_tasks::sim::{JobSpec, TOOL};
-use mcp_tasks::{Outcome, Owner, RequestContext, RuntimeHandle};
+use mcp_tasks::{Dispatched, Owner, RequestContext, RuntimeHandle};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
@@ -51,7 +51,7 @@ impl Conn for InProc {
                 .dispatch_json(message, &RequestContext::new(Owner::anonymous()))
                 .await
             {
-                Outcome::Stream(s) => Ok(s.boxed()),
+                Dispatched::Stream(s) => Ok(s.boxed()),
                 other => Err(format!("listen did not stream: {other:?}")),
             }
         }

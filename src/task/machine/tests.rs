@@ -72,12 +72,12 @@ fn finished_records() -> Vec<TaskRecord> {
     vec![
         step(
             &r,
-            Event::Finish(Outcome::Result(json!({ "content": [] }))),
+            Event::Finish(TaskOutcome::Result(json!({ "content": [] }))),
             T0 + 1,
         ),
         step(
             &r,
-            Event::Finish(Outcome::Error(TaskError {
+            Event::Finish(TaskOutcome::Error(TaskError {
                 code: -1,
                 message: "m".into(),
                 data: None,
@@ -372,9 +372,9 @@ fn cancel_requested_before_input_request_still_cancels_the_wait() {
 fn finish_with_result_completes() {
     let w = waiting(&["a"]);
     let result = json!({ "content": [{ "type": "text", "text": "hi" }], "isError": true });
-    let next = step(&w, Event::Finish(Outcome::Result(result.clone())), T0 + 30);
+    let next = step(&w, Event::Finish(TaskOutcome::Result(result.clone())), T0 + 30);
     assert_eq!(next.status, TaskStatus::Completed);
-    assert_eq!(next.outcome, Some(Outcome::Result(result)));
+    assert_eq!(next.outcome, Some(TaskOutcome::Result(result)));
     assert!(next.pending_inputs.is_empty());
 }
 
@@ -387,12 +387,12 @@ fn finish_with_error_fails() {
     };
     let next = step(
         &record(None),
-        Event::Finish(Outcome::Error(error.clone())),
+        Event::Finish(TaskOutcome::Error(error.clone())),
         T0 + 30,
     );
     assert_eq!(next.status, TaskStatus::Failed);
     assert_eq!(next.status_message.as_deref(), Some("boom"));
-    assert_eq!(next.outcome, Some(Outcome::Error(error)));
+    assert_eq!(next.outcome, Some(TaskOutcome::Error(error)));
 }
 
 #[test]
@@ -427,7 +427,7 @@ fn expire_only_after_the_ttl() {
     );
     let next = step(&r, Event::Expire, T0 + 1_000);
     assert_eq!(next.status, TaskStatus::Failed);
-    assert!(matches!(next.outcome, Some(Outcome::Error(_))));
+    assert!(matches!(next.outcome, Some(TaskOutcome::Error(_))));
     assert_eq!(
         apply(&record(None), Event::Expire, u64::MAX),
         Err(TransitionError::NotExpired)
@@ -467,7 +467,7 @@ fn terminal_records_never_change() {
                 responses: responses(&[("k", accept()), ("x", json!(1))]),
             },
             Event::RequestCancel,
-            Event::Finish(Outcome::Result(json!({}))),
+            Event::Finish(TaskOutcome::Result(json!({}))),
             Event::Cancelled {
                 status_message: None,
             },
@@ -642,11 +642,11 @@ impl Model {
                 _ if self.cancel_requested => return Unchanged,
                 _ => self.cancel_requested = true,
             },
-            Event::Finish(Outcome::Result(_)) => {
+            Event::Finish(TaskOutcome::Result(_)) => {
                 // A completed task keeps no status message of an earlier state.
                 self.end(TaskStatus::Completed, None, true);
             }
-            Event::Finish(Outcome::Error(e)) => {
+            Event::Finish(TaskOutcome::Error(e)) => {
                 self.end(TaskStatus::Failed, Some(e.message.clone()), true)
             }
             Event::Cancelled { status_message } => {
@@ -723,9 +723,9 @@ fn arb_event() -> impl Strategy<Value = Event> {
             ).prop_map(|responses| Event::ProvideInputs { responses }),
         2 => Just(Event::RequestCancel),
         1 => prop_oneof![
-            any::<u8>().prop_map(|n| Outcome::Result(json!({ "content": [], "n": n }))),
+            any::<u8>().prop_map(|n| TaskOutcome::Result(json!({ "content": [], "n": n }))),
             (any::<i64>(), prop::sample::select(&MESSAGES[..]), prop::option::of(any::<u8>()))
-                .prop_map(|(code, message, data)| Outcome::Error(TaskError {
+                .prop_map(|(code, message, data)| TaskOutcome::Error(TaskError {
                     code,
                     message: message.into(),
                     data: data.map(|d| json!(d)),
@@ -852,9 +852,9 @@ fn run_sequence(start: TaskRecord, events: Vec<(Event, u64)>) -> Result<(), Test
         }
         match current.status {
             TaskStatus::Completed => {
-                prop_assert!(matches!(current.outcome, Some(Outcome::Result(_))))
+                prop_assert!(matches!(current.outcome, Some(TaskOutcome::Result(_))))
             }
-            TaskStatus::Failed => prop_assert!(matches!(current.outcome, Some(Outcome::Error(_)))),
+            TaskStatus::Failed => prop_assert!(matches!(current.outcome, Some(TaskOutcome::Error(_)))),
             _ => prop_assert!(current.outcome.is_none()),
         }
         model.check(&current)?;

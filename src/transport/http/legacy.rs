@@ -31,9 +31,9 @@ use serde_json::Value;
 use tokio::time::Sleep;
 
 use super::{Endpoint, InFlight, accepts_event_stream, json_response, transport_error};
-use crate::error::RpcError;
 use crate::legacy::{self, LEGACY_VERSIONS, LegacyOutcome, Session, SessionState};
 use crate::task::Owner;
+use crate::wire::error::RpcError;
 
 /// The `Mcp-Session-Id` header.
 pub const SESSION_HEADER: &str = "mcp-session-id";

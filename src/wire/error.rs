@@ -1,14 +1,9 @@
-//! JSON-RPC error codes and the one place where internal errors become them.
+//! The JSON-RPC error object and the error codes of JSON-RPC 2.0 and MCP `2026-07-28`.
 //!
-//! Each boundary has its own typed error ([`crate::store::StoreError`],
-//! [`crate::task::TransitionError`], [`crate::tool::ToolError`], [`RuntimeError`]).
-//! The dispatcher turns every failure into an [`RpcError`] through the `From` impls in this
-//! file and nowhere else.
+//! Pure wire data: the mapping from the runtime's typed errors to these codes lives in one
+//! place, the dispatcher (`protocol::errors`).
 
 use serde_json::{Value, json};
-
-use crate::store::StoreError;
-use crate::task::TransitionError;
 
 /// JSON-RPC and MCP `2026-07-28` error codes (base protocol and SEP-2243).
 pub mod code {
@@ -85,10 +80,10 @@ impl RpcError {
     /// `-32021` naming the Tasks extension.
     pub fn tasks_extension_required() -> Self {
         Self::missing_capability(
-            json!({ "extensions": { crate::wire::TASKS_EXTENSION: {} } }),
+            json!({ "extensions": { super::TASKS_EXTENSION: {} } }),
             format!(
                 "this request needs the {} extension",
-                crate::wire::TASKS_EXTENSION
+                super::TASKS_EXTENSION
             ),
         )
     }
@@ -100,7 +95,7 @@ impl RpcError {
             format!("Unsupported protocol version: {requested}"),
         )
         .with_data(json!({
-            "supported": crate::wire::SUPPORTED_VERSIONS,
+            "supported": super::SUPPORTED_VERSIONS,
             "requested": requested,
         }))
     }
@@ -133,94 +128,6 @@ impl RpcError {
         }
         obj
     }
-}
-
-impl From<crate::quota::QuotaError> for RpcError {
-    fn from(e: crate::quota::QuotaError) -> Self {
-        tracing::info!(
-            quota = e.kind.name(),
-            limit = e.limit,
-            "request refused by a quota"
-        );
-        Self::new(code::QUOTA_EXCEEDED, format!("Quota exceeded: {e}")).with_data(json!({
-            "quota": e.kind.name(),
-            "limit": e.limit,
-            "retryAfterSeconds": e.retry_after_secs(),
-        }))
-    }
-}
-
-impl From<StoreError> for RpcError {
-    /// The log gets the whole error (with the store's path); the client gets what happened
-    /// without internal paths.
-    fn from(e: StoreError) -> Self {
-        tracing::error!(error = %e, "store error while serving a request");
-        let detail = match &e {
-            StoreError::Closed => "the task store is closed".to_owned(),
-            StoreError::Halted { .. } => "the task store stopped after a failed fsync and accepts \
-                no more writes; the server must be restarted"
-                .to_owned(),
-            StoreError::Unavailable { .. } => {
-                "the task store is unavailable (an I/O error, or the database cannot be reached); retry later"
-                    .to_owned()
-            }
-            StoreError::Fenced { .. } => "the task was taken over by another replica while \
-                this one handled the request; nothing was written, retry the request"
-                .to_owned(),
-            StoreError::Conflict { .. } => {
-                "the task changed concurrently; nothing was written, retry the request".to_owned()
-            }
-            // Commit and read details never name the file (the writer logs the path).
-            StoreError::Commit(_) | StoreError::Read(_) => e.to_string(),
-            _ => "the task store cannot be opened".to_owned(),
-        };
-        Self::internal(format!("the task store failed: {detail}"))
-    }
-}
-
-impl From<TransitionError> for RpcError {
-    fn from(e: TransitionError) -> Self {
-        match e {
-            TransitionError::InvalidInputResponse { .. } => Self::invalid_params(e),
-            other => Self::internal(other),
-        }
-    }
-}
-
-impl From<crate::tool::ToolError> for RpcError {
-    fn from(e: crate::tool::ToolError) -> Self {
-        use crate::tool::ToolError;
-        match e {
-            ToolError::Rpc(err) => err,
-            ToolError::InputRequired(_) => Self::internal("input was requested outside a call"),
-            ToolError::Cancelled => Self::internal("the call was cancelled"),
-            other => Self::internal(other),
-        }
-    }
-}
-
-impl From<RuntimeError> for RpcError {
-    fn from(e: RuntimeError) -> Self {
-        match e {
-            RuntimeError::Store(s) => s.into(),
-            RuntimeError::Transition(t) => t.into(),
-            other => Self::internal(other),
-        }
-    }
-}
-
-/// Errors of the runtime's internals (actors, supervision) as seen by the dispatcher.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RuntimeError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error(transparent)]
-    Transition(#[from] TransitionError),
-    #[error("a stored snapshot could not be read or written: {0}")]
-    Persist(#[from] crate::persist::PersistError),
-    #[error("the task actor is not reachable: {0}")]
-    Actor(String),
 }
 
 /// The HTTP status a transport uses for a JSON-RPC error code (Streamable HTTP transport, SEP-2243).

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::error::RpcError;
+use crate::wire::error::RpcError;
 use crate::task::Owner;
 
 type HmacSha256 = Hmac<Sha256>;

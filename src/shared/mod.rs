@@ -1,0 +1,128 @@
+//! The state one runtime shares between its dispatcher, its actors and its reaper: the bottom
+//! layer above the store, the domain and the tool registry.
+//!
+//! [`Shared`] (store, tools, clock, config, live tasks, catalog, request-state codec, quotas),
+//! [`LiveTasks`] (the live tasks by id with their committed snapshots and the messages their
+//! actors take), [`RuntimeConfig`], [`RuntimeError`] and the MRTR `requestState` codec. The
+//! actors, the dispatcher and the runtime build on this module; it names none of them.
+
+mod config;
+mod error;
+mod live;
+pub(crate) mod request_state;
+
+pub use config::RuntimeConfig;
+pub use error::RuntimeError;
+pub(crate) use live::{LiveTask, LiveTasks, TaskMsg};
+
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::persist;
+use crate::store::{Expect, Store, WriteOp};
+use crate::task::{TaskId, TaskRecord};
+use crate::tool::ToolRegistry;
+
+/// What every actor and the dispatcher of one runtime share. Nothing here is global: two
+/// runtimes in one process have two of these.
+pub(crate) struct Shared {
+    pub(crate) store: Store,
+    pub(crate) tools: ToolRegistry,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) config: RuntimeConfig,
+    pub(crate) live: LiveTasks,
+    pub(crate) catalog: crate::catalog::Catalog,
+    pub(crate) request_state: request_state::RequestStateCodec,
+    /// Becomes `true` when the runtime shuts down: listen streams end with their result.
+    pub(crate) closing: tokio::sync::watch::Receiver<bool>,
+    /// Per-owner quota counters.
+    pub(crate) quotas: Arc<crate::quota::QuotaTracker>,
+}
+
+impl Shared {
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// The store operation that persists `record`, with its live and expiry index entries,
+    /// conditional on the store holding its predecessor (sequence number `seq - 1`).
+    /// A live task is due at its expiry (the reaper fails it); a finished one is due when its
+    /// retention after expiry ends (the reaper deletes it).
+    pub(crate) fn write_op(&self, record: &TaskRecord) -> Result<WriteOp, RuntimeError> {
+        let bytes = persist::encode(record)?;
+        let live = !record.status.is_terminal();
+        let retention = self.config.expired_retention.as_millis();
+        let due_ms = record.expires_at_ms().map(|at| {
+            if live {
+                at
+            } else {
+                at.saturating_add(u64::try_from(retention).unwrap_or(u64::MAX))
+            }
+        });
+        // One writer per task: every record is computed by `apply` from the record at
+        // `seq - 1`, so the write is conditional on the store still holding that one. A stale
+        // writer (an actor rebuilt while the reaper expired the task, a give-up racing a
+        // restart) is refused with `StoreError::Conflict` instead of overwriting.
+        let expect = if record.seq <= 1 {
+            Expect::Absent
+        } else {
+            Expect::Seq(record.seq - 1)
+        };
+        Ok(WriteOp::Put {
+            id: record.id.as_str().to_owned(),
+            bytes,
+            live,
+            due_ms,
+            seq: Some(record.seq),
+            expect,
+        })
+    }
+
+    /// Commits `record` durably (group-committed with whatever else is queued).
+    pub(crate) async fn commit(&self, record: &TaskRecord) -> Result<(), RuntimeError> {
+        let op = self.write_op(record)?;
+        self.store.commit(vec![op]).await?;
+        Ok(())
+    }
+
+    /// The snapshot of a task that reads serve: from its live actor when there is one, from
+    /// the store otherwise.
+    ///
+    /// Reads never go backwards. A task actor commits a transition before it publishes it,
+    /// so while a commit is in flight the store is one step ahead of the actor's snapshot. A
+    /// read that found no actor and went to the store can therefore see a record that an
+    /// actor started meanwhile has committed but not yet published; serving it, and the
+    /// actor's older snapshot at the next read, would move the task backwards (a `failed`
+    /// task served `working` again). So after the store read the live map is looked at
+    /// again, and an actor found there wins: its snapshot is what every later read serves.
+    /// An actor is registered before its first commit and removed after its last one, so a
+    /// stored record served because no actor is registered any more is never followed by an
+    /// older one. Test: `runtime::tests::expiry_and_give_up_racing_restarts_never_change_a_terminal_state`.
+    pub(crate) async fn load(&self, id: &TaskId) -> Result<Option<Arc<TaskRecord>>, RuntimeError> {
+        // On a store shared by replicas, another node may have changed the task since this
+        // node's actor last committed (it took the task over): the store is the truth.
+        if self.store.is_shared() {
+            return self.load_stored(id).await;
+        }
+        if let Some(snapshot) = self.live.snapshot(id) {
+            return Ok(Some(snapshot));
+        }
+        let stored = self.load_stored(id).await?;
+        if let Some(snapshot) = self.live.snapshot(id) {
+            return Ok(Some(snapshot));
+        }
+        Ok(stored)
+    }
+
+    /// The task as the store has it.
+    pub(crate) async fn load_stored(
+        &self,
+        id: &TaskId,
+    ) -> Result<Option<Arc<TaskRecord>>, RuntimeError> {
+        match self.store.get(id.as_str()).await? {
+            Some(bytes) => Ok(Some(Arc::new(persist::decode(&bytes)?))),
+            None => Ok(None),
+        }
+    }
+}
+
