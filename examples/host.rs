@@ -2,8 +2,11 @@
 //! with the in-process client (`mcp_tasks::client`), exactly as an MCP client would over a
 //! transport.
 //!
-//! The tool `import_invoices {source}` fetches a batch (journaled step), asks the user which
-//! currency to book the batch in (a durable input request), then books it (journaled step).
+//! The tool `import_invoices {source}` is typed: its arguments, the question it asks and its
+//! structured result are Rust types whose JSON Schemas are derived (and the `tools/list` entry
+//! is checked against the golden `examples/host.tools.json`). It fetches a batch (journaled
+//! step), asks the user which currency to book the batch in (a durable, typed elicitation),
+//! then books it (journaled step).
 //!
 //! Run: `cargo run --example host`
 
@@ -13,33 +16,57 @@ use std::time::Duration;
 
 use mcp_tasks::client::{CallOutcome, Client, input_handler};
 use mcp_tasks::tool::{
-    CallToolResult, ElicitAction, ElicitResponse, InputRequest, TaskPolicy, Tool, ToolDescriptor,
-    ToolError, tool_fn,
+    CallToolResult, Elicited, TaskPolicy, Tool, ToolDescriptor, ToolError, typed_tool,
 };
 use mcp_tasks::{Owner, Runtime};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 /// Counts how often the expensive fetch really ran (a committed step is replayed, not run again).
 static FETCHES: AtomicUsize = AtomicUsize::new(0);
+
+// The arguments of `import_invoices`; its `inputSchema` is derived from this type (doc
+// comments on the type would become the schema's `description`).
+#[derive(Deserialize, JsonSchema)]
+struct ImportInvoices {
+    /// Where the batch comes from.
+    #[schemars(length(min = 1))]
+    source: String,
+}
+
+// The question asked of the user; the elicitation's `requestedSchema` is derived from it.
+#[derive(Deserialize, JsonSchema)]
+struct BookingCurrency {
+    /// The currency to book the batch in.
+    currency: Currency,
+}
+
+#[derive(Deserialize, Serialize, JsonSchema)]
+enum Currency {
+    #[serde(rename = "EUR")]
+    Eur,
+    #[serde(rename = "USD")]
+    Usd,
+}
+
+// The structured result; the tool's `outputSchema` is derived from it.
+#[derive(Serialize, JsonSchema)]
+struct Booked {
+    count: usize,
+    total: u32,
+    currency: Currency,
+}
 
 fn import_invoices() -> Arc<dyn Tool> {
     let descriptor = ToolDescriptor::new(
         "import_invoices",
         "Imports a batch of invoices from a source and books them in a currency the user picks.",
     )
-    .input_schema(json!({
-        "type": "object",
-        "properties": { "source": { "type": "string", "minLength": 1 } },
-        "required": ["source"]
-    }))
+    .output_schema_for::<Booked>()
     .task_policy(TaskPolicy::Always)
     .initial_status_message("Fetching invoices.");
-    tool_fn(descriptor, |ctx, args| async move {
-        let source = args
-            .get("source")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
+    typed_tool(descriptor, |ctx, ImportInvoices { source }| async move {
         let invoices: Vec<u32> = ctx
             .step("fetch", || async {
                 FETCHES.fetch_add(1, Ordering::SeqCst);
@@ -52,38 +79,38 @@ fn import_invoices() -> Arc<dyn Tool> {
             invoices.len()
         ))
         .await?;
-        let answer = ctx
-            .input(
-                "currency",
-                InputRequest::elicit_form(
-                    "Which currency should the batch be booked in?",
-                    json!({
-                        "type": "object",
-                        "properties": { "currency": { "type": "string", "enum": ["EUR", "USD"] } },
-                        "required": ["currency"]
-                    }),
-                ),
-            )
-            .await?;
-        let answer = ElicitResponse::from_json(&answer);
-        if answer.action != ElicitAction::Accept {
+        let Elicited::Accepted(BookingCurrency { currency }) = ctx
+            .elicit("currency", "Which currency should the batch be booked in?")
+            .await?
+        else {
             return Err(ToolError::Cancelled);
-        }
-        let currency = answer
-            .content
-            .get("currency")
-            .and_then(Value::as_str)
-            .unwrap_or("EUR")
-            .to_owned();
+        };
         let total: u32 = ctx
             .step("book", || async { Ok(invoices.iter().sum::<u32>()) })
             .await?;
-        Ok(CallToolResult::text(format!(
-            "Booked {} invoices: {total} {currency}.",
-            invoices.len()
-        ))
-        .with_structured(json!({ "count": invoices.len(), "total": total, "currency": currency })))
+        CallToolResult::structured(&Booked {
+            count: invoices.len(),
+            total,
+            currency,
+        })
     })
+}
+
+/// The `tools/list` entry a client sees, kept as a golden file: the schemas derived from the
+/// types above. `MCP_TASKS_BLESS=1` rewrites it.
+const TOOLS_GOLDEN: &str = "examples/host.tools.json";
+
+fn check_tools_golden(tools: &Value) -> Result<(), Box<dyn std::error::Error>> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(TOOLS_GOLDEN);
+    let text = serde_json::to_string_pretty(tools)? + "\n";
+    if std::env::var_os("MCP_TASKS_BLESS").is_some() {
+        std::fs::write(&path, &text)?;
+    }
+    let golden = std::fs::read_to_string(&path)?;
+    if golden != text {
+        return Err(format!("`tools/list` differs from {TOOLS_GOLDEN}:\n{text}").into());
+    }
+    Ok(())
 }
 
 #[tokio::main]
@@ -102,6 +129,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let client = Client::in_process(runtime.handle(), owner.clone())
         .build()
         .await?;
+    let tools: Vec<Value> = client
+        .list_tools()
+        .await?
+        .into_iter()
+        .map(|t| t.raw)
+        .collect();
+    check_tools_golden(&Value::Array(tools))?;
     let CallOutcome::Task(task) = client
         .call_tool("import_invoices", json!({ "source": "s3://batch-7" }))
         .await?
@@ -131,7 +165,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // This time `wait` answers the request through the input handler and polls to the end.
     let done = task.wait().await?;
     let result = done.result.ok_or("the task completed without a result")?;
-    println!("result: {}", result["content"][0]["text"]);
+    println!("result: {}", result["structuredContent"]);
     println!(
         "the fetch step ran {} time(s)",
         FETCHES.load(Ordering::SeqCst)

@@ -392,6 +392,31 @@ impl ToolContext {
             .ok_or_else(|| ToolError::Runtime(format!("no answer for `{key}`")))
     }
 
+    /// A typed form elicitation under `key`: the `requestedSchema` is derived from `T` (see
+    /// [`super::elicitation_schema_for`]), the answer comes back as `T`, or as the user's
+    /// decline or cancel. Durable like [`ToolContext::input`]: a task waits in
+    /// `input_required`, and after a restart an answered key returns its answer at once. An
+    /// accepted answer that does not fit `T` is `-32602` naming the key.
+    pub async fn elicit<T>(
+        &self,
+        key: &str,
+        message: impl Into<String>,
+    ) -> Result<super::Elicited<T>, ToolError>
+    where
+        T: schemars::JsonSchema + DeserializeOwned,
+    {
+        let request = InputRequest::elicit_form(message, super::elicitation_schema_for::<T>());
+        let answer = ElicitResponse::from_json(&self.input(key, request).await?);
+        Ok(match answer.action {
+            ElicitAction::Accept => super::Elicited::Accepted(super::typed::from_validated(
+                &format!("the answer to `{key}` does not fit its requested schema"),
+                Value::Object(answer.content),
+            )?),
+            ElicitAction::Decline => super::Elicited::Declined,
+            ElicitAction::Cancel => super::Elicited::Cancelled,
+        })
+    }
+
     /// Asks for several inputs at once; returns when every key is answered. A partial answer
     /// keeps the task `input_required`.
     pub async fn inputs(

@@ -8,10 +8,12 @@
 
 pub(crate) mod context;
 pub(crate) mod registry;
+mod typed;
 
 pub use context::{ElicitAction, ElicitResponse, InputRequest, LogLevel, StepKey, ToolContext};
 pub use registry::RegistryError;
 pub(crate) use registry::ToolRegistry;
+pub use typed::{Elicited, elicitation_schema_for, schema_for, typed_tool};
 
 use std::future::Future;
 use std::sync::Arc;
