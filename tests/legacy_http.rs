@@ -313,6 +313,27 @@ async fn legacy_tasks_poll_list_block_and_survive_a_restart() {
     assert_eq!(got["taskId"], task.as_str());
     assert!(got.get("result").is_none());
 
+    // One task model: a 2026-07-28 request of the same caller reads the same task.
+    let modern = json!({ "jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {
+        "taskId": task, "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": { "extensions": { "io.modelcontextprotocol/tasks": {} } } } } });
+    let r = client
+        .http
+        .post(&client.url)
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", "tasks/get")
+        .header("Mcp-Name", &task)
+        .header("Content-Type", "application/json")
+        .body(serde_json::to_vec(&modern).unwrap())
+        .send()
+        .await
+        .unwrap();
+    let body: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+    assert_eq!(body["result"]["taskId"], task.as_str(), "{body}");
+    assert_eq!(body["result"]["resultType"], "complete");
+    assert!(body["result"]["ttlMs"].is_u64());
+
     // tasks/list: the owner's tasks only.
     let list = client.result(3, "tasks/list", json!({})).await;
     assert!(
