@@ -312,6 +312,11 @@ async fn legacy_tasks_poll_list_block_and_survive_a_restart() {
         .await;
     assert_eq!(got["taskId"], task.as_str());
     assert!(got.get("result").is_none());
+    assert_eq!(
+        got["ttl"], create["task"]["ttl"],
+        "tasks/get reports the actual ttl"
+    );
+    assert!(got["ttl"].is_u64());
 
     // One task model: a 2026-07-28 request of the same caller reads the same task.
     let modern = json!({ "jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {

@@ -473,13 +473,15 @@ fn error_response(id: &Value, error: &RpcError) -> Value {
     wire::jsonrpc::error_response(Some(id), error)
 }
 
-/// A modern result as a legacy one: without `resultType`, the cache hints and the server's
-/// identity in `_meta` (legacy clients have them from `initialize`).
+/// A modern result as a legacy one: without `resultType`, the cache hints (`ttlMs` with
+/// `cacheScope`; a task's own `ttlMs` stays) and the server's identity in `_meta` (legacy
+/// clients have it from `initialize`).
 fn legacy_result(mut result: Value) -> Value {
     if let Some(r) = result.as_object_mut() {
         r.remove("resultType");
-        r.remove("ttlMs");
-        r.remove("cacheScope");
+        if r.remove("cacheScope").is_some() {
+            r.remove("ttlMs");
+        }
         let empty_meta = match r.get_mut("_meta").and_then(Value::as_object_mut) {
             Some(meta) => {
                 meta.remove(keys::SERVER_INFO);
@@ -818,4 +820,49 @@ async fn one_or_stream(mut rx: mpsc::Receiver<Value>) -> LegacyOutcome {
             .chain(rest)
             .boxed(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_lose_modern_fields_but_tasks_keep_their_ttl() {
+        let list = json!({ "resultType": "complete", "tools": [], "ttlMs": 300000,
+            "cacheScope": "public", "_meta": { keys::SERVER_INFO: {} } });
+        assert_eq!(legacy_result(list), json!({ "tools": [] }));
+        let task = json!({ "resultType": "complete", "taskId": "t", "ttlMs": 60000,
+            "_meta": { keys::SERVER_INFO: {}, "other": 1 } });
+        assert_eq!(
+            legacy_result(task),
+            json!({ "taskId": "t", "ttlMs": 60000, "_meta": { "other": 1 } })
+        );
+    }
+
+    #[test]
+    fn era_detection() {
+        let modern = json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/list",
+            "params": { "_meta": { keys::PROTOCOL_VERSION: "2026-07-28" } } });
+        assert!(is_modern(&modern));
+        assert!(is_modern(
+            &json!({ "jsonrpc": "2.0", "id": 1, "method": "server/discover" })
+        ));
+        let init = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": { "protocolVersion": "2025-11-25" } });
+        assert!(!is_modern(&init) && is_initialize(&init));
+        let note = json!({ "jsonrpc": "2.0", "method": "initialize" });
+        assert!(!is_initialize(&note));
+    }
+
+    #[test]
+    fn server_requests_fit_the_session_version() {
+        let ask = json!({ "method": "elicitation/create",
+            "params": { "mode": "form", "message": "m", "requestedSchema": {} } });
+        let old = server_request("r1", &ask, "2025-06-18", None);
+        assert!(old["params"].get("mode").is_none());
+        let new = server_request("r1", &ask, "2025-11-25", Some("tsk_1"));
+        assert_eq!(new["params"]["mode"], "form");
+        assert_eq!(new["params"]["_meta"][RELATED_TASK]["taskId"], "tsk_1");
+        assert_eq!(new["id"], "r1");
+    }
 }
