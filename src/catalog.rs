@@ -18,21 +18,29 @@ use crate::tool::{ToolContext, ToolError};
 /// One declared prompt argument.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PromptArgument {
+    /// The argument's name.
     pub name: String,
+    /// What the argument is for.
     pub description: Option<String>,
+    /// Whether `prompts/get` must supply it.
     pub required: bool,
 }
 
 /// What `prompts/list` shows of a prompt.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PromptDescriptor {
+    /// The prompt's name (unique in the runtime).
     pub name: String,
+    /// A human-readable title.
     pub title: Option<String>,
+    /// What the prompt is for.
     pub description: Option<String>,
+    /// Its declared arguments.
     pub arguments: Vec<PromptArgument>,
 }
 
 impl PromptDescriptor {
+    /// A prompt with a name and a description and no arguments.
     pub fn new(name: impl Into<String>, description: impl Into<String>) -> Self {
         Self {
             name: name.into(),
@@ -42,6 +50,7 @@ impl PromptDescriptor {
         }
     }
 
+    /// Declares an argument.
     pub fn argument(
         mut self,
         name: impl Into<String>,
@@ -56,6 +65,7 @@ impl PromptDescriptor {
         self
     }
 
+    /// The `Prompt` object of `prompts/list`.
     pub fn to_json(&self) -> Value {
         let mut p = Map::new();
         p.insert("name".into(), json!(self.name));
@@ -88,7 +98,9 @@ impl PromptDescriptor {
 /// The result of `prompts/get`: `messages` (`PromptMessage` objects) and a description.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct GetPromptResult {
+    /// What the prompt produced, for the client.
     pub description: Option<String>,
+    /// The `PromptMessage` objects.
     pub messages: Vec<Value>,
 }
 
@@ -106,11 +118,13 @@ impl GetPromptResult {
         }
     }
 
+    /// Sets the description.
     pub fn description(mut self, description: impl Into<String>) -> Self {
         self.description = Some(description.into());
         self
     }
 
+    /// The JSON object, without `resultType` and `_meta` (the wire layer adds both).
     pub fn to_json(&self) -> Value {
         let mut r = Map::new();
         if let Some(d) = &self.description {
@@ -176,10 +190,15 @@ where
 /// A static resource: its `resources/list` entry and its contents (text or binary).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Resource {
+    /// The resource's URI (unique in the runtime).
     pub uri: String,
+    /// The resource's name.
     pub name: String,
+    /// What the resource is.
     pub description: Option<String>,
+    /// Its MIME type.
     pub mime_type: Option<String>,
+    /// Its contents.
     pub body: ResourceBody,
 }
 
@@ -211,16 +230,19 @@ impl Resource {
         }
     }
 
+    /// Sets the description.
     pub fn description(mut self, description: impl Into<String>) -> Self {
         self.description = Some(description.into());
         self
     }
 
+    /// Sets the MIME type.
     pub fn mime_type(mut self, mime_type: impl Into<String>) -> Self {
         self.mime_type = Some(mime_type.into());
         self
     }
 
+    /// The `Resource` object of `resources/list`.
     pub fn to_json(&self) -> Value {
         listing(
             "uri",
@@ -284,15 +306,20 @@ impl PartialEq for TemplateReader {
 /// a `/`. Two variables must be separated by a literal.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResourceTemplate {
+    /// The RFC 6570 URI template.
     pub uri_template: String,
+    /// The template's name.
     pub name: String,
+    /// What the template's resources are.
     pub description: Option<String>,
+    /// The MIME type of its resources.
     pub mime_type: Option<String>,
     /// Reads a URI the template matches; `None` lists the template without making it readable.
     pub reader: Option<TemplateReader>,
 }
 
 impl ResourceTemplate {
+    /// A template without a reader (listed, not readable).
     pub fn new(uri_template: impl Into<String>, name: impl Into<String>) -> Self {
         Self {
             uri_template: uri_template.into(),
@@ -303,11 +330,13 @@ impl ResourceTemplate {
         }
     }
 
+    /// Sets the description.
     pub fn description(mut self, description: impl Into<String>) -> Self {
         self.description = Some(description.into());
         self
     }
 
+    /// Sets the MIME type.
     pub fn mime_type(mut self, mime_type: impl Into<String>) -> Self {
         self.mime_type = Some(mime_type.into());
         self
@@ -325,6 +354,7 @@ impl ResourceTemplate {
         self
     }
 
+    /// The `ResourceTemplate` object of `resources/templates/list`.
     pub fn to_json(&self) -> Value {
         listing(
             "uriTemplate",
@@ -449,6 +479,7 @@ pub enum CompletionRef {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CompletionRequest {
+    /// The prompt or template whose argument is completed.
     pub reference: CompletionRef,
     /// The argument (or template variable) being completed.
     pub argument: String,
@@ -464,6 +495,7 @@ pub struct CompletionRequest {
 /// that the runtime truncates and sets `hasMore`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Completion {
+    /// The values, best first.
     pub values: Vec<String>,
     /// How many values exist in all, if known.
     pub total: Option<u64>,
@@ -565,7 +597,7 @@ fn listing(
 
 /// Prompts, resources, resource templates and completers of one runtime.
 #[derive(Default)]
-pub struct Catalog {
+pub(crate) struct Catalog {
     prompts: BTreeMap<String, Arc<dyn Prompt>>,
     resources: BTreeMap<String, Resource>,
     templates: Vec<(ResourceTemplate, Option<UriPattern>)>,

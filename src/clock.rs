@@ -27,14 +27,17 @@ impl Clock for SystemClock {
 pub struct ManualClock(Arc<AtomicU64>);
 
 impl ManualClock {
+    /// A clock reading `start_ms`.
     pub fn new(start_ms: u64) -> Self {
         Self(Arc::new(AtomicU64::new(start_ms)))
     }
 
+    /// Moves the clock forward by `ms`.
     pub fn advance(&self, ms: u64) {
         self.0.fetch_add(ms, Ordering::SeqCst);
     }
 
+    /// Sets the clock to `ms`.
     pub fn set(&self, ms: u64) {
         self.0.store(ms, Ordering::SeqCst);
     }

@@ -42,8 +42,11 @@ pub fn embedded(contents: &ResourceContents) -> Value {
 /// (`TextResourceContents` / `BlobResourceContents`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResourceContents {
+    /// The resource's URI.
     pub uri: String,
+    /// Its MIME type.
     pub mime_type: Option<String>,
+    /// Its text or bytes.
     pub body: ResourceBody,
 }
 

@@ -1,15 +1,8 @@
-//! mcp-tasks: durable tasks for MCP servers.
-//!
-//! A tool call that takes long becomes a *task*: it is stored in redb before its handle is
-//! returned, runs inside an actor that snapshots every transition, and survives crashes and
-//! restarts of the server. See `ARCHITECTURE.md` for the map.
-//!
-//! Embedding in three lines: build a [`Runtime`] on a redb file with your [`tool::Tool`]s,
-//! hand it JSON-RPC messages with [`Runtime::handle_message`], and [`Runtime::shutdown`] it.
+#![doc = include_str!("../README.md")]
 //!
 //! # Layout
 //!
-//! The public API is what this page lists: the runtime ([`Runtime`], [`RuntimeBuilder`],
+//! (`ARCHITECTURE.md` in the repository has the map.) The public API is what this page lists: the runtime ([`Runtime`], [`RuntimeBuilder`],
 //! [`RuntimeHandle`], [`RuntimeConfig`]), the [`tool`] API, the [`catalog`] of prompts and
 //! resources with their [`content`], the [`transport`]s (Streamable HTTP and stdio),
 //! [`auth`], per-owner [`quota`]s, the [`clock`], the [`store`] backends (and the
@@ -42,6 +35,7 @@ macro_rules! internal {
     ($($name:ident),* $(,)?) => {$(
         #[cfg(feature = "unstable-internals")]
         #[doc(hidden)]
+        #[allow(missing_docs)]
         pub mod $name;
         #[cfg(not(feature = "unstable-internals"))]
         pub(crate) mod $name;

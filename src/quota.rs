@@ -101,7 +101,9 @@ impl QuotaKind {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{}", self.message())]
 pub struct QuotaError {
+    /// Which quota refused.
     pub kind: QuotaKind,
+    /// The quota's limit.
     pub limit: u64,
     /// When trying again may succeed.
     pub retry_after: Duration,

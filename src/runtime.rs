@@ -55,11 +55,13 @@ pub struct RuntimeBuilder {
 }
 
 impl RuntimeBuilder {
+    /// Registers a tool (names must be unique; [`RuntimeBuilder::start`] fails otherwise).
     pub fn tool(mut self, tool: Arc<dyn Tool>) -> Self {
         self.tools.push(tool);
         self
     }
 
+    /// Registers several tools.
     pub fn tools(mut self, tools: impl IntoIterator<Item = Arc<dyn Tool>>) -> Self {
         self.tools.extend(tools);
         self
@@ -95,6 +97,7 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Replaces the whole configuration.
     pub fn config(mut self, config: RuntimeConfig) -> Self {
         self.config = config;
         self
@@ -124,11 +127,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Sets the server's name and version (`serverInfo`).
     pub fn server_info(mut self, name: impl Into<String>, version: impl Into<String>) -> Self {
         self.config.server_info = ServerInfo::new(name, version);
         self
     }
 
+    /// Sets the store options (durability, group commit, open checks).
     pub fn store_options(mut self, options: StoreOptions) -> Self {
         self.store_options = options;
         self

@@ -39,8 +39,11 @@ pub trait SideEffects: Send + Sync + 'static {
 /// One recorded step execution.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SideEffect {
+    /// The task.
     pub task: String,
+    /// The step name.
     pub step: String,
+    /// The value the step produced.
     pub value: String,
 }
 
@@ -73,6 +76,7 @@ pub struct FileSideEffects {
 }
 
 impl FileSideEffects {
+    /// Side effects appended to the file at `path`.
     pub fn new(path: impl Into<PathBuf>) -> Self {
         Self {
             path: path.into(),
@@ -129,6 +133,7 @@ pub struct StrictClock {
 }
 
 impl StrictClock {
+    /// A strict clock over `base`.
     pub fn new(base: Arc<dyn Clock>) -> Self {
         Self {
             base,
@@ -216,6 +221,7 @@ pub struct JobSpec {
 }
 
 impl JobSpec {
+    /// The `sim_job` arguments of this job.
     pub fn to_arguments(&self) -> Value {
         json!({
             "steps": self.steps,

@@ -65,6 +65,7 @@ impl std::fmt::Display for JwksSource {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct JwtConfig {
+    /// Where the signing keys come from.
     pub jwks: JwksSource,
     /// The expected `iss`, exactly.
     pub issuer: String,
@@ -83,6 +84,7 @@ pub struct JwtConfig {
 }
 
 impl JwtConfig {
+    /// Verification against the keys of `jwks`, for tokens of `issuer` meant for `audience`.
     pub fn new(jwks: JwksSource, issuer: impl Into<String>, audience: impl Into<String>) -> Self {
         Self {
             jwks,
@@ -96,16 +98,19 @@ impl JwtConfig {
         }
     }
 
+    /// The accepted signature algorithms (pinned; never taken from the token).
     pub fn algorithms(mut self, algorithms: Vec<Algorithm>) -> Self {
         self.algorithms = algorithms;
         self
     }
 
+    /// The claim that names the tenant.
     pub fn tenant_claim(mut self, claim: impl Into<String>) -> Self {
         self.tenant_claim = Some(claim.into());
         self
     }
 
+    /// How often an unknown `kid` may make the verifier fetch the key set again.
     pub fn refetch_interval(mut self, interval: Duration) -> Self {
         self.refetch_interval = interval;
         self
@@ -201,6 +206,7 @@ impl JwtVerifier {
         Ok(verifier)
     }
 
+    /// The configuration.
     pub fn config(&self) -> &JwtConfig {
         &self.config
     }

@@ -41,11 +41,14 @@ use crate::task::Owner;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Identity {
+    /// Who the caller is.
     pub owner: Owner,
+    /// The scopes the credential grants.
     pub scopes: BTreeSet<String>,
 }
 
 impl Identity {
+    /// An identity without scopes.
     pub fn new(owner: Owner) -> Self {
         Self {
             owner,
@@ -53,6 +56,7 @@ impl Identity {
         }
     }
 
+    /// Adds scopes.
     pub fn with_scopes(mut self, scopes: impl IntoIterator<Item = impl Into<String>>) -> Self {
         self.scopes.extend(scopes.into_iter().map(Into::into));
         self
@@ -142,6 +146,7 @@ where
 pub struct Chain(Vec<Arc<dyn Authenticator>>);
 
 impl Chain {
+    /// Tries each authenticator in order.
     pub fn new(verifiers: Vec<Arc<dyn Authenticator>>) -> Self {
         Self(verifiers)
     }
@@ -248,6 +253,7 @@ pub struct ProtectedResource {
 }
 
 impl ProtectedResource {
+    /// The metadata of the protected resource at `resource` (its canonical URL).
     pub fn new(resource: impl Into<String>) -> Self {
         Self {
             resource: resource.into(),
@@ -256,11 +262,13 @@ impl ProtectedResource {
         }
     }
 
+    /// Adds an authorization server (its issuer URL).
     pub fn authorization_server(mut self, issuer: impl Into<String>) -> Self {
         self.authorization_servers.push(issuer.into());
         self
     }
 
+    /// Adds a supported scope.
     pub fn scope(mut self, scope: impl Into<String>) -> Self {
         self.scopes.push(scope.into());
         self

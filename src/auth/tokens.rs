@@ -115,6 +115,7 @@ impl StaticTokens {
         self.current().len()
     }
 
+    /// Whether the table has no token.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -79,14 +79,19 @@ const MAX_PAGES: usize = 1000;
 /// A task as `tasks/get` or `notifications/tasks` reported it (a `DetailedTask`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Task {
+    /// The task's id.
     pub task_id: String,
+    /// Its status.
     pub status: TaskStatus,
+    /// Its `statusMessage`.
     pub status_message: Option<String>,
     /// ISO 8601, as the server sent it (empty when it omitted it).
     pub created_at: String,
+    /// ISO 8601, as the server sent it (empty when it omitted it).
     pub last_updated_at: String,
     /// `None`: unlimited (or not given).
     pub ttl_ms: Option<u64>,
+    /// The polling interval the server suggests.
     pub poll_interval_ms: Option<u64>,
     /// Outstanding input requests (`input_required`), key → `{method, params}`.
     pub input_requests: Map<String, Value>,
@@ -148,6 +153,7 @@ impl Task {
         })
     }
 
+    /// Whether the task ended (`completed`, `failed` or `cancelled`).
     pub fn is_terminal(&self) -> bool {
         self.status.is_terminal()
     }
@@ -183,9 +189,13 @@ fn timestamp(s: &str) -> Option<time::OffsetDateTime> {
 /// A tool as `tools/list` describes it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolInfo {
+    /// The tool's name.
     pub name: String,
+    /// Its title.
     pub title: Option<String>,
+    /// Its description.
     pub description: Option<String>,
+    /// Its `inputSchema`.
     pub input_schema: Value,
     /// The tool object as received.
     pub raw: Value,
@@ -194,11 +204,15 @@ pub struct ToolInfo {
 /// What `server/discover` said.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Discovery {
+    /// The protocol versions the server supports.
     pub supported_versions: Vec<String>,
+    /// The server's capabilities.
     pub capabilities: Value,
+    /// The server's instructions.
     pub instructions: Option<String>,
     /// `_meta["io.modelcontextprotocol/serverInfo"]`, when given.
     pub server_info: Option<Value>,
+    /// The result as received.
     pub raw: Value,
 }
 
@@ -265,8 +279,11 @@ where
 /// `initial`, then twice as long each time up to `max` (with ±25 % jitter).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
+    /// Tries in all (the first included).
     pub attempts: u32,
+    /// The first wait.
     pub initial: Duration,
+    /// The longest wait.
     pub max: Duration,
 }
 
@@ -423,6 +440,7 @@ impl ClientBuilder {
         self
     }
 
+    /// Builds the client (and opens the handle store, if one was set).
     pub async fn build(self) -> Result<Client, ClientError> {
         let transport: Arc<dyn Transport> = match self.target {
             Target::Http { url, token, idle } => {
@@ -932,6 +950,7 @@ impl std::fmt::Debug for TaskHandle {
 }
 
 impl TaskHandle {
+    /// The task's id.
     pub fn id(&self) -> &str {
         &self.id
     }

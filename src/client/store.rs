@@ -23,10 +23,13 @@ pub struct SavedTask {
     /// The format version of this record.
     #[serde(rename = "v")]
     pub version: u32,
+    /// The task's id.
     pub task_id: String,
     /// The server, as [`super::Transport::endpoint`] names it.
     pub endpoint: String,
+    /// The tool called.
     pub tool: String,
+    /// Its arguments.
     pub arguments: Value,
     /// When the client created the task (milliseconds since the Unix epoch, client clock).
     pub created_at_ms: u64,

@@ -442,6 +442,7 @@ pub struct InProcessTransport {
 }
 
 impl InProcessTransport {
+    /// A transport to `handle` that acts as `owner`.
     pub fn new(handle: RuntimeHandle, owner: Owner) -> Self {
         Self { handle, owner }
     }

@@ -10,7 +10,9 @@ use crate::wire::results::CacheHints;
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct RuntimeConfig {
+    /// The server's name and version (`_meta["io.modelcontextprotocol/serverInfo"]`).
     pub server_info: ServerInfo,
+    /// The `instructions` of `server/discover`.
     pub instructions: Option<String>,
     /// Time to live of a task from its creation (a tool may override it); `None` is unlimited.
     /// Past it a live task is failed ("Task has expired") and every task answers `-32602
@@ -35,6 +37,7 @@ pub struct RuntimeConfig {
     pub restart_backoff: Duration,
     /// How often the expiry reaper looks at the expiry index.
     pub reaper_interval: Duration,
+    /// The cache hints of `server/discover` and list results.
     pub cache_hints: CacheHints,
     /// Size limits per call and per task (see [`Limits`] for the defaults).
     pub limits: Limits,

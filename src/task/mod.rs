@@ -7,6 +7,7 @@
 
 mod answer;
 mod id;
+/// The flat task objects of the wire.
 pub mod json;
 mod machine;
 

@@ -33,6 +33,7 @@ impl InputRequest {
         Self(request)
     }
 
+    /// The request object as JSON.
     pub fn into_json(self) -> Value {
         self.0
     }
@@ -49,7 +50,9 @@ pub enum ElicitAction {
 /// An `ElicitResult` read from a client's input response.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ElicitResponse {
+    /// What the user did.
     pub action: ElicitAction,
+    /// The form's answer (empty unless accepted).
     pub content: Map<String, Value>,
 }
 

@@ -37,13 +37,19 @@ pub enum TaskPolicy {
 /// What `tools/list` shows of a tool, plus how the server runs it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolDescriptor {
+    /// The tool's name (unique in the runtime; `tools/call` names it).
     pub name: String,
+    /// A human-readable title.
     pub title: Option<String>,
+    /// What the tool does, for the model.
     pub description: String,
     /// A JSON Schema object with `"type": "object"`; arguments are validated against it.
     pub input_schema: Value,
+    /// The JSON Schema of `structuredContent`, when the tool returns structured results.
     pub output_schema: Option<Value>,
+    /// MCP tool annotations (`readOnlyHint`, `destructiveHint`, ...), as given.
     pub annotations: Option<Value>,
+    /// Whether a call becomes a task.
     pub task_policy: TaskPolicy,
     /// Time to live of this tool's tasks; `None` takes the runtime's default.
     pub ttl_ms: Option<u64>,
@@ -67,26 +73,31 @@ impl ToolDescriptor {
         }
     }
 
+    /// Sets the title.
     pub fn title(mut self, title: impl Into<String>) -> Self {
         self.title = Some(title.into());
         self
     }
 
+    /// Sets the `inputSchema` (a JSON Schema object with `"type": "object"`).
     pub fn input_schema(mut self, schema: Value) -> Self {
         self.input_schema = schema;
         self
     }
 
+    /// Sets the [`TaskPolicy`].
     pub fn task_policy(mut self, policy: TaskPolicy) -> Self {
         self.task_policy = policy;
         self
     }
 
+    /// Sets the time to live of this tool's tasks, in milliseconds.
     pub fn ttl_ms(mut self, ttl_ms: u64) -> Self {
         self.ttl_ms = Some(ttl_ms);
         self
     }
 
+    /// Sets the first `statusMessage` of this tool's tasks.
     pub fn initial_status_message(mut self, message: impl Into<String>) -> Self {
         self.initial_status_message = Some(message.into());
         self
@@ -115,8 +126,11 @@ impl ToolDescriptor {
 /// task ends `completed`); protocol failures are [`ToolError::Rpc`] (the task ends `failed`).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct CallToolResult {
+    /// The content blocks (see [`crate::content`]).
     pub content: Vec<Value>,
+    /// The `structuredContent`, if any.
     pub structured_content: Option<Value>,
+    /// Whether this is a tool-level error reported to the model.
     pub is_error: bool,
 }
 
@@ -146,6 +160,7 @@ impl CallToolResult {
         }
     }
 
+    /// Sets `structuredContent`.
     pub fn with_structured(mut self, value: Value) -> Self {
         self.structured_content = Some(value);
         self

@@ -145,6 +145,7 @@ impl std::fmt::Debug for HttpConfig {
 }
 
 impl HttpConfig {
+    /// Sets the endpoint's path (default `/mcp`).
     pub fn path(mut self, path: impl Into<String>) -> Self {
         self.path = path.into();
         self
@@ -162,26 +163,31 @@ impl HttpConfig {
         self
     }
 
+    /// Sets the largest request body (`413` beyond).
     pub fn max_body_bytes(mut self, bytes: usize) -> Self {
         self.max_body_bytes = bytes;
         self
     }
 
+    /// Sets whether a `tasks/*` request without `Mcp-Name` is `-32020`.
     pub fn strict_headers(mut self, strict: bool) -> Self {
         self.strict_headers = strict;
         self
     }
 
+    /// Sets the interval of SSE keep-alive comments.
     pub fn keep_alive(mut self, interval: Duration) -> Self {
         self.keep_alive = interval;
         self
     }
 
+    /// Sets how many requests one principal may have in progress (`429` beyond).
     pub fn max_requests_per_principal(mut self, n: usize) -> Self {
         self.max_requests_per_principal = n;
         self
     }
 
+    /// Sets how long a request body may take to arrive (`408` beyond).
     pub fn body_timeout(mut self, timeout: Duration) -> Self {
         self.body_timeout = timeout;
         self

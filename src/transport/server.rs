@@ -55,16 +55,19 @@ impl Default for ServeOptions {
 }
 
 impl ServeOptions {
+    /// Sets the bound on open connections.
     pub fn max_connections(mut self, n: usize) -> Self {
         self.max_connections = n;
         self
     }
 
+    /// Sets how long a request head may take (and the keep-alive idle time).
     pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
         self.header_read_timeout = timeout;
         self
     }
 
+    /// Sets how long an idle connection stays open.
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout;
         self

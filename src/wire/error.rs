@@ -7,13 +7,21 @@ use serde_json::{Value, json};
 
 /// JSON-RPC and MCP `2026-07-28` error codes (base protocol and SEP-2243).
 pub mod code {
+    /// JSON-RPC: invalid JSON.
     pub const PARSE_ERROR: i64 = -32700;
+    /// JSON-RPC: not a valid request object.
     pub const INVALID_REQUEST: i64 = -32600;
+    /// JSON-RPC: the method does not exist (or was removed from the protocol).
     pub const METHOD_NOT_FOUND: i64 = -32601;
+    /// JSON-RPC: invalid method parameters.
     pub const INVALID_PARAMS: i64 = -32602;
+    /// JSON-RPC: internal error.
     pub const INTERNAL_ERROR: i64 = -32603;
+    /// MCP (SEP-2243): a transport header disagrees with the body.
     pub const HEADER_MISMATCH: i64 = -32020;
+    /// MCP: the request needs a capability or extension the client did not declare.
     pub const MISSING_REQUIRED_CLIENT_CAPABILITY: i64 = -32021;
+    /// MCP: the requested protocol version is not supported.
     pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
     /// A per-principal quota refused the request (HTTP `429`). JSON-RPC leaves
     /// -32000..-32099 to implementations and MCP reserves -32020..-32099 for itself; -32000,
@@ -26,12 +34,16 @@ pub mod code {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("JSON-RPC error {code}: {message}")]
 pub struct RpcError {
+    /// The error code (see [`code`]).
     pub code: i64,
+    /// A short description.
     pub message: String,
+    /// Additional data, if any.
     pub data: Option<Value>,
 }
 
 impl RpcError {
+    /// An error with a code and a message.
     pub fn new(code: i64, message: impl Into<String>) -> Self {
         Self {
             code,
@@ -40,19 +52,23 @@ impl RpcError {
         }
     }
 
+    /// Adds `data`.
     pub fn with_data(mut self, data: Value) -> Self {
         self.data = Some(data);
         self
     }
 
+    /// `-32700`.
     pub fn parse_error(detail: impl std::fmt::Display) -> Self {
         Self::new(code::PARSE_ERROR, format!("Parse error: {detail}"))
     }
 
+    /// `-32600`.
     pub fn invalid_request(detail: impl std::fmt::Display) -> Self {
         Self::new(code::INVALID_REQUEST, format!("Invalid request: {detail}"))
     }
 
+    /// `-32601` naming the method.
     pub fn method_not_found(method: &str) -> Self {
         Self::new(
             code::METHOD_NOT_FOUND,
@@ -60,10 +76,12 @@ impl RpcError {
         )
     }
 
+    /// `-32602`.
     pub fn invalid_params(detail: impl std::fmt::Display) -> Self {
         Self::new(code::INVALID_PARAMS, format!("Invalid params: {detail}"))
     }
 
+    /// `-32603`.
     pub fn internal(detail: impl std::fmt::Display) -> Self {
         Self::new(code::INTERNAL_ERROR, format!("Internal error: {detail}"))
     }

@@ -22,28 +22,47 @@ pub const PROTOCOL_VERSION: &str = "2026-07-28";
 
 /// `_meta` keys of the core protocol.
 pub mod keys {
+    /// `_meta` key of the request's protocol version.
     pub const PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+    /// `_meta` key of the client's capabilities.
     pub const CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+    /// `_meta` key of the client's name and version.
     pub const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+    /// `_meta` key of the client's requested log level.
     pub const LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
+    /// `_meta` key of the server's name and version.
     pub const SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+    /// `_meta` key of the listen a notification belongs to.
     pub const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
 }
 
 /// Methods this server answers.
 pub mod methods {
+    /// `server/discover`.
     pub const DISCOVER: &str = "server/discover";
+    /// `tools/list`.
     pub const TOOLS_LIST: &str = "tools/list";
+    /// `tools/call`.
     pub const TOOLS_CALL: &str = "tools/call";
+    /// `tasks/get`.
     pub const TASKS_GET: &str = "tasks/get";
+    /// `tasks/update`.
     pub const TASKS_UPDATE: &str = "tasks/update";
+    /// `tasks/cancel`.
     pub const TASKS_CANCEL: &str = "tasks/cancel";
+    /// `subscriptions/listen`.
     pub const SUBSCRIPTIONS_LISTEN: &str = "subscriptions/listen";
+    /// `prompts/list`.
     pub const PROMPTS_LIST: &str = "prompts/list";
+    /// `prompts/get`.
     pub const PROMPTS_GET: &str = "prompts/get";
+    /// `resources/list`.
     pub const RESOURCES_LIST: &str = "resources/list";
+    /// `resources/templates/list`.
     pub const RESOURCES_TEMPLATES_LIST: &str = "resources/templates/list";
+    /// `resources/read`.
     pub const RESOURCES_READ: &str = "resources/read";
+    /// `completion/complete`.
     pub const COMPLETION_COMPLETE: &str = "completion/complete";
 
     /// The body member that a request's `Mcp-Name` routing header mirrors: the tool or
@@ -138,11 +157,14 @@ pub mod limits {
 /// Name and version this server reports in every result's `_meta`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerInfo {
+    /// The server's name.
     pub name: String,
+    /// Its version.
     pub version: String,
 }
 
 impl ServerInfo {
+    /// Name and version.
     pub fn new(name: impl Into<String>, version: impl Into<String>) -> Self {
         Self {
             name: name.into(),
@@ -150,6 +172,7 @@ impl ServerInfo {
         }
     }
 
+    /// The `Implementation` object.
     pub fn to_json(&self) -> Value {
         serde_json::json!({ "name": self.name, "version": self.version })
     }

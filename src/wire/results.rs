@@ -8,7 +8,9 @@ use super::{ServerInfo, TASKS_EXTENSION, keys};
 /// Cache hints of `server/discover` and list results (SEP-2549).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheHints {
+    /// How long a client may cache the result, in milliseconds.
     pub ttl_ms: u64,
+    /// Whether the result is the same for every caller (shared caches may keep it).
     pub public: bool,
 }
 

@@ -124,7 +124,7 @@ impl RedbStore {
         Self::open_inner(Target::File(path.to_path_buf()), options)
     }
 
-    /// Like [`RedbStore::open`] on a redb [`StorageBackend`] instead of a file (simulated disks,
+    /// Like [`RedbStore::open`] on a redb [`redb::StorageBackend`] instead of a file (simulated disks,
     /// fault injection). `label` names the store in errors and logs. `factory` is called once
     /// now and again whenever the store reopens after an I/O error; each backend it returns
     /// must see the bytes the previous one left.
