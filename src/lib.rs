@@ -66,6 +66,7 @@ pub mod replicas_demo;
 #[cfg(feature = "fixtures")]
 pub mod sim;
 pub mod store;
+pub mod telemetry;
 pub mod tool;
 pub mod transport;
 

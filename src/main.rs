@@ -104,6 +104,10 @@ struct ServeArgs {
     /// Where `--fixtures crash` appends its step side effects (docs/CRASH-TESTING.md).
     #[arg(long, value_name = "PATH", hide = true)]
     side_effects: Option<PathBuf>,
+    /// Serve Prometheus metrics at `GET /metrics` on this address (a port apart from MCP's;
+    /// the series are listed in the `mcp_tasks::telemetry` docs). Off by default.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
     /// Serve newline-delimited JSON-RPC on stdin/stdout instead of HTTP (logs on stderr).
     #[arg(long, conflicts_with_all = ["listen", "allowed_origins", "allowed_hosts", "strict_headers", "http_auth"])]
     stdio: bool,
@@ -293,8 +297,28 @@ fn main() -> ExitCode {
                 ..
             } => run_replicas_demo(n, store).await,
             Command::Demo { verbose, store, .. } => run_demo(verbose, store).await,
-            Command::Serve(args) if args.stdio => serve_stdio(*args).await,
-            Command::Serve(args) => serve_http(*args).await,
+            Command::Serve(args) => {
+                // Installed before the runtime starts, so that recovery is measured too.
+                let metrics = match &args.metrics_listen {
+                    Some(addr) => match serve_metrics(addr).await {
+                        Ok(task) => Some(task),
+                        Err(e) => {
+                            eprintln!("error: {e}");
+                            return ExitCode::FAILURE;
+                        }
+                    },
+                    None => None,
+                };
+                let code = if args.stdio {
+                    serve_stdio(*args).await
+                } else {
+                    serve_http(*args).await
+                };
+                if let Some(task) = metrics {
+                    task.abort();
+                }
+                code
+            }
             Command::Store(command) => cli_store::run(command).await,
             #[cfg(feature = "client")]
             Command::Client(command) => cli::run(command).await,
@@ -477,6 +501,69 @@ async fn start(
             None
         }
     }
+}
+
+/// Installs the Prometheus recorder and serves `GET /metrics` on `addr` (until aborted).
+async fn serve_metrics(addr: &str) -> Result<tokio::task::JoinHandle<()>, String> {
+    use mcp_tasks::telemetry;
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr} for metrics: {e}"))?;
+    let local = listener
+        .local_addr()
+        .map_or_else(|_| addr.to_owned(), |a| a.to_string());
+    const SECONDS: &[f64] = &[
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+        5.0, 10.0, 30.0,
+    ];
+    const OPS: &[f64] = &[
+        1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+    ];
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS)
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full(telemetry::STORE_COMMIT_BATCH_OPS.into()), OPS)
+        })
+        .map_err(|e| format!("metrics: {e}"))?
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    telemetry::describe();
+    let render = handle.clone();
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let render = render.clone();
+            async move {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    render.render(),
+                )
+            }
+        }),
+    );
+    tracing::info!("metrics on http://{local}/metrics");
+    Ok(tokio::spawn(async move {
+        // The exporter's periodic housekeeping (draining histogram buffers), beside the server.
+        let upkeep = async {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                handle.run_upkeep();
+            }
+        };
+        tokio::select! {
+            () = upkeep => {}
+            served = axum::serve(listener, app) => {
+                if let Err(e) = served {
+                    tracing::error!(error = %e, "the metrics endpoint stopped");
+                }
+            }
+        }
+    }))
 }
 
 async fn serve_http(args: ServeArgs) -> ExitCode {

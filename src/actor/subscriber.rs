@@ -61,6 +61,8 @@ pub(crate) struct SubscriberState {
     seen: HashMap<TaskId, u64>,
     waiting_for_room: bool,
     _followers: Vec<Aborting>,
+    /// Counts this listen in `mcp_tasks_subscriptions` while it lives.
+    _gauge: crate::telemetry::SubscriptionGauge,
 }
 
 impl SubscriberState {
@@ -76,6 +78,9 @@ impl SubscriberState {
             .is_none()
         {
             self.pending.push_back(snapshot.id.clone());
+        } else {
+            // Latest wins: the older snapshot of this task is never written.
+            crate::telemetry::subscription_dropped();
         }
     }
 
@@ -205,6 +210,7 @@ impl Actor for Subscriber {
             seen: HashMap::new(),
             waiting_for_room: false,
             _followers: followers,
+            _gauge: crate::telemetry::SubscriptionGauge::new(),
         })
     }
 

@@ -161,6 +161,7 @@ impl Supervisor {
     ) -> Result<(), ActorProcessingErr> {
         // A store owned by this process: every live task. A shared one: the tasks no live
         // node holds, claimed (their lease epochs bumped) for this node.
+        let started = std::time::Instant::now();
         let live = self.shared.store.claim_live().await?;
         let count = live.len();
         let start = Start::Resume {
@@ -195,6 +196,7 @@ impl Supervisor {
             tracing::error!(tool, tasks = tasks.len(), ids = ?tasks,
                 "live tasks name a tool this runtime does not register; they wait for it (register the tool and restart to run them)");
         }
+        crate::telemetry::recovered(started.elapsed(), count);
         if count > 0 {
             tracing::info!(
                 tasks = count,

@@ -4,11 +4,13 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use futures::FutureExt;
+use tracing::Instrument;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::shared::{LiveTask, RuntimeError, Shared, TaskMsg};
+use crate::telemetry::{self, TaskGauge};
 use crate::store::StoreError;
 use crate::wire::error::{RpcError, code};
 use crate::task::{Event, TaskOutcome, TaskError, TaskRecord, TransitionError, apply};
@@ -63,11 +65,15 @@ pub(crate) struct TaskState {
     publisher: watch::Sender<Arc<TaskRecord>>,
     tool: Option<ToolHandle>,
     start: Start,
+    /// Counts this task in `mcp_tasks_tasks` under its status while the actor lives.
+    gauge: TaskGauge,
 }
 
 impl TaskActor {
     /// Applies `event`: pure next state, durable commit, swap, publish. Returns whether the
     /// record changed. A terminal record stops the actor (reads then go to the store).
+    #[tracing::instrument(name = "task.transition", level = "debug", skip_all,
+        fields(task = %state.record.id, seq = state.record.seq))]
     async fn transition(
         &self,
         myself: &ActorRef<TaskMsg>,
@@ -97,6 +103,10 @@ impl TaskActor {
         }
         #[cfg(feature = "failpoints")]
         fail::fail_point!("task::after_commit");
+        if next.status != state.record.status {
+            telemetry::transition(next.status);
+        }
+        state.gauge.set(next.status);
         state.record = next.clone();
         state.publisher.send_replace(next.clone());
         if next.status.is_terminal() {
@@ -128,14 +138,19 @@ impl TaskActor {
         let arguments = record.arguments.as_object().cloned().unwrap_or_default();
         let future = tool.call(ctx, arguments);
         let me = myself.clone();
-        let handle = tokio::spawn(async move {
-            let message = match AssertUnwindSafe(future).catch_unwind().await {
-                Ok(outcome) => TaskMsg::ToolExited(outcome),
-                Err(panic) => TaskMsg::ToolPanicked(panic_message(panic.as_ref())),
-            };
-            // The actor may be gone (the task ended by cancellation, or the runtime stops).
-            let _ = me.cast(message);
-        });
+        let span = tracing::info_span!("mcp.task", "mcp.task.id" = %record.id, tool = %record.tool,
+            attempt = record.attempts);
+        let handle = tokio::spawn(
+            async move {
+                let message = match AssertUnwindSafe(future).catch_unwind().await {
+                    Ok(outcome) => TaskMsg::ToolExited(outcome),
+                    Err(panic) => TaskMsg::ToolPanicked(panic_message(panic.as_ref())),
+                };
+                // The actor may be gone (the task ended by cancellation, or the runtime stops).
+                let _ = me.cast(message);
+            }
+            .instrument(span),
+        );
         state.tool = Some(ToolHandle(handle));
         true
     }
@@ -275,6 +290,7 @@ impl Actor for TaskActor {
             },
         );
         Ok(TaskState {
+            gauge: TaskGauge::new(record.status),
             record,
             publisher,
             tool: None,

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::Stream;
+use tracing::Instrument;
 use futures::stream::BoxStream;
 use ractor::ActorRef;
 use serde_json::{Map, Value};
@@ -39,8 +40,11 @@ use crate::wire::{methods, results};
 /// trimmed. `None` members were absent.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RoutingHeaders {
+    /// `MCP-Protocol-Version`.
     pub protocol_version: Option<String>,
+    /// `Mcp-Method`.
     pub method: Option<String>,
+    /// `Mcp-Name` (the tool or prompt name, resource URI or task id the body names).
     pub name: Option<String>,
     /// `Mcp-Param-{Name}` headers (SEP-2243), by `Name` in lower case, decoded and trimmed.
     pub params: BTreeMap<String, String>,
@@ -51,6 +55,7 @@ pub struct RoutingHeaders {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RequestContext {
+    /// Who sends the message (from authentication; every task is scoped to it).
     pub owner: Owner,
     /// HTTP routing headers to check against the body; `None` for transports without headers.
     pub headers: Option<RoutingHeaders>,
@@ -64,6 +69,7 @@ pub struct RequestContext {
 }
 
 impl RequestContext {
+    /// A context without transport headers (in process, stdio).
     pub fn new(owner: Owner) -> Self {
         Self {
             owner,
@@ -95,7 +101,9 @@ impl RequestContext {
 /// use for it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reply {
+    /// The JSON-RPC response.
     pub body: Value,
+    /// The HTTP status a transport should answer with.
     pub http_status: u16,
 }
 
@@ -200,7 +208,25 @@ impl Dispatcher {
                 Dispatched::Accepted
             }
             Incoming::Request { id, method, params } => {
-                match self.request(&id, &method, params.as_ref(), ctx).await {
+                let started = std::time::Instant::now();
+                let label = crate::telemetry::method_label(&method);
+                let task = params
+                    .as_ref()
+                    .and_then(|p| p.get("taskId"))
+                    .and_then(Value::as_str);
+                // OpenTelemetry semantic conventions for MCP: `mcp.method.name`.
+                let span = tracing::info_span!(
+                    "mcp.request",
+                    "mcp.method.name" = label,
+                    "mcp.task.id" = task,
+                    principal = %ctx.owner.log_id(),
+                );
+                let answer = self
+                    .request(&id, &method, params.as_ref(), ctx)
+                    .instrument(span)
+                    .await;
+                crate::telemetry::operation(label, answer.is_ok(), started.elapsed());
+                match answer {
                     Ok(Answer::Result(result)) => Dispatched::Reply(Reply::ok(&id, result)),
                     Ok(Answer::Stream(stream)) => Dispatched::Stream(stream),
                     Err(error) => {

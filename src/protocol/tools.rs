@@ -334,6 +334,8 @@ impl Dispatcher {
         .await
         .map_err(|e| RpcError::internal(format!("task creation was interrupted: {e}")))??;
         tracing::debug!(task = %record.id, tool = %record.tool, owner = %record.owner, "task created");
+        tracing::Span::current().record("mcp.task.id", record.id.as_str());
+        crate::telemetry::transition(record.status);
         Ok(Answer::Result(crate::task::json::create_task(&record, server)))
     }
 }

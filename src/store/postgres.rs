@@ -885,8 +885,10 @@ impl TaskStore for PostgresStore {
         Box::pin(async move {
             self.inner.check_open()?;
             let n = ops.len() as u64;
+            let started = std::time::Instant::now();
             match self.inner.commit_job(&ops).await {
                 Ok(leases) => {
+                    crate::telemetry::commit(started.elapsed(), ops.len());
                     self.inner.reachable();
                     self.inner.commits.fetch_add(1, Ordering::Relaxed);
                     self.inner.ops.fetch_add(n, Ordering::Relaxed);

@@ -154,11 +154,13 @@ fn apply_jobs_inner(
     counters: &Counters,
 ) -> (Vec<Result<(), StoreError>>, bool) {
     let ops: usize = jobs.iter().map(Vec::len).sum();
+    let _span = tracing::debug_span!("store.group_commit", jobs = jobs.len(), ops).entered();
     let started = Instant::now();
     match guarded(path, || one_transaction(db, durability, jobs)) {
         Ok(results) => {
             counters.commits.fetch_add(1, Ordering::Relaxed);
             counters.ops.fetch_add(ops as u64, Ordering::Relaxed);
+            crate::telemetry::commit(started.elapsed(), ops);
             tracing::debug!(
                 jobs = jobs.len(),
                 ops,
