@@ -140,9 +140,10 @@ async fn measure(replicas: &[Arc<Runtime>], args: &Args) -> (f64, f64) {
 }
 
 async fn admin(server: &str, sql: &str) {
-    let (client, conn) = tokio_postgres::connect(&format!("{server}/mcp_tasks_test"), tokio_postgres::NoTls)
-        .await
-        .expect("PostgreSQL reachable (scripts/postgres.sh)");
+    let (client, conn) =
+        tokio_postgres::connect(&format!("{server}/mcp_tasks_test"), tokio_postgres::NoTls)
+            .await
+            .expect("PostgreSQL reachable (scripts/postgres.sh)");
     tokio::spawn(conn);
     client.batch_execute(sql).await.expect(sql);
 }
@@ -181,7 +182,11 @@ async fn main() {
 
     for n in 1..=3usize {
         let schema = format!("bench_replicas_{n}_{}", std::process::id());
-        admin(&args.server, &format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}")).await;
+        admin(
+            &args.server,
+            &format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"),
+        )
+        .await;
         let mut replicas = Vec::new();
         for i in 0..n {
             let node = format!("r{i}");
