@@ -224,14 +224,18 @@ async fn a_reader_that_lags_gets_the_latest_snapshot_and_the_terminal_one() {
     let task = created["result"]["taskId"].as_str().unwrap().to_owned();
     let mut stream = listen(&rt, &me, json!(9), &[&task]).await;
     gate.notify_one();
-    // Do not read while the task makes 2,000 transitions.
-    for _ in 0..400 {
+    // Do not read while the task makes 2,000 transitions (each one fsynced: on a loaded
+    // 2-core machine this takes well over ten seconds, so the bound is generous).
+    let mut completed = false;
+    for _ in 0..4800 {
         let r = call(&rt, &me, "tasks/get", json!({ "taskId": task })).await;
         if r["result"]["status"] == "completed" {
+            completed = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+    assert!(completed, "the task did not complete within two minutes");
     let mut received = 0;
     loop {
         let n = next(&mut stream).await;
