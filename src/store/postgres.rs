@@ -575,10 +575,7 @@ impl PostgresStore {
     /// parameters accepted), applies the schema migrations this build knows (refusing a newer
     /// schema), registers this node and starts its heartbeat.
     pub async fn open(url: &str, options: PostgresOptions) -> Result<PostgresStore, StoreError> {
-        let mut config = tokio_postgres::Config::from_str(url).map_err(|e| StoreError::Open {
-            path: "postgres://…".into(),
-            detail: format!("the PostgreSQL URL does not parse: {e}"),
-        })?;
+        let mut config = parse_url(url)?;
         let mut label = redact(&config);
         let open_err = |label: &str, detail: String| StoreError::Open {
             path: label.into(),
@@ -620,21 +617,12 @@ impl PostgresStore {
                 .map_err(|e| open_err(&label, e))?;
             config.options(format!("-c search_path={schema}"));
         }
-        let manager = Manager::from_config(
+        let pool = pool(
             config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(options.pool_size.max(1))
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .wait_timeout(Some(options.connect_timeout))
-            .create_timeout(Some(options.connect_timeout))
-            .recycle_timeout(Some(options.connect_timeout))
-            .build()
-            .map_err(|e| open_err(&label, e.to_string()))?;
+            options.pool_size.max(1),
+            Some(options.connect_timeout),
+        )
+        .map_err(|e| open_err(&label, e))?;
         let boot_epoch = migrate(&pool, &label).await?;
         let inner = Arc::new(Inner {
             pool,
@@ -761,11 +749,31 @@ async fn heartbeat(inner: std::sync::Weak<Inner>) {
 /// (and bumps its boot epoch), without registering a node: `mcp-tasks store migrate` prepares
 /// its target with it.
 pub(crate) async fn prepare_schema(url: &str) -> Result<(), StoreError> {
-    let config = tokio_postgres::Config::from_str(url).map_err(|e| StoreError::Open {
+    let config = parse_url(url)?;
+    let label = redact(&config);
+    let pool = pool(config, 1, None).map_err(|detail| StoreError::Open {
+        path: label.clone().into(),
+        detail,
+    })?;
+    migrate(&pool, &label).await.map(drop)
+}
+
+/// The connection settings of a `postgres://` URL (an error never repeats the URL: it may
+/// hold a password).
+fn parse_url(url: &str) -> Result<tokio_postgres::Config, StoreError> {
+    tokio_postgres::Config::from_str(url).map_err(|e| StoreError::Open {
         path: "postgres://…".into(),
         detail: format!("the PostgreSQL URL does not parse: {e}"),
-    })?;
-    let label = redact(&config);
+    })
+}
+
+/// A pool of at most `size` connections; `timeout` bounds waiting for, creating and recycling
+/// one.
+fn pool(
+    config: tokio_postgres::Config,
+    size: usize,
+    timeout: Option<Duration>,
+) -> Result<Pool, String> {
     let manager = Manager::from_config(
         config,
         NoTls,
@@ -773,15 +781,14 @@ pub(crate) async fn prepare_schema(url: &str) -> Result<(), StoreError> {
             recycling_method: RecyclingMethod::Fast,
         },
     );
-    let pool = Pool::builder(manager)
-        .max_size(1)
+    Pool::builder(manager)
+        .max_size(size)
         .runtime(deadpool_postgres::Runtime::Tokio1)
+        .wait_timeout(timeout)
+        .create_timeout(timeout)
+        .recycle_timeout(timeout)
         .build()
-        .map_err(|e| StoreError::Open {
-            path: label.clone().into(),
-            detail: e.to_string(),
-        })?;
-    migrate(&pool, &label).await.map(drop)
+        .map_err(|e| e.to_string())
 }
 
 async fn create_schema(config: &tokio_postgres::Config, schema: &str) -> Result<(), String> {

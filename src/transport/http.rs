@@ -23,7 +23,7 @@
 //! The dispatch runs on its own tokio task: a client that drops its connection while a
 //! `tools/call` is in flight never interrupts task creation half-way (the task is committed
 //! *and* started, or not created at all). Closing an SSE response drops its
-//! [`MessageStream`], which ends the `subscriptions/listen` request (and its subscriber) but
+//! message stream, which ends the `subscriptions/listen` request (and its subscriber) but
 //! never a task.
 //!
 //! `GET /.well-known/oauth-protected-resource[/path]` serves the RFC 9728 metadata of
@@ -52,12 +52,13 @@ use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use base64::Engine as _;
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use serde_json::Value;
 use tokio::time::Sleep;
 
 use crate::auth::{Anonymous, AuthError, Authenticator, Identity, ProtectedResource};
-use crate::protocol::{Dispatched, MessageStream, RequestContext, RoutingHeaders};
+use crate::protocol::{Dispatched, RequestContext, RoutingHeaders};
 use crate::runtime::RuntimeHandle;
 use crate::task::Owner;
 use crate::wire::error::{RpcError, code};
@@ -475,9 +476,14 @@ async fn respond(endpoint: &Arc<Endpoint>, request: Request) -> (Response, &'sta
             }
             (response, "json")
         }
-        Ok((Dispatched::Stream(stream), in_flight)) => {
-            (sse_response(stream, config.keep_alive, in_flight), "sse")
-        }
+        Ok((Dispatched::Stream(stream), in_flight)) => (
+            sse_response(
+                stream.map(|m| sse_event(&m)).boxed(),
+                config.keep_alive,
+                in_flight,
+            ),
+            "sse",
+        ),
         Err(e) => {
             tracing::error!(error = %e, "the dispatcher task failed");
             let error = RpcError::internal("the request could not be completed");
@@ -792,8 +798,15 @@ fn transport_error(status: StatusCode, id: Option<&Value>, message: &str) -> Res
     json_response(status, &jsonrpc::error_response(id, &error))
 }
 
-fn sse_response(stream: MessageStream, keep_alive: Duration, in_flight: InFlight) -> Response {
-    let body = Body::from_stream(SseBody::new(stream, keep_alive, in_flight));
+/// A `text/event-stream` response of already framed events (each one complete, ending with a
+/// blank line), with a `: keep-alive` comment after every `keep_alive` of silence. Dropping the
+/// body drops `events` (and what it holds). Both eras' streams are written through it.
+fn sse_response(
+    events: BoxStream<'static, Bytes>,
+    keep_alive: Duration,
+    in_flight: InFlight,
+) -> Response {
+    let body = Body::from_stream(SseBody::new(events, keep_alive, in_flight));
     (
         StatusCode::OK,
         [
@@ -812,22 +825,22 @@ fn sse_response(stream: MessageStream, keep_alive: Duration, in_flight: InFlight
         .into_response()
 }
 
-/// The SSE body of a [`MessageStream`]: each message as one `data:` line, a comment line
-/// after every `keep_alive` of silence; ends with the stream. Dropping it drops the stream.
+/// The SSE body: the framed events as they come, a comment line after every `keep_alive` of
+/// silence; ends with the stream.
 struct SseBody {
-    messages: MessageStream,
+    events: BoxStream<'static, Bytes>,
     keep_alive: Option<(Duration, Pin<Box<Sleep>>)>,
     done: bool,
-    /// The caller's place among its requests in progress, held while the stream is open.
+    /// Holds the caller's place among the requests in progress until the body is dropped.
     _in_flight: InFlight,
 }
 
 impl SseBody {
-    fn new(messages: MessageStream, keep_alive: Duration, in_flight: InFlight) -> Self {
+    fn new(events: BoxStream<'static, Bytes>, keep_alive: Duration, in_flight: InFlight) -> Self {
         let keep_alive =
             (!keep_alive.is_zero()).then(|| (keep_alive, Box::pin(tokio::time::sleep(keep_alive))));
         Self {
-            messages,
+            events,
             keep_alive,
             done: false,
             _in_flight: in_flight,
@@ -861,10 +874,10 @@ impl Stream for SseBody {
         if self.done {
             return Poll::Ready(None);
         }
-        match self.messages.poll_next_unpin(cx) {
-            Poll::Ready(Some(message)) => {
+        match self.events.poll_next_unpin(cx) {
+            Poll::Ready(Some(event)) => {
                 self.reset_keep_alive();
-                return Poll::Ready(Some(Ok(sse_event(&message))));
+                return Poll::Ready(Some(Ok(event)));
             }
             Poll::Ready(None) => {
                 self.done = true;

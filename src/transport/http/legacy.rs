@@ -15,20 +15,16 @@
 //!
 //! JSON-RPC errors of legacy requests travel with `200`, as those revisions expect.
 
-use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
-use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use axum::body::Bytes;
+use axum::http::header::{HeaderMap, HeaderName, HeaderValue};
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
 use futures::stream::BoxStream;
-use futures::{Stream, StreamExt};
 use serde_json::Value;
-use tokio::time::Sleep;
 
 use super::{Endpoint, InFlight, accepts_event_stream, json_response, transport_error};
 use crate::legacy::{self, LEGACY_VERSIONS, LegacyOutcome, Session, SessionState};
@@ -253,96 +249,30 @@ pub(super) async fn get_or_delete(
     )
 }
 
+/// The session's SSE response: each event with its id (for `Last-Event-ID`), through the
+/// transport's one SSE body.
 fn sse_response(
     events: BoxStream<'static, (String, Value)>,
     keep_alive: Duration,
     in_flight: InFlight,
 ) -> Response {
-    let body = Body::from_stream(EventBody::new(events, keep_alive, in_flight));
-    (
-        StatusCode::OK,
-        [
-            (
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/event-stream"),
-            ),
-            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
-            (
-                HeaderName::from_static("x-accel-buffering"),
-                HeaderValue::from_static("no"),
-            ),
-        ],
-        body,
-    )
-        .into_response()
+    let framed = events.map(|(id, message)| event(&id, &message)).boxed();
+    super::sse_response(framed, keep_alive, in_flight)
 }
 
-/// SSE events with ids, and keep-alive comments after every `keep_alive` of silence.
-struct EventBody {
-    events: BoxStream<'static, (String, Value)>,
-    keep_alive: Option<(Duration, Pin<Box<Sleep>>)>,
-    done: bool,
-    _in_flight: InFlight,
-}
-
-impl EventBody {
-    fn new(
-        events: BoxStream<'static, (String, Value)>,
-        keep_alive: Duration,
-        in_flight: InFlight,
-    ) -> Self {
-        let keep_alive =
-            (!keep_alive.is_zero()).then(|| (keep_alive, Box::pin(tokio::time::sleep(keep_alive))));
-        Self {
-            events,
-            keep_alive,
-            done: false,
-            _in_flight: in_flight,
-        }
-    }
-}
-
+/// One SSE event with its id, carrying one JSON-RPC message on a single `data:` line.
 fn event(id: &str, message: &Value) -> Bytes {
     let mut out = Vec::with_capacity(256);
     out.extend_from_slice(b"id: ");
     out.extend_from_slice(id.as_bytes());
     out.extend_from_slice(b"\nevent: message\ndata: ");
+    let header = out.len();
     if serde_json::to_writer(&mut out, message).is_err() {
+        out.truncate(header);
         out.extend_from_slice(b"null");
     }
     out.extend_from_slice(b"\n\n");
     Bytes::from(out)
-}
-
-impl Stream for EventBody {
-    type Item = Result<Bytes, Infallible>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if self.done {
-            return Poll::Ready(None);
-        }
-        match self.events.poll_next_unpin(cx) {
-            Poll::Ready(Some((id, message))) => {
-                if let Some((period, sleep)) = &mut self.keep_alive {
-                    sleep.as_mut().reset(tokio::time::Instant::now() + *period);
-                }
-                return Poll::Ready(Some(Ok(event(&id, &message))));
-            }
-            Poll::Ready(None) => {
-                self.done = true;
-                return Poll::Ready(None);
-            }
-            Poll::Pending => {}
-        }
-        if let Some((period, sleep)) = &mut self.keep_alive
-            && sleep.as_mut().poll(cx).is_ready()
-        {
-            let next = tokio::time::Instant::now() + *period;
-            sleep.as_mut().reset(next);
-            return Poll::Ready(Some(Ok(Bytes::from_static(b": keep-alive\n\n"))));
-        }
-        Poll::Pending
-    }
 }
 
 #[cfg(test)]
