@@ -334,7 +334,10 @@ async fn execute(command: StoreCommand) -> Result<ExitCode, AdminError> {
             println!("arguments  {}", t.arguments);
             println!("journal    {} steps", t.journal.len());
             for (step, result) in &t.journal {
-                println!("  {step} = {result}");
+                match t.step_attempts.get(step) {
+                    Some(attempt) => println!("  {step} = {result}  (attempt {attempt})"),
+                    None => println!("  {step} = {result}  (attempt not recorded)"),
+                }
             }
             println!(
                 "inputs     {} issued, {} pending, {} answered",

@@ -245,6 +245,17 @@ async fn stats_list_and_show_see_every_status() {
     assert_eq!(ask.owner["principal"], "anonymous");
     let done = admin::show(&location, &ids["completed"]).await.unwrap();
     assert_eq!(done.journal.get("count"), Some(&json!(7)));
+    // The step committed in the tool's first run.
+    assert_eq!(done.step_attempts.get("count"), Some(&1));
+    let (code, stdout, _) = run(&[
+        "store",
+        "show",
+        "--store",
+        path.to_str().unwrap(),
+        &ids["completed"],
+    ]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("count = 7  (attempt 1)"), "{stdout}");
     assert!(
         done.outcome.unwrap()["result"]["content"][0]["text"]
             .as_str()
@@ -553,6 +564,96 @@ async fn a_newer_postgres_schema_is_a_one_line_error() {
     );
     pg.drop().await;
     empty.drop().await;
+}
+
+/// A redb store whose layout version (meta `schema_version`) is newer than this build's is
+/// refused by every command and by a server, in one line, and its bytes stay as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_redb_schema_is_a_one_line_error_and_changes_nothing() {
+    const META: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("meta");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tasks.redb");
+    let ids = every_status(&path).await;
+    let p = path.to_str().unwrap();
+    // This build records its layout version when it opens a store.
+    let (code, stdout, stderr) = run(&["store", "stats", "--store", p, "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let stats: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(stats["schema_version"], 1);
+    {
+        use redb::ReadableDatabase;
+        let db = redb::Database::open(&path).unwrap();
+        let r = db.begin_read().unwrap();
+        let meta = r.open_table(META).unwrap();
+        let v = meta.get("schema_version").unwrap().unwrap();
+        assert_eq!(v.value(), 1u64.to_le_bytes().as_slice());
+        drop((v, meta, r));
+        let w = db.begin_write().unwrap();
+        w.open_table(META)
+            .unwrap()
+            .insert("schema_version", 99u64.to_le_bytes().as_slice())
+            .unwrap();
+        w.commit().unwrap();
+    }
+    let before = std::fs::read(&path).unwrap();
+    let working = &ids["working"];
+    for args in [
+        vec!["store", "stats", "--store", p],
+        vec!["store", "list", "--store", p],
+        vec!["store", "show", "--store", p, working.as_str()],
+        vec!["store", "verify", "--store", p],
+        vec!["store", "compact", "--store", p],
+        vec!["store", "purge", "--store", p, "--status", "completed"],
+    ] {
+        run_fails(
+            &args,
+            "schema version 99, newer than the 1 this build supports",
+        );
+        assert!(
+            std::fs::read(&path).unwrap() == before,
+            "{args:?} changed the store"
+        );
+    }
+    let backup = dir.path().join("backup.redb");
+    run_fails(
+        &[
+            "store",
+            "backup",
+            "--store",
+            p,
+            "--to",
+            backup.to_str().unwrap(),
+        ],
+        "schema version 99, newer",
+    );
+    assert!(
+        !backup.exists(),
+        "no backup of a store this build cannot read"
+    );
+    // A server refuses to start on it.
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", p])
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "serve started on a newer store");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("schema version 99, newer"), "{stderr}");
+    assert!(
+        std::fs::read(&path).unwrap() == before,
+        "serve changed the store"
+    );
+    // So does an embedder's runtime.
+    let err = tools(Runtime::builder(&path))
+        .start()
+        .await
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("schema version 99"), "{err}");
+    assert!(
+        std::fs::read(&path).unwrap() == before,
+        "the store was changed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -289,10 +289,13 @@ pub struct TaskDetail {
     pub attempts: u32,
     /// Whether a client asked for cancellation.
     pub cancel_requested: bool,
-    /// Committed steps, by name, with their recorded results. A step's idempotency key is
-    /// (task id, step name, attempt); the attempt a step committed in is not recorded, so
-    /// `attempts` is the run count of the current run.
+    /// Committed steps, by name, with their recorded results.
     pub journal: BTreeMap<String, Value>,
+    /// The attempt each committed step succeeded in, by step name: the run of the tool since
+    /// the previous progress (1 = first run; 3 = two runs before it were lost to crashes, so
+    /// the step may have executed up to three times). A step committed by a build older than
+    /// snapshot format version 3 has no entry.
+    pub step_attempts: BTreeMap<String, u32>,
     /// Every input key ever issued.
     pub input_keys_issued: Vec<String>,
     /// Keys still waiting for an answer, with their requests.
@@ -696,6 +699,7 @@ pub(crate) async fn show_of(reader: &Reader, id: &str) -> Result<TaskDetail, Adm
         attempts: record.attempts,
         cancel_requested: record.cancel_requested,
         journal: record.journal.clone(),
+        step_attempts: record.step_attempts.clone(),
         input_keys_issued: record.issued_keys.iter().cloned().collect(),
         input_requests_pending: record.pending_inputs.clone(),
         input_answers: record.answers.clone(),

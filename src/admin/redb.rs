@@ -14,10 +14,10 @@ use redb::{
 use super::{AdminError, BackupReport, CompactReport, Dump, Row, Space, StatsReport};
 use crate::store::META_BOOT_EPOCH;
 use crate::store::RedbStore;
-use crate::store::redb_schema::{DUE, DUE_BY_ID, LIVE, META, SEQ, TASKS, create_private_file};
-
-/// The table layout version of a redb store (this build writes no other).
-const LAYOUT_VERSION: i64 = 1;
+use crate::store::redb_schema::{
+    DUE, DUE_BY_ID, LIVE, META, META_SCHEMA_VERSION, SCHEMA_VERSION, SEQ, TASKS,
+    create_private_file, stored_schema_version,
+};
 /// redb's default page size, used to turn page counts into bytes.
 const PAGE_SIZE: u64 = 4096;
 
@@ -96,8 +96,36 @@ fn check_exists(path: &Path) -> Result<(), AdminError> {
     }
 }
 
-/// The tables of a store must exist (an empty redb file of another program has none).
+/// The table layout version a store records (1 when it records none).
+fn schema_version(path: &Path, txn: &ReadTransaction) -> Result<u64, AdminError> {
+    let meta = match txn.open_table(META) {
+        Ok(meta) => meta,
+        Err(TableError::TableDoesNotExist(_)) => return Ok(1),
+        Err(e) => return Err(redb_err(path, e)),
+    };
+    let value = meta
+        .get(META_SCHEMA_VERSION)
+        .map_err(|e| redb_err(path, e))?;
+    stored_schema_version(value.as_ref().map(|v| v.value())).map_err(|detail| {
+        AdminError::NotAStore {
+            path: path.display().to_string(),
+            detail,
+        }
+    })
+}
+
+/// The store's layout must be one this build knows (checked first: a newer layout may have
+/// changed the tables' types), and its tables must exist (an empty redb file of another
+/// program has none).
 fn check_tables(path: &Path, txn: &ReadTransaction) -> Result<(), AdminError> {
+    let found = schema_version(path, txn)?;
+    if found > SCHEMA_VERSION {
+        return Err(AdminError::SchemaTooNew {
+            store: path.display().to_string(),
+            found: i64::try_from(found).unwrap_or(i64::MAX),
+            supported: SCHEMA_VERSION as i64,
+        });
+    }
     match txn.open_table(TASKS) {
         Ok(_) => Ok(()),
         Err(TableError::TableDoesNotExist(_)) => Err(AdminError::NotAStore {
@@ -116,6 +144,17 @@ fn check_tables(path: &Path, txn: &ReadTransaction) -> Result<(), AdminError> {
 /// server holds it.
 fn open_writable(path: &Path) -> Result<Database, AdminError> {
     check_exists(path)?;
+    // A writable open rewrites redb's header: look first (read-only) whether this is a store
+    // this build may change at all. A file that needs recovery cannot be opened read-only;
+    // its tables are checked after the writable open below.
+    match ReadOnlyDatabase::open(path) {
+        Ok(db) => {
+            let txn = db.begin_read().map_err(|e| redb_err(path, e))?;
+            check_tables(path, &txn)?;
+        }
+        Err(DatabaseError::RepairAborted) => {}
+        Err(e) => return Err(open_error(path, e)),
+    }
     let db = Database::builder()
         .open(path)
         .map_err(|e| open_error(path, e))?;
@@ -261,9 +300,10 @@ impl RedbReader {
         let via_server = matches!(self.db, Db::Server(_));
         let file_bytes = std::fs::metadata(&self.path).ok().map(|m| m.len());
         let location = self.path.display().to_string();
-        let (boot_epoch, used) = self
+        let (boot_epoch, used, schema) = self
             .read(move |path, txn| {
                 let err = |e: &dyn std::fmt::Display| redb_err(path, e);
+                let schema = schema_version(path, txn)?;
                 let meta = txn.open_table(META).map_err(|e| err(&e))?;
                 let epoch = meta
                     .get(META_BOOT_EPOCH)
@@ -286,14 +326,14 @@ impl RedbReader {
                 let due = txn.open_table(DUE).map_err(|e| err(&e))?;
                 let s = due.stats().map_err(|e| err(&e))?;
                 pages += s.leaf_pages() + s.branch_pages();
-                Ok((epoch, pages * PAGE_SIZE))
+                Ok((epoch, pages * PAGE_SIZE, schema))
             })
             .await?;
         Ok(StatsReport {
             backend: "redb".into(),
             location,
             via_server,
-            schema_version: LAYOUT_VERSION,
+            schema_version: i64::try_from(schema).unwrap_or(i64::MAX),
             boot_epoch,
             space: Space {
                 file_bytes,
@@ -391,7 +431,11 @@ impl RedbReader {
                 let mut out = Vec::new();
                 for entry in meta.iter().map_err(|e| err(&e))? {
                     let (k, v) = entry.map_err(|e| err(&e))?;
-                    out.push((k.value().to_owned(), v.value().to_vec()));
+                    // The layout version describes this file, not the data: a target keeps
+                    // its own.
+                    if k.value() != META_SCHEMA_VERSION {
+                        out.push((k.value().to_owned(), v.value().to_vec()));
+                    }
                 }
                 Ok(out)
             })
@@ -637,6 +681,9 @@ pub(crate) async fn load(path: &Path, dump: Dump) -> Result<(u64, u64), AdminErr
                 }
             }
             for (key, value) in &dump.meta {
+                if key == META_SCHEMA_VERSION {
+                    continue; // the target's own (written when it was created)
+                }
                 if key == META_BOOT_EPOCH {
                     // Never move a boot epoch backwards: keep the larger one.
                     let theirs = <[u8; 8]>::try_from(value.as_slice()).map(u64::from_le_bytes).unwrap_or(0);

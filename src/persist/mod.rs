@@ -33,7 +33,9 @@
 //!   never regenerated; the tests prove that they still decode to the expected records.
 //!
 //! Versions: 1 (the first shipped format); 2 = version 1 followed by the task's attempt counter
-//! (`TaskRecord::attempts`; a version 1 snapshot reads with 0).
+//! (`TaskRecord::attempts`; a version 1 snapshot reads with 0); 3 = version 2 followed by the
+//! attempt each journaled step committed in (`TaskRecord::step_attempts`; versions 1 and 2
+//! read with none recorded).
 //!
 //! A snapshot with a variant index this build does not know (written by a newer build)
 //! decodes to [`PersistError::UnknownVersion`]; it is never misread as an older version.
@@ -49,7 +51,7 @@ use crate::task::{TaskOutcome, Owner, TaskError, TaskId, TaskRecord, TaskStatus}
 
 /// The format version [`encode`] writes (variant index + 1 of the newest [`Envelope`]
 /// variant).
-pub const CURRENT_VERSION: u32 = 2;
+pub const CURRENT_VERSION: u32 = 3;
 
 /// Why a snapshot could not be encoded or decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -78,10 +80,12 @@ enum Envelope {
     V1(SnapshotV1),
     /// Format version 2 (variant index 1): version 1 plus the attempt counter.
     V2(SnapshotV2),
+    /// Format version 3 (variant index 2): version 2 plus the attempt of every journaled step.
+    V3(SnapshotV3),
 }
 
 /// Number of variants of [`Envelope`]; variant index `i < KNOWN_VARIANTS` is known.
-const KNOWN_VARIANTS: u32 = 2;
+const KNOWN_VARIANTS: u32 = 3;
 const _: () = assert!(KNOWN_VARIANTS == CURRENT_VERSION);
 
 /// Format version 1 of a task snapshot. **Frozen**: never change this type.
@@ -123,6 +127,17 @@ struct SnapshotV2 {
     attempts: u32,
 }
 
+/// Format version 3 of a task snapshot: every field of version 2 (the frozen [`SnapshotV2`],
+/// encoded first), then the attempt each journaled step committed in. **Frozen**: never change
+/// this type.
+#[derive(Debug, Serialize, Deserialize)]
+struct SnapshotV3 {
+    base: SnapshotV2,
+    /// Step name → [`TaskRecord::step_attempts`], names strictly ascending, each one a step
+    /// of the journal.
+    step_attempts: Vec<(String, u32)>,
+}
+
 /// Task status, format version 1. **Frozen.**
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 enum StatusV1 {
@@ -148,11 +163,28 @@ enum OutcomeV1 {
 
 /// Encodes `record` as a snapshot of the [current format version](CURRENT_VERSION).
 pub fn encode(record: &TaskRecord) -> Result<Vec<u8>, PersistError> {
-    let snapshot = SnapshotV2 {
-        base: SnapshotV1::from_record(record)?,
-        attempts: record.attempts,
+    // Bytes that `decode` would refuse are never written.
+    if let Some(step) = record
+        .step_attempts
+        .keys()
+        .find(|step| !record.journal.contains_key(*step))
+    {
+        return Err(PersistError::Encode(format!(
+            "step_attempts names step `{step}`, which is not in the journal"
+        )));
+    }
+    let snapshot = SnapshotV3 {
+        base: SnapshotV2 {
+            base: SnapshotV1::from_record(record)?,
+            attempts: record.attempts,
+        },
+        step_attempts: record
+            .step_attempts
+            .iter()
+            .map(|(step, attempt)| (step.clone(), *attempt))
+            .collect(),
     };
-    postcard::to_stdvec(&Envelope::V2(snapshot)).map_err(|e| PersistError::Encode(e.to_string()))
+    postcard::to_stdvec(&Envelope::V3(snapshot)).map_err(|e| PersistError::Encode(e.to_string()))
 }
 
 /// Decodes a snapshot written by [`encode`] of this or any earlier format version.
@@ -169,7 +201,16 @@ pub fn decode(bytes: &[u8]) -> Result<TaskRecord, PersistError> {
     match envelope {
         // Written before attempts were counted: 0 (the next restart counts as the first).
         Envelope::V1(snapshot) => snapshot.into_record(0),
+        // Written before step attempts were recorded: none known.
         Envelope::V2(SnapshotV2 { base, attempts }) => base.into_record(attempts),
+        Envelope::V3(SnapshotV3 {
+            base: SnapshotV2 { base, attempts },
+            step_attempts,
+        }) => {
+            let mut record = base.into_record(attempts)?;
+            record.step_attempts = parse_step_attempts(&record.journal, step_attempts)?;
+            Ok(record)
+        }
     }
 }
 
@@ -244,6 +285,7 @@ impl SnapshotV1 {
             issued_keys: parse_key_set("issued_keys", self.issued_keys)?,
             answers: parse_json_map("answers", self.answers)?,
             journal: parse_json_map("journal", self.journal)?,
+            step_attempts: BTreeMap::new(),
             outcome: self.outcome.map(OutcomeV1::into_outcome).transpose()?,
             cancel_requested: self.cancel_requested,
             attempts,
@@ -342,6 +384,27 @@ fn parse_json_map(
             detail: format!("entry `{key}` is not valid JSON text: {e}"),
         })?;
         map.insert(key, value);
+    }
+    Ok(map)
+}
+
+/// Rebuilds [`TaskRecord::step_attempts`] from entries that [`encode`] wrote in strictly
+/// ascending order, each naming a step of `journal`.
+fn parse_step_attempts(
+    journal: &BTreeMap<String, Value>,
+    entries: Vec<(String, u32)>,
+) -> Result<BTreeMap<String, u32>, PersistError> {
+    const FIELD: &str = "step_attempts";
+    let mut map = BTreeMap::new();
+    for (step, attempt) in entries {
+        check_ascending(FIELD, map.last_key_value().map(|(k, _)| k), &step)?;
+        if !journal.contains_key(&step) {
+            return Err(PersistError::InvalidField {
+                field: FIELD,
+                detail: format!("step `{step}` is not in the journal"),
+            });
+        }
+        map.insert(step, attempt);
     }
     Ok(map)
 }

@@ -146,8 +146,26 @@ fn cancelled() -> TaskRecord {
     r
 }
 
-/// The canonical records as the current format version stores them (with attempt counts).
+/// The canonical records as the current format version stores them (attempt counts, and the
+/// attempt each journaled step committed in).
 fn canonical() -> Vec<(&'static str, TaskRecord)> {
+    let v3 = |mut r: TaskRecord, n: u32, steps: &[(&str, u32)]| {
+        r.attempts = n;
+        r.step_attempts = steps.iter().map(|(s, a)| ((*s).to_owned(), *a)).collect();
+        r
+    };
+    vec![
+        ("v3_working", v3(working(), 1, &[("download", 1)])),
+        ("v3_input_required", v3(input_required(), 1, &[("download", 2)])),
+        ("v3_completed", v3(completed(), 2, &[("download", 1), ("render", 3)])),
+        ("v3_failed", v3(failed(), 4, &[("download", 1)])),
+        ("v3_cancelled", v3(cancelled(), 1, &[])),
+    ]
+}
+
+/// The canonical records of format version 2: attempt counts, no step attempts (they read as
+/// none recorded).
+fn canonical_v2() -> Vec<(&'static str, TaskRecord)> {
     let attempts = |mut r: TaskRecord, n: u32| {
         r.attempts = n;
         r
@@ -194,7 +212,7 @@ fn describe(name: &str, record: &TaskRecord, bytes: &[u8]) -> Value {
         "golden": format!("{name}.bin"),
         "format_version": CURRENT_VERSION,
         "bytes": bytes.len(),
-        "note": "postcard Envelope::V2(SnapshotV2 { base: SnapshotV1, attempts }) (src/persist/mod.rs); JSON payloads are stored as JSON text",
+        "note": "postcard Envelope::V3(SnapshotV3 { base: SnapshotV2 { base: SnapshotV1, attempts }, step_attempts }) (src/persist/mod.rs); JSON payloads are stored as JSON text",
         "record": {
             "id": record.id.as_str(),
             "owner": { "tenant": record.owner.tenant, "principal": record.owner.principal },
@@ -220,34 +238,45 @@ fn describe(name: &str, record: &TaskRecord, bytes: &[u8]) -> Value {
             },
             "cancel_requested": record.cancel_requested,
             "attempts": record.attempts,
+            "step_attempts": record.step_attempts,
         },
     })
 }
 
-/// Version 1 goldens (frozen, written by an earlier build) still decode to the same records,
-/// with an attempt counter of 0.
-#[test]
-fn golden_files_v1() {
+/// Goldens of an older format version (frozen, written by an earlier build) still decode to
+/// the same records; written again, they become the current version.
+fn check_frozen_goldens(version: u32, records: Vec<(&'static str, TaskRecord)>) {
     let dir = golden_dir();
-    for (name, record) in canonical_v1() {
+    for (name, record) in records {
         let bin = dir.join(format!("{name}.bin"));
         let golden = std::fs::read(&bin)
             .unwrap_or_else(|e| panic!("cannot read golden file {}: {e}", bin.display()));
-        assert_eq!(snapshot_version(&golden), Ok(1));
+        assert_eq!(snapshot_version(&golden), Ok(version));
         assert_eq!(
             decode(&golden).unwrap_or_else(|e| panic!("{name}.bin no longer decodes: {e}")),
             record,
             "{name}.bin decodes to a different record"
         );
-        // Written again, it becomes the current version.
         let again = encode(&record).unwrap();
         assert_eq!(snapshot_version(&again), Ok(CURRENT_VERSION));
         assert_eq!(decode(&again).unwrap(), record);
     }
 }
 
+/// Version 1 goldens decode with an attempt counter of 0 and no step attempts.
+#[test]
+fn golden_files_v1() {
+    check_frozen_goldens(1, canonical_v1());
+}
+
+/// Version 2 goldens decode with their attempt counter and no step attempts.
 #[test]
 fn golden_files_v2() {
+    check_frozen_goldens(2, canonical_v2());
+}
+
+#[test]
+fn golden_files_v3() {
     let dir = golden_dir();
     let bless = blessing();
     let mut missing = Vec::new();
@@ -284,7 +313,7 @@ fn golden_files_v2() {
              docs of src/persist/mod.rs), never by regenerating goldens.",
             bin.display()
         );
-        assert_eq!(snapshot_version(&golden), Ok(2));
+        assert_eq!(snapshot_version(&golden), Ok(3));
     }
     assert!(
         missing.is_empty(),
@@ -298,7 +327,7 @@ fn golden_files_v2() {
 fn canonical_records_round_trip() {
     for (name, record) in canonical() {
         let bytes = encode(&record).unwrap();
-        assert_eq!(bytes[0], 1, "{name}: V2 is variant index 1");
+        assert_eq!(bytes[0], 2, "{name}: V3 is variant index 2");
         assert_eq!(decode(&bytes).unwrap(), record, "{name}");
     }
 }
@@ -356,7 +385,7 @@ fn unknown_versions_are_reported_as_such() {
     let mut bytes = encode(&working()).unwrap();
     bytes[0] = 7;
     assert_eq!(decode(&bytes), Err(PersistError::UnknownVersion(8)));
-    assert_eq!(decode(&[2]), Err(PersistError::UnknownVersion(3)));
+    assert_eq!(decode(&[3]), Err(PersistError::UnknownVersion(4)));
     // A multi-byte varint tag (index 300).
     assert_eq!(
         decode(&[0xac, 0x02, 0, 0]),
@@ -501,10 +530,48 @@ fn invalid_enum_and_bool_bytes_are_errors() {
     let mut bytes = snapshot_bytes(|_| {});
     *bytes.last_mut().unwrap() = 2;
     assert!(matches!(decode(&bytes), Err(PersistError::Decode(_))));
-    let mut bytes = encode(&working()).unwrap();
+    let record = canonical_v2()[0].1.clone();
+    let v2 = SnapshotV2 {
+        base: SnapshotV1::from_record(&record).unwrap(),
+        attempts: record.attempts,
+    };
+    let mut bytes = postcard::to_stdvec(&Envelope::V2(v2)).unwrap();
     let at = bytes.len() - 2;
     bytes[at] = 2;
     assert!(matches!(decode(&bytes), Err(PersistError::Decode(_))));
+}
+
+fn v3_bytes(steps: Vec<(&str, u32)>) -> Vec<u8> {
+    let record = completed();
+    let snapshot = SnapshotV3 {
+        base: SnapshotV2 {
+            base: SnapshotV1::from_record(&record).unwrap(),
+            attempts: 1,
+        },
+        step_attempts: steps.into_iter().map(|(s, a)| (s.to_owned(), a)).collect(),
+    };
+    postcard::to_stdvec(&Envelope::V3(snapshot)).unwrap()
+}
+
+#[test]
+fn step_attempts_must_be_sorted_journal_steps() {
+    assert!(decode(&v3_bytes(vec![("download", 1), ("render", 2)])).is_ok());
+    assert_eq!(
+        invalid_field(&v3_bytes(vec![("render", 2), ("download", 1)])),
+        "step_attempts"
+    );
+    assert_eq!(
+        invalid_field(&v3_bytes(vec![("download", 1), ("download", 2)])),
+        "step_attempts"
+    );
+    assert_eq!(
+        invalid_field(&v3_bytes(vec![("upload", 1)])),
+        "step_attempts"
+    );
+    // What decode would refuse is never written.
+    let mut record = completed();
+    record.step_attempts.insert("upload".into(), 1);
+    assert!(matches!(encode(&record), Err(PersistError::Encode(_))));
 }
 
 // ---- property tests ----
@@ -571,10 +638,17 @@ prop_compose! {
         issued_keys in prop::collection::btree_set(".{0,8}", 0..6),
         answers in arb_json_map(),
         journal in arb_json_map(),
+        step_attempts in prop::collection::vec(prop::option::of(any::<u32>()), 4),
         outcome in arb_outcome(),
         cancel_requested in any::<bool>(),
         attempts in any::<u32>(),
     ) -> TaskRecord {
+        // Some of the journal's steps have a recorded attempt, as in records of every age.
+        let step_attempts = journal
+            .keys()
+            .zip(step_attempts)
+            .filter_map(|(step, attempt)| Some((step.clone(), attempt?)))
+            .collect();
         let (created_at_ms, last_updated_at_ms, ttl_ms, poll_interval_ms, seq) = times;
         TaskRecord {
             id: TaskId::from_bytes(id),
@@ -593,6 +667,7 @@ prop_compose! {
             issued_keys: issued_keys.into_iter().collect::<BTreeSet<_>>(),
             answers,
             journal,
+            step_attempts,
             outcome,
             cancel_requested,
             attempts,

@@ -82,6 +82,7 @@ pub fn apply(
             if record.journal.contains_key(&name) {
                 return Err(TransitionError::StepAlreadyRecorded(name));
             }
+            next.step_attempts.insert(name.clone(), record.attempts);
             next.journal.insert(name, value);
             next.attempts = 1;
         }

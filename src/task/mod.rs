@@ -112,6 +112,12 @@ pub struct TaskRecord {
     pub answers: BTreeMap<String, Value>,
     /// Recorded results of journaled steps, by step name.
     pub journal: BTreeMap<String, Value>,
+    /// The attempt each journaled step committed in, by step name: the value of
+    /// [`attempts`](Self::attempts) when the step's result was recorded (1 = the tool ran once
+    /// since the previous progress; 3 = two runs before it were lost to crashes, so the step
+    /// may have executed up to three times). Steps recorded before snapshot format version 3
+    /// have no entry; 0 means the record's attempt counter predates format version 2.
+    pub step_attempts: BTreeMap<String, u32>,
     /// Set once the task is `completed` or `failed`.
     pub outcome: Option<TaskOutcome>,
     /// A client asked for cancellation; the tool sees it cooperatively.
@@ -156,6 +162,7 @@ impl TaskRecord {
             issued_keys: BTreeSet::new(),
             answers: BTreeMap::new(),
             journal: BTreeMap::new(),
+            step_attempts: BTreeMap::new(),
             outcome: None,
             cancel_requested: false,
             attempts: 1,

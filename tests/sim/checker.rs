@@ -705,6 +705,17 @@ fn check_journal(
     v: &mut dyn FnMut(Kind, &str, String),
 ) {
     for (step, value) in &d.journal {
+        // This build records the attempt every step committed in (a run counts from 1).
+        if d.step_attempts.get(step).is_none_or(|a| *a == 0) {
+            v(
+                Kind::Journal,
+                task,
+                format!(
+                    "step `{step}` has no attempt recorded ({:?})",
+                    d.step_attempts.get(step)
+                ),
+            );
+        }
         let Some(value) = value.as_str() else {
             v(
                 Kind::Journal,

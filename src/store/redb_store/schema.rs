@@ -24,6 +24,30 @@ pub(crate) const SEQ: TableDefinition<&str, u64> = TableDefinition::new("seq");
 /// Free-form metadata.
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
+/// The meta key of the table layout version of a redb store (u64, little endian). Written
+/// when a store is created or first opened by a build that knows it; a file without it has
+/// layout 1 (the layout before the key existed).
+pub(crate) const META_SCHEMA_VERSION: &str = "schema_version";
+/// The table layout this build reads and writes: the tables above, with snapshot bytes of any
+/// version `crate::persist` knows. A store with a larger version is refused, unchanged.
+pub(crate) const SCHEMA_VERSION: u64 = 1;
+
+/// The layout version recorded in `meta` (1 when the key is absent). `Err` holds a
+/// description of a malformed value.
+pub(crate) fn stored_schema_version(value: Option<&[u8]>) -> Result<u64, String> {
+    match value {
+        None => Ok(1),
+        Some(bytes) => <[u8; 8]>::try_from(bytes)
+            .map(u64::from_le_bytes)
+            .map_err(|_| {
+                format!(
+                    "meta \"{META_SCHEMA_VERSION}\" has {} bytes, expected 8",
+                    bytes.len()
+                )
+            }),
+    }
+}
+
 /// Where the bytes of a store live.
 #[derive(Clone)]
 pub(super) enum Target {
@@ -215,12 +239,36 @@ pub(super) fn init_tables_and_boot(
     let run = || -> Result<u64, StoreError> {
         let txn = db.begin_write().map_err(|e| fail(&e))?;
         let epoch = {
+            // The layout version first: a newer layout may have changed the other tables'
+            // types. Returning drops the transaction, so a refused store is not changed.
+            let mut meta = txn.open_table(META).map_err(|e| fail(&e))?;
+            let (found, recorded) = {
+                let value = meta.get(META_SCHEMA_VERSION).map_err(|e| fail(&e))?;
+                let found =
+                    stored_schema_version(value.as_ref().map(|v| v.value())).map_err(|detail| {
+                        StoreError::Corrupt {
+                            path: path.to_path_buf(),
+                            detail,
+                        }
+                    })?;
+                (found, value.is_some())
+            };
+            if found > SCHEMA_VERSION {
+                return Err(StoreError::SchemaTooNew {
+                    store: path.display().to_string(),
+                    found: i64::try_from(found).unwrap_or(i64::MAX),
+                    supported: SCHEMA_VERSION as i64,
+                });
+            }
+            if !recorded {
+                meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION.to_le_bytes().as_slice())
+                    .map_err(|e| fail(&e))?;
+            }
             txn.open_table(TASKS).map_err(|e| fail(&e))?;
             txn.open_table(LIVE).map_err(|e| fail(&e))?;
             txn.open_table(DUE).map_err(|e| fail(&e))?;
             txn.open_table(DUE_BY_ID).map_err(|e| fail(&e))?;
             txn.open_table(SEQ).map_err(|e| fail(&e))?;
-            let mut meta = txn.open_table(META).map_err(|e| fail(&e))?;
             let previous = match meta.get(META_BOOT_EPOCH).map_err(|e| fail(&e))? {
                 None => 0,
                 Some(v) => {
@@ -291,6 +339,8 @@ pub(super) fn open_database(
                     ));
                 }
                 create_atomically(path)?;
+            } else {
+                refuse_newer_layout(path)?;
             }
             let file = std::fs::OpenOptions::new()
                 .read(true)
@@ -323,6 +373,29 @@ pub(super) fn open_database(
         }
     };
     Ok(db)
+}
+
+/// Refuses, before the writable open rewrites redb's header, a file whose layout version is
+/// newer than this build's, so that such a file is left exactly as it was. Anything else a
+/// read-only open cannot judge (a file needing recovery, a damaged or foreign one) is left to
+/// the writable open, which reports or recovers it.
+fn refuse_newer_layout(path: &Path) -> Result<(), StoreError> {
+    let found = catch_unwind(AssertUnwindSafe(|| -> Option<u64> {
+        use redb::ReadableDatabase;
+        let db = redb::ReadOnlyDatabase::open(path).ok()?;
+        let txn = db.begin_read().ok()?;
+        let meta = txn.open_table(META).ok()?;
+        let value = meta.get(META_SCHEMA_VERSION).ok()?;
+        stored_schema_version(value.as_ref().map(|v| v.value())).ok()
+    }));
+    match found {
+        Ok(Some(found)) if found > SCHEMA_VERSION => Err(StoreError::SchemaTooNew {
+            store: path.display().to_string(),
+            found: i64::try_from(found).unwrap_or(i64::MAX),
+            supported: SCHEMA_VERSION as i64,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Creates an empty file that only its owner can read and write (`0600` on Unix).

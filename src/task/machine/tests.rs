@@ -173,6 +173,31 @@ fn step_completed_is_journaled_once() {
 }
 
 #[test]
+fn a_step_records_the_attempt_it_committed_in() {
+    let step_done = |r: &TaskRecord, name: &str| {
+        step(
+            r,
+            Event::StepCompleted {
+                name: name.into(),
+                value: json!(name),
+            },
+            T0 + 1,
+        )
+    };
+    let first = step_done(&record(None), "a");
+    assert_eq!(first.step_attempts.get("a"), Some(&1));
+    // Two runs lost to crashes before the next step committed: it may have run three times.
+    let crashed = step(&step(&first, Event::Restarted, T0), Event::Restarted, T0);
+    assert_eq!(crashed.attempts, 3);
+    let second = step_done(&crashed, "b");
+    assert_eq!(second.step_attempts.get("b"), Some(&3));
+    assert_eq!(second.step_attempts.get("a"), Some(&1));
+    // Progress starts the count again.
+    assert_eq!(second.attempts, 1);
+    assert_eq!(step_done(&second, "c").step_attempts.get("c"), Some(&1));
+}
+
+#[test]
 fn request_inputs_waits_for_input() {
     let r = record(None);
     let next = step(
@@ -540,6 +565,7 @@ struct Model {
     issued: BTreeSet<String>,
     answers: BTreeMap<String, Value>,
     journal: BTreeMap<String, Value>,
+    step_attempts: BTreeMap<String, u32>,
     cancel_requested: bool,
     expires_at: Option<u64>,
     has_outcome: bool,
@@ -555,6 +581,7 @@ impl Model {
             issued: r.issued_keys.clone(),
             answers: r.answers.clone(),
             journal: r.journal.clone(),
+            step_attempts: r.step_attempts.clone(),
             cancel_requested: r.cancel_requested,
             expires_at: r.ttl_ms.map(|t| r.created_at_ms.saturating_add(t)),
             has_outcome: r.outcome.is_some(),
@@ -590,6 +617,8 @@ impl Model {
                     return Refused(TransitionError::StepAlreadyRecorded(name.clone()));
                 }
                 self.journal.insert(name.clone(), value.clone());
+                // The step committed in the run that was current.
+                self.step_attempts.insert(name.clone(), self.attempts);
             }
             Event::RequestInputs {
                 requests,
@@ -679,6 +708,7 @@ impl Model {
         prop_assert_eq!(&r.issued_keys, &self.issued);
         prop_assert_eq!(&r.answers, &self.answers);
         prop_assert_eq!(&r.journal, &self.journal);
+        prop_assert_eq!(&r.step_attempts, &self.step_attempts);
         prop_assert_eq!(r.cancel_requested, self.cancel_requested);
         prop_assert_eq!(r.outcome.is_some(), self.has_outcome);
         prop_assert_eq!(r.attempts, self.attempts);
