@@ -155,7 +155,10 @@ pub type PromptFuture = BoxFuture<'static, Result<GetPromptResult, ToolError>>;
 
 /// A prompt a host registers.
 pub trait Prompt: Send + Sync + 'static {
+    /// The prompt's name, description and arguments, as `prompts/list` shows them.
     fn descriptor(&self) -> &PromptDescriptor;
+    /// Renders the prompt for `prompts/get`. Required arguments were checked to be present;
+    /// an error becomes the JSON-RPC error of the request.
     fn get(&self, ctx: ToolContext, arguments: Map<String, Value>) -> PromptFuture;
 }
 
@@ -568,8 +571,16 @@ where
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CatalogError {
+    /// A resource template with a reader uses a URI-template form the runtime cannot match
+    /// request URIs against (a template without a reader is only listed and never parsed).
     #[error("resource template `{template}` cannot be read: {detail}")]
-    Template { template: String, detail: String },
+    Template {
+        /// The template as registered.
+        template: String,
+        /// Where and why it does not parse.
+        detail: String,
+    },
+    /// A completer names a prompt or resource template that was not registered.
     #[error("a completer is registered for {0:?}, which is not a registered prompt or template")]
     UnknownCompletionRef(CompletionRef),
 }

@@ -6,6 +6,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// A source of wall-clock time in milliseconds since the Unix epoch.
 pub trait Clock: Send + Sync + 'static {
+    /// Milliseconds since the Unix epoch. Task timestamps (`createdAt`, `lastUpdatedAt`) and
+    /// expiry (`ttlMs`) are computed from it; it need not be monotonic.
     fn now_ms(&self) -> u64;
 }
 

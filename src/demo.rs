@@ -115,12 +115,20 @@ pub fn client_meta() -> Value {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DemoError {
+    /// The demo's runtime did not start (its scratch store could not be opened, ...).
     #[error(transparent)]
     Start(#[from] StartError),
+    /// Writing the transcript failed (a closed stdout, a full disk).
     #[error("could not write the demo output: {0}")]
     Output(#[from] std::io::Error),
+    /// The runtime answered a demo request differently from the script: a regression.
     #[error("unexpected answer to request {id}: {detail}")]
-    Unexpected { id: u64, detail: String },
+    Unexpected {
+        /// The JSON-RPC id of the request.
+        id: u64,
+        /// What was expected and what came.
+        detail: String,
+    },
 }
 
 struct Client<'a, W: Write> {

@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
 //!
 //! # Layout
 //!
@@ -6,7 +7,7 @@
 //! [`RuntimeHandle`], [`RuntimeConfig`]), the [`tool`] API, the [`catalog`] of prompts and
 //! resources with their [`content`], the [`transport`]s (Streamable HTTP and stdio),
 //! [`auth`], per-owner [`quota`]s, the [`clock`], the [`store`] backends (and the
-//! [`store::TaskStore`] trait for a host's own), the [`client`] (feature `client`), and the
+//! [`store::TaskStore`] trait for a host's own), the `client` module (feature `client`), and the
 //! types re-exported here. Everything else is internal and layered bottom-up, each layer
 //! naming only the ones below it (checked by `tests/layering.rs`):
 //!
@@ -20,7 +21,7 @@
 //!
 //! # Features
 //!
-//! - `client` (default): [`client`], an MCP client for any Tasks server.
+//! - `client` (default): the `client` module, an MCP client for any Tasks server.
 //! - `cli` (default): the `mcp-tasks` binary's own dependencies (`clap`,
 //!   `tracing-subscriber`); an embedder can turn it off with `default-features = false`.
 //! - `fixtures`: the demo (and, with `postgres`, the replicas demo), the conformance and

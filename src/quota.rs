@@ -75,11 +75,19 @@ impl Quotas {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum QuotaKind {
+    /// [`Quotas::max_live_tasks`]: the owner has that many unfinished tasks.
     LiveTasks,
+    /// [`Quotas::max_live_argument_bytes`]: the arguments of the owner's unfinished tasks
+    /// would exceed it.
     LiveArgumentBytes,
+    /// [`Quotas::create_rate`] / [`Quotas::create_burst`]: the owner creates tasks faster
+    /// than the rate allows.
     CreateRate,
+    /// [`Quotas::max_listens`]: the owner has that many open `subscriptions/listen` streams.
     Listens,
+    /// [`Quotas::max_listen_task_ids`]: the owner's open listens follow that many task ids.
     ListenTaskIds,
+    /// The HTTP transport's limit of requests one principal may have in flight at once.
     ConcurrentRequests,
 }
 

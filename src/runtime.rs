@@ -29,17 +29,69 @@ use crate::wire::ServerInfo;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StartError {
+    /// The store could not be opened (a path, a lock held by another process, a corrupt or
+    /// newer file, an unreachable database) or failed while the live tasks were read.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A tool could not be registered: a duplicate or invalid name, an invalid `inputSchema`.
     #[error(transparent)]
     Tool(#[from] RegistryError),
+    /// A prompt, resource, template or completer could not be registered.
     #[error(transparent)]
     Catalog(#[from] CatalogError),
+    /// The actor system could not spawn the supervisor.
     #[error("the supervisor did not start: {0}")]
-    Supervisor(String),
+    Supervisor(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The supervisor stopped while it rehydrated the stored live tasks (the log names the
+    /// task and the cause).
+    #[error("the supervisor did not start: it stopped while rehydrating the stored tasks")]
+    SupervisorStopped,
 }
 
-/// Builds a [`Runtime`].
+/// Builds a [`Runtime`]: its store, tools, prompts and resources, and configuration.
+///
+/// Made by [`Runtime::builder`] (a redb file) or [`Runtime::builder_with_store`] (a store
+/// the caller opened); nothing happens until [`RuntimeBuilder::start`], which reports every
+/// registration error at once as a [`StartError`].
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use mcp_tasks::quota::Quotas;
+/// use mcp_tasks::tool::{tool_fn, CallToolResult, TaskPolicy, ToolDescriptor};
+/// use mcp_tasks::{Runtime, StartError};
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let report = || {
+///     tool_fn(
+///         ToolDescriptor::new("report", "Builds the monthly report.").task_policy(TaskPolicy::Always),
+///         |_ctx, _args| async { Ok(CallToolResult::text("done")) },
+///     )
+/// };
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join("tasks.redb");
+///
+/// // Two tools with one name: `start` refuses, and nothing keeps the file open.
+/// let refused = Runtime::builder(&path).tool(report()).tool(report()).start().await;
+/// assert!(matches!(refused, Err(StartError::Tool(_))));
+///
+/// let runtime = Runtime::builder(&path)
+///     .server_info("reports", "1.2.0")
+///     // Tasks are kept an hour after creation unless the client asks for less.
+///     .default_ttl(Some(Duration::from_secs(3600)))
+///     // A tool that keeps crashing its task is restarted at most twice in a row.
+///     .restart_budget(2)
+///     // The per-principal limits recommended for a server several users share.
+///     .quotas(Quotas::default())
+///     .tool(report())
+///     .start()
+///     .await?;
+/// assert_eq!(runtime.config().restart_budget, 2);
+/// runtime.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
 pub struct RuntimeBuilder {
     path: PathBuf,
     tools: Vec<Arc<dyn Tool>>,
@@ -212,15 +264,13 @@ impl RuntimeBuilder {
             Ok(spawned) => spawned,
             Err(e) => {
                 store.close().await;
-                return Err(StartError::Supervisor(e.to_string()));
+                return Err(StartError::Supervisor(Box::new(e)));
             }
         };
         // The supervisor rehydrates in `post_start`; it answers messages only after that.
         if supervisor.call(SupervisorMsg::Ready, None).await.is_err() {
             store.close().await;
-            return Err(StartError::Supervisor(
-                "the supervisor stopped while rehydrating".into(),
-            ));
+            return Err(StartError::SupervisorStopped);
         }
         let reaper = tokio::spawn(reap(shared.clone(), supervisor.clone(), stop_rx.clone()));
         let takeover = tokio::spawn(take_over(shared.clone(), supervisor.clone(), stop_rx));
@@ -241,6 +291,40 @@ impl RuntimeBuilder {
 }
 
 /// A running mcp-tasks runtime. Several can live in one process (on different files).
+///
+/// A transport hands it JSON-RPC messages with the caller's [`Owner`]
+/// ([`Runtime::handle_message`], or [`RuntimeHandle::dispatch`] for streamed answers); the
+/// HTTP and stdio transports in [`crate::transport`] do exactly that.
+///
+/// ```
+/// use mcp_tasks::store::Store;
+/// use mcp_tasks::tool::{tool_fn, CallToolResult, ToolDescriptor};
+/// use mcp_tasks::{Owner, Runtime};
+/// use serde_json::json;
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let runtime = Runtime::builder_with_store(Store::memory())
+///     .tool(tool_fn(ToolDescriptor::new("ping", "Answers pong."), |_ctx, _args| async {
+///         Ok(CallToolResult::text("pong"))
+///     }))
+///     .start()
+///     .await?;
+/// // Every request of the stateless protocol names its version and the client's capabilities.
+/// let meta = json!({
+///     "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+///     "io.modelcontextprotocol/clientCapabilities": {}
+/// });
+/// let request = json!({
+///     "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+///     "params": { "name": "ping", "arguments": {}, "_meta": meta }
+/// });
+/// let reply = runtime.handle_json(request, &Owner::anonymous()).await.expect("a response");
+/// assert_eq!(reply["result"]["content"][0]["text"], "pong");
+/// runtime.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
 ///
 /// Dropping it without [`Runtime::shutdown`] stops its actors and reaper in the background
 /// (like a crash of the server: nothing acknowledged is lost); the store file is released once

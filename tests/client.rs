@@ -415,6 +415,7 @@ impl Transport for CutListens {
                             Err(ClientError::Io {
                                 url: "in-process".into(),
                                 reason: "cut".into(),
+                                source: None,
                             })
                         }))
                         .boxed(),
@@ -895,6 +896,7 @@ impl Transport for Flaky {
                 return Err(ClientError::Connect {
                     url: "flaky".into(),
                     reason: "connection refused".into(),
+                    source: None,
                 });
             }
             self.inner.send(message).await

@@ -82,7 +82,10 @@ impl Supervisor {
         };
         let (actor_ref, _) = Actor::spawn_linked(None, actor, (record, start), myself.get_cell())
             .await
-            .map_err(|e| RuntimeError::Actor(format!("task actor {id} did not start: {e}")))?;
+            .map_err(|e| RuntimeError::Actor {
+                task: id.clone(),
+                source: Box::new(e),
+            })?;
         state.tasks_by_actor.insert(actor_ref.get_id(), id);
         Ok(true)
     }

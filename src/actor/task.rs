@@ -26,10 +26,10 @@ impl EventSink for ActorEvents {
             match self.0.call(|reply| TaskMsg::Tool(event, reply), None).await {
                 Ok(ractor::rpc::CallResult::Success(Ok(()))) => Ok(()),
                 Ok(ractor::rpc::CallResult::Success(Err(e))) => {
-                    Err(ToolError::Runtime(e.message))
+                    Err(ToolError::runtime_caused("the event was not recorded", e))
                 }
-                Ok(_) => Err(ToolError::Runtime("the task actor did not answer".into())),
-                Err(e) => Err(ToolError::Runtime(format!("the task actor is gone: {e}"))),
+                Ok(_) => Err(ToolError::runtime("the task actor did not answer")),
+                Err(e) => Err(ToolError::runtime_caused("the task actor is gone", e)),
             }
         })
     }
@@ -393,7 +393,7 @@ impl Actor for TaskActor {
                     })),
                     // The runtime could not record the tool's progress (store failure): fail
                     // the actor; the supervisor restarts it from the last durable snapshot.
-                    Err(ToolError::Runtime(detail)) => return Err(detail.into()),
+                    Err(e @ ToolError::Runtime { .. }) => return Err(Box::new(e)),
                 };
                 match self.transition(&myself, state, event).await {
                     Ok(_) | Err(RuntimeError::Transition(TransitionError::Terminal(_))) => {}

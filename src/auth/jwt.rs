@@ -121,12 +121,22 @@ impl JwtConfig {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum JwtSetupError {
+    /// An HMAC algorithm (`HS256`, ...) was configured: verifying it would need the shared
+    /// secret of the authorization server, which a resource server must not hold.
     #[error("algorithm {0:?} is symmetric: a resource server verifies with public keys only")]
     SymmetricAlgorithm(Algorithm),
+    /// The list of accepted algorithms is empty, so no token could ever verify.
     #[error("no algorithm is accepted")]
     NoAlgorithm,
+    /// The key set could not be fetched or read at start (unreachable, not JSON, no usable
+    /// key); the server does not start without keys.
     #[error("the JWKS at {location} could not be loaded: {detail}")]
-    Jwks { location: String, detail: String },
+    Jwks {
+        /// The JWKS URL or file it was configured with.
+        location: String,
+        /// What went wrong, for the operator.
+        detail: String,
+    },
 }
 
 struct Key {

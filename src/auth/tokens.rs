@@ -30,13 +30,24 @@ use crate::task::Owner;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TokenFileError {
+    /// The file could not be read (missing, permissions, I/O).
     #[error("cannot read the token file {path}: {source}")]
     Read {
+        /// The token file.
         path: PathBuf,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// The file is not a valid token table: not TOML, an unknown key, a hash that is not 64
+    /// hex digits, a principal or tenant name that is not allowed, or a hash listed twice.
+    /// On a reload the previous table stays in force.
     #[error("the token file {path} is not valid: {detail}")]
-    Invalid { path: PathBuf, detail: String },
+    Invalid {
+        /// The token file.
+        path: PathBuf,
+        /// What is wrong, naming the entry.
+        detail: String,
+    },
 }
 
 #[derive(Deserialize)]

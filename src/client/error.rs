@@ -12,34 +12,75 @@ pub enum ClientError {
     // --- transport -----------------------------------------------------------------------
     /// The URL given to the client cannot be used.
     #[error("invalid server URL `{url}`: {reason}")]
-    InvalidUrl { url: String, reason: String },
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// Why it cannot be used (not `http`/`https`, unparsable, credentials in it, ...).
+        reason: String,
+    },
     /// No connection could be made (refused, unreachable, DNS failure).
     #[error("cannot connect to {url}: {reason}")]
-    Connect { url: String, reason: String },
+    Connect {
+        /// The endpoint URL the client was talking to.
+        url: String,
+        /// The innermost cause in words (e.g. "connection refused (is the server running on
+        /// that address?)").
+        reason: String,
+        /// The HTTP client's error, when there is one.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     /// The connection broke while sending or reading (reset, closed, truncated body).
     #[error("connection to {url} failed: {reason}")]
-    Io { url: String, reason: String },
+    Io {
+        /// The endpoint URL the client was talking to.
+        url: String,
+        /// What broke, in words.
+        reason: String,
+        /// The HTTP client's error, when there is one.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     /// No response in time.
     #[error("no response from {url} within {seconds:.1} s")]
-    Timeout { url: String, seconds: f64 },
+    Timeout {
+        /// The endpoint URL the client was talking to.
+        url: String,
+        /// The timeout that elapsed.
+        seconds: f64,
+    },
     /// `401 Unauthorized`; `resource_metadata` is the OAuth protected-resource metadata URL of
     /// the server's `WWW-Authenticate` challenge, when it gave one.
     #[error("{url} requires authentication (401){}", resource_metadata_hint(.resource_metadata, .token_sent))]
     Unauthorized {
+        /// The endpoint URL the client was talking to.
         url: String,
+        /// The `resource_metadata` parameter of the challenge (RFC 9728), where an OAuth client
+        /// finds the authorization server.
         resource_metadata: Option<String>,
+        /// The whole `WWW-Authenticate` header, when present.
         www_authenticate: Option<String>,
+        /// Whether this request carried a bearer token (so the token was refused, rather than
+        /// missing).
         token_sent: bool,
     },
     /// `403 Forbidden` (e.g. a `Host` or `Origin` the server does not accept, or a token
     /// without the right scope).
     #[error("{url} refused the request (403): {body}")]
-    Forbidden { url: String, body: String },
+    Forbidden {
+        /// The endpoint URL the client was talking to.
+        url: String,
+        /// The response body (the server's explanation), as text.
+        body: String,
+    },
     /// Any other HTTP status without a JSON-RPC answer in its body.
     #[error("{url} answered HTTP {status}: {body}")]
     Http {
+        /// The endpoint URL the client was talking to.
         url: String,
+        /// The HTTP status code.
         status: u16,
+        /// The response body, as text.
         body: String,
     },
 
@@ -53,7 +94,9 @@ pub enum ClientError {
     /// `-32601`: the server does not implement the method.
     #[error("the server does not implement `{method}`: {}", .error.message)]
     MethodNotFound {
+        /// The method the client called.
         method: String,
+        /// The server's error object.
         error: Box<RpcError>,
     },
     /// `-32602` that is not one of the cases below.
@@ -63,21 +106,28 @@ pub enum ClientError {
     /// server's tool list when it could be fetched.
     #[error("unknown tool `{name}`{}", available_hint(.available))]
     UnknownTool {
+        /// The tool name the client called.
         name: String,
+        /// The names the server lists (empty when the list could not be fetched).
         available: Vec<String>,
+        /// The server's error object.
         error: Box<RpcError>,
     },
     /// `-32602` on a task method: no such task for this caller (never created, purged, or
     /// another principal's).
     #[error("unknown task `{task_id}`: {}", .error.message)]
     UnknownTask {
+        /// The task id the client asked about.
         task_id: String,
+        /// The server's error object.
         error: Box<RpcError>,
     },
     /// `-32602` on a task method whose message says the task has expired.
     #[error("task `{task_id}` has expired: {}", .error.message)]
     TaskExpired {
+        /// The task id the client asked about.
         task_id: String,
+        /// The server's error object.
         error: Box<RpcError>,
     },
     /// `-32603`.
@@ -89,14 +139,19 @@ pub enum ClientError {
     /// `-32021`: the request needs a client capability this client did not declare.
     #[error("the server needs client capabilities {required}: {}", .error.message)]
     MissingCapability {
+        /// `data.requiredCapabilities`: a `ClientCapabilities` object of what is missing.
         required: Box<Value>,
+        /// The server's error object.
         error: Box<RpcError>,
     },
     /// `-32022`: the server does not implement this protocol version.
     #[error("the server does not support protocol version {requested} (it supports {supported:?})")]
     UnsupportedVersion {
+        /// The protocol version the client sent.
         requested: String,
+        /// The versions the server named in `data.supported`.
         supported: Vec<String>,
+        /// The server's error object.
         error: Box<RpcError>,
     },
     /// Any other JSON-RPC error code.
@@ -110,11 +165,18 @@ pub enum ClientError {
     /// A synchronous `tools/call` needs input (core MRTR) and no input handler answered it.
     #[error("the call needs input that no input handler provided: {}", keys_of(.requests))]
     InputRequired {
+        /// The server's `inputRequests`, by key.
         requests: serde_json::Map<String, Value>,
     },
     /// The local file of durable task handles failed.
-    #[error("task handle store: {0}")]
-    Store(String),
+    #[error("task handle store: {message}: {source}")]
+    Store {
+        /// What the store was doing (names the file).
+        message: String,
+        /// The underlying error (redb's, or the blocking task's).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 fn resource_metadata_hint(url: &Option<String>, token_sent: &bool) -> String {

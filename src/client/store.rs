@@ -55,8 +55,18 @@ impl std::fmt::Debug for HandleStore {
     }
 }
 
-fn store_err(path: &Path, e: impl std::fmt::Display) -> ClientError {
-    ClientError::Store(format!("{}: {e}", path.display()))
+fn store_err(path: &Path, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> ClientError {
+    ClientError::Store {
+        message: path.display().to_string(),
+        source: e.into(),
+    }
+}
+
+fn panicked(e: tokio::task::JoinError) -> ClientError {
+    ClientError::Store {
+        message: "the store task panicked".into(),
+        source: Box::new(e),
+    }
 }
 
 fn key(endpoint: &str, task_id: &str) -> String {
@@ -78,7 +88,7 @@ impl HandleStore {
             })
         })
         .await
-        .map_err(|e| ClientError::Store(format!("the store task panicked: {e}")))?
+        .map_err(panicked)?
     }
 
     async fn blocking<T: Send + 'static>(
@@ -89,7 +99,7 @@ impl HandleStore {
         let path = self.path.clone();
         tokio::task::spawn_blocking(move || f(&db, &path))
             .await
-            .map_err(|e| ClientError::Store(format!("the store task panicked: {e}")))?
+            .map_err(panicked)?
     }
 
     /// Inserts or replaces a record.

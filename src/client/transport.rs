@@ -152,7 +152,7 @@ impl HttpTransport {
 
     async fn send_inner(&self, message: Value) -> Result<Response, ClientError> {
         let request = self.request(&message)?;
-        let mut response = request.send().await.map_err(|e| self.http_error(&e))?;
+        let mut response = request.send().await.map_err(|e| self.http_error(e))?;
         let status = response.status();
         let headers = response.headers().clone();
         if status == StatusCode::ACCEPTED {
@@ -168,6 +168,7 @@ impl HttpTransport {
                 r.map_err(|e| ClientError::Io {
                     url: url.clone(),
                     reason: format!("the event stream broke: {e}"),
+                    source: Some(Box::new(e)),
                 })
             });
             return Ok(Response::Stream(
@@ -178,6 +179,7 @@ impl HttpTransport {
         while let Some(chunk) = response.chunk().await.map_err(|e| ClientError::Io {
             url: self.url.clone(),
             reason: format!("cannot read the response body: {e}"),
+            source: Some(Box::new(e)),
         })? {
             if body.len() + chunk.len() > MAX_BODY {
                 return Err(ClientError::Protocol(format!(
@@ -224,9 +226,9 @@ impl HttpTransport {
         )))
     }
 
-    fn http_error(&self, e: &reqwest::Error) -> ClientError {
+    fn http_error(&self, e: reqwest::Error) -> ClientError {
         let mut reason = e.to_string();
-        let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+        let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
         while let Some(s) = source {
             if let Some(io) = s.downcast_ref::<std::io::Error>() {
                 reason = match io.kind() {
@@ -249,11 +251,13 @@ impl HttpTransport {
             ClientError::Connect {
                 url: self.url.clone(),
                 reason,
+                source: Some(Box::new(e)),
             }
         } else {
             ClientError::Io {
                 url: self.url.clone(),
                 reason,
+                source: Some(Box::new(e)),
             }
         }
     }

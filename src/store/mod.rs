@@ -53,16 +53,29 @@ pub enum StoreError {
         "the task store {} is already open (by this process or another one); only one may open it at a time",
         path.display()
     )]
-    AlreadyOpen { path: PathBuf },
+    AlreadyOpen {
+        /// The store's file.
+        path: PathBuf,
+    },
     /// The file could not be opened or initialised (permissions, missing directory, I/O, ...).
     #[error("cannot open the task store {}: {detail}", path.display())]
-    Open { path: PathBuf, detail: String },
+    Open {
+        /// The store's file (or the redacted URL of a database).
+        path: PathBuf,
+        /// The underlying error.
+        detail: String,
+    },
     /// The file is not a redb database or is damaged. It is left untouched.
     #[error(
         "the task store {} is corrupt or not a redb database ({detail}); the file was left untouched",
         path.display()
     )]
-    Corrupt { path: PathBuf, detail: String },
+    Corrupt {
+        /// The store's file.
+        path: PathBuf,
+        /// What redb reported.
+        detail: String,
+    },
     /// A write transaction failed; none of the ops of that batch (or job) are stored.
     #[error("committing to the task store failed: {0}")]
     Commit(String),
@@ -73,13 +86,21 @@ pub enum StoreError {
         "the task store {} stopped after a failed fsync and accepts no more writes ({detail}); restart the process",
         path.display()
     )]
-    Halted { path: PathBuf, detail: String },
+    Halted {
+        /// The store's file.
+        path: PathBuf,
+        /// The error of the failed sync.
+        detail: String,
+    },
     /// A conditional write found another sequence number than the one it was based on: some
     /// other writer changed the task first. Nothing of the job is stored.
     #[error("task {id} changed concurrently: expected sequence {expected:?}, found {found:?}")]
     Conflict {
+        /// The task id.
         id: String,
+        /// The sequence number the write was based on (`None`: the task must not exist yet).
         expected: Option<u64>,
+        /// The sequence number stored (`None`: no such task).
         found: Option<u64>,
     },
     /// A read transaction failed.
@@ -91,7 +112,12 @@ pub enum StoreError {
         "the task store {} is unavailable after an I/O error and could not be reopened: {detail}",
         path.display()
     )]
-    Unavailable { path: PathBuf, detail: String },
+    Unavailable {
+        /// The store's file (or the redacted URL of a database).
+        path: PathBuf,
+        /// Why the reopen failed.
+        detail: String,
+    },
     /// A store shared by several nodes refused the write of a task whose lease this node no
     /// longer holds: another node took the task over (this node's heartbeat lapsed). Nothing of
     /// the job is stored; the writer must stop without side effects (it is *fenced*).
@@ -188,20 +214,39 @@ pub enum WriteOp {
     /// transaction (compare-and-set): a job whose expectation fails is not applied and gets
     /// [`StoreError::Conflict`], while the rest of its batch commits.
     Put {
+        /// The task id.
         id: String,
+        /// The encoded task record.
         bytes: Vec<u8>,
+        /// Whether the task is unfinished (indexed for rehydration at start).
         live: bool,
+        /// When the reaper should look at the task (expiry), in ms since the epoch.
         due_ms: Option<u64>,
+        /// The record's sequence number, stored for the next write's [`Expect::Seq`].
         seq: Option<u64>,
+        /// The precondition checked inside the write transaction.
         expect: Expect,
     },
     /// Remove the task and all its index entries.
-    Delete { id: String },
+    Delete {
+        /// The task id.
+        id: String,
+    },
     /// Replace the due entry of a stored task (None = never due) without touching its bytes.
     /// The reaper uses it to quarantine a record it cannot decode.
-    SetDue { id: String, due_ms: Option<u64> },
+    SetDue {
+        /// The task id.
+        id: String,
+        /// The new due time in ms since the epoch.
+        due_ms: Option<u64>,
+    },
     /// Set a key in the meta table.
-    PutMeta { key: String, value: Vec<u8> },
+    PutMeta {
+        /// The meta key.
+        key: String,
+        /// The value.
+        value: Vec<u8>,
+    },
     /// Set a key in the meta table unless it is set already (the first writer wins: replicas
     /// starting together agree on one value; read it back after the commit).
     PutMetaIfAbsent {

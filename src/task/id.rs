@@ -11,6 +11,7 @@ pub struct TaskId(String);
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TaskIdError {
+    /// Not `tsk_` followed by 32 lowercase hex digits (the form this runtime issues).
     #[error("malformed task id: expected `tsk_` followed by 32 lowercase hex digits")]
     Malformed,
 }

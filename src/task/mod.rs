@@ -21,10 +21,18 @@ use serde_json::Value;
 /// The five statuses of the Tasks extension (Tasks extension, SEP-2663: data types).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TaskStatus {
+    /// `working`: the tool is running (or waits to be restarted after a crash).
     Working,
+    /// `input_required`: the tool waits for the client's answers (`tasks/update`) to the
+    /// task's `inputRequests`.
     InputRequired,
+    /// `completed` (final): the tool returned a `CallToolResult`, possibly with
+    /// `isError: true`.
     Completed,
+    /// `failed` (final): the tool ended with a JSON-RPC error, ran out of restarts or hit a
+    /// limit; the task's `error` says which.
     Failed,
+    /// `cancelled` (final): a `tasks/cancel` was honoured.
     Cancelled,
 }
 

@@ -42,8 +42,11 @@ impl InputRequest {
 /// What the user did with an elicitation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ElicitAction {
+    /// `accept`: the user submitted the form; `content` holds the answer.
     Accept,
+    /// `decline`: the user explicitly refused to answer.
     Decline,
+    /// `cancel`: the user dismissed the request without choosing.
     Cancel,
 }
 
@@ -194,6 +197,68 @@ impl StepKey {
 }
 
 /// Handed to every tool call. Cheap to clone.
+///
+/// In a task it is the tool's link to its durable record: [`ToolContext::step`] journals a
+/// result so a restarted task does not redo the work, [`ToolContext::elicit`] and
+/// [`ToolContext::input`] put the task in `input_required` until the client answers, and
+/// [`ToolContext::set_status`] / [`ToolContext::progress`] update its `statusMessage`; each is
+/// committed before it returns. In a synchronous call the same methods work inside the
+/// request (core MRTR for input, `notifications/progress` for progress).
+///
+/// A task that asks the user a typed question, driven by the in-process client (whose input
+/// handler answers like a user would):
+///
+/// ```
+/// use mcp_tasks::client::{input_handler, CallOutcome, Client};
+/// use mcp_tasks::store::Store;
+/// use mcp_tasks::tool::{typed_tool, CallToolResult, Elicited, TaskPolicy, ToolDescriptor};
+/// use mcp_tasks::{Owner, Runtime};
+/// use serde_json::json;
+///
+/// #[derive(serde::Deserialize, schemars::JsonSchema)]
+/// struct Deploy {
+///     service: String,
+/// }
+///
+/// /// The question: the elicitation's `requestedSchema` is derived from it.
+/// #[derive(serde::Deserialize, schemars::JsonSchema)]
+/// struct Approval {
+///     /// How many replicas to start.
+///     replicas: u32,
+/// }
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let deploy = typed_tool(
+///     ToolDescriptor::new("deploy", "Deploys a service once approved.").task_policy(TaskPolicy::Always),
+///     |ctx, Deploy { service }| async move {
+///         // Journaled: after a restart the recorded version is returned, not fetched again.
+///         let version: String = ctx.step("resolve", || async { Ok("v42".to_owned()) }).await?;
+///         let question = format!("Deploy {service} {version}?");
+///         Ok(match ctx.elicit::<Approval>("approve", question).await? {
+///             Elicited::Accepted(Approval { replicas }) => {
+///                 CallToolResult::text(format!("{service} {version} on {replicas} replicas"))
+///             }
+///             Elicited::Declined | Elicited::Cancelled => CallToolResult::text("not deployed"),
+///         })
+///     },
+/// );
+/// let runtime = Runtime::builder_with_store(Store::memory()).tool(deploy).start().await?;
+/// let client = Client::in_process(runtime.handle(), Owner::anonymous())
+///     .input_handler(input_handler(|_key, _request| async {
+///         Some(json!({ "action": "accept", "content": { "replicas": 3 } }))
+///     }))
+///     .build()
+///     .await?;
+/// let CallOutcome::Task(task) = client.call_tool("deploy", json!({ "service": "api" })).await? else {
+///     panic!("`deploy` always runs as a task");
+/// };
+/// let done = task.wait().await?; // answers the elicitation through the input handler
+/// assert_eq!(done.result.unwrap()["content"][0]["text"], "api v42 on 3 replicas");
+/// runtime.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct ToolContext {
     inner: Arc<Inner>,
@@ -340,9 +405,10 @@ impl ToolContext {
             let recorded = snap.journal.get(name);
             if let Some(recorded) = recorded {
                 return serde_json::from_value(recorded.clone()).map_err(|e| {
-                    ToolError::Runtime(format!(
-                        "the recorded value of step `{name}` no longer decodes: {e}"
-                    ))
+                    ToolError::runtime_caused(
+                        format!("the recorded value of step `{name}` no longer decodes"),
+                        e,
+                    )
                 });
             }
             if snap.cancel_requested || snap.status.is_terminal() {
@@ -366,9 +432,10 @@ impl ToolContext {
         fail::fail_point!("step::before_commit");
         if let (Some(snap), Mode::Task(link)) = (self.snapshot(), &self.inner.mode) {
             let json = serde_json::to_value(&value).map_err(|e| {
-                ToolError::Runtime(format!(
-                    "the value of step `{name}` does not serialize: {e}"
-                ))
+                ToolError::runtime_caused(
+                    format!("the value of step `{name}` does not serialize"),
+                    e,
+                )
             })?;
             // Over a limit, the tool gets an error it can return (the task then fails).
             link.limits
@@ -392,7 +459,7 @@ impl ToolContext {
             .await?;
         answers
             .remove(key)
-            .ok_or_else(|| ToolError::Runtime(format!("no answer for `{key}`")))
+            .ok_or_else(|| ToolError::runtime(format!("no answer for `{key}`")))
     }
 
     /// A typed form elicitation under `key`: the `requestedSchema` is derived from `T` (see
@@ -446,7 +513,7 @@ impl ToolContext {
                 && !snap.answers.contains_key(*k)
                 && !snap.pending_inputs.contains_key(*k)
         }) {
-            return Err(ToolError::Runtime(format!(
+            return Err(ToolError::runtime(format!(
                 "input key `{k}` was superseded and cannot be asked again"
             )));
         }
@@ -465,7 +532,7 @@ impl ToolContext {
                     || r.cancel_requested
             })
             .await
-            .map_err(|_| ToolError::Runtime("the task actor stopped".into()))?
+            .map_err(|_| ToolError::runtime("the task actor stopped"))?
             .clone();
         if keys.iter().all(|k| done.answers.contains_key(k)) {
             Ok(keys
@@ -549,7 +616,7 @@ impl ToolContext {
         message: Option<&str>,
     ) -> Result<(), ToolError> {
         if !progress.is_finite() || total.is_some_and(|t| !t.is_finite()) {
-            return Err(ToolError::Runtime(format!(
+            return Err(ToolError::runtime(format!(
                 "progress must be a finite number (got {progress}, total {total:?})"
             )));
         }

@@ -194,15 +194,46 @@ pub enum ToolError {
     #[error("the task was cancelled")]
     Cancelled,
     /// The runtime could not record what the tool did (the store failed, the task actor is
-    /// gone). The tool should return this error as it is.
-    #[error("the task runtime failed: {0}")]
-    Runtime(String),
+    /// gone, a journaled value no longer decodes). The tool should return this error as it is:
+    /// the actor then restarts the task from its last committed snapshot.
+    #[error("the task runtime failed: {message}{}", cause_suffix(source.as_deref()))]
+    Runtime {
+        /// What the runtime was doing.
+        message: String,
+        /// The underlying error, when there is one (a serde error, the actor system's error).
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+}
+
+/// `": {cause}"`, so that the message of [`ToolError::Runtime`] names its cause.
+fn cause_suffix(source: Option<&(dyn std::error::Error + Send + Sync)>) -> String {
+    source.map(|s| format!(": {s}")).unwrap_or_default()
 }
 
 impl ToolError {
     /// A JSON-RPC error with the given code and message.
     pub fn rpc(code: i64, message: impl Into<String>) -> Self {
         Self::Rpc(RpcError::new(code, message))
+    }
+
+    /// [`ToolError::Runtime`] without an underlying error.
+    pub(crate) fn runtime(message: impl Into<String>) -> Self {
+        Self::Runtime {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// [`ToolError::Runtime`] caused by `source`.
+    pub(crate) fn runtime_caused(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::Runtime {
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
     }
 }
 
@@ -213,7 +244,51 @@ pub type ToolFuture = BoxFuture<'static, Result<CallToolResult, ToolError>>;
 pub type PrepareFuture = BoxFuture<'static, Result<Map<String, Value>, ToolError>>;
 
 /// A tool a host registers with the runtime.
+///
+/// Most tools are built with [`typed_tool`] (arguments as a Rust type, schema derived) or
+/// [`tool_fn`] (a closure over the JSON arguments). Implement the trait directly for a tool
+/// whose shape is only known at run time, e.g. one generated from configuration:
+///
+/// ```
+/// use mcp_tasks::tool::{CallToolResult, Tool, ToolContext, ToolDescriptor, ToolFuture};
+/// use serde_json::{json, Map, Value};
+///
+/// /// Returns one configured setting.
+/// struct Setting {
+///     descriptor: ToolDescriptor,
+///     settings: Map<String, Value>,
+/// }
+///
+/// impl Setting {
+///     fn new(settings: Map<String, Value>) -> Self {
+///         let names: Vec<&String> = settings.keys().collect();
+///         let descriptor = ToolDescriptor::new("setting", "Reads a setting.").input_schema(json!({
+///             "type": "object",
+///             "properties": { "name": { "enum": names } },
+///             "required": ["name"]
+///         }));
+///         Self { descriptor, settings }
+///     }
+/// }
+///
+/// impl Tool for Setting {
+///     fn descriptor(&self) -> &ToolDescriptor {
+///         &self.descriptor
+///     }
+///
+///     fn call(&self, _ctx: ToolContext, arguments: Map<String, Value>) -> ToolFuture {
+///         // The runtime validated `arguments` against the input schema: `name` is one of ours.
+///         let value = self.settings[arguments["name"].as_str().unwrap_or_default()].clone();
+///         Box::pin(async move { Ok(CallToolResult::text(value.to_string())) })
+///     }
+/// }
+///
+/// let tool = Setting::new(Map::from_iter([("region".to_owned(), json!("eu-west-1"))]));
+/// assert_eq!(tool.descriptor().input_schema["properties"]["name"]["enum"], json!(["region"]));
+/// ```
 pub trait Tool: Send + Sync + 'static {
+    /// The tool's name, description, schemas and task policy, as `tools/list` shows them.
+    /// Read at registration and for every call; it must not change afterwards.
     fn descriptor(&self) -> &ToolDescriptor;
     /// Runs the tool. Arguments were validated against the input schema already.
     fn call(&self, ctx: ToolContext, arguments: Map<String, Value>) -> ToolFuture;

@@ -90,10 +90,20 @@ pub struct ToolRegistry {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RegistryError {
+    /// Two tools have the same name (names are unique within a server).
     #[error("a tool named `{0}` is already registered")]
     Duplicate(String),
+    /// The `inputSchema` is not an object schema (`"type": "object"`), does not compile as
+    /// JSON Schema 2020-12, or declares an invalid `x-mcp-header` parameter.
     #[error("tool `{name}` has an invalid inputSchema: {detail}")]
-    InvalidSchema { name: String, detail: String },
+    InvalidSchema {
+        /// The tool's name.
+        name: String,
+        /// What is wrong with the schema.
+        detail: String,
+    },
+    /// The name is empty, longer than 128 characters or uses other characters than
+    /// `A-Z a-z 0-9 _ - .` (the MCP tool-name rules).
     #[error("tool name `{0}` must be 1 to 128 characters of A-Z a-z 0-9 _ - .")]
     InvalidName(String),
 }

@@ -259,6 +259,40 @@ impl Drop for InFlight {
 }
 
 /// The MCP endpoint as an axum router, to serve with [`serve`] or to mount in a host app.
+///
+/// It answers at the configured path (`/mcp` by default) with the guards of [`HttpConfig`]
+/// (`Host`/`Origin` checks, the authenticator, body and concurrency limits), and, when a
+/// protected resource is configured, serves its OAuth protected-resource metadata.
+///
+/// ```
+/// use mcp_tasks::client::Client;
+/// use mcp_tasks::store::Store;
+/// use mcp_tasks::transport::http::{router, serve, HttpConfig};
+/// use mcp_tasks::Runtime;
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let runtime = Runtime::builder_with_store(Store::memory()).start().await?;
+/// // The MCP endpoint beside the host's own routes.
+/// let app = axum::Router::new()
+///     .route("/health", axum::routing::get(|| async { "ok" }))
+///     .merge(router(runtime.handle(), HttpConfig::default()));
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+/// let url = format!("http://{}/mcp", listener.local_addr()?);
+/// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+/// let server = tokio::spawn(serve(listener, app, async { stopped.await.ok(); }));
+///
+/// let client = Client::http(&url)?.build().await?;
+/// assert!(client.discover().await?.supports_tasks());
+///
+/// // A graceful stop: listen streams end first, then the server, then the runtime.
+/// runtime.begin_shutdown();
+/// stop.send(()).ok();
+/// server.await??;
+/// runtime.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
 pub fn router(handle: RuntimeHandle, config: HttpConfig) -> Router {
     let path = config.path.clone();
     let mut router = Router::new().route(&path, any(endpoint));
