@@ -599,6 +599,20 @@ async fn connection_refused_is_a_connect_error() {
     let e = client.list_tools().await.unwrap_err();
     assert!(matches!(e, ClientError::Connect { .. }), "{e:?}");
     assert!(e.to_string().contains("connection refused"), "{e}");
+    // The HTTP client's error stays reachable as the cause, down to the OS error.
+    let mut causes = Vec::new();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        causes.push(c);
+        cause = c.source();
+    }
+    assert!(
+        causes.iter().any(
+            |c| c.downcast_ref::<std::io::Error>().map(std::io::Error::kind)
+                == Some(std::io::ErrorKind::ConnectionRefused)
+        ),
+        "{e:?}"
+    );
     assert!(matches!(
         Client::http("ftp://127.0.0.1/mcp").unwrap_err(),
         ClientError::InvalidUrl { .. }

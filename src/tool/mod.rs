@@ -362,3 +362,35 @@ where
 {
     Arc::new(FnTool { descriptor, f })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::ToolError;
+
+    #[test]
+    fn a_runtime_error_keeps_its_cause() {
+        let cause = serde_json::from_str::<u32>("\"x\"").unwrap_err();
+        let text = cause.to_string();
+        let e =
+            ToolError::runtime_caused("the recorded value of step `a` no longer decodes", cause);
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "the task runtime failed: the recorded value of step `a` no longer decodes: {text}"
+            )
+        );
+        assert!(
+            e.source()
+                .and_then(|s| s.downcast_ref::<serde_json::Error>())
+                .is_some()
+        );
+        let e = ToolError::runtime("the task actor stopped");
+        assert_eq!(
+            e.to_string(),
+            "the task runtime failed: the task actor stopped"
+        );
+        assert!(e.source().is_none());
+    }
+}
