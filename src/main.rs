@@ -71,6 +71,11 @@ struct ServeArgs {
     /// the other replicas take its tasks over (heartbeats run every third of it).
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
     lease_ttl: Duration,
+    /// With a PostgreSQL store: how often a replica reads the database for other replicas'
+    /// changes when no notification came (the fallback for a lost LISTEN/NOTIFY wake-up: it
+    /// only delays, by at most this long).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    replica_poll: Duration,
     /// Test only: writes of a PostgreSQL store skip the lease and sequence checks (a replica
     /// that lost a lease overwrites the new owner's work). For the replica crash suite.
     #[arg(long, hide = true)]
@@ -437,6 +442,7 @@ async fn store_builder(args: &ServeArgs) -> Result<(RuntimeBuilder, Option<Strin
         let options = mcp_tasks::store::PostgresOptions {
             node_id: args.node_id.clone(),
             lease_ttl: args.lease_ttl,
+            poll_interval: args.replica_poll,
             unsafe_skip_fencing: args.unsafe_skip_fencing,
             ..Default::default()
         };

@@ -273,17 +273,25 @@ impl RuntimeBuilder {
             return Err(StartError::SupervisorStopped);
         }
         let reaper = tokio::spawn(reap(shared.clone(), supervisor.clone(), stop_rx.clone()));
-        let takeover = tokio::spawn(take_over(shared.clone(), supervisor.clone(), stop_rx));
+        let takeover = tokio::spawn(take_over(
+            shared.clone(),
+            supervisor.clone(),
+            stop_rx.clone(),
+        ));
+        let dispatcher = Arc::new(Dispatcher {
+            shared,
+            supervisor: supervisor.clone(),
+        });
+        // On a shared store: requests other nodes recorded for this node's tasks.
+        let inbox = tokio::spawn(dispatcher.clone().serve_inbox(stop_rx));
         Ok(Runtime {
-            dispatcher: Arc::new(Dispatcher {
-                shared,
-                supervisor: supervisor.clone(),
-            }),
+            dispatcher,
             parts: Some(Parts {
                 supervisor,
                 supervisor_task,
                 reaper,
                 takeover,
+                inbox,
                 stop: stop_tx,
             }),
         })
@@ -339,6 +347,7 @@ struct Parts {
     supervisor_task: JoinHandle<()>,
     reaper: JoinHandle<()>,
     takeover: JoinHandle<()>,
+    inbox: JoinHandle<()>,
     stop: watch::Sender<bool>,
 }
 
@@ -348,6 +357,7 @@ impl Drop for Runtime {
             let _ = parts.stop.send(true);
             parts.reaper.abort();
             parts.takeover.abort();
+            parts.inbox.abort();
             parts
                 .supervisor
                 .stop_children(Some("runtime dropped".into()));
@@ -454,6 +464,7 @@ impl Runtime {
         let _ = parts.stop.send(true);
         let _ = parts.reaper.await;
         let _ = parts.takeover.await;
+        let _ = parts.inbox.await;
         parts
             .supervisor
             .stop_children_and_wait(

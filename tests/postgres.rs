@@ -172,7 +172,11 @@ async fn a_newer_schema_is_refused_and_left_alone() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(versions, 2, "nothing was changed");
+    assert_eq!(
+        versions,
+        mcp_tasks::store::postgres::SCHEMA_VERSION + 1,
+        "nothing was changed"
+    );
     pg.drop().await;
 }
 
@@ -286,44 +290,271 @@ async fn a_node_past_its_lease_is_fenced_after_the_takeover() {
     pg.drop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_on_another_replica_takes_the_task_over() {
-    let Some(pg) = pg::fresh().await else { return };
+/// Options of node `node` whose polling fallback is `poll`.
+fn polling(pg: &pg::Pg, node: &str, ttl: Duration, poll: Duration) -> PostgresOptions {
+    let mut options = pg.options(node, ttl);
+    options.poll_interval = poll;
+    options
+}
+
+fn confirm(task: &str) -> Value {
+    json!({ "taskId": task, "inputResponses": { "confirm": { "action": "accept", "content": { "confirm": true } } } })
+}
+
+/// Two nodes a and b over one schema, both with the `journaled` and `sleep_task` tools, and
+/// the polling fallback `poll`.
+async fn pair(
+    pg: &pg::Pg,
+    poll: Duration,
+    runs: &Arc<AtomicUsize>,
+) -> (Runtime, Arc<PostgresStore>, Runtime, Arc<PostgresStore>) {
     let ttl = Duration::from_secs(10);
+    let mut nodes = Vec::new();
+    for node in ["a", "b"] {
+        let store = Arc::new(
+            PostgresStore::open(&pg.url, polling(pg, node, ttl, poll))
+                .await
+                .unwrap(),
+        );
+        let rt = builder(Store::from_backend(store.clone()))
+            .tool(journaled(runs.clone()))
+            .tool(mcp_tasks::fixtures::bench::sleep_task_on(Some(node.into())))
+            .start()
+            .await
+            .unwrap();
+        nodes.push((rt, store));
+    }
+    let (b, b_store) = nodes.pop().unwrap();
+    let (a, a_store) = nodes.pop().unwrap();
+    (a, a_store, b, b_store)
+}
+
+/// The polling fallback is set to a minute: an update and a cancel sent to b for tasks a runs
+/// are answered (by a's actors, after a's durable write) far sooner, so the notification
+/// woke a. Neither task changed hands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_on_another_replica_reaches_the_owner_by_notification() {
+    let Some(pg) = pg::fresh().await else { return };
     let runs = Arc::new(AtomicUsize::new(0));
-    let a = builder(
-        Store::postgres(&pg.url, pg.options("a", ttl))
-            .await
-            .unwrap(),
-    )
-    .tool(journaled(runs.clone()))
-    .start()
-    .await
-    .unwrap();
-    let b = builder(
-        Store::postgres(&pg.url, pg.options("b", ttl))
-            .await
-            .unwrap(),
-    )
-    .tool(journaled(runs.clone()))
-    .start()
-    .await
-    .unwrap();
+    let poll = Duration::from_secs(60);
+    let (a, a_store, b, b_store) = pair(&pg, poll, &runs).await;
     let task = create(&a, "journaled", json!({})).await;
     wait_status(&a, &task, "input_required").await;
-    // b answers for a task a runs: durable on b, and a's actor is fenced if it writes again.
-    let r = call(
-        &b,
-        "tasks/update",
-        json!({ "taskId": task, "inputResponses": { "confirm": { "action": "accept", "content": { "confirm": true } } } }),
-    )
-    .await;
+    let bound = Duration::from_secs(20);
+    let r = tokio::time::timeout(bound, call(&b, "tasks/update", confirm(&task)))
+        .await
+        .expect("answered well before the 60 s polling fallback: the notification woke the owner");
     assert!(r.get("result").is_some(), "{r}");
-    let done = wait_status(&a, &task, "completed").await;
-    assert_eq!(get(&b, &task).await["result"], done);
+    // The ack follows a's durable write: the answer is in the record every node reads.
+    let after = get(&b, &task).await;
+    assert_ne!(after["result"]["status"], "input_required", "{after}");
+    let done = wait_status(&b, &task, "completed").await;
+    assert_eq!(get(&a, &task).await["result"], done);
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the step ran once");
+    let lease = b_store.lease_of(&task).await.unwrap().unwrap();
+    assert_eq!(
+        (lease.owner.as_deref(), lease.epoch),
+        (Some("a"), 1),
+        "applied by its owner, not taken over"
+    );
+
+    let sleeper = create(&a, "sleep_task", json!({ "ms": 600_000 })).await;
+    let r = tokio::time::timeout(
+        bound,
+        call(&b, "tasks/cancel", json!({ "taskId": sleeper })),
+    )
+    .await
+    .expect("cancel answered well before the polling fallback");
+    assert!(r.get("result").is_some(), "{r}");
+    let stored = get(&b, &sleeper).await;
+    assert!(
+        stored["result"]["status"] == "cancelled" || stored["result"]["status"] == "working",
+        "{stored}"
+    );
+    wait_status(&b, &sleeper, "cancelled").await;
+    let lease = a_store.lease_of(&sleeper).await.unwrap().unwrap();
+    assert_eq!((lease.owner.as_deref(), lease.epoch), (Some("a"), 1));
+
+    // An answer the owner refuses comes back to b's caller as the owner's error.
+    let other = create(&a, "journaled", json!({})).await;
+    wait_status(&a, &other, "input_required").await;
+    let invalid = json!({ "taskId": other, "inputResponses": { "confirm": { "action": "accept", "content": { "confirm": "not a boolean" } } } });
+    let bad = call(&b, "tasks/update", invalid.clone()).await;
+    let local = call(&a, "tasks/update", invalid).await;
+    assert!(local["error"]["code"].is_i64(), "a refuses it: {local}");
+    assert_eq!(bad["error"], local["error"], "b: {bad}; a: {local}");
     a.shutdown().await;
     b.shutdown().await;
+    pg.drop().await;
+}
+
+/// With the owner's notifications lost, a request recorded by another node still reaches it
+/// at its next poll; with the follower's lost, a listen stream still gets every state up to
+/// the terminal one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_notification_only_delays() {
+    let Some(pg) = pg::fresh().await else { return };
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (a, a_store, b, b_store) = pair(&pg, Duration::from_millis(700), &runs).await;
+    let task = create(&a, "journaled", json!({})).await;
+    wait_status(&a, &task, "input_required").await;
+    a_store.lose_notifications(true);
+    b_store.lose_notifications(true);
+    let mut stream = listen(&b, &task).await;
+    let first = next_task_state(&mut stream).await;
+    assert_eq!(first["status"], "input_required", "{first}");
+    let r = call(&b, "tasks/update", confirm(&task)).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let lease = b_store.lease_of(&task).await.unwrap().unwrap();
+    assert_eq!((lease.owner.as_deref(), lease.epoch), (Some("a"), 1));
+    let mut last = first;
+    while last["status"] != "completed" {
+        let next = next_task_state(&mut stream).await;
+        assert_ne!(next, last, "no state twice");
+        last = next;
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+    pg.drop().await;
+}
+
+/// A listen stream on b follows a task a runs: with a polling fallback of a minute, the
+/// completion arrives far sooner (by notification), and states only go forward.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listen_on_another_replica_follows_by_notification() {
+    let Some(pg) = pg::fresh().await else { return };
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (a, _a_store, b, _b_store) = pair(&pg, Duration::from_secs(60), &runs).await;
+    let task = create(&a, "journaled", json!({})).await;
+    wait_status(&a, &task, "input_required").await;
+    let mut stream = listen(&b, &task).await;
+    let first = next_task_state(&mut stream).await;
+    assert_eq!(first["status"], "input_required", "{first}");
+    let r = call(&a, "tasks/update", confirm(&task)).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let bound = Duration::from_secs(20);
+    let completed = tokio::time::timeout(bound, async {
+        loop {
+            let state = next_task_state(&mut stream).await;
+            if state["status"] == "completed" {
+                return state;
+            }
+        }
+    })
+    .await
+    .expect("the completion reached b's listen well before the 60 s polling fallback");
+    assert_eq!(
+        completed["result"]["content"][0]["text"],
+        get(&a, &task).await["result"]["result"]["content"][0]["text"]
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+    pg.drop().await;
+}
+
+async fn listen(rt: &Runtime, task: &str) -> mcp_tasks::MessageStream {
+    let mut params = json!({ "notifications": { "taskIds": [task] } });
+    params["_meta"] = meta();
+    let msg =
+        json!({ "jsonrpc": "2.0", "id": 7, "method": "subscriptions/listen", "params": params });
+    match rt
+        .handle()
+        .dispatch_json(msg, &mcp_tasks::RequestContext::new(Owner::anonymous()))
+        .await
+    {
+        mcp_tasks::Dispatched::Stream(s) => s,
+        other => panic!("listen did not stream: {other:?}"),
+    }
+}
+
+/// The next `notifications/tasks` of a listen stream (the acknowledgement skipped).
+async fn next_task_state(stream: &mut mcp_tasks::MessageStream) -> Value {
+    use futures::StreamExt;
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(90), stream.next())
+            .await
+            .expect("a message within 90 s")
+            .expect("the stream is open");
+        if message["method"] == "notifications/tasks" {
+            return message["params"].clone();
+        }
+    }
+}
+
+/// Two nodes expire tasks with a short time to live: the deletions of the finished ones are
+/// the sweep leader's alone (the other node deletes none), and one node leads at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_tasks_are_swept_by_one_node() {
+    let Some(pg) = pg::fresh().await else { return };
+    let ttl = Duration::from_secs(10);
+    let mut nodes = Vec::new();
+    for node in ["a", "b"] {
+        let store = Arc::new(
+            PostgresStore::open(&pg.url, pg.options(node, ttl))
+                .await
+                .unwrap(),
+        );
+        let mut config = RuntimeConfig::default();
+        config.reaper_interval = Duration::from_millis(20);
+        config.expired_retention = Duration::from_millis(1);
+        config.default_ttl = Some(Duration::from_millis(300));
+        let rt = Runtime::builder_with_store(Store::from_backend(store.clone()))
+            .config(config)
+            .tool(mcp_tasks::fixtures::bench::sleep_task_on(Some(node.into())))
+            .start()
+            .await
+            .unwrap();
+        nodes.push((rt, store));
+    }
+    // Wait for a leader.
+    for _ in 0..200 {
+        if nodes.iter().any(|(_, s)| s.is_sweep_leader()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let leaders = nodes.iter().filter(|(_, s)| s.is_sweep_leader()).count();
+    assert_eq!(leaders, 1, "exactly one sweep leader");
+    let per_node = 20;
+    let mut tasks = Vec::new();
+    for (rt, _) in &nodes {
+        for _ in 0..per_node {
+            let r = call(
+                rt,
+                "tools/call",
+                json!({ "name": "sleep_task", "arguments": { "ms": 1 } }),
+            )
+            .await;
+            tasks.push(r["result"]["taskId"].as_str().expect("a task").to_owned());
+        }
+    }
+    let client = pg.client().await;
+    let mut left = i64::MAX;
+    for _ in 0..600 {
+        left = client
+            .query_one("SELECT count(*) FROM mcp_tasks", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(left, 0, "every task was deleted");
+    let deleted: Vec<u64> = nodes.iter().map(|(_, s)| s.deleted_tasks()).collect();
+    assert_eq!(
+        deleted.iter().sum::<u64>(),
+        tasks.len() as u64,
+        "{deleted:?}"
+    );
+    assert!(
+        deleted.contains(&0),
+        "one node swept everything, the other nothing: {deleted:?}"
+    );
+    for (rt, _) in nodes {
+        rt.shutdown().await;
+    }
     pg.drop().await;
 }
 

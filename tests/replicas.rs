@@ -178,3 +178,95 @@ async fn sigstop_past_the_lease_then_sigcont_the_late_completion_is_refused() {
     drop(b);
     pg.drop().await;
 }
+
+/// PostgreSQL itself stops and starts again (a private cluster, so the shared server is never
+/// touched) under two replicas: meanwhile requests answer `-32603` with a clear message and
+/// the processes keep running; once it is back, service resumes without restarting them,
+/// everything acknowledged before is there, and a cancel sent to the replica that does not
+/// run the task reaches the one that does (its listening connection reconnected, or the
+/// polling fallback).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restarting_answers_32603_meanwhile_and_service_resumes() {
+    let Some(cluster) = pg::PrivateCluster::start() else {
+        return;
+    };
+    let store = cluster.url();
+    let mut a = Replica::spawn(&store, "a", "5s");
+    let mut b = Replica::spawn(&store, "b", "5s");
+    let create = |ms: u64| json!({ "name": "sleep_task", "arguments": { "ms": ms } });
+    let task_of = |r: &Value| {
+        r["result"]["taskId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no task: {r}"))
+            .to_owned()
+    };
+    let done = task_of(&a.call("tools/call", create(0)).await);
+    let long = task_of(&a.call("tools/call", create(600_000)).await);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while b.get(&done).await["result"]["status"] != "completed" {
+        assert!(Instant::now() < deadline, "the short task never completed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    cluster.stop_server();
+    for r in [
+        a.get(&done).await,
+        b.call("tools/call", create(0)).await,
+        b.call("tasks/cancel", json!({ "taskId": long })).await,
+    ] {
+        assert_eq!(r["error"]["code"], -32603, "{r}");
+        let msg = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("unavailable"), "a clear message: {msg}");
+    }
+    assert!(a.child.try_wait().unwrap().is_none(), "a keeps running");
+    assert!(b.child.try_wait().unwrap().is_none(), "b keeps running");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster.start_server();
+
+    // Service resumes by itself.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        let r = b.call("tools/call", create(0)).await;
+        if r.get("result").is_some() {
+            break task_of(&r);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "service did not resume: {r}; b's log:\n{}",
+            b.log.lock().unwrap().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Nothing acknowledged before was lost, and every replica reads the same.
+    for replica in [&a, &b] {
+        let r = replica.get(&done).await;
+        assert_eq!(r["result"]["status"], "completed", "{r}");
+        assert_eq!(
+            r["result"]["result"]["content"][0]["text"],
+            "Slept 0 ms on node a."
+        );
+        assert_eq!(replica.get(&long).await["result"]["status"], "working");
+    }
+    // A cancel on b for the task a runs (a's listening connection and inbox came back).
+    let r = b.call("tasks/cancel", json!({ "taskId": long })).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while a.get(&long).await["result"]["status"] != "cancelled" {
+        assert!(Instant::now() < deadline, "the cancel never took effect");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while a.get(&after).await["result"]["status"] != "completed" {
+        assert!(
+            Instant::now() < deadline,
+            "the task created after the restart never completed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(a.child.try_wait().unwrap().is_none());
+    assert!(b.child.try_wait().unwrap().is_none());
+    assert!(
+        a.logged("listening for other nodes' changes"),
+        "a listens for notifications"
+    );
+}

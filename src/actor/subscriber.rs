@@ -132,9 +132,6 @@ impl Subscriber {
     }
 }
 
-/// How often a follower reads a task that runs on another replica.
-const SHARED_POLL: Duration = Duration::from_millis(200);
-
 /// Follows one task's committed snapshots across actor restarts, until it is terminal.
 async fn follow(shared: Arc<Shared>, id: TaskId, me: ActorRef<SubscriberMsg>) {
     loop {
@@ -151,19 +148,30 @@ async fn follow(shared: Arc<Shared>, id: TaskId, me: ActorRef<SubscriberMsg>) {
                 }
             }
         }
+        // On a store shared by replicas the task may run on another node: watched before the
+        // read, so that a commit right after it wakes the next one.
+        let cluster = shared.store.cluster();
+        let wake = cluster.map(|c| c.watch_task(id.as_str()));
         match shared.load_stored(&id).await {
             Ok(Some(record)) if record.status.is_terminal() => {
                 let _ = me.cast(SubscriberMsg::Snapshot(record));
                 return;
             }
-            // On a store shared by replicas the task may run on another node: every committed
-            // state this poll sees is sent (the subscriber drops any it has seen a newer one
-            // of, so none goes backwards).
+            // Every committed state read is sent (the subscriber drops any it has seen a
+            // newer one of, so none goes backwards); the next read follows the other node's
+            // next commit (its notification), or the poll interval if that was lost.
             Ok(Some(record)) if shared.store.is_shared() => {
                 if me.cast(SubscriberMsg::Snapshot(record)).is_err() {
                     return;
                 }
-                tokio::time::sleep(SHARED_POLL).await;
+                match (cluster, &wake) {
+                    (Some(cluster), Some(wake)) => tokio::select! {
+                        _ = wake.notified() => {}
+                        _ = tokio::time::sleep(cluster.poll_interval()) => {}
+                    },
+                    // A shared store without signalling: polled.
+                    _ => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
             }
             Ok(Some(_)) => tokio::time::sleep(Duration::from_millis(50)).await, // restarting
             Ok(None) => return,                                                 // deleted

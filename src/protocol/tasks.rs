@@ -4,11 +4,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ractor::rpc::CallResult;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
+use tokio::sync::watch;
 
 use super::{Dispatcher, RequestContext};
 use crate::actor::SupervisorMsg;
 use crate::shared::TaskMsg;
+use crate::store::{Cluster, RemoteCommand};
 use crate::wire::error::RpcError;
 use crate::task::{TaskId, TaskRecord};
 use crate::wire::params::{TaskIdParams, UpdateTaskParams};
@@ -84,34 +86,65 @@ impl Dispatcher {
 
     /// Delivers a command to the task's actor and waits until it is committed. A finished
     /// task acknowledges without change (late answers and cancels are ignored).
+    ///
+    /// On a store shared by replicas, a task that another live node runs gets the command
+    /// through the store: it is recorded durably for that node, which is woken by a
+    /// notification (or finds it at its next poll), applies it through its actor and records
+    /// the answer; this request acknowledges once that answer is there, so the ack follows the
+    /// durable write of the task, as on one node.
     async fn command(&self, record: &TaskRecord, command: Command) -> Result<(), RpcError> {
         if record.status.is_terminal() {
             return Ok(());
         }
         let store = &self.shared.store;
+        if let Some(cluster) = store.cluster()
+            && !store.holds(record.id.as_str())
+            && let Some(answer) = self.send_to_owner(cluster, &record.id, &command).await?
+        {
+            return answer;
+        }
+        // On a shared store, a task whose lease no live node holds, or whose local actor is
+        // behind the record just read (another node changed it), is taken over first: the
+        // request is applied here to the latest record, durably, and the other node's actor
+        // is fenced at its next write. (A stale actor would ignore an answer for a key it
+        // never saw issued, and acknowledge it.)
+        let take_over = store.is_shared()
+            && (!store.holds(record.id.as_str())
+                || self
+                    .shared
+                    .live
+                    .snapshot(&record.id)
+                    .is_some_and(|local| local.seq < record.seq));
+        if let Some(answer) = self.deliver(&record.id, &command, take_over).await {
+            return answer;
+        }
+        // No actor answered: the task may have just finished, which acknowledges.
+        match self.shared.load_stored(&record.id).await? {
+            Some(stored) if stored.status.is_terminal() => Ok(()),
+            _ => Err(RpcError::internal("the task is restarting; retry shortly")),
+        }
+    }
+
+    /// Gives `command` to the task's local actor (started first if the task has none;
+    /// `take_over` = claimed for this node first) and returns its answer; `None` when no
+    /// actor answered.
+    async fn deliver(
+        &self,
+        id: &TaskId,
+        command: &Command,
+        take_over: bool,
+    ) -> Option<Result<(), RpcError>> {
         for attempt in 0..2 {
-            // On a shared store, a task whose lease another node holds, or whose local actor
-            // is behind the record just read (another node changed it), is taken over first:
-            // the request is applied here to the latest record, durably, and the other node's
-            // actor is fenced at its next write. (A stale actor would ignore an answer for a
-            // key it never saw issued, and acknowledge it.)
-            let take_over = store.is_shared()
-                && (!store.holds(record.id.as_str())
-                    || self
-                        .shared
-                        .live
-                        .snapshot(&record.id)
-                        .is_some_and(|local| local.seq < record.seq));
-            let local = if take_over {
+            let local = if take_over && attempt == 0 {
                 None
             } else {
-                self.shared.live.get(&record.id)
+                self.shared.live.get(id)
             };
             let live = match local {
                 Some(live) => live,
                 None if attempt == 0 => {
                     // A stored live task without an actor (restarting, or its spawn failed).
-                    let id = record.id.clone();
+                    let id = id.clone();
                     let _ = if take_over {
                         self.supervisor
                             .call(|port| SupervisorMsg::TakeOver(id, port), None)
@@ -125,7 +158,7 @@ impl Dispatcher {
                 }
                 None => break,
             };
-            let outcome = match &command {
+            let outcome = match command {
                 Command::Update(responses) => {
                     let responses = responses.clone();
                     live.actor
@@ -135,15 +168,161 @@ impl Dispatcher {
                 Command::Cancel => live.actor.call(TaskMsg::Cancel, None).await,
             };
             match outcome {
-                Ok(CallResult::Success(result)) => return result,
+                Ok(CallResult::Success(result)) => return Some(result),
                 // The actor stopped between lookup and call: look again.
                 _ => continue,
             }
         }
-        // No actor answered: the task may have just finished, which acknowledges.
-        match self.shared.load_stored(&record.id).await? {
-            Some(stored) if stored.status.is_terminal() => Ok(()),
-            _ => Err(RpcError::internal("the task is restarting; retry shortly")),
+        None
+    }
+
+    /// Records `command` for the live node that holds task `id` and waits for its answer.
+    /// `Ok(None)`: no other live node holds it (nothing was recorded; take it over).
+    async fn send_to_owner(
+        &self,
+        cluster: &dyn Cluster,
+        id: &TaskId,
+        command: &Command,
+    ) -> Result<Option<Result<(), RpcError>>, RpcError> {
+        // Watching before recording: an answer that comes before the wait is kept.
+        let wake = cluster.watch_task(id.as_str());
+        let Some(seq) = cluster.send_command(id.as_str(), command.encode()).await? else {
+            return Ok(None);
+        };
+        let poll = cluster.poll_interval();
+        // Long enough for the task to be taken over from a node that died or paused (the
+        // new owner answers the recorded command).
+        let limit = cluster.lease_ttl() * 2 + poll;
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if let Some(answer) = cluster.take_answer(seq).await? {
+                return Ok(Some(decode_answer(&answer)));
+            }
+            // Finished (or gone) without answering: a finished task acknowledges.
+            match self.shared.load_stored(id).await? {
+                Some(stored) if !stored.status.is_terminal() => {}
+                _ => {
+                    cluster.forget_command(seq).await?;
+                    return Ok(Some(Ok(())));
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(RpcError::internal(format!(
+                    "the node running task {id} did not apply this request within {} s; the request stays recorded and is applied when that node, or one taking the task over, gets to it",
+                    limit.as_secs()
+                )));
+            }
+            tokio::select! {
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(poll) => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    /// On a store shared by replicas: answers the commands other nodes recorded for the tasks
+    /// this node runs, when woken by a notification and every poll interval, until `stop`.
+    pub(crate) async fn serve_inbox(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let Some(cluster) = self.shared.store.cluster() else {
+            return;
+        };
+        let wake = cluster.watch_inbox();
+        let poll = cluster.poll_interval();
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            match cluster.inbox().await {
+                Ok(commands) => {
+                    for c in commands {
+                        self.answer_remote(cluster, c).await;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading requests other nodes recorded for this node failed; retrying")
+                }
+            }
+            tokio::select! {
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(poll) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+
+    async fn answer_remote(&self, cluster: &dyn Cluster, c: RemoteCommand) {
+        // Not (or no longer) this node's: the node holding the task answers it.
+        if !self.shared.store.holds(&c.task_id) {
+            return;
+        }
+        let answer = match (TaskId::parse(&c.task_id), Command::decode(&c.body)) {
+            (Ok(id), Ok(command)) => match self.deliver(&id, &command, false).await {
+                Some(answer) => answer,
+                None => match self.shared.load_stored(&id).await {
+                    Ok(Some(stored)) if !stored.status.is_terminal() => return, // restarting
+                    Ok(_) => Ok(()),
+                    Err(_) => return,
+                },
+            },
+            (Err(e), _) => Err(RpcError::internal(format!("invalid task id: {e}"))),
+            (_, Err(e)) => Err(RpcError::internal(format!(
+                "a request recorded by another node does not decode: {e}"
+            ))),
+        };
+        if let Err(e) = cluster
+            .answer_command(c.seq, &c.task_id, encode_answer(&answer))
+            .await
+        {
+            tracing::warn!(task = %c.task_id, error = %e, "recording the answer of another node's request failed; it is applied again at the next poll");
+        }
+    }
+}
+
+impl Command {
+    /// The command as recorded for another node.
+    fn encode(&self) -> Vec<u8> {
+        let value = match self {
+            Command::Update(responses) => json!({ "update": responses }),
+            Command::Cancel => json!({ "cancel": true }),
+        };
+        serde_json::to_vec(&value).unwrap_or_default()
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Command, String> {
+        let value: Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        if let Some(update) = value.get("update") {
+            let responses: BTreeMap<String, Value> =
+                serde_json::from_value(update.clone()).map_err(|e| e.to_string())?;
+            return Ok(Command::Update(responses));
+        }
+        if value.get("cancel").is_some() {
+            return Ok(Command::Cancel);
+        }
+        Err("neither an update nor a cancellation".to_owned())
+    }
+}
+
+/// A command's answer as recorded for the node that sent it.
+fn encode_answer(answer: &Result<(), RpcError>) -> Vec<u8> {
+    let value = match answer {
+        Ok(()) => json!({ "ok": true }),
+        Err(e) => json!({ "error": { "code": e.code, "message": e.message, "data": e.data } }),
+    };
+    serde_json::to_vec(&value).unwrap_or_default()
+}
+
+fn decode_answer(bytes: &[u8]) -> Result<(), RpcError> {
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| RpcError::internal(format!("the answer of the task's node does not decode: {e}")))?;
+    match value.get("error") {
+        None => Ok(()),
+        Some(e) => {
+            let mut error = RpcError::new(
+                e["code"].as_i64().unwrap_or(crate::wire::error::code::INTERNAL_ERROR),
+                e["message"].as_str().unwrap_or("the task's node refused the request"),
+            );
+            error.data = e.get("data").filter(|d| !d.is_null()).cloned();
+            Err(error)
         }
     }
 }

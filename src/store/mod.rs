@@ -20,6 +20,8 @@
 mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "postgres")]
+mod postgres_notify;
 mod redb_store;
 
 use std::fmt;
@@ -361,6 +363,94 @@ pub trait TaskStore: Send + Sync + 'static {
     fn claim_one<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
         self.get(id)
     }
+    /// The cross-node signalling of a store shared by replicas (wake-ups, requests for
+    /// another node's tasks); `None` for a store owned by one process.
+    fn cluster(&self) -> Option<&dyn Cluster> {
+        None
+    }
+}
+
+/// A wake-up hint from a shared store: [`Wakeup::notified`] completes when something it
+/// watches may have changed on another node (or the store reconnected and everything should
+/// be read again). A hint only: it can be lost, so a waiter also polls
+/// ([`Cluster::poll_interval`]); a wake-up that fires between the watch's creation and the
+/// wait is kept, not lost.
+pub struct Wakeup {
+    notify: Arc<tokio::sync::Notify>,
+    // Dropped after `notify`: unregisters the watch.
+    _registration: Option<Box<dyn Send + Sync>>,
+}
+
+impl fmt::Debug for Wakeup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Wakeup").finish_non_exhaustive()
+    }
+}
+
+impl Wakeup {
+    /// A wake-up over `notify`; `registration` is dropped with it (a backend's unregistering
+    /// guard).
+    pub fn new(
+        notify: Arc<tokio::sync::Notify>,
+        registration: Option<Box<dyn Send + Sync>>,
+    ) -> Wakeup {
+        Wakeup {
+            notify,
+            _registration: registration,
+        }
+    }
+
+    /// Waits for the next wake-up (or returns at once for one that fired since the last
+    /// wait).
+    pub async fn notified(&self) {
+        self.notify.notified().await
+    }
+}
+
+/// A `tasks/update` or `tasks/cancel` recorded for the node that runs the task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteCommand {
+    /// The command's sequence number (its key in the store).
+    pub seq: u64,
+    /// The task it is for.
+    pub task_id: String,
+    /// The command, encoded by the runtime.
+    pub body: Vec<u8>,
+}
+
+/// Cross-node signalling of a store shared by replicas (see docs/SCALE-OUT.md): wake-ups when
+/// another node commits a task, and requests for a task recorded durably for the node that
+/// runs it, which answers them. Notifications are hints (PostgreSQL `NOTIFY` carrying ids
+/// only); the store's rows are the truth, and every waiter polls as a fallback.
+pub trait Cluster: Send + Sync {
+    /// How often a waiter reads the store again when no wake-up came (the fallback for a
+    /// lost notification).
+    fn poll_interval(&self) -> Duration;
+    /// How long a node may go without a heartbeat before its tasks are taken over.
+    fn lease_ttl(&self) -> Duration;
+    /// Wakes when task `id` may have been committed by any node, or a command for it was
+    /// answered.
+    fn watch_task(&self, id: &str) -> Wakeup;
+    /// Wakes when commands may wait for this node ([`Cluster::inbox`]).
+    fn watch_inbox(&self) -> Wakeup;
+    /// Records `body` durably as a command for live task `id` and signals the node that holds
+    /// its lease. `None` (nothing recorded) when no other live node holds it: the caller takes
+    /// the task over instead.
+    fn send_command<'a>(&'a self, id: &'a str, body: Vec<u8>) -> StoreFuture<'a, Option<u64>>;
+    /// The answer of command `seq` once the node running its task gave one (the command is
+    /// then forgotten); `None` while it waits.
+    fn take_answer(&self, seq: u64) -> StoreFuture<'_, Option<Vec<u8>>>;
+    /// Forgets command `seq` whatever its state (its task finished, nobody needs it any more).
+    fn forget_command(&self, seq: u64) -> StoreFuture<'_, ()>;
+    /// Unanswered commands for tasks this node holds, oldest first.
+    fn inbox(&self) -> StoreFuture<'_, Vec<RemoteCommand>>;
+    /// Records the answer of command `seq` (for task `task_id`) and wakes its sender.
+    fn answer_command<'a>(
+        &'a self,
+        seq: u64,
+        task_id: &'a str,
+        answer: Vec<u8>,
+    ) -> StoreFuture<'a, ()>;
 }
 
 /// The store the runtime persists through: a cheap-to-clone handle on a [`TaskStore`].
@@ -570,6 +660,11 @@ impl Store {
     /// Takes the lease of one live task; see [`TaskStore::claim_one`].
     pub async fn claim_one(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.claim_one(id).await
+    }
+
+    /// The cross-node signalling of a shared store; see [`TaskStore::cluster`].
+    pub fn cluster(&self) -> Option<&dyn Cluster> {
+        self.inner.cluster()
     }
 
     /// Opens a PostgreSQL store shared by replicas; see [`PostgresStore::open`].

@@ -34,10 +34,13 @@ use futures::future::BoxFuture;
 use tokio::task::JoinHandle;
 use tokio_postgres::NoTls;
 
-use super::{Expect, StoreError, StoreFuture, StoreStats, TaskStore, WriteOp};
+use super::postgres_notify::{self, Hub};
+use super::{
+    Cluster, Expect, RemoteCommand, StoreError, StoreFuture, StoreStats, TaskStore, Wakeup, WriteOp,
+};
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// The migrations, in order: version `i + 1` is `MIGRATIONS[i]`.
 const MIGRATIONS: &[&str] = &[
@@ -60,6 +63,26 @@ const MIGRATIONS: &[&str] = &[
         started_at   timestamptz NOT NULL,
         heartbeat_at timestamptz NOT NULL
     );",
+    // 2: commands for the node running a task, and a notification (the task's id and sequence
+    // number only) on every write of a task's bytes. The channel is named after the schema,
+    // so schemas sharing a database do not hear each other.
+    "CREATE TABLE mcp_commands (
+        seq         bigserial PRIMARY KEY,
+        task_id     text NOT NULL,
+        body        bytea NOT NULL,
+        answer      bytea,
+        created_at  timestamptz NOT NULL DEFAULT now(),
+        answered_at timestamptz
+    );
+    CREATE INDEX mcp_commands_waiting ON mcp_commands (task_id) WHERE answer IS NULL;
+    CREATE FUNCTION mcp_tasks_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM pg_notify('mcp_' || left(md5(TG_TABLE_SCHEMA::text), 16),
+                          't ' || NEW.id || ' ' || coalesce(NEW.seq, 0));
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER mcp_tasks_changed AFTER INSERT OR UPDATE OF bytes ON mcp_tasks
+        FOR EACH ROW EXECUTE FUNCTION mcp_tasks_notify();",
 ];
 
 /// The meta key of the boot epoch (u64, little endian), incremented by every open.
@@ -82,6 +105,10 @@ pub struct PostgresOptions {
     /// Keep the tables in this schema (created if missing) instead of the connection's
     /// default (`public`); letters, digits and `_`. Lets tests and tenants share a database.
     pub schema: Option<String>,
+    /// How often a node reads the store again when no notification came: the fallback for a
+    /// lost `NOTIFY` (requests for its tasks recorded by other nodes, the tasks that its
+    /// listen streams follow on other nodes, the answers of its own requests). Default 1 s.
+    pub poll_interval: Duration,
     /// **Test only.** Writes of a task are unconditional (no owner, epoch or sequence-number
     /// check: like a job queue that completes a job by its id), so a replica that lost a
     /// lease overwrites the new owner's work. The replica crash suite uses it to show that
@@ -98,6 +125,7 @@ impl Default for PostgresOptions {
             pool_size: 16,
             connect_timeout: Duration::from_secs(5),
             schema: None,
+            poll_interval: Duration::from_secs(1),
             unsafe_skip_fencing: false,
         }
     }
@@ -150,6 +178,12 @@ struct Inner {
     /// Heartbeats are skipped while set (tests that simulate a paused node).
     heartbeat_paused: AtomicBool,
     heartbeat: Mutex<Option<JoinHandle<()>>>,
+    /// Wake-ups from other nodes, fed by the listening connection.
+    hub: Arc<Hub>,
+    listener: Mutex<Option<JoinHandle<()>>>,
+    poll_interval: Duration,
+    /// Finished tasks this node deleted (the sweep leader's work).
+    deleted: AtomicU64,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -312,10 +346,14 @@ impl Inner {
     }
 
     /// Applies one job in one transaction. Returns the leases it created or ended.
-    async fn commit_job(&self, ops: &[WriteOp]) -> Result<Vec<(String, Option<i64>)>, PgFailure> {
+    async fn commit_job(
+        &self,
+        ops: &[WriteOp],
+    ) -> Result<(Vec<(String, Option<i64>)>, u64), PgFailure> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let mut leases = Vec::new();
+        let mut deleted = 0;
         for op in ops {
             match op {
                 WriteOp::Put {
@@ -415,7 +453,7 @@ impl Inner {
                     let st = tx
                         .prepare_cached("DELETE FROM mcp_tasks WHERE id = $1")
                         .await?;
-                    tx.execute(&st, &[id]).await?;
+                    deleted += tx.execute(&st, &[id]).await?;
                     leases.push((id.clone(), None));
                 }
                 WriteOp::SetDue { id, due_ms } => {
@@ -452,7 +490,7 @@ impl Inner {
             ))))
         });
         tx.commit().await?;
-        Ok(leases)
+        Ok((leases, deleted))
     }
 
     async fn stored_seq(
@@ -553,6 +591,8 @@ impl Inner {
         out.sort_by(|a, b| a.0.cmp(&b.0));
         if !out.is_empty() {
             tracing::info!(node = %self.node, tasks = out.len(), own, "claimed live tasks");
+            // Commands other nodes recorded for them are this node's to answer now.
+            self.hub.inbox.notify_one();
         }
         Ok(out)
     }
@@ -617,6 +657,7 @@ impl PostgresStore {
                 .map_err(|e| open_err(&label, e))?;
             config.options(format!("-c search_path={schema}"));
         }
+        let listen_config = config.clone();
         let pool = pool(
             config,
             options.pool_size.max(1),
@@ -624,6 +665,14 @@ impl PostgresStore {
         )
         .map_err(|e| open_err(&label, e))?;
         let boot_epoch = migrate(&pool, &label).await?;
+        let channel = channel_of(&pool).await.map_err(|e| open_err(&label, e))?;
+        if options.poll_interval.is_zero() {
+            return Err(open_err(
+                &label,
+                "the poll interval must be longer than zero".to_owned(),
+            ));
+        }
+        let hub = Arc::new(Hub::new(node.clone(), channel));
         let inner = Arc::new(Inner {
             pool,
             label: label.clone(),
@@ -638,12 +687,18 @@ impl PostgresStore {
             unavailable: Mutex::new(None),
             heartbeat_paused: AtomicBool::new(false),
             heartbeat: Mutex::new(None),
+            hub: hub.clone(),
+            listener: Mutex::new(None),
+            poll_interval: options.poll_interval,
+            deleted: AtomicU64::new(0),
         });
         // Start-up waits for the first heartbeat: the node is registered before it claims.
         let started = inner.started_at_registration().await;
         started.map_err(|e| inner.fail(e, true))?;
         let task = tokio::spawn(heartbeat(Arc::downgrade(&inner)));
         *inner.heartbeat.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+        let listener = tokio::spawn(postgres_notify::listen(Arc::downgrade(&hub), listen_config));
+        *inner.listener.lock().unwrap_or_else(|e| e.into_inner()) = Some(listener);
         if options.unsafe_skip_fencing {
             tracing::error!(node = %node, "UNSAFE: fencing is off (test-only switch): a node that lost a lease can still write");
         }
@@ -681,6 +736,30 @@ impl PostgresStore {
         run.await.map_err(|e| self.inner.fail(e, false))
     }
 
+    /// Whether this node currently sweeps finished tasks for the cluster (holds the sweep
+    /// lock: a session advisory lock on its listening connection). One node at a time.
+    pub fn is_sweep_leader(&self) -> bool {
+        self.inner.hub.leader.load(Ordering::SeqCst)
+    }
+
+    /// Finished tasks this node deleted since open (the sweep leader's work).
+    pub fn deleted_tasks(&self) -> u64 {
+        self.inner.deleted.load(Ordering::Relaxed)
+    }
+
+    /// Whether this node's listening connection is up (notifications from other nodes
+    /// arrive; while it is down, they are polled every [`PostgresOptions::poll_interval`]).
+    pub fn is_listening(&self) -> bool {
+        self.inner.hub.listening.load(Ordering::SeqCst)
+    }
+
+    /// **Test only.** Drops (or stops dropping) the notifications this node receives, as if
+    /// they were lost: only the polling fallback delivers other nodes' changes meanwhile.
+    #[doc(hidden)]
+    pub fn lose_notifications(&self, lose: bool) {
+        self.inner.hub.lose.store(lose, Ordering::SeqCst);
+    }
+
     /// **Test only.** Stops (or resumes) this node's heartbeats, as if the process were
     /// paused: once the TTL passes, other nodes take its tasks over.
     #[doc(hidden)]
@@ -689,7 +768,179 @@ impl PostgresStore {
     }
 }
 
+/// The notification channel of the connection's schema (the trigger of migration 2 names it
+/// the same way).
+async fn channel_of(pool: &Pool) -> Result<String, String> {
+    let client = pool.get().await.map_err(|e| e.to_string())?;
+    let row = client
+        .query_one(
+            "SELECT 'mcp_' || left(md5(coalesce(current_schema(), '')), 16)",
+            &[],
+        )
+        .await
+        .map_err(|e| pg_detail(&e))?;
+    Ok(row.get(0))
+}
+
+/// Commands whose answer nobody took, or whose task finished without answering them, are
+/// forgotten after this long.
+const COMMAND_RETENTION_SECS: f64 = 600.0;
+
+impl Cluster for PostgresStore {
+    fn poll_interval(&self) -> Duration {
+        self.inner.poll_interval
+    }
+    fn lease_ttl(&self) -> Duration {
+        self.inner.lease_ttl
+    }
+    fn watch_task(&self, id: &str) -> Wakeup {
+        self.inner.hub.tasks.watch(id)
+    }
+    fn watch_inbox(&self) -> Wakeup {
+        Wakeup::new(self.inner.hub.inbox.clone(), None)
+    }
+    fn send_command<'a>(&'a self, id: &'a str, body: Vec<u8>) -> StoreFuture<'a, Option<u64>> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let run = async {
+                let client = self.inner.client().await?;
+                // One statement, so one transaction: recorded only if another live node holds
+                // the task, and that node is signalled at the commit.
+                let st = client
+                    .prepare_cached(
+                        "WITH owner AS (
+                            SELECT t.owner_node FROM mcp_tasks t
+                            JOIN mcp_nodes n ON n.node_id = t.owner_node
+                            WHERE t.id = $1 AND t.live AND t.owner_node <> $2
+                              AND n.heartbeat_at >= now() - make_interval(secs => $3)),
+                         cmd AS (
+                            INSERT INTO mcp_commands (task_id, body)
+                            SELECT $1, $4 FROM owner RETURNING seq)
+                         SELECT cmd.seq, pg_notify($5, 'c ' || owner.owner_node)::text
+                         FROM cmd, owner",
+                    )
+                    .await?;
+                let row = client
+                    .query_opt(
+                        &st,
+                        &[
+                            &id,
+                            &self.inner.node,
+                            &self.inner.lease_ttl.as_secs_f64(),
+                            &body,
+                            &self.inner.hub.channel,
+                        ],
+                    )
+                    .await?;
+                Ok::<_, PgFailure>(row.map(|r| to_u64(r.get(0))))
+            };
+            let r = run.await.map_err(|e| self.inner.fail(e, true))?;
+            self.inner.reachable();
+            Ok(r)
+        })
+    }
+    fn take_answer(&self, seq: u64) -> StoreFuture<'_, Option<Vec<u8>>> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let run = async {
+                let client = self.inner.client().await?;
+                let st = client
+                    .prepare_cached(
+                        "DELETE FROM mcp_commands WHERE seq = $1 AND answer IS NOT NULL
+                         RETURNING answer",
+                    )
+                    .await?;
+                let row = client.query_opt(&st, &[&to_i64(seq)]).await?;
+                Ok::<_, PgFailure>(row.map(|r| r.get::<_, Vec<u8>>(0)))
+            };
+            run.await.map_err(|e| self.inner.fail(e, false))
+        })
+    }
+    fn forget_command(&self, seq: u64) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let run = async {
+                let client = self.inner.client().await?;
+                client
+                    .execute("DELETE FROM mcp_commands WHERE seq = $1", &[&to_i64(seq)])
+                    .await?;
+                Ok::<_, PgFailure>(())
+            };
+            run.await.map_err(|e| self.inner.fail(e, true))
+        })
+    }
+    fn inbox(&self) -> StoreFuture<'_, Vec<RemoteCommand>> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let run = async {
+                let client = self.inner.client().await?;
+                let st = client
+                    .prepare_cached(
+                        "SELECT c.seq, c.task_id, c.body FROM mcp_commands c
+                         JOIN mcp_tasks t ON t.id = c.task_id
+                         WHERE c.answer IS NULL AND t.live AND t.owner_node = $1
+                         ORDER BY c.seq LIMIT 256",
+                    )
+                    .await?;
+                let rows = client.query(&st, &[&self.inner.node]).await?;
+                Ok::<_, PgFailure>(
+                    rows.into_iter()
+                        .map(|r| RemoteCommand {
+                            seq: to_u64(r.get(0)),
+                            task_id: r.get(1),
+                            body: r.get(2),
+                        })
+                        .collect(),
+                )
+            };
+            let r = run.await.map_err(|e| self.inner.fail(e, false))?;
+            self.inner.reachable();
+            Ok(r)
+        })
+    }
+    fn answer_command<'a>(
+        &'a self,
+        seq: u64,
+        task_id: &'a str,
+        answer: Vec<u8>,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let run = async {
+                let client = self.inner.client().await?;
+                let st = client
+                    .prepare_cached(
+                        "WITH done AS (
+                            UPDATE mcp_commands SET answer = $2, answered_at = now()
+                            WHERE seq = $1 AND answer IS NULL RETURNING task_id)
+                         SELECT pg_notify($3, 'a ' || $4)::text FROM done",
+                    )
+                    .await?;
+                client
+                    .query(
+                        &st,
+                        &[&to_i64(seq), &answer, &self.inner.hub.channel, &task_id],
+                    )
+                    .await?;
+                Ok::<_, PgFailure>(())
+            };
+            run.await.map_err(|e| self.inner.fail(e, true))
+        })
+    }
+}
+
 impl Inner {
+    /// Forgets commands nobody will take any more (see [`COMMAND_RETENTION_SECS`]).
+    async fn forget_old_commands(&self) -> Result<u64, PgFailure> {
+        let client = self.client().await?;
+        let st = client
+            .prepare_cached(
+                "DELETE FROM mcp_commands WHERE created_at < now() - make_interval(secs => $1)",
+            )
+            .await?;
+        Ok(client.execute(&st, &[&COMMAND_RETENTION_SECS]).await?)
+    }
+
     async fn started_at_registration(&self) -> Result<(), PgFailure> {
         let client = self.client().await?;
         client
@@ -729,6 +980,17 @@ async fn heartbeat(inner: std::sync::Weak<Inner>) {
                 }
                 last_ok = tokio::time::Instant::now();
                 warned = false;
+                // Housekeeping, by the sweep leader alone.
+                if inner.hub.leader.load(Ordering::SeqCst) {
+                    match inner.forget_old_commands().await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(commands = n, "forgot commands nobody took"),
+                        Err(e) => {
+                            let e = inner.fail(e, true);
+                            tracing::debug!(error = %e, "forgetting old commands failed");
+                        }
+                    }
+                }
             }
             Err(e) => {
                 let e = inner.fail(e, true);
@@ -894,8 +1156,9 @@ impl TaskStore for PostgresStore {
             let n = ops.len() as u64;
             let started = std::time::Instant::now();
             match self.inner.commit_job(&ops).await {
-                Ok(leases) => {
+                Ok((leases, deleted)) => {
                     crate::telemetry::commit(started.elapsed(), ops.len());
+                    self.inner.deleted.fetch_add(deleted, Ordering::Relaxed);
                     self.inner.reachable();
                     self.inner.commits.fetch_add(1, Ordering::Relaxed);
                     self.inner.ops.fetch_add(n, Ordering::Relaxed);
@@ -952,16 +1215,25 @@ impl TaskStore for PostgresStore {
             self.inner.check_open()?;
             let run = async {
                 let client = self.inner.client().await?;
+                // Live tasks are expired by the node that holds their lease; finished ones are
+                // deleted by the sweep leader alone: each due task is looked at by one node.
                 let st = client
                     .prepare_cached(
                         "SELECT id FROM mcp_tasks WHERE due_ms IS NOT NULL AND due_ms <= $1
+                           AND ((live AND owner_node = $3) OR (NOT live AND $4))
                          ORDER BY due_ms, id LIMIT $2",
                     )
                     .await?;
+                let leader = self.inner.hub.leader.load(Ordering::SeqCst);
                 let rows = client
                     .query(
                         &st,
-                        &[&to_i64(now_ms), &(limit.min(i64::MAX as usize) as i64)],
+                        &[
+                            &to_i64(now_ms),
+                            &(limit.min(i64::MAX as usize) as i64),
+                            &self.inner.node,
+                            &leader,
+                        ],
                     )
                     .await?;
                 Ok::<_, PgFailure>(rows.into_iter().map(|r| r.get(0)).collect())
@@ -1051,6 +1323,16 @@ impl TaskStore for PostgresStore {
             {
                 task.abort();
             }
+            self.inner.hub.closed.store(true, Ordering::SeqCst);
+            if let Some(task) = self
+                .inner
+                .listener
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+            {
+                task.abort();
+            }
             // Hands this node's live tasks over at once (a rolling deploy does not wait for
             // the lease to lapse): the next claim of another node bumps their epochs.
             let release = async {
@@ -1129,6 +1411,9 @@ impl TaskStore for PostgresStore {
     fn claim_interval(&self) -> Option<Duration> {
         Some(self.inner.lease_ttl / 3)
     }
+    fn cluster(&self) -> Option<&dyn Cluster> {
+        Some(self)
+    }
     fn claim_one<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
         Box::pin(async move {
             self.inner.check_open()?;
@@ -1145,6 +1430,7 @@ impl TaskStore for PostgresStore {
                 Ok::<_, PgFailure>(row.map(|r| {
                     let epoch: i64 = r.get(1);
                     self.inner.held().insert(id.to_owned(), epoch);
+                    self.inner.hub.inbox.notify_one();
                     r.get::<_, Vec<u8>>(0)
                 }))
             };
@@ -1173,13 +1459,11 @@ impl PostgresStore {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if let Some(task) = self
-            .heartbeat
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            task.abort();
+        self.hub.closed.store(true, Ordering::SeqCst);
+        for slot in [&self.heartbeat, &self.listener] {
+            if let Some(task) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                task.abort();
+            }
         }
     }
 }

@@ -124,3 +124,145 @@ impl Pg {
         }
     }
 }
+
+/// Where PostgreSQL 15's server programs are (Debian/Ubuntu layout); overridden by
+/// `MCP_TASKS_PG_BIN`.
+fn pg_bin() -> std::path::PathBuf {
+    std::env::var_os("MCP_TASKS_PG_BIN")
+        .map(Into::into)
+        .unwrap_or_else(|| "/usr/lib/postgresql/15/bin".into())
+}
+
+/// A PostgreSQL cluster of the test's own (initdb into a temporary directory, on a free
+/// port), so that a test can stop and start the server without touching the shared one.
+/// As root, the server runs as the `postgres` user (PostgreSQL refuses to run as root).
+pub struct PrivateCluster {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    as_postgres: bool,
+}
+
+impl PrivateCluster {
+    /// A new cluster, started; `None` (after saying why) where PostgreSQL's server programs
+    /// are missing, unless `MCP_TASKS_REQUIRE_POSTGRES` is set.
+    pub fn start() -> Option<PrivateCluster> {
+        let bin = pg_bin();
+        if !bin.join("initdb").exists() {
+            if std::env::var_os("MCP_TASKS_REQUIRE_POSTGRES").is_some() {
+                panic!(
+                    "PostgreSQL is required (MCP_TASKS_REQUIRE_POSTGRES) but {} has no initdb (set MCP_TASKS_PG_BIN)",
+                    bin.display()
+                );
+            }
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED: no PostgreSQL server programs in {} (set MCP_TASKS_PG_BIN) for a private cluster",
+                bin.display()
+            );
+            return None;
+        }
+        // SAFETY: geteuid(2) has no preconditions.
+        let as_postgres = unsafe { libc::geteuid() } == 0;
+        let dir = tempfile::Builder::new()
+            .prefix("mcp-tasks-pg-")
+            .tempdir()
+            .unwrap();
+        if as_postgres {
+            let status = std::process::Command::new("chown")
+                .args(["postgres:postgres"])
+                .arg(dir.path())
+                .status()
+                .unwrap();
+            assert!(status.success(), "chown of the cluster directory failed");
+        }
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let cluster = PrivateCluster {
+            port,
+            dir,
+            as_postgres,
+        };
+        let data = cluster.data();
+        cluster.run(
+            "initdb",
+            &["-D", &data, "-A", "trust", "-U", "postgres", "--no-sync"],
+        );
+        cluster.start_server();
+        Some(cluster)
+    }
+
+    fn data(&self) -> String {
+        self.dir.path().join("data").display().to_string()
+    }
+
+    fn run(&self, program: &str, args: &[&str]) {
+        let path = pg_bin().join(program);
+        let mut command = if self.as_postgres {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(&path);
+            c
+        } else {
+            std::process::Command::new(&path)
+        };
+        let out = command.args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{program} {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Starts the server and waits until it accepts connections.
+    pub fn start_server(&self) {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            self.port,
+            self.dir.path().display()
+        );
+        let log = self.dir.path().join("server.log").display().to_string();
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.data(),
+                "-o",
+                &options,
+                "-l",
+                &log,
+                "-w",
+                "start",
+            ],
+        );
+    }
+
+    /// Stops the server (`fast`: open connections are cut, as in a restart).
+    pub fn stop_server(&self) {
+        self.run("pg_ctl", &["-D", &self.data(), "-m", "fast", "-w", "stop"]);
+    }
+
+    /// The URL of database `postgres` on this cluster.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        let path = pg_bin().join("pg_ctl");
+        let data = self.data();
+        let args = ["-D", data.as_str(), "-m", "immediate", "-w", "stop"];
+        let _ = if self.as_postgres {
+            std::process::Command::new("runuser")
+                .args(["-u", "postgres", "--"])
+                .arg(&path)
+                .args(args)
+                .output()
+        } else {
+            std::process::Command::new(&path).args(args).output()
+        };
+    }
+}
