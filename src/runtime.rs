@@ -549,7 +549,8 @@ const META_CLEAN_SHUTDOWN: &str = "clean_shutdown_epoch";
 async fn previous_run_crashed(store: &Store) -> Result<bool, StoreError> {
     if store.is_shared() {
         // Replicas share the store: one node's clean shutdown says nothing of another's
-        // crash. Taken-over tasks do not count an attempt (see docs/SCALE-OUT.md).
+        // crash. Instead each task claimed from a lapsed lease counts an attempt
+        // (`TaskStore::took_from_lapsed`, see docs/SCALE-OUT.md).
         return Ok(false);
     }
     let previous = store.boot_epoch().saturating_sub(1);

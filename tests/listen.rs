@@ -8,6 +8,13 @@ use futures::StreamExt;
 use mcp_tasks::tool::{CallToolResult, TaskPolicy, ToolDescriptor, tool_fn};
 use mcp_tasks::{Dispatched, MessageStream, Owner, RequestContext, Runtime};
 use serde_json::{Value, json};
+
+#[path = "support/backend.rs"]
+mod backend;
+#[cfg(feature = "postgres")]
+mod pg;
+
+use backend::Place;
 use tokio::sync::Notify;
 
 fn request(id: Value, method: &str, mut params: Value, tasks: bool) -> Value {
@@ -75,8 +82,10 @@ fn stepper(gate: Arc<Notify>) -> Arc<dyn mcp_tasks::tool::Tool> {
     )
 }
 
-async fn start(dir: &tempfile::TempDir, gate: Arc<Notify>) -> Runtime {
-    Runtime::builder(dir.path().join("l.redb"))
+async fn start(place: &Place, gate: Arc<Notify>) -> Runtime {
+    place
+        .builder("l")
+        .await
         .tool(stepper(gate))
         .start()
         .await
@@ -91,11 +100,13 @@ fn strip(mut v: Value) -> Value {
     v
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acknowledgement_first_then_committed_snapshots() {
-    let dir = tempfile::tempdir().unwrap();
+on_both_stores! {
+async fn acknowledgement_first_then_committed_snapshots(backend: Backend) {
+    let Some(place) = Place::new(backend).await else {
+        return;
+    };
     let gate = Arc::new(Notify::new());
-    let rt = start(&dir, gate.clone()).await;
+    let rt = start(&place, gate.clone()).await;
     let me = Owner::anonymous();
     let created = call(
         &rt,
@@ -166,12 +177,16 @@ async fn acknowledgement_first_then_committed_snapshots() {
             .is_none()
     );
     rt.shutdown().await;
+    place.finish().await;
+}
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn other_principals_tasks_are_not_acknowledged() {
-    let dir = tempfile::tempdir().unwrap();
-    let rt = start(&dir, Arc::new(Notify::new())).await;
+on_both_stores! {
+async fn other_principals_tasks_are_not_acknowledged(backend: Backend) {
+    let Some(place) = Place::new(backend).await else {
+        return;
+    };
+    let rt = start(&place, Arc::new(Notify::new())).await;
     let alice = Owner::new("t", "alice");
     let mallory = Owner::new("t", "mallory");
     let created = call(
@@ -206,13 +221,17 @@ async fn other_principals_tasks_are_not_acknowledged() {
     let reply = rt.handle_json(msg, &alice).await.unwrap();
     assert_eq!(reply["error"]["code"], -32021);
     rt.shutdown().await;
+    place.finish().await;
+}
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reader_that_lags_gets_the_latest_snapshot_and_the_terminal_one() {
-    let dir = tempfile::tempdir().unwrap();
+on_both_stores! {
+async fn a_reader_that_lags_gets_the_latest_snapshot_and_the_terminal_one(backend: Backend) {
+    let Some(place) = Place::new(backend).await else {
+        return;
+    };
     let gate = Arc::new(Notify::new());
-    let rt = start(&dir, gate.clone()).await;
+    let rt = start(&place, gate.clone()).await;
     let me = Owner::anonymous();
     let created = call(
         &rt,
@@ -251,4 +270,6 @@ async fn a_reader_that_lags_gets_the_latest_snapshot_and_the_terminal_one() {
         "intermediate snapshots were coalesced, got {received}"
     );
     rt.shutdown().await;
+    place.finish().await;
+}
 }

@@ -762,3 +762,79 @@ async fn the_replica_demo_shows_the_takeover_and_the_refused_late_completion() {
     );
     pg.drop().await;
 }
+
+/// The restart budget is the cluster's, not a node's: a task whose node stops without
+/// releasing it (here: stops heartbeating, as a crashed or paused replica) counts a run each
+/// time another node takes it over, and is given up once the budget is spent, whichever
+/// node that is; a clean shutdown's release counts nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeovers_of_lapsed_leases_spend_one_cluster_wide_restart_budget() {
+    let Some(pg) = pg::fresh().await else { return };
+    let ttl = Duration::from_millis(600);
+    let hang = || {
+        tool_fn(
+            ToolDescriptor::new("hang", "never ends").task_policy(TaskPolicy::Always),
+            |_ctx, _| async {
+                std::future::pending::<()>().await;
+                Ok(CallToolResult::text("unreachable"))
+            },
+        )
+    };
+    let node = |name: &'static str| {
+        let pg = &pg;
+        let hang = hang();
+        async move {
+            let store = Arc::new(
+                PostgresStore::open(&pg.url, pg.options(name, ttl))
+                    .await
+                    .unwrap(),
+            );
+            let mut config = RuntimeConfig::default();
+            config.restart_budget = 1;
+            config.restart_backoff = Duration::from_millis(10);
+            let rt = Runtime::builder_with_store(Store::from_backend(store.clone()))
+                .config(config)
+                .tool(hang)
+                .start()
+                .await
+                .unwrap();
+            (rt, store)
+        }
+    };
+    let owner_is = |store: Arc<PostgresStore>, task: String, want: &'static str| async move {
+        for _ in 0..400 {
+            let lease = store.lease_of(&task).await.unwrap().unwrap();
+            if lease.owner.as_deref() == Some(want) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("{want} never took {task} over");
+    };
+    let (a, _a_store) = node("a").await;
+    let (b, b_store) = node("b").await;
+    let task = create(&a, "hang", json!({})).await;
+    // A clean shutdown releases the task: b's claim does not count.
+    a.shutdown().await;
+    owner_is(b_store.clone(), task.clone(), "b").await;
+    // b stops heartbeating: c takes the task over, which counts the run b had (2 of 2).
+    let (c, c_store) = node("c").await;
+    b_store.pause_heartbeat(true);
+    owner_is(c_store.clone(), task.clone(), "c").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let working = get(&c, &task).await;
+    assert_eq!(working["result"]["status"], "working", "{working}");
+    // c stops too: whoever takes the task over next finds the budget spent.
+    c_store.pause_heartbeat(true);
+    let (d, _d_store) = node("d").await;
+    let failed = wait_status(&d, &task, "failed").await;
+    let message = failed["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("given up") && message.contains("stopped without releasing it"),
+        "{message}"
+    );
+    for rt in [b, c, d] {
+        rt.shutdown().await;
+    }
+    pg.drop().await;
+}

@@ -11,8 +11,13 @@ use mcp_tasks::tool::{CallToolResult, TaskPolicy, ToolDescriptor, ToolError, too
 use mcp_tasks::{Owner, Runtime, RuntimeConfig, StartError};
 use serde_json::{Value, json};
 
+#[path = "support/backend.rs"]
+mod backend;
+#[cfg(feature = "postgres")]
+mod pg;
 mod support;
 
+use backend::Place;
 use support::embedded::{call, create, get, req, wait_status};
 
 fn forever() -> Arc<dyn mcp_tasks::tool::Tool> {
@@ -82,9 +87,11 @@ async fn opening_an_open_file_is_a_clear_error() {
     again.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_task_actor_is_restarted_then_given_up() {
-    let dir = tempfile::tempdir().unwrap();
+on_both_stores! {
+async fn a_failing_task_actor_is_restarted_then_given_up(backend: Backend) {
+    let Some(place) = Place::new(backend).await else {
+        return;
+    };
     let runs = Arc::new(AtomicUsize::new(0));
     let counter = runs.clone();
     let tool = tool_fn(
@@ -100,7 +107,7 @@ async fn a_failing_task_actor_is_restarted_then_given_up() {
     let mut config = RuntimeConfig::default();
     config.restart_budget = 2;
     config.restart_backoff = Duration::from_millis(10);
-    let rt = Runtime::builder(dir.path().join("s.redb"))
+    let rt = place.builder("s").await
         .config(config)
         .tool(tool)
         .start()
@@ -121,11 +128,15 @@ async fn a_failing_task_actor_is_restarted_then_given_up() {
     );
     assert_eq!(rt.live_tasks(), 0);
     rt.shutdown().await;
+    place.finish().await;
+}
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancellation_is_cooperative_with_a_grace_period() {
-    let dir = tempfile::tempdir().unwrap();
+on_both_stores! {
+async fn cancellation_is_cooperative_with_a_grace_period(backend: Backend) {
+    let Some(place) = Place::new(backend).await else {
+        return;
+    };
     let polite = tool_fn(
         ToolDescriptor::new("polite", "stops when asked").task_policy(TaskPolicy::Always),
         |ctx, _| async move {
@@ -142,7 +153,7 @@ async fn cancellation_is_cooperative_with_a_grace_period() {
     );
     let mut config = RuntimeConfig::default();
     config.cancel_grace = Duration::from_millis(200);
-    let rt = Runtime::builder(dir.path().join("c.redb"))
+    let rt = place.builder("c").await
         .config(config)
         .tools([polite, stubborn])
         .start()
@@ -177,17 +188,21 @@ async fn cancellation_is_cooperative_with_a_grace_period() {
     assert_eq!(again["result"]["resultType"], "complete");
     assert_eq!(get(&rt, &s).await, before);
     rt.shutdown().await;
+    place.finish().await;
+}
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expiry_fails_live_tasks_then_forgets_them() {
-    let dir = tempfile::tempdir().unwrap();
+on_both_stores! {
+async fn expiry_fails_live_tasks_then_forgets_them(backend: Backend) {
+    let Some(place) = Place::new(backend).await else {
+        return;
+    };
     let clock = ManualClock::new(1_800_000_000_000);
     let mut config = RuntimeConfig::default();
     config.default_ttl = Some(Duration::from_secs(60));
     config.expired_retention = Duration::from_secs(600);
     config.reaper_interval = Duration::from_millis(10);
-    let rt = Runtime::builder(dir.path().join("e.redb"))
+    let rt = place.builder("e").await
         .config(config)
         .clock(Arc::new(clock.clone()))
         .tool(forever())
@@ -273,11 +288,15 @@ async fn expiry_fails_live_tasks_then_forgets_them() {
         "{bad}"
     );
     rt.shutdown().await;
+    place.finish().await;
+}
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn task_policy_decides_per_call() {
-    let dir = tempfile::tempdir().unwrap();
+on_both_stores! {
+async fn task_policy_decides_per_call(backend: Backend) {
+    let Some(place) = Place::new(backend).await else {
+        return;
+    };
     let greet = tool_fn(
         ToolDescriptor::new("greet", "says hello")
             .task_policy(TaskPolicy::Never)
@@ -294,7 +313,7 @@ async fn task_policy_decides_per_call() {
             }))
         },
     );
-    let rt = Runtime::builder(dir.path().join("p.redb"))
+    let rt = place.builder("p").await
         .tools([greet, maybe, forever()])
         .start()
         .await
@@ -341,12 +360,16 @@ async fn task_policy_decides_per_call() {
         json!({ "extensions": { "io.modelcontextprotocol/tasks": {} } })
     );
     rt.shutdown().await;
+    place.finish().await;
+}
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn declined_approval_is_a_safe_completed_outcome() {
-    let dir = tempfile::tempdir().unwrap();
-    let rt = Runtime::builder(dir.path().join("d.redb"))
+on_both_stores! {
+async fn declined_approval_is_a_safe_completed_outcome(backend: Backend) {
+    let Some(place) = Place::new(backend).await else {
+        return;
+    };
+    let rt = place.builder("d").await
         .tool(mcp_tasks::demo::generate_report(Duration::from_millis(10)))
         .start()
         .await
@@ -370,6 +393,8 @@ async fn declined_approval_is_a_safe_completed_outcome() {
     call(&rt, "tasks/update", answer).await;
     wait_status(&rt, &task, "cancelled").await;
     rt.shutdown().await;
+    place.finish().await;
+}
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -471,14 +496,16 @@ fn limit_tools() -> Vec<Arc<dyn mcp_tasks::tool::Tool>> {
     vec![size, steps, twice, status, confirm()]
 }
 
-async fn limited_runtime(dir: &std::path::Path) -> Runtime {
+async fn limited_runtime(place: &Place) -> Runtime {
     let mut config = RuntimeConfig::default();
     config.limits.max_argument_bytes = 100;
     config.limits.max_input_response_bytes = 200;
     config.limits.max_result_bytes = 300;
     config.limits.max_journal_bytes = 50;
     config.limits.max_steps = 2;
-    Runtime::builder(dir.join("limits.redb"))
+    place
+        .builder("limits")
+        .await
         .config(config)
         .tools(limit_tools())
         .start()
@@ -496,11 +523,13 @@ async fn error_of(rt: &Runtime, method: &str, params: Value) -> (i64, String) {
     )
 }
 
+on_both_stores! {
 /// Every limit on what a client sends: the exact error, and nothing stored.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_limits_are_refused_with_the_limit_named_and_nothing_stored() {
-    let dir = tempfile::tempdir().unwrap();
-    let rt = limited_runtime(dir.path()).await;
+async fn client_limits_are_refused_with_the_limit_named_and_nothing_stored(backend: Backend) {
+    let Some(place) = Place::new(backend).await else {
+        return;
+    };
+    let rt = limited_runtime(&place).await;
     // `{"len":"…"}` over 100 bytes of JSON text.
     let big = "z".repeat(100);
     let arguments = json!({ "len": big });
@@ -553,13 +582,17 @@ async fn client_limits_are_refused_with_the_limit_named_and_nothing_stored() {
     assert_eq!(ok["result"]["resultType"], "complete", "{ok}");
     wait_status(&rt, &task, "completed").await;
     rt.shutdown().await;
+    place.finish().await;
+}
 }
 
+on_both_stores! {
 /// Every limit on what a tool produces: the task ends `failed` with -32603 naming the limit.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tool_limits_fail_the_task_with_the_limit_named() {
-    let dir = tempfile::tempdir().unwrap();
-    let rt = limited_runtime(dir.path()).await;
+async fn tool_limits_fail_the_task_with_the_limit_named(backend: Backend) {
+    let Some(place) = Place::new(backend).await else {
+        return;
+    };
+    let rt = limited_runtime(&place).await;
     let result_len = serde_json::to_vec(&CallToolResult::text("x".repeat(400)).to_json())
         .unwrap()
         .len();
@@ -613,14 +646,18 @@ async fn tool_limits_fail_the_task_with_the_limit_named() {
         wait_status(&rt, &task, "completed").await;
     }
     rt.shutdown().await;
+    place.finish().await;
+}
 }
 
+on_both_stores! {
 /// Malformed answers to an elicitation: -32602 with the exact reason, no stored change, and
 /// the key is still answerable afterwards.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn malformed_input_answers_are_refused_and_do_not_use_up_the_key() {
-    let dir = tempfile::tempdir().unwrap();
-    let rt = Runtime::builder(dir.path().join("answers.redb"))
+async fn malformed_input_answers_are_refused_and_do_not_use_up_the_key(backend: Backend) {
+    let Some(place) = Place::new(backend).await else {
+        return;
+    };
+    let rt = place.builder("answers").await
         .tool(confirm())
         .start()
         .await
@@ -681,28 +718,35 @@ async fn malformed_input_answers_are_refused_and_do_not_use_up_the_key() {
     // The terminal task keeps no status message of its waiting state.
     assert!(done.get("statusMessage").is_none(), "{done}");
     rt.shutdown().await;
+    place.finish().await;
+}
 }
 
+on_both_stores! {
 /// A completed task shows no status message of an earlier state.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_completed_task_keeps_no_stale_status_message() {
-    let dir = tempfile::tempdir().unwrap();
-    let rt = limited_runtime(dir.path()).await;
+async fn a_completed_task_keeps_no_stale_status_message(backend: Backend) {
+    let Some(place) = Place::new(backend).await else {
+        return;
+    };
+    let rt = limited_runtime(&place).await;
     let task = create(&rt, "status", json!({})).await;
     let done = wait_status(&rt, &task, "completed").await;
     assert!(done.get("statusMessage").is_none(), "{done}");
     rt.shutdown().await;
+    place.finish().await;
+}
 }
 
+on_both_stores! {
 /// A live task whose tool is not registered at start does not fail: it waits (it can still be
 /// answered and cancelled) and runs once a start registers the tool again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_whose_tool_is_missing_at_start_waits_for_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("missing.redb");
+async fn a_task_whose_tool_is_missing_at_start_waits_for_it(backend: Backend) {
+    let Some(place) = Place::new(backend).await else {
+        return;
+    };
     let mut config = RuntimeConfig::default();
     config.cancel_grace = Duration::from_millis(50);
-    let rt = Runtime::builder(&path)
+    let rt = place.builder("missing").await
         .config(config.clone())
         .tool(confirm())
         .tool(forever())
@@ -715,7 +759,7 @@ async fn a_task_whose_tool_is_missing_at_start_waits_for_it() {
     rt.shutdown().await;
 
     // A deployment that lost both tools.
-    let rt = Runtime::builder(&path)
+    let rt = place.builder("missing").await
         .config(config.clone())
         .start()
         .await
@@ -739,7 +783,7 @@ async fn a_task_whose_tool_is_missing_at_start_waits_for_it() {
     rt.shutdown().await;
 
     // The tool is back: the waiting task runs with its recorded answer.
-    let rt = Runtime::builder(&path)
+    let rt = place.builder("missing").await
         .config(config)
         .tool(confirm())
         .start()
@@ -751,13 +795,16 @@ async fn a_task_whose_tool_is_missing_at_start_waits_for_it() {
         json!({ "action": "accept", "content": { "confirm": true } }).to_string()
     );
     rt.shutdown().await;
+    place.finish().await;
+}
 }
 
+on_both_stores! {
 /// A live task already past its expiry when the runtime starts is expired, not run again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_past_its_expiry_at_start_is_expired_not_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("late.redb");
+async fn a_task_past_its_expiry_at_start_is_expired_not_run(backend: Backend) {
+    let Some(place) = Place::new(backend).await else {
+        return;
+    };
     let clock = ManualClock::new(1_800_000_000_000);
     let runs = Arc::new(AtomicUsize::new(0));
     let tool = || {
@@ -778,12 +825,15 @@ async fn a_task_past_its_expiry_at_start_is_expired_not_run() {
     let mut config = RuntimeConfig::default();
     config.default_ttl = Some(Duration::from_secs(10));
     config.reaper_interval = Duration::from_secs(3600);
-    let start = || {
-        Runtime::builder(&path)
+    let start = || async {
+        place
+            .builder("late")
+            .await
             .clock(Arc::new(clock.clone()))
             .config(config.clone())
             .tool(tool())
             .start()
+            .await
     };
     let rt = start().await.unwrap();
     let task = create(&rt, "counted", json!({})).await;
@@ -822,13 +872,17 @@ async fn a_task_past_its_expiry_at_start_is_expired_not_run() {
         )
     );
     rt.shutdown().await;
+    place.finish().await;
+}
 }
 
+on_both_stores! {
 /// A step's idempotency key is the same for every execution of the step (task id and step
 /// name); its attempt says whether an earlier run may already have had the step's effect.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_step_gets_a_stable_idempotency_key_and_its_attempt() {
-    let dir = tempfile::tempdir().unwrap();
+async fn a_step_gets_a_stable_idempotency_key_and_its_attempt(backend: Backend) {
+    let Some(place) = Place::new(backend).await else {
+        return;
+    };
     let runs = Arc::new(AtomicUsize::new(0));
     let counter = runs.clone();
     let tool = tool_fn(
@@ -855,7 +909,7 @@ async fn a_step_gets_a_stable_idempotency_key_and_its_attempt() {
     );
     let mut config = RuntimeConfig::default();
     config.restart_backoff = Duration::from_millis(10);
-    let rt = Runtime::builder(dir.path().join("key.redb"))
+    let rt = place.builder("key").await
         .config(config)
         .tool(tool)
         .start()
@@ -873,4 +927,6 @@ async fn a_step_gets_a_stable_idempotency_key_and_its_attempt() {
         "the step ran again: at-least-once"
     );
     rt.shutdown().await;
+    place.finish().await;
+}
 }

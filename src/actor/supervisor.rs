@@ -64,6 +64,9 @@ pub(crate) struct SupervisorState {
     pending: HashMap<TaskId, Pending>,
 }
 
+/// The cause of a run that ended with its node's lease lapsing (shared store).
+const LAPSED: &str = "the node running it stopped without releasing it (a crash, a kill, or a pause past its lease)";
+
 impl Supervisor {
     /// Spawns the actor of a stored task; `false` if the task is terminal or already has one.
     async fn spawn_task(
@@ -124,11 +127,18 @@ impl Supervisor {
             Some(_) => return Ok(()),
             None => {}
         }
-        let (count, cause) = state
+        let (mut count, mut cause) = state
             .pending
             .get(id)
             .map(|p| (p.count, p.cause.clone()))
             .unwrap_or_default();
+        // Claimed from a node that stopped without releasing it: that run ended badly, and
+        // counts against the task's budget whichever node runs it next (cluster-wide, as the
+        // count is in the record).
+        if claimed && store.took_from_lapsed(id.as_str()) {
+            count = true;
+            cause.get_or_insert_with(|| LAPSED.to_owned());
+        }
         let stored = if take_over {
             match store.claim_one(id.as_str()).await? {
                 Some(bytes) => Some(Arc::new(persist::decode(&bytes)?)),
@@ -167,9 +177,12 @@ impl Supervisor {
         let started = std::time::Instant::now();
         let live = self.shared.store.claim_live().await?;
         let count = live.len();
-        let start = Start::Resume {
-            count: self.previous_run_crashed,
-            cause: None,
+        let resume = |id: &str| {
+            let lapsed = self.shared.store.took_from_lapsed(id);
+            Start::Resume {
+                count: self.previous_run_crashed || lapsed,
+                cause: lapsed.then(|| LAPSED.to_owned()),
+            }
         };
         let mut missing: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (id, bytes) in live {
@@ -184,7 +197,7 @@ impl Supervisor {
                             .push(id.clone());
                     }
                     if let Err(e) = self
-                        .spawn_task(myself, state, Arc::new(record), start.clone())
+                        .spawn_task(myself, state, Arc::new(record), resume(&id))
                         .await
                     {
                         tracing::error!(task = %id, error = %e, "could not rehydrate task");

@@ -363,6 +363,14 @@ pub trait TaskStore: Send + Sync + 'static {
     fn claim_one<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
         self.get(id)
     }
+    /// Whether this process's claim of task `id` took it from a node that stopped without
+    /// releasing it (crashed, killed, or paused past its lease), so that the run it had going
+    /// counts against the task's restart budget. Answered once per claim. Always `false` for
+    /// a store owned by one process (the runtime knows whether its previous run crashed).
+    fn took_from_lapsed(&self, id: &str) -> bool {
+        let _ = id;
+        false
+    }
     /// The cross-node signalling of a store shared by replicas (wake-ups, requests for
     /// another node's tasks); `None` for a store owned by one process.
     fn cluster(&self) -> Option<&dyn Cluster> {
@@ -660,6 +668,11 @@ impl Store {
     /// Takes the lease of one live task; see [`TaskStore::claim_one`].
     pub async fn claim_one(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.claim_one(id).await
+    }
+
+    /// Whether a claim took task `id` from a lapsed lease; see [`TaskStore::took_from_lapsed`].
+    pub fn took_from_lapsed(&self, id: &str) -> bool {
+        self.inner.took_from_lapsed(id)
     }
 
     /// The cross-node signalling of a shared store; see [`TaskStore::cluster`].

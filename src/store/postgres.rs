@@ -23,7 +23,7 @@
 //! effects on the record) or that the sequence number moved ([`StoreError::Conflict`]).
 //! Timestamps are the database's (`now()`), so the nodes' clocks do not matter.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -184,6 +184,8 @@ struct Inner {
     poll_interval: Duration,
     /// Finished tasks this node deleted (the sweep leader's work).
     deleted: AtomicU64,
+    /// Tasks claimed from a node that stopped without releasing them, until the runtime asks.
+    lapsed: Mutex<HashSet<String>>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -553,13 +555,15 @@ impl Inner {
     async fn claim(&self, own: bool, limit: i64) -> Result<Vec<(String, Vec<u8>)>, PgFailure> {
         let client = self.client().await?;
         let ttl = self.lease_ttl.as_secs_f64();
+        // The last column: whether the lease lapsed (its node stopped without releasing it;
+        // a task this node id still holds at start was not released by its previous process).
         let sql = if own {
             "UPDATE mcp_tasks t SET owner_node = $1, lease_epoch = t.lease_epoch + 1
              WHERE t.live AND t.owner_node = $1
-             RETURNING t.id, t.bytes, t.lease_epoch"
+             RETURNING t.id, t.bytes, t.lease_epoch, true"
         } else {
             "WITH c AS (
-                SELECT t.id FROM mcp_tasks t
+                SELECT t.id, t.owner_node IS NOT NULL AS lapsed FROM mcp_tasks t
                 LEFT JOIN mcp_nodes n ON n.node_id = t.owner_node
                 WHERE t.live
                   AND (t.owner_node IS NULL
@@ -571,7 +575,7 @@ impl Inner {
                 FOR UPDATE OF t SKIP LOCKED)
              UPDATE mcp_tasks t SET owner_node = $1, lease_epoch = t.lease_epoch + 1
              FROM c WHERE t.id = c.id
-             RETURNING t.id, t.bytes, t.lease_epoch"
+             RETURNING t.id, t.bytes, t.lease_epoch, c.lapsed"
         };
         let st = client.prepare_cached(sql).await?;
         let rows = if own {
@@ -581,13 +585,20 @@ impl Inner {
         };
         let mut out = Vec::with_capacity(rows.len());
         let mut held = self.held();
+        let mut lapsed = self.lapsed.lock().unwrap_or_else(|e| e.into_inner());
         for row in rows {
             let id: String = row.get(0);
             let bytes: Vec<u8> = row.get(1);
             let epoch: i64 = row.get(2);
+            if row.get::<_, bool>(3) {
+                lapsed.insert(id.clone());
+            } else {
+                lapsed.remove(&id);
+            }
             held.insert(id.clone(), epoch);
             out.push((id, bytes));
         }
+        drop(lapsed);
         out.sort_by(|a, b| a.0.cmp(&b.0));
         if !out.is_empty() {
             tracing::info!(node = %self.node, tasks = out.len(), own, "claimed live tasks");
@@ -691,6 +702,7 @@ impl PostgresStore {
             listener: Mutex::new(None),
             poll_interval: options.poll_interval,
             deleted: AtomicU64::new(0),
+            lapsed: Mutex::new(HashSet::new()),
         });
         // Start-up waits for the first heartbeat: the node is registered before it claims.
         let started = inner.started_at_registration().await;
@@ -1413,6 +1425,13 @@ impl TaskStore for PostgresStore {
     }
     fn cluster(&self) -> Option<&dyn Cluster> {
         Some(self)
+    }
+    fn took_from_lapsed(&self, id: &str) -> bool {
+        self.inner
+            .lapsed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id)
     }
     fn claim_one<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
         Box::pin(async move {

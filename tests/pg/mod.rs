@@ -266,3 +266,27 @@ impl Drop for PrivateCluster {
         };
     }
 }
+
+impl PrivateCluster {
+    /// A fresh schema in this cluster's database `postgres`, like [`fresh`] on the shared
+    /// server.
+    pub async fn fresh(&self) -> Pg {
+        let url = self.url();
+        let schema = random_schema();
+        let client = connect(&url).await.unwrap();
+        client
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .await
+            .unwrap();
+        Pg { url, schema }
+    }
+
+    /// Stops the server the hard way (`immediate`: no shutdown checkpoint, recovery from the
+    /// WAL at the next start, as after a crash of PostgreSQL).
+    pub fn crash_server(&self) {
+        self.run(
+            "pg_ctl",
+            &["-D", &self.data(), "-m", "immediate", "-w", "stop"],
+        );
+    }
+}
