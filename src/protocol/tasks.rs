@@ -269,6 +269,10 @@ impl Dispatcher {
                 "a request recorded by another node does not decode: {e}"
             ))),
         };
+        // Fenced meanwhile (another node took the task over): that node answers it.
+        if answer.is_err() && !self.shared.store.holds(&c.task_id) {
+            return;
+        }
         if let Err(e) = cluster
             .answer_command(c.seq, &c.task_id, encode_answer(&answer))
             .await
