@@ -5,11 +5,20 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use mcp_tasks::client::{CallOutcome, Client};
+use mcp_tasks::store::Store;
+use mcp_tasks::tool::{CallToolResult, TaskPolicy, ToolDescriptor, tool_fn};
+use mcp_tasks::{Dispatched, Owner, RequestContext, Runtime};
 use serde_json::json;
+use tokio::sync::Notify;
+
+mod support;
+
+use support::embedded;
 
 const BIN: &str = env!("CARGO_BIN_EXE_mcp-tasks");
 
@@ -181,4 +190,94 @@ async fn metrics_count_what_a_workload_did() {
     assert_eq!(get("mcp_tasks_recovered_tasks"), 0.0);
     assert!(get("mcp_tasks_recovery_duration_seconds") >= 0.0);
     assert!(text.contains("# HELP mcp_tasks_tasks "));
+}
+
+/// A listener that does not read while its task changes many times gets the latest snapshot
+/// (latest wins) and the terminal one; every snapshot it skipped is counted in
+/// `mcp_tasks_subscription_dropped_total`. In process, with the same Prometheus recorder the
+/// binary installs (global to this test binary; the other test here scrapes a child process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_listener_counts_the_snapshots_it_skipped() {
+    const STEPS: u64 = 300;
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .unwrap();
+    let gate = Arc::new(Notify::new());
+    let stepper = {
+        let gate = gate.clone();
+        tool_fn(
+            ToolDescriptor::new("stepper", "changes its status message many times")
+                .task_policy(TaskPolicy::Always),
+            move |ctx, _args| {
+                let gate = gate.clone();
+                async move {
+                    gate.notified().await;
+                    for i in 0..STEPS {
+                        ctx.set_status(format!("step {i}")).await?;
+                    }
+                    Ok(CallToolResult::text("done"))
+                }
+            },
+        )
+    };
+    let rt = Runtime::builder_with_store(Store::memory())
+        .tool(stepper)
+        .start()
+        .await
+        .unwrap();
+    let task = embedded::create(&rt, "stepper", json!({})).await;
+    let listen = embedded::req(
+        2,
+        "subscriptions/listen",
+        json!({ "notifications": { "taskIds": [task] } }),
+        true,
+    );
+    let Dispatched::Stream(mut stream) = rt
+        .handle()
+        .dispatch_json(listen, &RequestContext::new(Owner::anonymous()))
+        .await
+    else {
+        panic!("subscriptions/listen streams");
+    };
+    assert_eq!(
+        sample(&recorder.render(), "mcp_tasks_subscriptions"),
+        Some(1.0)
+    );
+    // The tool runs all its steps while nobody reads the stream.
+    gate.notify_one();
+    embedded::wait_status(&rt, &task, "completed").await;
+    let mut received = 0.0;
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("a message within 10 s")
+            .expect("the stream is open");
+        if message["method"] == "notifications/tasks" {
+            received += 1.0;
+            if message["params"]["status"] == "completed" {
+                break;
+            }
+        }
+    }
+    drop(stream);
+    rt.shutdown().await;
+
+    let text = recorder.render();
+    let dropped = sample(&text, "mcp_tasks_subscription_dropped_total")
+        .unwrap_or_else(|| panic!("no drops counted:\n{text}"));
+    // The stream holds 16 notifications: a reader that lags 300 changes misses most of them,
+    // and each one it missed is counted once.
+    assert!(
+        received < 100.0,
+        "intermediate snapshots were coalesced, got {received}"
+    );
+    assert!(dropped >= 1.0, "{dropped}");
+    // Every committed snapshot the listener took in was either written or counted as
+    // dropped, never both: together at most the task's commits (creation, start, the steps,
+    // the result).
+    assert!(
+        received + dropped <= (STEPS + 3) as f64,
+        "received {received} + dropped {dropped} exceeds the task's commits"
+    );
+    assert_eq!(sample(&text, "mcp_tasks_subscriptions"), Some(0.0));
 }

@@ -39,9 +39,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -49,13 +47,13 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use axum::http::{Method, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use base64::Engine as _;
+use futures::StreamExt;
 use futures::stream::BoxStream;
-use futures::{Stream, StreamExt};
 use serde_json::Value;
-use tokio::time::Sleep;
 
 use crate::auth::{Anonymous, AuthError, Authenticator, Identity, ProtectedResource};
 use crate::protocol::{Dispatched, RequestContext, RoutingHeaders};
@@ -512,7 +510,7 @@ async fn respond(endpoint: &Arc<Endpoint>, request: Request) -> (Response, &'sta
         }
         Ok((Dispatched::Stream(stream), in_flight)) => (
             sse_response(
-                stream.map(|m| sse_event(&m)).boxed(),
+                stream.map(|m| Event::default().data(sse_data(&m))).boxed(),
                 config.keep_alive,
                 in_flight,
             ),
@@ -832,101 +830,36 @@ fn transport_error(status: StatusCode, id: Option<&Value>, message: &str) -> Res
     json_response(status, &jsonrpc::error_response(id, &error))
 }
 
-/// A `text/event-stream` response of already framed events (each one complete, ending with a
-/// blank line), with a `: keep-alive` comment after every `keep_alive` of silence. Dropping the
-/// body drops `events` (and what it holds). Both eras' streams are written through it.
+/// A `text/event-stream` response (axum's [`Sse`]) of `events`, each carrying one JSON-RPC
+/// message on a single `data:` line, with a `: keep-alive` comment after every `keep_alive` of
+/// silence (none when zero). Dropping the body drops `events` (and what it holds) and releases
+/// the caller's place among the requests in flight. Both eras' streams are written through it.
 fn sse_response(
-    events: BoxStream<'static, Bytes>,
+    events: BoxStream<'static, Event>,
     keep_alive: Duration,
     in_flight: InFlight,
 ) -> Response {
-    let body = Body::from_stream(SseBody::new(events, keep_alive, in_flight));
-    (
-        StatusCode::OK,
-        [
-            (
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/event-stream"),
-            ),
-            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
-            (
-                HeaderName::from_static("x-accel-buffering"),
-                HeaderValue::from_static("no"),
-            ),
-        ],
-        body,
-    )
-        .into_response()
-}
-
-/// The SSE body: the framed events as they come, a comment line after every `keep_alive` of
-/// silence; ends with the stream.
-struct SseBody {
-    events: BoxStream<'static, Bytes>,
-    keep_alive: Option<(Duration, Pin<Box<Sleep>>)>,
-    done: bool,
-    /// Holds the caller's place among the requests in progress until the body is dropped.
-    _in_flight: InFlight,
-}
-
-impl SseBody {
-    fn new(events: BoxStream<'static, Bytes>, keep_alive: Duration, in_flight: InFlight) -> Self {
-        let keep_alive =
-            (!keep_alive.is_zero()).then(|| (keep_alive, Box::pin(tokio::time::sleep(keep_alive))));
-        Self {
-            events,
-            keep_alive,
-            done: false,
-            _in_flight: in_flight,
-        }
-    }
-
-    fn reset_keep_alive(&mut self) {
-        if let Some((period, sleep)) = &mut self.keep_alive {
-            sleep.as_mut().reset(tokio::time::Instant::now() + *period);
-        }
+    let events = events.map(move |event| {
+        let _in_flight = &in_flight;
+        Ok::<_, Infallible>(event)
+    });
+    // Proxies (nginx) would otherwise buffer the stream.
+    let headers = [(
+        HeaderName::from_static("x-accel-buffering"),
+        HeaderValue::from_static("no"),
+    )];
+    if keep_alive.is_zero() {
+        (headers, Sse::new(events)).into_response()
+    } else {
+        let keep_alive = KeepAlive::new().interval(keep_alive).text("keep-alive");
+        (headers, Sse::new(events).keep_alive(keep_alive)).into_response()
     }
 }
 
-/// One SSE event carrying one JSON-RPC message on a single `data:` line.
-fn sse_event(message: &Value) -> Bytes {
-    let mut out = Vec::with_capacity(256);
-    out.extend_from_slice(b"data: ");
-    // Compact JSON never contains a raw newline (strings escape it).
-    if serde_json::to_writer(&mut out, message).is_err() {
-        out.truncate(6);
-        out.extend_from_slice(b"null");
-    }
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
-}
-
-impl Stream for SseBody {
-    type Item = Result<Bytes, Infallible>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if self.done {
-            return Poll::Ready(None);
-        }
-        match self.events.poll_next_unpin(cx) {
-            Poll::Ready(Some(event)) => {
-                self.reset_keep_alive();
-                return Poll::Ready(Some(Ok(event)));
-            }
-            Poll::Ready(None) => {
-                self.done = true;
-                return Poll::Ready(None);
-            }
-            Poll::Pending => {}
-        }
-        if let Some((_, sleep)) = &mut self.keep_alive
-            && sleep.as_mut().poll(cx).is_ready()
-        {
-            self.reset_keep_alive();
-            return Poll::Ready(Some(Ok(Bytes::from_static(b": keep-alive\n\n"))));
-        }
-        Poll::Pending
-    }
+/// One JSON-RPC message as compact JSON, which never contains a raw newline (strings escape
+/// it), so it fits one SSE `data:` line.
+fn sse_data(message: &Value) -> String {
+    serde_json::to_string(message).unwrap_or_else(|_| "null".to_owned())
 }
 
 #[cfg(test)]

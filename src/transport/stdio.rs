@@ -30,9 +30,11 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use tokio::task::{JoinError, JoinSet};
+use tokio_util::bytes::{Bytes, BytesMut};
+use tokio_util::codec::{AnyDelimiterCodec, AnyDelimiterCodecError, Decoder, FramedRead};
 
 use crate::protocol::{Dispatched, RequestContext};
 use crate::runtime::RuntimeHandle;
@@ -93,21 +95,24 @@ where
         stop_streams: watch::channel(false).0,
         jobs: JoinSet::new(),
     };
-    let mut reader = LineReader::new(input);
+    let mut reader = lines(input);
     let mut shutdown = std::pin::pin!(shutdown);
     tracing::info!("serving JSON-RPC on stdio");
 
     let end = loop {
         server.reap();
         let line = tokio::select! {
-            line = reader.next_line() => line,
+            line = reader.next() => line.transpose(),
             () = &mut shutdown => break End::Shutdown,
             written = &mut writer => break End::WriterStopped(flatten(written)),
         };
         match line {
             Ok(None) => break End::Eof,
-            Ok(Some(Line::TooLong(len))) => {
-                tracing::warn!(len, "input line longer than the message limit skipped");
+            Ok(Some(Line::TooLong)) => {
+                tracing::warn!(
+                    limit = MAX_MESSAGE_BYTES,
+                    "input line longer than the message limit skipped"
+                );
                 let error = RpcError::invalid_request(format!(
                     "message exceeds the limit of {MAX_MESSAGE_BYTES} bytes"
                 ));
@@ -547,65 +552,53 @@ impl Drop for Registration {
 }
 
 /// One line of input.
+#[derive(Debug)]
 enum Line {
-    Message(Vec<u8>),
-    /// A line longer than the limit, skipped; its length.
-    TooLong(usize),
+    Message(Bytes),
+    /// A line longer than the limit: skipped, never buffered whole.
+    TooLong,
 }
 
-/// Splits the input into lines of at most [`MAX_MESSAGE_BYTES`] without ever buffering more.
-/// Cancel-safe: its state lives in the struct.
-struct LineReader<R> {
-    inner: BufReader<R>,
-    line: Vec<u8>,
-    /// Bytes of the current line when it is over the limit.
-    skipped: Option<usize>,
+/// Splits the input into lines of at most [`MAX_MESSAGE_BYTES`] (without their `\n`; a last
+/// line without one counts): `tokio-util`'s delimiter codec, whose over-long error (after
+/// which it discards the rest of that line) becomes [`Line::TooLong`] instead of ending the
+/// stream.
+struct LineCodec(AnyDelimiterCodec);
+
+impl LineCodec {
+    fn new() -> Self {
+        Self(AnyDelimiterCodec::new_with_max_length(
+            b"\n".to_vec(),
+            Vec::new(),
+            MAX_MESSAGE_BYTES,
+        ))
+    }
+
+    fn line(decoded: Result<Option<Bytes>, AnyDelimiterCodecError>) -> io::Result<Option<Line>> {
+        match decoded {
+            Ok(line) => Ok(line.map(Line::Message)),
+            Err(AnyDelimiterCodecError::MaxChunkLengthExceeded) => Ok(Some(Line::TooLong)),
+            Err(AnyDelimiterCodecError::Io(e)) => Err(e),
+        }
+    }
 }
 
-impl<R: AsyncRead + Unpin> LineReader<R> {
-    fn new(input: R) -> Self {
-        Self {
-            inner: BufReader::with_capacity(64 * 1024, input),
-            line: Vec::new(),
-            skipped: None,
-        }
+impl Decoder for LineCodec {
+    type Item = Line;
+    type Error = io::Error;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> io::Result<Option<Line>> {
+        Self::line(self.0.decode(buf))
     }
 
-    /// The next line without its `\n`; `None` at the end of the input. A last line without a
-    /// newline counts.
-    async fn next_line(&mut self) -> io::Result<Option<Line>> {
-        loop {
-            let available = self.inner.fill_buf().await?;
-            if available.is_empty() {
-                if self.skipped.is_some() || !self.line.is_empty() {
-                    return Ok(Some(self.take()));
-                }
-                return Ok(None);
-            }
-            let newline = available.iter().position(|&b| b == b'\n');
-            let chunk = &available[..newline.unwrap_or(available.len())];
-            match &mut self.skipped {
-                Some(n) => *n += chunk.len(),
-                None if self.line.len() + chunk.len() > MAX_MESSAGE_BYTES => {
-                    self.skipped = Some(self.line.len() + chunk.len());
-                    self.line = Vec::new();
-                }
-                None => self.line.extend_from_slice(chunk),
-            }
-            let used = chunk.len() + usize::from(newline.is_some());
-            self.inner.consume(used);
-            if newline.is_some() {
-                return Ok(Some(self.take()));
-            }
-        }
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> io::Result<Option<Line>> {
+        Self::line(self.0.decode_eof(buf))
     }
+}
 
-    fn take(&mut self) -> Line {
-        match self.skipped.take() {
-            Some(n) => Line::TooLong(n),
-            None => Line::Message(std::mem::take(&mut self.line)),
-        }
-    }
+/// The input as a cancel-safe stream of [`Line`]s, read 64 KiB at a time.
+fn lines<R: AsyncRead>(input: R) -> FramedRead<R, LineCodec> {
+    FramedRead::with_capacity(input, LineCodec::new(), 64 * 1024)
 }
 
 /// The single writer: lines in arrival order, flushed whenever the queue is empty.
@@ -628,13 +621,14 @@ where
 mod tests {
     use super::*;
 
-    async fn lines(input: &[u8]) -> Vec<Line> {
-        let mut reader = LineReader::new(input);
-        let mut out = Vec::new();
-        while let Some(line) = reader.next_line().await.unwrap() {
-            out.push(line);
-        }
-        out
+    async fn read_all(input: &[u8]) -> Vec<String> {
+        lines(input)
+            .map(|line| match line.unwrap() {
+                Line::Message(m) => String::from_utf8_lossy(&m).into_owned(),
+                Line::TooLong => "too long".to_owned(),
+            })
+            .collect()
+            .await
     }
 
     #[tokio::test]
@@ -642,31 +636,41 @@ mod tests {
         let mut input = b"a\r\n\nbc".to_vec();
         input.push(b'\n');
         input.extend(std::iter::repeat_n(b'x', MAX_MESSAGE_BYTES + 1));
-        input.extend_from_slice(b"\nlast");
-        let got = lines(&input).await;
-        let shown: Vec<String> = got
-            .iter()
-            .map(|l| match l {
-                Line::Message(m) => String::from_utf8_lossy(m).into_owned(),
-                Line::TooLong(n) => format!("too long {n}"),
-            })
-            .collect();
-        assert_eq!(
-            shown,
-            [
-                "a\r".to_owned(),
-                String::new(),
-                "bc".to_owned(),
-                format!("too long {}", MAX_MESSAGE_BYTES + 1),
-                "last".to_owned()
-            ]
-        );
+        input.extend_from_slice(b"\nnext\n");
+        // An over-long last line without a newline, many times the limit.
+        input.extend(std::iter::repeat_n(b'z', 3 * MAX_MESSAGE_BYTES));
+        let got = read_all(&input).await;
+        assert_eq!(got, ["a\r", "", "bc", "too long", "next", "too long"]);
     }
 
     #[tokio::test]
     async fn a_line_at_the_limit_is_kept() {
-        let input = vec![b'y'; MAX_MESSAGE_BYTES];
-        let got = lines(&input).await;
-        assert!(matches!(&got[..], [Line::Message(m)] if m.len() == MAX_MESSAGE_BYTES));
+        let mut input = vec![b'y'; MAX_MESSAGE_BYTES];
+        input.extend_from_slice(b"\nlast");
+        let got = read_all(&input).await;
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].len(), MAX_MESSAGE_BYTES);
+        assert_eq!(got[1], "last");
+    }
+
+    /// Skipping an over-long line never holds it: the read buffer stays near the limit
+    /// however long the line is.
+    #[tokio::test]
+    async fn an_endless_line_is_not_buffered() {
+        let (mut tx, rx) = tokio::io::duplex(64 * 1024);
+        let writer = tokio::spawn(async move {
+            let chunk = vec![b'x'; 64 * 1024];
+            for _ in 0..(8 * MAX_MESSAGE_BYTES / chunk.len()) {
+                tx.write_all(&chunk).await.unwrap();
+            }
+            tx.write_all(b"\n{}\n").await.unwrap();
+        });
+        let mut reader = lines(rx);
+        assert!(matches!(reader.next().await, Some(Ok(Line::TooLong))));
+        assert!(reader.read_buffer().capacity() <= 2 * MAX_MESSAGE_BYTES);
+        assert!(matches!(reader.next().await, Some(Ok(Line::Message(m))) if &m[..] == b"{}"));
+        assert!(reader.read_buffer().capacity() <= 2 * MAX_MESSAGE_BYTES);
+        writer.await.unwrap();
+        assert!(reader.next().await.is_none());
     }
 }

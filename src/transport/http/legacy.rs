@@ -18,9 +18,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Bytes;
 use axum::http::header::{HeaderMap, HeaderName, HeaderValue};
 use axum::http::{Method, StatusCode};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -260,19 +260,13 @@ fn sse_response(
     super::sse_response(framed, keep_alive, in_flight)
 }
 
-/// One SSE event with its id, carrying one JSON-RPC message on a single `data:` line.
-fn event(id: &str, message: &Value) -> Bytes {
-    let mut out = Vec::with_capacity(256);
-    out.extend_from_slice(b"id: ");
-    out.extend_from_slice(id.as_bytes());
-    out.extend_from_slice(b"\nevent: message\ndata: ");
-    let header = out.len();
-    if serde_json::to_writer(&mut out, message).is_err() {
-        out.truncate(header);
-        out.extend_from_slice(b"null");
-    }
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
+/// One SSE event with its id (`{stream}-{seq}`, ASCII digits and a dash), carrying one
+/// JSON-RPC message on a single `data:` line.
+fn event(id: &str, message: &Value) -> Event {
+    Event::default()
+        .id(id)
+        .event("message")
+        .data(super::sse_data(message))
 }
 
 #[cfg(test)]
@@ -297,9 +291,20 @@ mod tests {
         assert!(is_legacy_post(&with, discover).is_none());
     }
 
-    #[test]
-    fn events_carry_their_id() {
-        let e = event("3-7", &serde_json::json!({"a":1}));
-        assert_eq!(&e[..], b"id: 3-7\nevent: message\ndata: {\"a\":1}\n\n");
+    #[tokio::test]
+    async fn events_carry_their_id() {
+        let events = futures::stream::iter([
+            Ok::<_, std::convert::Infallible>(event("3-7", &serde_json::json!({"a":1}))),
+            Ok(event("3-8", &serde_json::json!({"b":"two\nlines"}))),
+        ]);
+        let body = axum::response::sse::Sse::new(events)
+            .into_response()
+            .into_body();
+        let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+        assert_eq!(
+            std::str::from_utf8(&bytes).unwrap(),
+            "id: 3-7\nevent: message\ndata: {\"a\":1}\n\n\
+             id: 3-8\nevent: message\ndata: {\"b\":\"two\\nlines\"}\n\n"
+        );
     }
 }
