@@ -16,13 +16,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use mcp_tasks::sim::FileSideEffects;
 use mcp_tasks::store::{Store, StoreOptions};
 use sim::checker::{Allow, Ev, History, check};
 use sim::driver::{Alive, Conn, Driver, DriverConfig, always_alive};
 use sim::http::Http;
+use sim::process::{record_durable, signal};
 use sim::{Rng, env_u64, seeds, soak};
 
 // ---------------------------------------------------------------------------------------------
@@ -100,20 +101,6 @@ fn spawn_server_with(store: &Path, effects: &Path, extra: &[&str]) -> Result<Ser
     }
 }
 
-fn signal(child: &Child, sig: i32) {
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe {
-        libc::kill(child.id() as libc::pid_t, sig);
-    }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// Opens the store file of a stopped server, returns every task; then waits until the wall
 /// clock has passed every stored `lastUpdatedAt`, so that the next server's timestamps are later.
 async fn read_durable(path: &Path, history: &History, epoch: u32) -> Result<(), String> {
@@ -129,16 +116,7 @@ async fn read_durable(path: &Path, history: &History, epoch: u32) -> Result<(), 
     store.close().await;
     let _ = std::fs::remove_file(&copy);
     let tasks = tasks?;
-    let mut max = 0;
-    for (_, bytes) in &tasks {
-        if let Ok(r) = mcp_tasks::persist::decode(bytes) {
-            max = max.max(r.last_updated_at_ms);
-        }
-    }
-    history.durable(epoch, tasks);
-    while now_ms() <= max {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    record_durable(history, epoch, tasks).await;
     Ok(())
 }
 

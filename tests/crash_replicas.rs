@@ -26,7 +26,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
@@ -35,6 +35,7 @@ use serde_json::Value;
 use sim::checker::{Allow, History, Kind, Report, check};
 use sim::driver::{Alive, Conn, Driver, DriverConfig, always_alive};
 use sim::http::Http;
+use sim::process::{record_durable, signal};
 use sim::{Rng, env_u64, seeds, soak};
 
 const REPLICAS: usize = 3;
@@ -50,13 +51,6 @@ impl Drop for Replica {
         signal(&self.child, libc::SIGCONT);
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-fn signal(child: &Child, sig: i32) {
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe {
-        libc::kill(child.id() as libc::pid_t, sig);
     }
 }
 
@@ -154,13 +148,6 @@ impl Conn for Spread {
     }
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// Records the tasks table as durable for `epoch`, then waits until the wall clock passed
 /// every stored `lastUpdatedAt` (so later observations are strictly newer).
 async fn read_durable(pg: &pg::Pg, history: &History, epoch: u32) {
@@ -170,16 +157,7 @@ async fn read_durable(pg: &pg::Pg, history: &History, epoch: u32) {
         .await
         .expect("read the tasks table");
     let tasks: Vec<(String, Vec<u8>)> = rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
-    let mut max = 0;
-    for (_, bytes) in &tasks {
-        if let Ok(r) = mcp_tasks::persist::decode(bytes) {
-            max = max.max(r.last_updated_at_ms);
-        }
-    }
-    history.durable(epoch, tasks);
-    while now_ms() <= max {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    record_durable(history, epoch, tasks).await;
 }
 
 #[derive(Debug, Default)]

@@ -4,8 +4,8 @@
 //! task's progress is its `statusMessage`), and SEP-2243 `x-mcp-header` argument mirroring
 //! checked against the body, with base64-encoded values.
 //!
-//! The HTTP tests run a real server on 127.0.0.1:0 with a small HTTP/1.1 client written here,
-//! so that they see the exact bytes on the wire.
+//! The HTTP tests run a real server on 127.0.0.1:0 with the small HTTP/1.1 client of
+//! `support/raw_http.rs`, so that they see the exact bytes on the wire.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,13 +22,16 @@ use mcp_tasks::tool::{CallToolResult, TaskPolicy, Tool, ToolDescriptor, ToolErro
 use mcp_tasks::transport::http::{self, HttpConfig};
 use mcp_tasks::{Owner, Runtime, RuntimeBuilder, StartError};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 
-const VERSION: &str = "2026-07-28";
+mod support;
+
+use support::raw_http::{mcp_headers, post, post_sse, post_with, with};
+use support::{VERSION, WAIT};
+
 const TASKS: &str = "io.modelcontextprotocol/tasks";
-const WAIT: Duration = Duration::from_secs(30);
 
 // ---------------------------------------------------------------------------------------------
 // Messages
@@ -118,191 +121,6 @@ impl Server {
             .unwrap();
         rt.shutdown().await;
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// A small HTTP/1.1 client
-
-/// The headers a conforming client sends for `body`.
-fn mcp_headers(body: &Value) -> Vec<(String, String)> {
-    let method = body["method"].as_str().unwrap_or_default();
-    let mut h = vec![
-        ("MCP-Protocol-Version".to_owned(), VERSION.to_owned()),
-        ("Mcp-Method".to_owned(), method.to_owned()),
-        (
-            "Accept".to_owned(),
-            "application/json, text/event-stream".to_owned(),
-        ),
-    ];
-    let name = match method {
-        "tools/call" | "prompts/get" => body["params"]["name"].as_str(),
-        "resources/read" => body["params"]["uri"].as_str(),
-        "tasks/get" | "tasks/update" | "tasks/cancel" => body["params"]["taskId"].as_str(),
-        _ => None,
-    };
-    if let Some(name) = name {
-        h.push(("Mcp-Name".to_owned(), name.to_owned()));
-    }
-    h
-}
-
-fn with(mut headers: Vec<(String, String)>, name: &str, value: &str) -> Vec<(String, String)> {
-    headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
-    headers.push((name.to_owned(), value.to_owned()));
-    headers
-}
-
-struct Response {
-    status: u16,
-    headers: Vec<(String, String)>,
-    reader: BufReader<TcpStream>,
-    buf: Vec<u8>,
-    ended: bool,
-}
-
-impl Response {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn is_chunked(&self) -> bool {
-        self.header("transfer-encoding")
-            .is_some_and(|v| v.eq_ignore_ascii_case("chunked"))
-    }
-
-    async fn next_chunk(&mut self) -> Option<Vec<u8>> {
-        let mut line = String::new();
-        if self.reader.read_line(&mut line).await.ok()? == 0 {
-            return None;
-        }
-        let size = usize::from_str_radix(line.trim(), 16).expect("a chunk size");
-        if size == 0 {
-            loop {
-                line.clear();
-                if self.reader.read_line(&mut line).await.ok()? == 0 || line == "\r\n" {
-                    return None;
-                }
-            }
-        }
-        let mut data = vec![0; size + 2];
-        self.reader.read_exact(&mut data).await.ok()?;
-        data.truncate(size);
-        Some(data)
-    }
-
-    /// A single JSON body.
-    async fn json(mut self) -> (u16, Value) {
-        assert_eq!(self.header("content-type"), Some("application/json"));
-        let body = if let Some(len) = self.header("content-length") {
-            let mut body = vec![0; len.parse().unwrap()];
-            self.reader.read_exact(&mut body).await.unwrap();
-            body
-        } else {
-            let mut body = Vec::new();
-            while let Some(chunk) = self.next_chunk().await {
-                body.extend(chunk);
-            }
-            body
-        };
-        (self.status, serde_json::from_slice(&body).expect("JSON"))
-    }
-
-    async fn line(&mut self) -> Option<String> {
-        loop {
-            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=pos).collect();
-                return Some(String::from_utf8(line[..line.len() - 1].to_vec()).unwrap());
-            }
-            if self.ended {
-                return None;
-            }
-            match self.next_chunk().await {
-                Some(chunk) => self.buf.extend(chunk),
-                None => self.ended = true,
-            }
-        }
-    }
-
-    /// The next SSE message (one `data:` line per event); `None` when the body ended.
-    async fn event(&mut self) -> Option<Value> {
-        assert!(self.is_chunked(), "an SSE body is chunked");
-        tokio::time::timeout(WAIT, async {
-            loop {
-                let line = self.line().await?;
-                if line.is_empty() || line.starts_with(':') {
-                    continue;
-                }
-                let data = line.strip_prefix("data: ").expect("a data line");
-                return Some(serde_json::from_str(data).expect("JSON data"));
-            }
-        })
-        .await
-        .expect("an SSE event in time")
-    }
-
-    /// Every SSE message up to the end of the body.
-    async fn events(mut self) -> Vec<Value> {
-        assert_eq!(self.status, 200);
-        assert_eq!(self.header("content-type"), Some("text/event-stream"));
-        let mut all = Vec::new();
-        while let Some(m) = self.event().await {
-            all.push(m);
-        }
-        all
-    }
-}
-
-async fn send(addr: SocketAddr, headers: &[(String, String)], body: &Value) -> Response {
-    let body = serde_json::to_vec(body).unwrap();
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    let mut head = format!(
-        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
-        addr.port(),
-        body.len()
-    );
-    for (n, v) in headers {
-        head.push_str(&format!("{n}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).await.unwrap();
-    stream.write_all(&body).await.unwrap();
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    reader.read_line(&mut line).await.unwrap();
-    let status = line.split(' ').nth(1).unwrap().parse().unwrap();
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        reader.read_line(&mut line).await.unwrap();
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        let (n, v) = l.split_once(':').unwrap();
-        headers.push((n.trim().to_owned(), v.trim().to_owned()));
-    }
-    Response {
-        status,
-        headers,
-        reader,
-        buf: Vec::new(),
-        ended: false,
-    }
-}
-
-async fn post_with(addr: SocketAddr, headers: Vec<(String, String)>, body: &Value) -> (u16, Value) {
-    tokio::time::timeout(WAIT, async {
-        send(addr, &headers, body).await.json().await
-    })
-    .await
-    .expect("a timely response")
-}
-
-async fn post(addr: SocketAddr, body: &Value) -> (u16, Value) {
-    post_with(addr, mcp_headers(body), body).await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -709,7 +527,7 @@ async fn progress_reaches_the_caller_on_the_response_stream() {
     // A progressToken and an Accept that lists text/event-stream: the notifications, then the
     // response, on the response's SSE stream.
     let body = with_progress_token(call(1, "count", json!({})), json!("tok-1"));
-    let events = send(addr, &mcp_headers(&body), &body).await.events().await;
+    let events = post_sse(addr, &body).await.events().await;
     assert_eq!(events.len(), 4, "{events:?}");
     let expected = [
         json!({ "progressToken": "tok-1", "progress": 1.0, "total": 3.0, "message": "one" }),
@@ -726,7 +544,7 @@ async fn progress_reaches_the_caller_on_the_response_stream() {
 
     // An integer token keeps its type.
     let body = with_progress_token(call(2, "count", json!({})), json!(77));
-    let events = send(addr, &mcp_headers(&body), &body).await.events().await;
+    let events = post_sse(addr, &body).await.events().await;
     assert_eq!(events[0]["params"]["progressToken"], 77);
 
     // Without a token, or when the client accepts JSON only: one JSON response.
@@ -756,8 +574,11 @@ async fn progress_reaches_the_caller_on_the_response_stream() {
 
     // Closing the response stream cancels the call: the tool's future is dropped.
     let body = with_progress_token(call(7, "hanging", json!({})), json!("tok-7"));
-    let mut response = send(addr, &mcp_headers(&body), &body).await;
-    let first = response.event().await.expect("a progress notification");
+    let mut response = post_sse(addr, &body).await;
+    let first = response
+        .next_timely()
+        .await
+        .expect("a progress notification");
     assert_eq!(first["method"], "notifications/progress");
     drop(response);
     tokio::time::timeout(WAIT, async {
@@ -810,8 +631,8 @@ async fn progress_is_never_sent_on_a_listen_stream_and_is_a_tasks_status_message
         json!({ "notifications": { "taskIds": [task] } }),
         tasks.clone(),
     );
-    let mut stream = send(addr, &mcp_headers(&listen), &listen).await;
-    let ack = stream.event().await.unwrap();
+    let mut stream = post_sse(addr, &listen).await;
+    let ack = stream.next_timely().await.unwrap();
     assert_eq!(ack["method"], "notifications/subscriptions/acknowledged");
 
     // The task's progress becomes its statusMessage: "3/3" once it counted.
@@ -830,13 +651,16 @@ async fn progress_is_never_sent_on_a_listen_stream_and_is_a_tasks_status_message
 
     // A synchronous call with progress meanwhile: its notifications go to its own stream.
     let body = with_progress_token(call(4, "count", json!({})), json!("sync-token"));
-    let events = send(addr, &mcp_headers(&body), &body).await.events().await;
+    let events = post_sse(addr, &body).await.events().await;
     assert_eq!(events.len(), 4);
 
     let _ = open.send(true);
     let mut seen = Vec::new();
     loop {
-        let n = stream.event().await.expect("the listen stream stays open");
+        let n = stream
+            .next_timely()
+            .await
+            .expect("the listen stream stays open");
         assert_ne!(n["method"], "notifications/progress", "{n}");
         assert_eq!(n["method"], "notifications/tasks", "{n}");
         let done = n["params"]["status"] == "completed";

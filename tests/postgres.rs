@@ -4,6 +4,7 @@
 #![cfg(feature = "postgres")]
 
 mod pg;
+mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -11,50 +12,9 @@ use std::time::Duration;
 
 use mcp_tasks::store::{PostgresOptions, PostgresStore, Store, StoreError, TaskStore};
 use mcp_tasks::tool::{CallToolResult, InputRequest, TaskPolicy, ToolDescriptor, tool_fn};
-use mcp_tasks::{Owner, Runtime, RuntimeBuilder, RuntimeConfig};
-use serde_json::{Value, json};
-
-fn meta() -> Value {
-    json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities":
-            { "extensions": { "io.modelcontextprotocol/tasks": {} } }
-    })
-}
-
-async fn call(rt: &Runtime, method: &str, mut params: Value) -> Value {
-    params["_meta"] = meta();
-    let msg = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
-    rt.handle_json(msg, &Owner::anonymous())
-        .await
-        .expect("a response")
-}
-
-async fn create(rt: &Runtime, tool: &str, arguments: Value) -> String {
-    let r = call(
-        rt,
-        "tools/call",
-        json!({ "name": tool, "arguments": arguments }),
-    )
-    .await;
-    assert_eq!(r["result"]["resultType"], "task", "{r}");
-    r["result"]["taskId"].as_str().unwrap().to_owned()
-}
-
-async fn get(rt: &Runtime, task: &str) -> Value {
-    call(rt, "tasks/get", json!({ "taskId": task })).await
-}
-
-async fn wait_status(rt: &Runtime, task: &str, status: &str) -> Value {
-    for _ in 0..400 {
-        let r = get(rt, task).await;
-        if r["result"]["status"] == status {
-            return r["result"].clone();
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("task {task} never became {status}: {}", get(rt, task).await);
-}
+use mcp_tasks::{Runtime, RuntimeBuilder, RuntimeConfig};
+use serde_json::json;
+use support::embedded::{call, create, get, wait_status};
 
 /// `journaled`: one journaled step (counted in `runs`), then asks for `confirm`, then
 /// completes with the step's value and the answer.

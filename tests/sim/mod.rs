@@ -8,6 +8,7 @@ pub mod disk;
 pub mod driver;
 pub mod http;
 pub mod power;
+pub mod process;
 
 use std::time::Duration;
 

@@ -194,3 +194,4 @@ pub fn token_entry(token: &str, tenant: &str, principal: &str, scopes: &[&str]) 
 }
 pub mod embedded;
 pub mod legacy;
+pub mod raw_http;
