@@ -6,13 +6,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use schemars::JsonSchema;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::runtime::{Runtime, StartError};
 use crate::task::Owner;
 use crate::tool::{
-    CallToolResult, ElicitAction, ElicitResponse, InputRequest, TaskPolicy, Tool, ToolDescriptor,
-    ToolError, tool_fn,
+    CallToolResult, Elicited, TaskPolicy, Tool, ToolDescriptor, ToolError, typed_tool,
 };
 use crate::wire::{PROTOCOL_VERSION, TASKS_EXTENSION, keys};
 
@@ -33,26 +34,10 @@ pub fn generate_report(outline_time: Duration) -> Arc<dyn Tool> {
         "Generates a report of the given size after the client approves its outline. Runs as a durable task.",
     )
     .title("Generate report")
-    .input_schema(json!({
-        "type": "object",
-        "properties": {
-            "size": {
-                "type": "string",
-                "enum": ["small", "medium", "large"],
-                "description": "How long the report should be."
-            }
-        },
-        "required": ["size"],
-        "additionalProperties": false
-    }))
     .task_policy(TaskPolicy::Always)
     .initial_status_message("Preparing report outline.");
-    tool_fn(descriptor, move |ctx, args| async move {
-        let size = args
-            .get("size")
-            .and_then(Value::as_str)
-            .unwrap_or("small")
-            .to_owned();
+    typed_tool(descriptor, move |ctx, GenerateReport { size }| async move {
+        let size = size.as_str();
         let outline = ctx
             .step("outline", || async {
                 tokio::time::sleep(outline_time).await;
@@ -63,26 +48,13 @@ pub fn generate_report(outline_time: Duration) -> Arc<dyn Tool> {
             .await?;
         ctx.set_status("Waiting for the client to approve the outline.")
             .await?;
-        let answer = ctx
-            .input(
-                APPROVE_OUTLINE,
-                InputRequest::elicit_form(
-                    "Approve the generated report outline?",
-                    json!({
-                        "type": "object",
-                        "properties": { "approved": { "type": "boolean", "title": "Approve outline" } },
-                        "required": ["approved"]
-                    }),
-                ),
-            )
-            .await?;
-        let response = ElicitResponse::from_json(&answer);
-        let approved = match response.action {
-            ElicitAction::Accept => {
-                response.content.get("approved").and_then(Value::as_bool) == Some(true)
-            }
-            ElicitAction::Decline => false,
-            ElicitAction::Cancel => return Err(ToolError::Cancelled),
+        let approved = match ctx
+            .elicit::<OutlineApproval>(APPROVE_OUTLINE, "Approve the generated report outline?")
+            .await?
+        {
+            Elicited::Accepted(OutlineApproval { approved }) => approved,
+            Elicited::Declined => false,
+            Elicited::Cancelled => return Err(ToolError::Cancelled),
         };
         if !approved {
             return Ok(
@@ -100,6 +72,40 @@ pub fn generate_report(outline_time: Duration) -> Arc<dyn Tool> {
             .await?;
         Ok(CallToolResult::text(report).with_structured(json!({ "size": size, "approved": true })))
     })
+}
+
+// The arguments of `generate_report`; its `inputSchema` is derived from them (a doc comment
+// here would become the schema's `description`).
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct GenerateReport {
+    /// How long the report should be.
+    size: ReportSize,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+enum ReportSize {
+    Small,
+    Medium,
+    Large,
+}
+
+impl ReportSize {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Small => "small",
+            Self::Medium => "medium",
+            Self::Large => "large",
+        }
+    }
+}
+
+// The answer to the outline question; the elicitation's `requestedSchema` is derived from it.
+#[derive(Deserialize, JsonSchema)]
+struct OutlineApproval {
+    #[schemars(title = "Approve outline")]
+    approved: bool,
 }
 
 /// The `_meta` the demo client sends on every request.
