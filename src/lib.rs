@@ -26,6 +26,7 @@
 //!   `tracing-subscriber`); an embedder can turn it off with `default-features = false`.
 //! - `fixtures`: the demo (and, with `postgres`, the replicas demo), the conformance and
 //!   benchmark fixtures and the crash-test workload (used by the binary and the tests).
+//! - `otel`: the `otel` module, OpenTelemetry export of the runtime's spans.
 //! - `failpoints`: crash-test failpoints.
 //! - `unstable-internals`: exposes the internal modules to this crate's own tests; no
 //!   stability promise, never needed by an embedder.
@@ -61,6 +62,8 @@ pub mod failpoints;
 #[cfg(feature = "fixtures")]
 pub mod fixtures;
 pub mod legacy;
+#[cfg(feature = "otel")]
+pub mod otel;
 pub mod quota;
 #[cfg(all(feature = "postgres", feature = "fixtures"))]
 pub mod replicas_demo;

@@ -83,6 +83,34 @@ pub fn describe() {
     );
 }
 
+/// The name of a request's span in the OpenTelemetry semantic conventions for MCP:
+/// `{mcp.method.name} {target}`, the target being the tool, prompt or resource the request is
+/// about (`tools/call import`), or the method alone.
+pub(crate) fn span_name(
+    method: &str,
+    params: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> String {
+    let target = match method {
+        methods::TOOLS_CALL | methods::PROMPTS_GET => params.and_then(|p| p.get("name")),
+        methods::RESOURCES_READ => params.and_then(|p| p.get("uri")),
+        _ => None,
+    };
+    match target.and_then(serde_json::Value::as_str) {
+        Some(target) => format!("{method} {target}"),
+        None => method.to_owned(),
+    }
+}
+
+/// `gen_ai.tool.name` of a `tools/call`.
+pub(crate) fn tool_name<'a>(
+    method: &str,
+    params: Option<&'a serde_json::Map<String, serde_json::Value>>,
+) -> Option<&'a str> {
+    (method == methods::TOOLS_CALL)
+        .then(|| params?.get("name")?.as_str())
+        .flatten()
+}
+
 /// The `mcp_method_name` label: the method when this server knows it, `other` otherwise (a
 /// client cannot make up label values).
 pub(crate) fn method_label(method: &str) -> &'static str {

@@ -214,17 +214,28 @@ impl Dispatcher {
                     .as_ref()
                     .and_then(|p| p.get("taskId"))
                     .and_then(Value::as_str);
-                // OpenTelemetry semantic conventions for MCP: `mcp.method.name`.
+                // OpenTelemetry semantic conventions for MCP: a server span named
+                // `{mcp.method.name} {target}` (`otel.*` fields name it when exported).
                 let span = tracing::info_span!(
                     "mcp.request",
+                    "otel.name" = %crate::telemetry::span_name(label, params.as_ref()),
+                    "otel.kind" = "server",
                     "mcp.method.name" = label,
+                    "jsonrpc.request.id" = %id,
+                    "gen_ai.tool.name" = crate::telemetry::tool_name(label, params.as_ref()),
                     "mcp.task.id" = task,
                     principal = %ctx.owner.log_id(),
+                    "rpc.jsonrpc.error_code" = tracing::field::Empty,
+                    "error.type" = tracing::field::Empty,
                 );
                 let answer = self
                     .request(&id, &method, params.as_ref(), ctx)
-                    .instrument(span)
+                    .instrument(span.clone())
                     .await;
+                if let Err(error) = &answer {
+                    span.record("rpc.jsonrpc.error_code", error.code);
+                    span.record("error.type", error.code.to_string());
+                }
                 crate::telemetry::operation(label, answer.is_ok(), started.elapsed());
                 match answer {
                     Ok(Answer::Result(result)) => Dispatched::Reply(Reply::ok(&id, result)),
