@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use mcp_tasks::store::{PostgresOptions, PostgresStore, Store, StoreError, TaskStore};
 use mcp_tasks::tool::{CallToolResult, InputRequest, TaskPolicy, ToolDescriptor, tool_fn};
-use mcp_tasks::{Runtime, RuntimeBuilder, RuntimeConfig};
-use serde_json::json;
-use support::embedded::{call, create, get, wait_status};
+use mcp_tasks::{Owner, Runtime, RuntimeBuilder, RuntimeConfig};
+use serde_json::{Value, json};
+use support::embedded::{call, create, get, req, wait_status};
 
 /// `journaled`: one journaled step (counted in `runs`), then asks for `confirm`, then
 /// completes with the step's value and the answer.
@@ -413,10 +413,12 @@ async fn a_listen_on_another_replica_follows_by_notification() {
 }
 
 async fn listen(rt: &Runtime, task: &str) -> mcp_tasks::MessageStream {
-    let mut params = json!({ "notifications": { "taskIds": [task] } });
-    params["_meta"] = meta();
-    let msg =
-        json!({ "jsonrpc": "2.0", "id": 7, "method": "subscriptions/listen", "params": params });
+    let msg = req(
+        7,
+        "subscriptions/listen",
+        json!({ "notifications": { "taskIds": [task] } }),
+        true,
+    );
     match rt
         .handle()
         .dispatch_json(msg, &mcp_tasks::RequestContext::new(Owner::anonymous()))
