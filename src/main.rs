@@ -64,6 +64,16 @@ struct ServeArgs {
     /// `mcp-tasks store stats|list|show|verify|backup` read the store while the server runs.
     #[arg(long)]
     no_admin_socket: bool,
+    /// With a redb store: memory for redb's page cache (bytes, or with a unit: KiB, MiB,
+    /// GiB). The server's memory does not grow with the stored tasks beyond it; reads of
+    /// older tasks then go to the operating system's page cache.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    cache_size: usize,
+    /// With a redb store: verify the checksum of every page at start (one read of the whole
+    /// file), so that a file damaged outside redb is refused instead of trusted. After a
+    /// crash redb repairs the file whatever this says.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    verify_on_open: bool,
     /// With a PostgreSQL store: this replica's node id (default: a random one, logged).
     #[arg(long, value_name = "NAME")]
     node_id: Option<String>,
@@ -424,6 +434,29 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("`{s}` is too long"))
 }
 
+/// A size in bytes: a number, optionally followed by KiB, MiB or GiB.
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let n: usize = number
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size such as 67108864, 64MiB or 1GiB"))?;
+    let factor: usize = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        other => {
+            return Err(format!(
+                "unknown unit `{other}` in `{s}`: use KiB, MiB or GiB"
+            ));
+        }
+    };
+    n.checked_mul(factor)
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
 /// Whether `store` names a PostgreSQL database rather than a redb file.
 fn is_postgres_url(store: &str) -> bool {
     store.starts_with("postgres://") || store.starts_with("postgresql://")
@@ -435,7 +468,12 @@ async fn store_builder(args: &ServeArgs) -> Result<(RuntimeBuilder, Option<Strin
         if args.node_id.is_some() {
             return Err("--node-id needs a PostgreSQL store (--store postgres://...)".into());
         }
-        return Ok((Runtime::builder(&args.store), None));
+        let options = mcp_tasks::StoreOptions {
+            cache_size: args.cache_size,
+            verify_on_open: args.verify_on_open,
+            ..Default::default()
+        };
+        return Ok((Runtime::builder(&args.store).store_options(options), None));
     }
     #[cfg(feature = "postgres")]
     {

@@ -424,6 +424,17 @@ async fn a_full_disk_fails_the_creation_with_a_clear_message_and_then_recovers()
         "the message says what failed, without the store's path: {msg}"
     );
     eprintln!("a full disk answers: {msg}");
+    // The actor started beside the failed creation commit (its tool may have begun) stops
+    // and leaves nothing live behind.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while rt.live_tasks() != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the actor of a creation that was not committed must stop ({} live)",
+            rt.live_tasks()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     // The faults are over: the store reopens and the next creation is durable.
     let mut ok = None;
     for _ in 0..5 {

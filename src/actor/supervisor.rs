@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use tokio::sync::oneshot;
 
 use super::task::Start;
 use super::{FencedStop, StoreFailure, TaskActor};
@@ -19,8 +20,13 @@ use crate::task::{TaskId, TaskRecord};
 
 /// Messages the supervisor handles. None of them touch the read path of `tasks/get`.
 pub(crate) enum SupervisorMsg {
-    /// Start the actor of a task that was just committed.
-    Spawn(Arc<TaskRecord>, RpcReplyPort<Result<(), RpcError>>),
+    /// Start the actor of a task being created, while its creation commit is in flight: the
+    /// receiver tells the actor whether the commit succeeded (see `TaskActor::post_start`).
+    Spawn(
+        Arc<TaskRecord>,
+        oneshot::Receiver<bool>,
+        RpcReplyPort<Result<(), RpcError>>,
+    ),
     /// Make sure a stored, non-terminal task has a running actor (rehydrate on touch).
     Ensure(TaskId, RpcReplyPort<Result<(), RpcError>>),
     /// On a shared store: take the task's lease for this node (whoever holds it) and run it
@@ -75,15 +81,18 @@ impl Supervisor {
         state: &mut SupervisorState,
         record: Arc<TaskRecord>,
         start: Start,
+        creation: Option<oneshot::Receiver<bool>>,
     ) -> Result<bool, RuntimeError> {
-        if record.status.is_terminal() || self.shared.live.get(&record.id).is_some() {
+        // `actor_of`: also an actor whose task's creation is still being committed.
+        if record.status.is_terminal() || self.shared.live.actor_of(&record.id).is_some() {
             return Ok(false);
         }
         let id = record.id.clone();
         let actor = TaskActor {
             shared: self.shared.clone(),
         };
-        let (actor_ref, _) = Actor::spawn_linked(None, actor, (record, start), myself.get_cell())
+        let args = (record, start, creation);
+        let (actor_ref, _) = Actor::spawn_linked(None, actor, args, myself.get_cell())
             .await
             .map_err(|e| RuntimeError::Actor {
                 task: id.clone(),
@@ -117,7 +126,7 @@ impl Supervisor {
     ) -> Result<(), RuntimeError> {
         let store = &self.shared.store;
         let take_over = store.is_shared() && (steal || !store.holds(id.as_str()));
-        match self.shared.live.get(id) {
+        match self.shared.live.actor_of(id) {
             // An actor left from a lease this node lost: it stops, the task is claimed anew
             // (or was just claimed) and runs from the stored record.
             Some(stale) if take_over || claimed => {
@@ -149,7 +158,7 @@ impl Supervisor {
         };
         let spawned = match stored {
             Some(record) => {
-                self.spawn_task(myself, state, record, Start::Resume { count, cause })
+                self.spawn_task(myself, state, record, Start::Resume { count, cause }, None)
                     .await?
             }
             None => false,
@@ -197,7 +206,7 @@ impl Supervisor {
                             .push(id.clone());
                     }
                     if let Err(e) = self
-                        .spawn_task(myself, state, Arc::new(record), resume(&id))
+                        .spawn_task(myself, state, Arc::new(record), resume(&id), None)
                         .await
                     {
                         tracing::error!(task = %id, error = %e, "could not rehydrate task");
@@ -258,8 +267,10 @@ impl Actor for Supervisor {
         state: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            SupervisorMsg::Spawn(record, port) => {
-                let r = self.spawn_task(&myself, state, record, Start::Fresh).await;
+            SupervisorMsg::Spawn(record, creation, port) => {
+                let r = self
+                    .spawn_task(&myself, state, record, Start::Fresh, Some(creation))
+                    .await;
                 let _ = port.send(r.map(|_| ()).map_err(RpcError::from));
             }
             SupervisorMsg::Ensure(id, port) => {

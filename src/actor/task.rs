@@ -6,7 +6,7 @@ use std::sync::Arc;
 use futures::FutureExt;
 use tracing::Instrument;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::shared::{LiveTask, RuntimeError, Shared, TaskMsg};
@@ -65,6 +65,9 @@ pub(crate) struct TaskState {
     publisher: watch::Sender<Arc<TaskRecord>>,
     tool: Option<ToolHandle>,
     start: Start,
+    /// A task being created: tells whether its creation commit succeeded (taken by
+    /// `post_start`).
+    creation: Option<oneshot::Receiver<bool>>,
     /// Counts this task in `mcp_tasks_tasks` under its status while the actor lives.
     gauge: TaskGauge,
 }
@@ -274,20 +277,23 @@ fn or_store_failure<T>(result: Result<T, RuntimeError>) -> Result<T, ActorProces
 impl Actor for TaskActor {
     type Msg = TaskMsg;
     type State = TaskState;
-    type Arguments = (Arc<TaskRecord>, Start);
+    type Arguments = (Arc<TaskRecord>, Start, Option<oneshot::Receiver<bool>>);
 
     async fn pre_start(
         &self,
         myself: ActorRef<TaskMsg>,
-        (record, start): (Arc<TaskRecord>, Start),
+        (record, start, creation): Self::Arguments,
     ) -> Result<TaskState, ActorProcessingErr> {
         let (publisher, snapshots) = watch::channel(record.clone());
+        // A task whose creation is in flight is registered for commands (they wait in the
+        // mailbox) but not for readers until its commit is acknowledged.
         self.shared.live.insert(
             record.id.clone(),
             LiveTask {
                 actor: myself.clone(),
                 snapshots,
             },
+            creation.is_none(),
         );
         Ok(TaskState {
             gauge: TaskGauge::new(record.status),
@@ -295,6 +301,7 @@ impl Actor for TaskActor {
             publisher,
             tool: None,
             start,
+            creation,
         })
     }
 
@@ -307,11 +314,33 @@ impl Actor for TaskActor {
             myself.stop(None);
             return Ok(());
         }
+        let mut tool_started = false;
+        if let Some(created) = state.creation.take() {
+            // A new task: the dispatcher commits its creation while this actor starts, and
+            // the tool starts now, so that its work overlaps the fsync. Nothing the tool
+            // does is committed or observed before the creation: its events wait in this
+            // actor's mailbox, which is read only after `post_start`. If the creation commit
+            // fails, the tool is stopped and the caller gets the error (the tool may have
+            // begun: tools are at-least-once, as after a crash).
+            if !state.record.is_expired(self.shared.now_ms()) {
+                tool_started = self.start_tool(&myself, state);
+            }
+            if !matches!(created.await, Ok(true)) {
+                tracing::debug!(task = %state.record.id,
+                    "the task's creation was not committed; its actor stops");
+                state.tool = None;
+                myself.stop(Some("creation not committed".into()));
+                return Ok(());
+            }
+            self.shared
+                .live
+                .mark_committed(&state.record.id, myself.get_id());
+        }
         let start = state.start.clone();
         if !or_store_failure(self.admit(&myself, state, &start).await)? {
             return Ok(());
         }
-        if !self.start_tool(&myself, state) {
+        if !tool_started && !self.start_tool(&myself, state) {
             // Not a reason to fail the task: a deployment may have dropped the tool by
             // mistake. The task waits (it can still be answered, cancelled and expired) and
             // runs at the next start that registers the tool.

@@ -138,7 +138,9 @@ impl Dispatcher {
             let local = if take_over && attempt == 0 {
                 None
             } else {
-                self.shared.live.get(id)
+                // Also an actor whose task's creation commit is in flight: the command waits
+                // in its mailbox until the commit is acknowledged.
+                self.shared.live.actor_of(id)
             };
             let live = match local {
                 Some(live) => live,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use futures::{FutureExt, StreamExt};
 use serde_json::{Map, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::shared::request_state::Binding;
@@ -310,29 +310,43 @@ impl Dispatcher {
             descriptor.initial_status_message.clone(),
         );
         // Durable before return: the handle leaves only after the commit holding the task.
-        // Commit and actor start run detached, so a caller that goes away mid-request (an HTTP
-        // client disconnecting) cannot leave a stored task without its actor.
+        // The actor is spawned while the commit is in flight (it starts the tool and waits
+        // for the commit's outcome before it handles anything or becomes visible to
+        // readers), and the handle leaves as soon as the commit returns, without waiting for
+        // the spawn. Commit and spawn run detached, so a caller that goes away mid-request
+        // (an HTTP client disconnecting) cannot leave a stored task without its actor.
         let record = Arc::new(record);
         let shared = self.shared.clone();
         let supervisor = self.supervisor.clone();
         let detached = record.clone();
+        let (answer_tx, answer_rx) = oneshot::channel::<Result<(), RpcError>>();
         tokio::spawn(async move {
-            shared.commit(&detached).await?;
-            #[cfg(feature = "failpoints")]
-            fail::fail_point!("create::after_commit");
-            let spawned = supervisor
-                .call(|port| SupervisorMsg::Spawn(detached.clone(), port), None)
-                .await;
-            if !matches!(spawned, Ok(ractor::rpc::CallResult::Success(Ok(())))) {
+            let (created_tx, created_rx) = oneshot::channel::<bool>();
+            let id = detached.id.clone();
+            let spawn = supervisor.call(
+                |port| SupervisorMsg::Spawn(detached.clone(), created_rx, port),
+                None,
+            );
+            let commit = async {
+                let committed = shared.commit(&detached).await;
+                #[cfg(feature = "failpoints")]
+                fail::fail_point!("create::after_commit");
+                let _ = created_tx.send(committed.is_ok());
+                let ok = committed.is_ok();
+                let _ = answer_tx.send(committed.map_err(RpcError::from));
+                ok
+            };
+            let (spawned, committed) = futures::future::join(spawn, commit).await;
+            if committed && !matches!(spawned, Ok(ractor::rpc::CallResult::Success(Ok(())))) {
                 // The task is stored; it runs once an actor is ensured (next touch or start).
-                tracing::error!(task = %detached.id, "task stored but its actor did not start");
+                tracing::error!(task = %id, "task stored but its actor did not start");
             }
             // The actor runs (the live count has the task) or the creation failed.
             drop(permit);
-            Ok::<(), RpcError>(())
-        })
-        .await
-        .map_err(|e| RpcError::internal(format!("task creation was interrupted: {e}")))??;
+        });
+        answer_rx
+            .await
+            .map_err(|_| RpcError::internal("task creation was interrupted"))??;
         tracing::debug!(task = %record.id, tool = %record.tool, owner = %record.owner, "task created");
         tracing::Span::current().record("mcp.task.id", record.id.as_str());
         crate::telemetry::transition(record.status);

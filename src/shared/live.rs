@@ -44,8 +44,9 @@ pub(crate) struct LiveTasks {
 
 #[derive(Default)]
 struct LiveMap {
-    /// Each live task with its owner and the size of its arguments.
-    tasks: HashMap<TaskId, (Owner, u64, LiveTask)>,
+    /// Each live task with its owner, the size of its arguments and whether its creation is
+    /// committed (an actor starts while the commit of its new task is in flight).
+    tasks: HashMap<TaskId, (Owner, u64, LiveTask, bool)>,
     /// Per owner: live tasks and the bytes of their arguments.
     per_owner: HashMap<Owner, (usize, u64)>,
 }
@@ -55,7 +56,11 @@ impl LiveTasks {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn insert(&self, id: TaskId, task: LiveTask) {
+    /// Registers the actor of a live task. `committed` = its snapshot is stored; `false` for
+    /// a task whose creation commit is still in flight: its actor takes messages (they wait
+    /// in its mailbox until the commit is acknowledged), but readers do not see it until
+    /// [`LiveTasks::mark_committed`].
+    pub(crate) fn insert(&self, id: TaskId, task: LiveTask, committed: bool) {
         let (owner, bytes) = {
             let record = task.snapshots.borrow();
             (
@@ -64,7 +69,9 @@ impl LiveTasks {
             )
         };
         let mut map = self.lock();
-        if let Some((old, old_bytes, _)) = map.tasks.insert(id, (owner.clone(), bytes, task)) {
+        if let Some((old, old_bytes, _, _)) =
+            map.tasks.insert(id, (owner.clone(), bytes, task, committed))
+        {
             map.forget_one(&old, old_bytes);
         }
         let entry = map.per_owner.entry(owner).or_default();
@@ -72,15 +79,38 @@ impl LiveTasks {
         entry.1 += bytes;
     }
 
-    pub(crate) fn get(&self, id: &TaskId) -> Option<LiveTask> {
-        self.lock().tasks.get(id).map(|(_, _, t)| t.clone())
+    /// The creation of `id`, whose actor is `actor`, is committed: readers see it from now on.
+    pub(crate) fn mark_committed(&self, id: &TaskId, actor: ActorId) {
+        if let Some(entry) = self.lock().tasks.get_mut(id)
+            && entry.2.actor.get_id() == actor
+        {
+            entry.3 = true;
+        }
     }
 
+    /// The live task, for readers: only once its creation is committed.
+    pub(crate) fn get(&self, id: &TaskId) -> Option<LiveTask> {
+        self.lock()
+            .tasks
+            .get(id)
+            .filter(|e| e.3)
+            .map(|(_, _, t, _)| t.clone())
+    }
+
+    /// The task's actor, also while its creation commit is in flight (messages wait in its
+    /// mailbox until the commit is acknowledged): for commands and the supervisor, never
+    /// for reads.
+    pub(crate) fn actor_of(&self, id: &TaskId) -> Option<LiveTask> {
+        self.lock().tasks.get(id).map(|(_, _, t, _)| t.clone())
+    }
+
+    /// The latest committed snapshot of a live task.
     pub(crate) fn snapshot(&self, id: &TaskId) -> Option<Arc<TaskRecord>> {
         self.lock()
             .tasks
             .get(id)
-            .map(|(_, _, t)| t.snapshots.borrow().clone())
+            .filter(|e| e.3)
+            .map(|(_, _, t, _)| t.snapshots.borrow().clone())
     }
 
     /// Removes the entry of `id` if it still belongs to actor `actor`.
@@ -89,8 +119,8 @@ impl LiveTasks {
         if map
             .tasks
             .get(id)
-            .is_some_and(|(_, _, t)| t.actor.get_id() == actor)
-            && let Some((owner, bytes, _)) = map.tasks.remove(id)
+            .is_some_and(|(_, _, t, _)| t.actor.get_id() == actor)
+            && let Some((owner, bytes, _, _)) = map.tasks.remove(id)
         {
             map.forget_one(&owner, bytes);
         }

@@ -158,6 +158,9 @@ pub enum Durability {
     None,
 }
 
+/// The default of [`StoreOptions::cache_size`]: 64 MiB.
+pub const DEFAULT_CACHE_SIZE: usize = 64 * 1024 * 1024;
+
 /// Options of [`Store::open`].
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
@@ -171,6 +174,11 @@ pub struct StoreOptions {
     /// being trusted (a plain open of a cleanly closed file reads damaged bytes as data).
     /// Costs one read of the whole file per open. Default `true`.
     pub verify_on_open: bool,
+    /// Bytes of redb's page cache (redb store only): pages read or written stay in memory
+    /// up to this size, so the server's memory does not grow with the stored tasks beyond
+    /// it; reads past it go to the operating system's page cache. Default 64 MiB
+    /// ([`DEFAULT_CACHE_SIZE`]).
+    pub cache_size: usize,
     /// **Unsafe; for the crash suite only.** After a failed fsync, reopen the file and go on
     /// instead of stopping (the behaviour this crate had before it became fail-stop). On Linux
     /// this can acknowledge commits that build on pages that never reach the disk; the crash
@@ -185,6 +193,7 @@ impl Default for StoreOptions {
             durability: Durability::Immediate,
             max_batch_ops: 4096,
             verify_on_open: true,
+            cache_size: DEFAULT_CACHE_SIZE,
             unsafe_reopen_after_sync_failure: false,
         }
     }

@@ -180,7 +180,13 @@ impl RedbStore {
             warn_if_readable_by_others(file);
         }
         let sync_failure = Arc::new(SyncFailure::default());
-        let db = open_database(&target, options.verify_on_open, true, &sync_failure)?;
+        let db = open_database(
+            &target,
+            options.verify_on_open,
+            options.cache_size,
+            true,
+            &sync_failure,
+        )?;
         let boot_epoch = init_tables_and_boot(&db, &path, true)?;
         if let Some(detail) = sync_failure.get() {
             return Err(StoreError::Halted { path, detail });
@@ -199,6 +205,7 @@ impl RedbStore {
             durability: options.durability,
             max_batch_ops: options.max_batch_ops.max(1),
             verify_on_open: options.verify_on_open,
+            cache_size: options.cache_size,
             reopen_after_sync_failure: options.unsafe_reopen_after_sync_failure,
             sync_failure,
             halt: halt_tx,

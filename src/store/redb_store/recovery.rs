@@ -79,8 +79,14 @@ impl Writer {
         // The file was verified when it was opened; an in-process reopen after a failed write
         // does not read it whole again. A file that disappeared is not recreated empty.
         let _ = self.verify_on_open;
-        let reopened = open_database(&self.target, false, false, &self.sync_failure)
-            .and_then(|db| init_tables_and_boot(&db, &self.path, false).map(|_| db));
+        let reopened = open_database(
+            &self.target,
+            false,
+            self.cache_size,
+            false,
+            &self.sync_failure,
+        )
+        .and_then(|db| init_tables_and_boot(&db, &self.path, false).map(|_| db));
         let state = match reopened {
             Ok(db) => {
                 tracing::warn!(path = %self.path.display(), "task store reopened after an I/O error");

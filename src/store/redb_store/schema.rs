@@ -319,6 +319,7 @@ pub(super) fn init_tables_and_boot(
 pub(super) fn open_database(
     target: &Target,
     verify: bool,
+    cache_size: usize,
     create: bool,
     sync_failure: &Arc<SyncFailure>,
 ) -> Result<Database, StoreError> {
@@ -360,6 +361,7 @@ pub(super) fn open_database(
     let opened = catch_unwind(AssertUnwindSafe(|| {
         redb::Builder::new()
             .set_check_integrity_on_open(verify)
+            .set_cache_size(cache_size)
             .create_with_backend(backend)
     }));
     let db = match opened {

@@ -29,6 +29,7 @@ pub(super) struct Writer {
     pub(super) durability: Durability,
     pub(super) max_batch_ops: usize,
     pub(super) verify_on_open: bool,
+    pub(super) cache_size: usize,
     /// See [`StoreOptions::unsafe_reopen_after_sync_failure`].
     pub(super) reopen_after_sync_failure: bool,
     pub(super) sync_failure: Arc<SyncFailure>,
