@@ -9,7 +9,7 @@
 //!
 //! | name | kind | labels | what |
 //! |------|------|--------|------|
-//! | `mcp_server_operation_duration_seconds` | histogram | `mcp_method_name`, `outcome` | one JSON-RPC request, from its bytes to its answer (`outcome`: `ok` or `error`) |
+//! | `mcp_server_operation_duration_seconds` | histogram | `mcp_method_name`, `outcome`, `error_type` | one JSON-RPC request, from its bytes to its answer (`outcome`: `ok` or `error`; a failed one also has `error_type`, its JSON-RPC error code, as the conventions' `error.type`) |
 //! | `mcp_tasks_tasks` | gauge | `status` | tasks this node runs (a task actor), by status |
 //! | `mcp_tasks_task_transitions_total` | counter | `to` | committed status changes, creations included |
 //! | `mcp_tasks_store_commit_duration_seconds` | histogram | | one group commit (one write transaction, one fsync) |
@@ -136,10 +136,20 @@ pub(crate) fn method_label(method: &str) -> &'static str {
         .unwrap_or("other")
 }
 
-/// One request answered.
-pub(crate) fn operation(method: &'static str, ok: bool, elapsed: Duration) {
-    histogram!(OPERATION_DURATION, "mcp_method_name" => method, "outcome" => if ok { "ok" } else { "error" })
-        .record(elapsed.as_secs_f64());
+/// One request answered: `error_code` is the JSON-RPC code of a failed one.
+pub(crate) fn operation(method: &'static str, error_code: Option<i64>, elapsed: Duration) {
+    let seconds = elapsed.as_secs_f64();
+    match error_code {
+        None => histogram!(OPERATION_DURATION, "mcp_method_name" => method, "outcome" => "ok")
+            .record(seconds),
+        Some(code) => histogram!(
+            OPERATION_DURATION,
+            "mcp_method_name" => method,
+            "outcome" => "error",
+            "error_type" => code.to_string()
+        )
+        .record(seconds),
+    }
 }
 
 /// A committed status change (or a creation) to `to`.

@@ -169,7 +169,7 @@ async fn metrics_count_what_a_workload_did() {
     );
     assert_eq!(
         get(
-            r#"mcp_server_operation_duration_seconds_count{mcp_method_name="tools/call",outcome="error"}"#
+            r#"mcp_server_operation_duration_seconds_count{mcp_method_name="tools/call",outcome="error",error_type="-32602"}"#
         ),
         1.0
     );

@@ -1,6 +1,6 @@
 //! Versioned postcard snapshots of [`TaskRecord`]s.
 //!
-//! Every value stored in the `tasks` table is the postcard encoding of an [`Envelope`]. The
+//! Every value stored in the `tasks` table is the postcard encoding of an `Envelope`. The
 //! persisted types in this module are separate from the domain types in [`crate::task`] and
 //! the two are converted explicitly, so the domain may change without breaking stored bytes.
 //!
@@ -24,7 +24,7 @@
 //!
 //! - Once a version has shipped, its snapshot type (`SnapshotV1` and every type it uses:
 //!   `StatusV1`, `OutcomeV1`, …) is **frozen**. Never edit it.
-//! - A new format appends a variant (`V2(SnapshotV2)`) at the end of [`Envelope`], with its
+//! - A new format appends a variant (`V2(SnapshotV2)`) at the end of `Envelope`, with its
 //!   own new types, and raises [`CURRENT_VERSION`]. Variants are never removed or reordered.
 //! - [`encode`] always writes the current version. [`decode`] reads every version and
 //!   converts older ones forward (`V1 → V2 → … → TaskRecord`), filling new fields with
@@ -49,7 +49,7 @@ use serde_json::Value;
 
 use crate::task::{TaskOutcome, Owner, TaskError, TaskId, TaskRecord, TaskStatus};
 
-/// The format version [`encode`] writes (variant index + 1 of the newest [`Envelope`]
+/// The format version [`encode`] writes (variant index + 1 of the newest `Envelope`
 /// variant).
 pub const CURRENT_VERSION: u32 = 3;
 
@@ -84,7 +84,7 @@ enum Envelope {
     V3(SnapshotV3),
 }
 
-/// Number of variants of [`Envelope`]; variant index `i < KNOWN_VARIANTS` is known.
+/// Number of variants of `Envelope`; variant index `i < KNOWN_VARIANTS` is known.
 const KNOWN_VARIANTS: u32 = 3;
 const _: () = assert!(KNOWN_VARIANTS == CURRENT_VERSION);
 

@@ -236,7 +236,11 @@ impl Dispatcher {
                     span.record("rpc.jsonrpc.error_code", error.code);
                     span.record("error.type", error.code.to_string());
                 }
-                crate::telemetry::operation(label, answer.is_ok(), started.elapsed());
+                crate::telemetry::operation(
+                    label,
+                    answer.as_ref().err().map(|e| e.code),
+                    started.elapsed(),
+                );
                 match answer {
                     Ok(Answer::Result(result)) => Dispatched::Reply(Reply::ok(&id, result)),
                     Ok(Answer::Stream(stream)) => Dispatched::Stream(stream),

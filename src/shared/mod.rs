@@ -1,8 +1,8 @@
 //! The state one runtime shares between its dispatcher, its actors and its reaper: the bottom
 //! layer above the store, the domain and the tool registry.
 //!
-//! [`Shared`] (store, tools, clock, config, live tasks, catalog, request-state codec, quotas),
-//! [`LiveTasks`] (the live tasks by id with their committed snapshots and the messages their
+//! `Shared` (store, tools, clock, config, live tasks, catalog, request-state codec, quotas),
+//! `LiveTasks` (the live tasks by id with their committed snapshots and the messages their
 //! actors take), [`RuntimeConfig`], [`RuntimeError`] and the MRTR `requestState` codec. The
 //! actors, the dispatcher and the runtime build on this module; it names none of them.
 
