@@ -268,9 +268,19 @@ async fn pair(
     poll: Duration,
     runs: &Arc<AtomicUsize>,
 ) -> (Runtime, Arc<PostgresStore>, Runtime, Arc<PostgresStore>) {
+    pair_named(pg, poll, runs, ["a", "b"]).await
+}
+
+/// [`pair`] with these node ids.
+async fn pair_named(
+    pg: &pg::Pg,
+    poll: Duration,
+    runs: &Arc<AtomicUsize>,
+    names: [&str; 2],
+) -> (Runtime, Arc<PostgresStore>, Runtime, Arc<PostgresStore>) {
     let ttl = Duration::from_secs(10);
     let mut nodes = Vec::new();
-    for node in ["a", "b"] {
+    for node in names {
         let store = Arc::new(
             PostgresStore::open(&pg.url, polling(pg, node, ttl, poll))
                 .await
@@ -407,6 +417,66 @@ async fn a_listen_on_another_replica_follows_by_notification() {
         completed["result"]["content"][0]["text"],
         get(&a, &task).await["result"]["result"]["content"][0]["text"]
     );
+    a.shutdown().await;
+    b.shutdown().await;
+    pg.drop().await;
+}
+
+/// Catch-up after a reconnection: b's listen follows a task a runs, with a polling fallback
+/// of a minute; the notification of its completion is lost, then PostgreSQL ends b's
+/// listening connection. b reconnects, and its catch-up read delivers the completion far
+/// sooner than the poll would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnected_listener_catches_up_with_what_it_missed() {
+    let Some(pg) = pg::fresh().await else { return };
+    let runs = Arc::new(AtomicUsize::new(0));
+    // b's node id is unique to this test: its listening connection is found by its name
+    // among those of the tests running beside it.
+    let b_node = format!("b-{}", pg.schema);
+    let (a, _a_store, b, b_store) =
+        pair_named(&pg, Duration::from_secs(60), &runs, ["a", &b_node]).await;
+    let task = create(&a, "journaled", json!({})).await;
+    wait_status(&a, &task, "input_required").await;
+    for _ in 0..200 {
+        if b_store.is_listening() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(b_store.is_listening());
+    let mut stream = listen(&b, &task).await;
+    assert_eq!(
+        next_task_state(&mut stream).await["status"],
+        "input_required"
+    );
+    b_store.lose_notifications(true);
+    let r = call(&a, "tasks/update", confirm(&task)).await;
+    assert!(r.get("result").is_some(), "{r}");
+    wait_status(&a, &task, "completed").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    b_store.lose_notifications(false);
+    let client = pg.client().await;
+    let ended: i64 = client
+        .query_one(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE application_name = $1) t",
+            &[&format!("mcp-tasks {b_node} (listen)")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(ended, 1, "b's listening connection was ended");
+    let completed = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let state = next_task_state(&mut stream).await;
+            if state["status"] == "completed" {
+                return state;
+            }
+        }
+    })
+    .await
+    .expect("the catch-up after the reconnection delivered the completion before the 60 s poll");
+    assert_eq!(completed["status"], "completed");
     a.shutdown().await;
     b.shutdown().await;
     pg.drop().await;

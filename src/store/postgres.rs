@@ -668,7 +668,13 @@ impl PostgresStore {
                 .map_err(|e| open_err(&label, e))?;
             config.options(format!("-c search_path={schema}"));
         }
-        let listen_config = config.clone();
+        // The listening connection names itself apart (operators see it in pg_stat_activity).
+        let mut listen_config = config.clone();
+        let name = format!(
+            "{} (listen)",
+            config.get_application_name().unwrap_or("mcp-tasks")
+        );
+        listen_config.application_name(name);
         let pool = pool(
             config,
             options.pool_size.max(1),
