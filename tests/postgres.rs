@@ -802,7 +802,9 @@ async fn the_replica_demo_shows_the_takeover_and_the_refused_late_completion() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn takeovers_of_lapsed_leases_spend_one_cluster_wide_restart_budget() {
     let Some(pg) = pg::fresh().await else { return };
-    let ttl = Duration::from_millis(600);
+    // Long enough that a loaded machine does not miss heartbeats (a spurious lapse would
+    // count a run too).
+    let ttl = Duration::from_millis(1500);
     let hang = || {
         tool_fn(
             ToolDescriptor::new("hang", "never ends").task_policy(TaskPolicy::Always),
