@@ -80,7 +80,7 @@ pub enum StoreError {
     },
     /// A write transaction failed; none of the ops of that batch (or job) are stored.
     #[error("committing to the task store failed: {0}")]
-    Commit(String),
+    Commit(#[source] Cause),
     /// The store stopped for good after a failed fsync (fail-stop): nothing is written or read
     /// any more, because the OS may have dropped the writes of the failed sync while still
     /// showing them to readers. Restart the process (see [`Store::halted`]).
@@ -107,7 +107,7 @@ pub enum StoreError {
     },
     /// A read transaction failed.
     #[error("reading the task store failed: {0}")]
-    Read(String),
+    Read(#[source] Cause),
     /// An I/O error made the store unusable and reopening it failed; every write tries to reopen
     /// it again first. Nothing acknowledged before the error is lost.
     #[error(
@@ -140,6 +140,86 @@ pub enum StoreError {
         /// The newest version this build knows.
         supported: i64,
     },
+}
+
+/// What went wrong underneath a [`StoreError::Commit`] or [`StoreError::Read`]: the backend's
+/// own error (redb's, PostgreSQL's, an I/O error), kept as the `source()` chain, or a
+/// description where there is no error value (a panic inside redb, a stopped writer thread).
+///
+/// Cheap to clone (shared): one failed group commit is reported to every waiter of its batch.
+#[derive(Clone)]
+pub struct Cause {
+    message: Arc<str>,
+    source: CauseSource,
+}
+
+#[derive(Clone)]
+enum CauseSource {
+    /// No underlying error value.
+    None,
+    /// The cause *is* this error: its message is shown, its own source continues the chain.
+    Is(Arc<dyn std::error::Error + Send + Sync + 'static>),
+    /// This error underlies a message of its own.
+    Under(Arc<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+impl Cause {
+    /// The cause is `error` (its message, then its own sources).
+    pub fn of(error: impl std::error::Error + Send + Sync + 'static) -> Cause {
+        Cause {
+            message: error.to_string().into(),
+            source: CauseSource::Is(Arc::new(error)),
+        }
+    }
+
+    /// A cause with no error value underneath.
+    pub fn message(message: impl Into<String>) -> Cause {
+        Cause {
+            message: message.into().into(),
+            source: CauseSource::None,
+        }
+    }
+
+    /// A description of its own, with `error` underneath it.
+    pub fn context(
+        message: impl Into<String>,
+        error: impl std::error::Error + Send + Sync + 'static,
+    ) -> Cause {
+        Cause {
+            message: message.into().into(),
+            source: CauseSource::Under(Arc::new(error)),
+        }
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::fmt::Debug for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Cause");
+        d.field("message", &self.message);
+        match &self.source {
+            CauseSource::None => {}
+            CauseSource::Is(e) | CauseSource::Under(e) => {
+                d.field("error", e);
+            }
+        }
+        d.finish()
+    }
+}
+
+impl std::error::Error for Cause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.source {
+            CauseSource::None => None,
+            CauseSource::Is(e) => e.source(),
+            CauseSource::Under(e) => Some(e.as_ref()),
+        }
+    }
 }
 
 /// Makes a fresh [`StorageBackend`] over the same bytes, for [`Store::open_with_backend`]. Called

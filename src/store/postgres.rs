@@ -36,7 +36,8 @@ use tokio_postgres::NoTls;
 
 use super::postgres_notify::{self, Hub};
 use super::{
-    Cluster, Expect, RemoteCommand, StoreError, StoreFuture, StoreStats, TaskStore, Wakeup, WriteOp,
+    Cause, Cluster, Expect, RemoteCommand, StoreError, StoreFuture, StoreStats, TaskStore, Wakeup,
+    WriteOp,
 };
 
 /// The newest schema version this build knows.
@@ -305,10 +306,14 @@ impl From<StoreError> for PgFailure {
 impl Inner {
     /// Turns a failure into a [`StoreError`], and notes whether the database is reachable.
     fn fail(&self, failure: PgFailure, write: bool) -> StoreError {
-        let (unreachable, detail) = match failure {
+        let (unreachable, detail, error) = match failure {
             PgFailure::Store(e) => return e,
-            PgFailure::Pool(detail) => (true, detail),
-            PgFailure::Pg(e) => (is_connection_error(&e), pg_detail(&e)),
+            PgFailure::Pool(detail) => (true, detail, None),
+            PgFailure::Pg(e) => (is_connection_error(&e), pg_detail(&e), Some(e)),
+        };
+        let cause = |detail: String| match error {
+            Some(e) => Cause::context(detail, e),
+            None => Cause::message(detail),
         };
         if unreachable {
             tracing::warn!(store = %self.label, %detail, "the PostgreSQL store is unreachable");
@@ -318,9 +323,9 @@ impl Inner {
                 detail,
             }
         } else if write {
-            StoreError::Commit(detail)
+            StoreError::Commit(cause(detail))
         } else {
-            StoreError::Read(detail)
+            StoreError::Read(cause(detail))
         }
     }
 
@@ -486,9 +491,8 @@ impl Inner {
         }
         #[cfg(feature = "failpoints")]
         fail::fail_point!("store::group_commit", |arg| {
-            Err(PgFailure::Store(StoreError::Commit(format!(
-                "failpoint store::group_commit: {}",
-                arg.unwrap_or_default()
+            Err(PgFailure::Store(StoreError::Commit(Cause::message(
+                format!("failpoint store::group_commit: {}", arg.unwrap_or_default()),
             ))))
         });
         tx.commit().await?;

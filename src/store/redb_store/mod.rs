@@ -26,6 +26,17 @@ mod recovery;
 pub(crate) mod schema;
 mod writer;
 
+/// A redb error as a [`Cause`]. redb's errors do not chain their sources, so an I/O error
+/// inside one is put underneath explicitly (a caller can reach the `std::io::Error`).
+fn redb_cause(error: impl Into<redb::Error>) -> Cause {
+    let error: redb::Error = error.into();
+    let message = error.to_string();
+    match error {
+        redb::Error::Io(io) => Cause::context(message, io),
+        other => Cause::of(other),
+    }
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -42,7 +53,7 @@ use tokio::sync::oneshot;
 
 use futures::future::BoxFuture;
 
-use super::{BackendFactory, StoreError, StoreFuture, StoreOptions, StoreStats, WriteOp};
+use super::{BackendFactory, Cause, StoreError, StoreFuture, StoreOptions, StoreStats, WriteOp};
 #[cfg(test)]
 use super::{Durability, Expect};
 #[cfg(test)]
@@ -280,9 +291,9 @@ impl RedbStore {
             .fetch_add(1, Ordering::SeqCst);
         match rx.await {
             Ok(result) => result,
-            Err(_) => Err(StoreError::Commit(
-                "the writer thread stopped before acknowledging the commit".into(),
-            )),
+            Err(_) => Err(StoreError::Commit(Cause::message(
+                "the writer thread stopped before acknowledging the commit",
+            ))),
         }
     }
 

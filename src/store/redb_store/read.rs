@@ -6,8 +6,8 @@ use std::sync::Arc;
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 use super::schema::{DUE, LIVE, META, TASKS};
-use super::{DbState, RedbStore, panic_message};
-use crate::store::StoreError;
+use super::{DbState, RedbStore, panic_message, redb_cause};
+use crate::store::{Cause, StoreError};
 
 impl RedbStore {
     /// The snapshot bytes of task `id`.
@@ -164,18 +164,18 @@ impl RedbStore {
             match catch_unwind(AssertUnwindSafe(run)) {
                 Ok(result) => result.map_err(|e| {
                     tracing::error!(path = %path.display(), error = %e, "reading the task store failed");
-                    StoreError::Read(e.to_string())
+                    StoreError::Read(redb_cause(e))
                 }),
                 Err(panic) => {
                     let msg = panic_message(&panic);
                     tracing::error!(path = %path.display(), panic = %msg, "redb panicked in a read");
-                    Err(StoreError::Read(format!("redb panicked: {msg}")))
+                    Err(StoreError::Read(Cause::message(format!("redb panicked: {msg}"))))
                 }
             }
         });
         match task.await {
             Ok(result) => result,
-            Err(e) => Err(StoreError::Read(format!("the read task failed: {e}"))),
+            Err(e) => Err(StoreError::Read(Cause::context("the read task failed", e))),
         }
     }
 }

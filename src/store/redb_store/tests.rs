@@ -525,7 +525,7 @@ fn errors_are_clear() {
     let e = StoreError::AlreadyOpen { path };
     assert!(e.to_string().contains("already open"));
     // Clone is required: one commit error goes to every waiter.
-    let e = StoreError::Commit("disk full".into());
+    let e = StoreError::Commit(Cause::message("disk full"));
     assert_eq!(e.clone().to_string(), e.to_string());
 }
 
@@ -643,5 +643,105 @@ async fn conditional_puts_refuse_a_stale_writer() {
         .commit(vec![cas("a", b"new", 1, Expect::Absent)])
         .await
         .unwrap();
+    store.close().await;
+}
+
+/// Bytes in memory whose writes can be made to fail, shared by every backend a factory makes.
+#[derive(Debug, Clone, Default)]
+struct FlakyDisk {
+    bytes: Arc<std::sync::Mutex<Vec<u8>>>,
+    fail_writes: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl redb::StorageBackend for FlakyDisk {
+    fn len(&self) -> std::io::Result<u64> {
+        Ok(self.bytes.lock().unwrap().len() as u64)
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        let bytes = self.bytes.lock().unwrap();
+        let start = offset as usize;
+        out.copy_from_slice(&bytes[start..start + out.len()]);
+        Ok(())
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.bytes.lock().unwrap().resize(len as usize, 0);
+        Ok(())
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        if self.fail_writes.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                "injected: no space left",
+            ));
+        }
+        let mut bytes = self.bytes.lock().unwrap();
+        let start = offset as usize;
+        if bytes.len() < start + data.len() {
+            bytes.resize(start + data.len(), 0);
+        }
+        bytes[start..start + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+}
+
+/// A failed commit keeps the I/O error that caused it as its `source()` chain (not only as
+/// text), and the store goes on once the disk recovers.
+#[tokio::test]
+async fn a_failed_commit_keeps_its_cause() {
+    let disk = FlakyDisk::default();
+    let factory: BackendFactory = {
+        let disk = disk.clone();
+        Arc::new(move || Ok(Box::new(disk.clone()) as Box<dyn redb::StorageBackend>))
+    };
+    // Durable commits: each one writes its pages to the disk.
+    let store =
+        RedbStore::open_with_backend_async("flaky.redb".into(), factory, StoreOptions::default())
+            .await
+            .unwrap();
+    store
+        .commit(vec![put("a", b"one", true, None)])
+        .await
+        .unwrap();
+    disk.fail_writes
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let err = store
+        .commit(vec![put("b", b"two", true, None)])
+        .await
+        .expect_err("the write fails");
+    assert!(matches!(err, StoreError::Commit(_)), "{err:?}");
+    let mut chain = Vec::new();
+    let mut io = None;
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&err);
+    while let Some(e) = next {
+        chain.push(e.to_string());
+        io = io.or_else(|| e.downcast_ref::<std::io::Error>().map(|e| e.kind()));
+        next = e.source();
+    }
+    assert!(chain.len() >= 2, "the cause is a source: {chain:?}");
+    assert!(
+        chain.iter().any(|m| m.contains("injected: no space left")),
+        "{chain:?}"
+    );
+    assert_eq!(io, Some(std::io::ErrorKind::StorageFull), "{chain:?}");
+    disk.fail_writes
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let mut recovered = false;
+    for _ in 0..50 {
+        if store
+            .commit(vec![put("c", b"three", true, None)])
+            .await
+            .is_ok()
+        {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(recovered, "the store reopens after the disk recovers");
+    assert_eq!(store.get("a").await.unwrap().as_deref(), Some(&b"one"[..]));
+    assert_eq!(store.get("b").await.unwrap(), None);
     store.close().await;
 }

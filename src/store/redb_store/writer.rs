@@ -12,8 +12,8 @@ use redb::{Database, ReadableTable, WriteTransaction};
 use tokio::sync::oneshot;
 
 use super::schema::{DUE, DUE_BY_ID, LIVE, META, SEQ, SyncFailure, TASKS, Target};
-use super::{Counters, DbState, panic_message};
-use crate::store::{Durability, Expect, StoreError, WriteOp};
+use super::{Counters, DbState, panic_message, redb_cause};
+use crate::store::{Cause, Durability, Expect, StoreError, WriteOp};
 
 /// One [`RedbStore::commit`] call waiting on the writer.
 pub(super) struct Job {
@@ -178,15 +178,15 @@ fn apply_jobs_inner(
                 .iter()
                 .map(|job| {
                     if poisoned {
-                        return Err(StoreError::Commit(
-                            "not attempted after an I/O error in the same batch".into(),
-                        ));
+                        return Err(StoreError::Commit(Cause::message(
+                            "not attempted after an I/O error in the same batch",
+                        )));
                     }
                     let (mut r, p) =
                         apply_jobs_inner(db, path, durability, std::slice::from_ref(job), counters);
                     poisoned |= p;
                     r.pop()
-                        .unwrap_or_else(|| Err(StoreError::Commit("no result".into())))
+                        .unwrap_or_else(|| Err(StoreError::Commit(Cause::message("no result"))))
                 })
                 .collect();
             (results, poisoned)
@@ -207,8 +207,8 @@ fn apply_jobs_inner(
 /// beginning or committing it (maybe an I/O error: the batch's outcome is reported to all its
 /// jobs, and the database is reopened).
 enum Failure {
-    Apply(String),
-    Commit(String),
+    Apply(Cause),
+    Commit(Cause),
 }
 
 fn guarded<T>(path: &Path, f: impl FnOnce() -> Result<T, Failure>) -> Result<T, Failure> {
@@ -217,7 +217,9 @@ fn guarded<T>(path: &Path, f: impl FnOnce() -> Result<T, Failure>) -> Result<T, 
         Err(panic) => {
             let msg = panic_message(&panic);
             tracing::error!(path = %path.display(), panic = %msg, "redb panicked in a write");
-            Err(Failure::Commit(format!("redb panicked: {msg}")))
+            Err(Failure::Commit(Cause::message(format!(
+                "redb panicked: {msg}"
+            ))))
         }
     }
 }
@@ -229,25 +231,25 @@ fn one_transaction(
 ) -> Result<Vec<Result<(), StoreError>>, Failure> {
     let mut txn = db
         .begin_write()
-        .map_err(|e| Failure::Commit(e.to_string()))?;
+        .map_err(|e| Failure::Commit(redb_cause(e)))?;
     if durability == Durability::None {
         txn.set_durability(redb::Durability::None)
-            .map_err(|e| Failure::Commit(e.to_string()))?;
+            .map_err(|e| Failure::Commit(redb_cause(e)))?;
     }
     let results = apply_jobs_to(&txn, jobs).map_err(|e| match e {
         // redb latches an I/O error: the database must be reopened like after a failed commit.
-        redb::Error::Io(_) | redb::Error::PreviousIo => Failure::Commit(e.to_string()),
-        other => Failure::Apply(other.to_string()),
+        redb::Error::Io(_) | redb::Error::PreviousIo => Failure::Commit(redb_cause(e)),
+        other => Failure::Apply(redb_cause(other)),
     })?;
     // Inside a group commit: the ops are applied, the commit has not started.
     #[cfg(feature = "failpoints")]
     fail::fail_point!("store::group_commit", |arg| {
-        Err(Failure::Commit(format!(
+        Err(Failure::Commit(Cause::message(format!(
             "failpoint store::group_commit: {}",
             arg.unwrap_or_default()
-        )))
+        ))))
     });
-    txn.commit().map_err(|e| Failure::Commit(e.to_string()))?;
+    txn.commit().map_err(|e| Failure::Commit(redb_cause(e)))?;
     Ok(results)
 }
 
