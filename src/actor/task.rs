@@ -75,9 +75,21 @@ pub(crate) struct TaskState {
 impl TaskActor {
     /// Applies `event`: pure next state, durable commit, swap, publish. Returns whether the
     /// record changed. A terminal record stops the actor (reads then go to the store).
-    #[tracing::instrument(name = "task.transition", level = "debug", skip_all,
-        fields(task = %state.record.id, seq = state.record.seq))]
-    async fn transition(
+    ///
+    /// Boxed: the actor's own future (allocated once per live task, for as long as the task
+    /// lives) then holds a pointer instead of the whole commit state machine.
+    fn transition<'a>(
+        &'a self,
+        myself: &'a ActorRef<TaskMsg>,
+        state: &'a mut TaskState,
+        event: Event,
+    ) -> futures::future::BoxFuture<'a, Result<bool, RuntimeError>> {
+        let span = tracing::debug_span!("task.transition", task = %state.record.id,
+            seq = state.record.seq);
+        Box::pin(self.transition_inner(myself, state, event).instrument(span))
+    }
+
+    async fn transition_inner(
         &self,
         myself: &ActorRef<TaskMsg>,
         state: &mut TaskState,

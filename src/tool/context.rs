@@ -114,12 +114,28 @@ fn capability_for(request: &Value) -> Option<&'static str> {
 
 struct Inner {
     owner: Owner,
-    client_capabilities: Value,
+    client_capabilities: Capabilities,
     task_id: Option<TaskId>,
     mode: Mode,
     /// Step names used by this run of the tool (a name used twice is a bug of the tool).
     steps: std::sync::Mutex<std::collections::BTreeSet<String>>,
     progress: Option<RequestSink>,
+}
+
+/// The client capabilities a context answers with: a task's are read from its record (shared,
+/// not copied: a live task keeps its context for as long as its tool runs).
+enum Capabilities {
+    Owned(Value),
+    Task(Arc<TaskRecord>),
+}
+
+impl Capabilities {
+    fn get(&self) -> &Value {
+        match self {
+            Capabilities::Owned(v) => v,
+            Capabilities::Task(record) => &record.client_capabilities,
+        }
+    }
 }
 
 /// Where the request-scoped notifications of a synchronous call go, on the response stream
@@ -265,11 +281,11 @@ pub struct ToolContext {
 }
 
 impl ToolContext {
-    pub(crate) fn for_task(record: &TaskRecord, link: TaskLink) -> Self {
+    pub(crate) fn for_task(record: &Arc<TaskRecord>, link: TaskLink) -> Self {
         Self {
             inner: Arc::new(Inner {
                 owner: record.owner.clone(),
-                client_capabilities: record.client_capabilities.clone(),
+                client_capabilities: Capabilities::Task(record.clone()),
                 task_id: Some(record.id.clone()),
                 mode: Mode::Task(link),
                 steps: Default::default(),
@@ -299,7 +315,7 @@ impl ToolContext {
         Self {
             inner: Arc::new(Inner {
                 owner,
-                client_capabilities,
+                client_capabilities: Capabilities::Owned(client_capabilities),
                 task_id: None,
                 mode: Mode::Inline(inputs),
                 steps: Default::default(),
@@ -332,7 +348,7 @@ impl ToolContext {
 
     /// The client capabilities declared on the request that started the call.
     pub fn client_capabilities(&self) -> &Value {
-        &self.inner.client_capabilities
+        self.inner.client_capabilities.get()
     }
 
     fn snapshot(&self) -> Option<Arc<TaskRecord>> {
@@ -560,6 +576,7 @@ impl ToolContext {
                 && !self
                     .inner
                     .client_capabilities
+                    .get()
                     .get(cap)
                     .is_some_and(Value::is_object)
             {
