@@ -87,7 +87,13 @@ impl Owner {
     /// A short pseudonym of this owner for logs and traces: the first 8 bytes of its digest in
     /// hex. It tells requests of one owner apart without writing who the owner is.
     pub fn log_id(&self) -> String {
-        self.digest()[..8].iter().map(|b| format!("{b:02x}")).collect()
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut out = String::with_capacity(16);
+        for b in &self.digest()[..8] {
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+        out
     }
 
     /// An owner from a tenant and a principal.
@@ -159,5 +165,17 @@ mod tests {
         ] {
             assert_eq!(TaskId::parse(bad), Err(TaskIdError::Malformed), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn log_id_is_the_hex_of_the_first_eight_digest_bytes() {
+        let owner = Owner::new("acme", "alice");
+        let expected: String = owner.digest()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(owner.log_id(), expected);
+        assert_eq!(owner.log_id().len(), 16);
+        assert_ne!(owner.log_id(), Owner::new("acme", "bob").log_id());
     }
 }
