@@ -409,67 +409,77 @@ fn http_part(args: &Args, dir: &Path) {
 }
 
 /// In process: lifecycles through `RuntimeHandle::handle_json` (no HTTP), `concurrency`
-/// clients; (lifecycles/s, store commits per lifecycle).
-async fn in_process(store: Store, concurrency: usize, tasks: usize) -> (f64, f64) {
-    let rt = mcp_tasks::fixtures::bench::install(Runtime::builder_with_store(store))
-        .quotas(mcp_tasks::quota::Quotas::unlimited())
-        .start()
-        .await
-        .expect("runtime start");
-    let handle = rt.handle();
-    let owner = Owner::new("bench", "client");
-    let meta = json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {
-            "extensions": { "io.modelcontextprotocol/tasks": {} }
-        }
+/// clients on their own single-threaded runtime and OS thread (as over HTTP, so that polling
+/// clients do not occupy the runtime's workers); (lifecycles/s, store commits per lifecycle).
+fn in_process(
+    rt: &tokio::runtime::Runtime,
+    store: Store,
+    concurrency: usize,
+    tasks: usize,
+) -> (f64, f64) {
+    let runtime = rt.block_on(async {
+        mcp_tasks::fixtures::bench::install(Runtime::builder_with_store(store))
+            .quotas(mcp_tasks::quota::Quotas::unlimited())
+            .start()
+            .await
+            .expect("runtime start")
     });
-    let commits_before = rt.store().stats().commits;
+    let handle = runtime.handle();
+    let commits_before = runtime.store().stats().commits;
     let started = Instant::now();
-    let workers = (0..concurrency).map(|c| {
-        let handle = handle.clone();
-        let owner = owner.clone();
-        let meta = meta.clone();
-        let share = tasks / concurrency + usize::from(c < tasks % concurrency);
-        tokio::spawn(async move {
-            for i in 0..share {
-                let created = handle
-                    .handle_json(
-                        json!({ "jsonrpc": "2.0", "id": i, "method": "tools/call",
-                            "params": { "name": "sleep_task", "arguments": {"ms": 0},
-                                        "_meta": meta } }),
-                        &owner,
-                    )
-                    .await
-                    .expect("a response");
-                let task = created["result"]["taskId"]
-                    .as_str()
-                    .unwrap_or_else(|| panic!("not a task: {created}"))
-                    .to_owned();
-                loop {
-                    let got: Value = handle
-                        .handle_json(
-                            json!({ "jsonrpc": "2.0", "id": i, "method": "tasks/get",
-                                "params": { "taskId": task, "_meta": meta } }),
-                            &owner,
-                        )
-                        .await
-                        .expect("a response");
-                    match got["result"]["status"].as_str() {
-                        Some("completed") => break,
-                        Some("working") => tokio::task::yield_now().await,
-                        other => panic!("unexpected status {other:?}: {got}"),
+    on_client_thread(move || {
+        Box::pin(async move {
+            let owner = Owner::new("bench", "client");
+            let meta = json!({
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {
+                    "extensions": { "io.modelcontextprotocol/tasks": {} }
+                }
+            });
+            let workers = (0..concurrency).map(|c| {
+                let handle = handle.clone();
+                let owner = owner.clone();
+                let meta = meta.clone();
+                let share = tasks / concurrency + usize::from(c < tasks % concurrency);
+                async move {
+                    for i in 0..share {
+                        let created = handle
+                            .handle_json(
+                                json!({ "jsonrpc": "2.0", "id": i, "method": "tools/call",
+                                    "params": { "name": "sleep_task", "arguments": {"ms": 0},
+                                                "_meta": meta } }),
+                                &owner,
+                            )
+                            .await
+                            .expect("a response");
+                        let task = created["result"]["taskId"]
+                            .as_str()
+                            .unwrap_or_else(|| panic!("not a task: {created}"))
+                            .to_owned();
+                        loop {
+                            let got: Value = handle
+                                .handle_json(
+                                    json!({ "jsonrpc": "2.0", "id": i, "method": "tasks/get",
+                                        "params": { "taskId": task, "_meta": meta } }),
+                                    &owner,
+                                )
+                                .await
+                                .expect("a response");
+                            match got["result"]["status"].as_str() {
+                                Some("completed") => break,
+                                Some("working") => tokio::task::yield_now().await,
+                                other => panic!("unexpected status {other:?}: {got}"),
+                            }
+                        }
                     }
                 }
-            }
+            });
+            futures::future::join_all(workers).await;
         })
     });
-    for w in futures::future::join_all(workers).await {
-        w.expect("a client task");
-    }
     let rate = tasks as f64 / started.elapsed().as_secs_f64();
-    let commits = rt.store().stats().commits - commits_before;
-    rt.shutdown().await;
+    let commits = runtime.store().stats().commits - commits_before;
+    rt.block_on(runtime.shutdown());
     (rate, commits as f64 / tasks as f64)
 }
 
@@ -489,8 +499,8 @@ fn inprocess_part(args: &Args, dir: &Path) {
         for rep in 0..args.reps {
             let path = dir.join(format!("inproc-{concurrency}-{rep}.redb"));
             let store = Store::open(&path, Default::default()).expect("store");
-            let (r, c) = rt.block_on(in_process(store, concurrency, tasks));
-            let (m, _) = rt.block_on(in_process(Store::memory(), concurrency, tasks));
+            let (r, c) = in_process(&rt, store, concurrency, tasks);
+            let (m, _) = in_process(&rt, Store::memory(), concurrency, tasks);
             println!(
                 "rep {rep} C={concurrency}: redb {r:.0}/s ({c:.2} commits per lifecycle), memory {m:.0}/s"
             );
