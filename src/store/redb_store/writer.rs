@@ -275,12 +275,18 @@ fn apply_jobs_to(
                     let exists = tasks.get(id)?.is_some();
                     Ok((exists, seqs.get(id)?.map(|v| v.value())))
                 };
+                // One lookup in the common case: a `seq` entry exists only beside a stored
+                // snapshot (every write and delete keeps the two together), so the expected
+                // number found there proves the task is stored; a new id is checked in
+                // `tasks` alone. Anything else takes the full check.
                 let conflict = match *expect {
                     Expect::Any => None,
+                    Expect::Absent if tasks.get(id)?.is_none() => None,
                     Expect::Absent => match stored()? {
                         (false, _) => None,
                         (true, found) => Some((None, found)),
                     },
+                    Expect::Seq(n) if seqs.get(id)?.map(|v| v.value()) == Some(n) => None,
                     Expect::Seq(n) => match stored()? {
                         (true, Some(found)) if found == n => None,
                         // Stored before sequence numbers were kept: accepted once.
