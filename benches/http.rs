@@ -22,12 +22,13 @@
 //! no retries. A lifecycle is `tools/call` of `sleep_task {"ms":0}`, then `tasks/get` at once
 //! again until the task is terminal. Nothing here asserts speed.
 
-use std::net::TcpListener;
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mcp_tasks::client::{CallOutcome, Client, RetryPolicy, TaskHandle};
+use common::{client, create_sleep, free_port, on_client_thread, wait_ready};
 use mcp_tasks::store::Store;
 use mcp_tasks::{Owner, Runtime};
 use serde_json::{Value, json};
@@ -115,43 +116,6 @@ fn median(mut runs: Vec<Measure>) -> Measure {
     runs[runs.len() / 2]
 }
 
-/// Runs `f` on a fresh single-threaded tokio runtime on its own OS thread: the client side of
-/// a measurement keeps to one core, as the external load generator does by default.
-fn on_client_thread<T: Send + 'static>(
-    f: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = T>>> + Send + 'static,
-) -> T {
-    std::thread::spawn(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("client runtime")
-            .block_on(f())
-    })
-    .join()
-    .expect("client thread")
-}
-
-async fn client(url: &str) -> Client {
-    Client::http(url)
-        .expect("client")
-        .retry(RetryPolicy::none())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .await
-        .expect("client build")
-}
-
-async fn create(client: &Client) -> TaskHandle {
-    match client
-        .call_tool("sleep_task", json!({ "ms": 0 }))
-        .await
-        .expect("tools/call")
-    {
-        CallOutcome::Task(handle) => handle,
-        CallOutcome::Complete(r) => panic!("sleep_task did not become a task: {r}"),
-    }
-}
-
 /// `concurrency` clients share `tasks` lifecycles; rate = lifecycles/s, latency = time to
 /// terminal.
 fn lifecycles(url: &str, concurrency: usize, tasks: usize) -> Measure {
@@ -160,7 +124,7 @@ fn lifecycles(url: &str, concurrency: usize, tasks: usize) -> Measure {
         Box::pin(async move {
             let mut clients = Vec::new();
             for _ in 0..concurrency {
-                clients.push(client(&url).await);
+                clients.push(client(&url, Duration::from_secs(30)).await);
             }
             let started = Instant::now();
             let workers = clients.into_iter().enumerate().map(|(c, client)| {
@@ -169,7 +133,7 @@ fn lifecycles(url: &str, concurrency: usize, tasks: usize) -> Measure {
                     let mut latencies = Vec::with_capacity(share);
                     for _ in 0..share {
                         let t = Instant::now();
-                        let handle = create(&client).await;
+                        let handle = create_sleep(&client, 0).await;
                         loop {
                             let task = handle.get().await.expect("tasks/get");
                             if task.is_terminal() {
@@ -199,7 +163,7 @@ fn creates(url: &str, concurrency: usize, secs: f64) -> Measure {
         Box::pin(async move {
             let mut clients = Vec::new();
             for _ in 0..concurrency {
-                clients.push(client(&url).await);
+                clients.push(client(&url, Duration::from_secs(30)).await);
             }
             let deadline = Instant::now() + Duration::from_secs_f64(secs);
             let started = Instant::now();
@@ -207,7 +171,7 @@ fn creates(url: &str, concurrency: usize, secs: f64) -> Measure {
                 let mut latencies = Vec::new();
                 while Instant::now() < deadline {
                     let t = Instant::now();
-                    create(&client).await;
+                    create_sleep(&client, 0).await;
                     latencies.push(t.elapsed().as_secs_f64() * 1e3);
                 }
                 latencies
@@ -231,13 +195,13 @@ fn gets(url: &str, concurrency: usize, secs: f64) -> Measure {
     let url = url.to_owned();
     on_client_thread(move || {
         Box::pin(async move {
-            let first = client(&url).await;
-            let handle = create(&first).await;
+            let first = client(&url, Duration::from_secs(30)).await;
+            let handle = create_sleep(&first, 0).await;
             while !handle.get().await.expect("tasks/get").is_terminal() {}
             let id = handle.id().to_owned();
             let mut clients = Vec::new();
             for _ in 0..concurrency {
-                clients.push(client(&url).await);
+                clients.push(client(&url, Duration::from_secs(30)).await);
             }
             let warm = Instant::now() + Duration::from_secs(1);
             let deadline = warm + Duration::from_secs_f64(secs);
@@ -279,10 +243,7 @@ struct Server {
 
 impl Server {
     fn start(store: &Path) -> Server {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_mcp-tasks"))
             .args(["serve", "--fixtures", "bench", "--no-quotas", "--listen"])
             .arg(format!("127.0.0.1:{port}"))
@@ -294,26 +255,12 @@ impl Server {
             .expect("starting mcp-tasks serve");
         let url = format!("http://127.0.0.1:{port}/mcp");
         let server = Server { child, url };
-        server.wait_ready();
+        wait_ready(
+            &server.url,
+            Duration::from_secs(60),
+            Duration::from_millis(20),
+        );
         server
-    }
-
-    fn wait_ready(&self) {
-        let url = self.url.clone();
-        on_client_thread(move || {
-            Box::pin(async move {
-                let deadline = Instant::now() + Duration::from_secs(60);
-                loop {
-                    if let Ok(c) = Client::http(&url).expect("client").build().await
-                        && c.discover().await.is_ok()
-                    {
-                        return;
-                    }
-                    assert!(Instant::now() < deadline, "the server did not start");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            })
-        })
     }
 }
 

@@ -24,12 +24,13 @@
 //! Clients are this crate's `mcp_tasks::client` on a single-threaded tokio runtime on its own
 //! OS thread, one connection each. Nothing here asserts speed.
 
-use std::net::TcpListener;
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mcp_tasks::client::{CallOutcome, Client, RetryPolicy, TaskHandle};
+use common::{client, create_sleep, free_port, on_client_thread, wait_ready};
 use mcp_tasks::persist;
 use mcp_tasks::store::{Durability, Expect, Store, StoreOptions, WriteOp};
 use mcp_tasks::task::{Event, Owner, TaskId, TaskOutcome, TaskRecord, apply};
@@ -78,41 +79,6 @@ fn parse_args() -> Args {
     args
 }
 
-fn on_client_thread<T: Send + 'static>(
-    f: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = T>>> + Send + 'static,
-) -> T {
-    std::thread::spawn(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("client runtime")
-            .block_on(f())
-    })
-    .join()
-    .expect("client thread")
-}
-
-async fn client(url: &str) -> Client {
-    Client::http(url)
-        .expect("client")
-        .retry(RetryPolicy::none())
-        .timeout(Duration::from_secs(60))
-        .build()
-        .await
-        .expect("client build")
-}
-
-async fn create(client: &Client, ms: u64) -> TaskHandle {
-    match client
-        .call_tool("sleep_task", json!({ "ms": ms }))
-        .await
-        .expect("tools/call")
-    {
-        CallOutcome::Task(handle) => handle,
-        CallOutcome::Complete(r) => panic!("sleep_task did not become a task: {r}"),
-    }
-}
-
 struct Server {
     child: Child,
     url: String,
@@ -121,10 +87,7 @@ struct Server {
 
 impl Server {
     fn start(store: &Path, args: &Args, extra: &[&str]) -> Server {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = free_port();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-tasks"));
         cmd.args([
             "serve",
@@ -146,21 +109,7 @@ impl Server {
         let started = Instant::now();
         let child = cmd.spawn().expect("starting mcp-tasks serve");
         let url = format!("http://127.0.0.1:{port}/mcp");
-        let ready_url = url.clone();
-        on_client_thread(move || {
-            Box::pin(async move {
-                let deadline = Instant::now() + Duration::from_secs(600);
-                loop {
-                    if let Ok(c) = Client::http(&ready_url).expect("client").build().await
-                        && c.discover().await.is_ok()
-                    {
-                        return;
-                    }
-                    assert!(Instant::now() < deadline, "the server did not start");
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            })
-        });
+        wait_ready(&url, Duration::from_secs(600), Duration::from_millis(5));
         Server {
             child,
             url,
@@ -205,7 +154,7 @@ fn gets(url: &str, ids: Vec<String>, concurrency: usize, secs: f64) -> (f64, f64
         Box::pin(async move {
             let mut clients = Vec::new();
             for _ in 0..concurrency {
-                clients.push(client(&url).await);
+                clients.push(client(&url, Duration::from_secs(60)).await);
             }
             let warm = Instant::now() + Duration::from_millis(500);
             let deadline = warm + Duration::from_secs_f64(secs);
@@ -252,10 +201,10 @@ fn create_live(url: &str, n: usize) -> Vec<String> {
             let workers = (0..8).map(|c| {
                 let url = url.clone();
                 async move {
-                    let client = client(&url).await;
+                    let client = client(&url, Duration::from_secs(60)).await;
                     let mut ids = Vec::new();
                     for _ in 0..(n / 8 + usize::from(c < n % 8)) {
-                        ids.push(create(&client, 86_400_000).await.id().to_owned());
+                        ids.push(create_sleep(&client, 86_400_000).await.id().to_owned());
                     }
                     ids
                 }
@@ -274,8 +223,8 @@ fn one_completed(url: &str) -> String {
     let url = url.to_owned();
     on_client_thread(move || {
         Box::pin(async move {
-            let client = client(&url).await;
-            let handle = create(&client, 0).await;
+            let client = client(&url, Duration::from_secs(60)).await;
+            let handle = create_sleep(&client, 0).await;
             while !handle.get().await.expect("tasks/get").is_terminal() {}
             handle.id().to_owned()
         })

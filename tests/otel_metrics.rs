@@ -19,7 +19,7 @@ use serde_json::json;
 
 mod support;
 
-use support::embedded::req;
+use support::embedded::{req, wait_status};
 
 /// One exported data point, reduced to what the test compares.
 #[derive(Debug, Clone)]
@@ -160,22 +160,7 @@ async fn metrics_follow_the_mcp_semantic_conventions() {
         .as_str()
         .unwrap_or_else(|| panic!("a task: {reply}"))
         .to_owned();
-    let mut status = String::new();
-    for _ in 0..500 {
-        let reply = rt
-            .handle_json(req(11, "tasks/get", json!({ "taskId": task }), true), &me)
-            .await
-            .unwrap();
-        status = reply["result"]["status"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        if status == "completed" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(status, "completed");
+    wait_status(&rt, &task, "completed").await;
     let unknown = req(
         12,
         "tasks/get",
