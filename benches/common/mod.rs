@@ -1,8 +1,6 @@
 //! What the HTTP benchmarks (`http.rs`, `scale.rs`) share: the client side of a measurement
 //! and waiting for a `serve` child process. Not a bench target itself (a folder module).
 
-#![allow(dead_code)] // each bench uses its own subset
-
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
