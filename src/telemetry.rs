@@ -17,7 +17,7 @@
 //! | `mcp_tasks_recovery_duration_seconds` | gauge | | how long rehydrating the live tasks took at the last start |
 //! | `mcp_tasks_recovered_tasks` | gauge | | live tasks rehydrated at the last start |
 //! | `mcp_tasks_subscriptions` | gauge | | open `subscriptions/listen` streams |
-//! | `mcp_tasks_subscription_dropped_total` | counter | | snapshots replaced by a newer one of the same task before a slow listener read them (latest wins) |
+//! | `mcp_tasks_subscription_dropped_total` | counter | | committed snapshots of a followed task a listener never got, a newer one sent instead (latest wins: replaced while the stream was full, or superseded before its follower read it) |
 
 use std::time::Duration;
 
@@ -169,9 +169,10 @@ pub(crate) fn recovered(elapsed: Duration, tasks: usize) {
     gauge!(RECOVERED_TASKS).set(tasks as f64);
 }
 
-/// A listen's snapshot was replaced by a newer one before it was written.
-pub(crate) fn subscription_dropped() {
-    counter!(SUBSCRIPTION_DROPPED).increment(1);
+/// `count` committed snapshots of a followed task were never written to a listen: replaced by
+/// a newer one before it was written, or committed while the follower looked elsewhere.
+pub(crate) fn subscription_dropped(count: u64) {
+    counter!(SUBSCRIPTION_DROPPED).increment(count);
 }
 
 /// Counts one task in `mcp_tasks_tasks` under its current status while it lives, also when

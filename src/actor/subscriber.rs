@@ -71,6 +71,12 @@ impl SubscriberState {
         if snapshot.seq <= *seen {
             return;
         }
+        // Snapshots committed since the last one accepted that never reached this listener
+        // (the follower's watch channel keeps only the latest): skipped, latest wins. Before
+        // the first one accepted nothing was followed yet.
+        if *seen > 0 && snapshot.seq > *seen + 1 {
+            crate::telemetry::subscription_dropped(snapshot.seq - *seen - 1);
+        }
         *seen = snapshot.seq;
         if self
             .latest
@@ -80,7 +86,7 @@ impl SubscriberState {
             self.pending.push_back(snapshot.id.clone());
         } else {
             // Latest wins: the older snapshot of this task is never written.
-            crate::telemetry::subscription_dropped();
+            crate::telemetry::subscription_dropped(1);
         }
     }
 
