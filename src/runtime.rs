@@ -537,7 +537,7 @@ impl RuntimeHandle {
         self.dispatch_json(message, &ctx)
             .await
             .into_reply()
-            .map(|r| r.body)
+            .map(Reply::into_body)
     }
 }
 

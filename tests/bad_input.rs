@@ -1333,9 +1333,14 @@ async fn create_task(runtime: &Runtime, owner: &Owner, tool: &str, args: Value) 
     let msg = json!({ "jsonrpc": "2.0", "id": "create", "method": "tools/call",
         "params": with_meta(true, json!({ "name": tool, "arguments": args })) });
     let reply = send(runtime, owner, &msg).await;
-    assert_eq!(reply.http_status, 200, "{}", reply.body);
-    assert_eq!(reply.body["result"]["resultType"], "task", "{}", reply.body);
-    reply.body["result"]["taskId"]
+    assert_eq!(reply.http_status, 200, "{}", reply.body());
+    assert_eq!(
+        reply.body()["result"]["resultType"],
+        "task",
+        "{}",
+        reply.body()
+    );
+    reply.body()["result"]["taskId"]
         .as_str()
         .expect("taskId")
         .to_owned()
@@ -1352,10 +1357,10 @@ async fn settle(runtime: &Runtime, owner: &Owner, id: &str, status: &str) -> Val
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let reply = get_task(runtime, owner, id).await;
-        let result = reply.body["result"].clone();
+        let result = reply.body()["result"].clone();
         if result["status"] == status {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            let again = get_task(runtime, owner, id).await.body["result"].clone();
+            let again = get_task(runtime, owner, id).await.body()["result"].clone();
             if again == result {
                 return result;
             }
@@ -1363,7 +1368,7 @@ async fn settle(runtime: &Runtime, owner: &Owner, id: &str, status: &str) -> Val
         assert!(
             tokio::time::Instant::now() < deadline,
             "task {id} did not settle in {status}: {}",
-            reply.body
+            reply.body()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -1375,7 +1380,7 @@ async fn settle(runtime: &Runtime, owner: &Owner, id: &str, status: &str) -> Val
 
 fn check_error_reply(row: &Row, reply: &Reply, codes: &[i64]) -> Vec<String> {
     let mut problems = Vec::new();
-    let body = &reply.body;
+    let body = reply.body();
     let Some(obj) = body.as_object() else {
         return vec![format!("the reply is not an object: {body}")];
     };
@@ -1443,22 +1448,23 @@ fn check_error_reply(row: &Row, reply: &Reply, codes: &[i64]) -> Vec<String> {
 fn check_row(row: &Row, reply: Option<&Reply>) -> Vec<String> {
     match (&row.expect, reply) {
         (Expect::NoResponse, None) => Vec::new(),
-        (Expect::NoResponse, Some(r)) => vec![format!("expected no response, got {}", r.body)],
+        (Expect::NoResponse, Some(r)) => vec![format!("expected no response, got {}", r.body())],
         (_, None) => vec!["no response".into()],
         (Expect::Error(c), Some(r)) => check_error_reply(row, r, &[*c]),
         (Expect::AnyError(cs), Some(r)) => check_error_reply(row, r, cs),
         (Expect::OkOr(c), Some(r)) => {
-            if r.body.get("error").is_some() {
+            if r.body().get("error").is_some() {
                 check_error_reply(row, r, &[*c])
-            } else if !r.body["result"]["resultType"].is_string() || r.http_status != 200 {
+            } else if !r.body()["result"]["resultType"].is_string() || r.http_status != 200 {
                 vec![format!(
                     "neither a result nor an error: {} ({})",
-                    r.body, r.http_status
+                    r.body(),
+                    r.http_status
                 )]
             } else if let IdRule::Echo(id) = &row.id
-                && r.body.get("id") != Some(id)
+                && r.body().get("id") != Some(id)
             {
-                vec![format!("result id {:?}, expected {id}", r.body.get("id"))]
+                vec![format!("result id {:?}, expected {id}", r.body().get("id"))]
             } else {
                 Vec::new()
             }
@@ -1546,7 +1552,7 @@ async fn malformed_messages_are_rejected_without_side_effects() {
             Ok(Ok(reply)) => reply,
         };
         for problem in check_row(row, reply.as_ref()) {
-            let body = reply.as_ref().map_or("none".into(), |r| short(&r.body));
+            let body = reply.as_ref().map_or("none".into(), |r| short(&r.body()));
             failures.push(format!("[{}] {problem}\n    reply: {body}", row.name));
         }
     }
@@ -1597,18 +1603,18 @@ async fn malformed_messages_are_rejected_without_side_effects() {
                     &json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params }),
                 )
                 .await;
-                if reply.body["error"]["code"] != json!(INVALID_PARAMS) {
+                if reply.body()["error"]["code"] != json!(INVALID_PARAMS) {
                     failures.push(format!(
                         "[{name}] expected -32602, got {}",
-                        short(&reply.body)
+                        short(&reply.body())
                     ));
                 }
-                if reply.body != baseline.body || reply.http_status != baseline.http_status {
+                if reply.body() != baseline.body() || reply.http_status != baseline.http_status {
                     failures.push(format!(
                         "[{name}] differs from the unknown-id answer:\n    got     {} ({})\n    unknown {} ({})",
-                        short(&reply.body),
+                        short(&reply.body()),
                         reply.http_status,
-                        short(&baseline.body),
+                        short(&baseline.body()),
                         baseline.http_status
                     ));
                 }
@@ -1631,7 +1637,7 @@ async fn malformed_messages_are_rejected_without_side_effects() {
         ));
     }
     for (task_id, before) in &tasks {
-        let after = get_task(&runtime, &owner, task_id).await.body["result"].clone();
+        let after = get_task(&runtime, &owner, task_id).await.body()["result"].clone();
         if &after != before {
             failures.push(format!(
                 "task {task_id} changed:\n    before {before}\n    after  {after}"

@@ -499,7 +499,7 @@ impl Harness {
             .await
             .expect("answer in time")
             .unwrap_or_else(|| panic!("no response to {}", String::from_utf8_lossy(bytes)))
-            .body
+            .into_body()
     }
 
     /// A request with the standard per-request `_meta` (declaring the Tasks extension when

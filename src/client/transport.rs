@@ -458,7 +458,7 @@ impl Transport for InProcessTransport {
             let ctx = RequestContext::new(self.owner.clone());
             Ok(match self.handle.dispatch_json(message, &ctx).await {
                 Dispatched::Accepted => Response::Accepted,
-                Dispatched::Reply(reply) => Response::Message(reply.body),
+                Dispatched::Reply(reply) => Response::Message(reply.into_body()),
                 Dispatched::Stream(stream) => Response::Stream(stream.map(Ok).boxed()),
             })
         })

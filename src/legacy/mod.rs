@@ -411,7 +411,7 @@ impl Legacy {
             let ctx = RequestContext::new(owner.clone());
             let outcome = self.handle.dispatch_json(update, &ctx).await;
             if let Some(reply) = outcome.into_reply()
-                && let Some(error) = reply.body.get("error")
+                && let Some(error) = reply.body().get("error")
             {
                 tracing::info!(task, key, %error, "an answer to a task's input request was refused");
                 live.unmark_sent(task, key);
@@ -532,7 +532,7 @@ fn server_request(id: &str, request: &Value, version: &str, task: Option<&str>) 
 /// (request-scoped notifications) to `out`.
 async fn final_response(outcome: Dispatched, out: Option<&mpsc::Sender<Value>>) -> Value {
     match outcome {
-        Dispatched::Reply(reply) => reply.body,
+        Dispatched::Reply(reply) => reply.into_body(),
         Dispatched::Accepted => json!({ "jsonrpc": "2.0", "result": {} }),
         Dispatched::Stream(mut stream) => {
             let mut last = Value::Null;

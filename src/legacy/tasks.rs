@@ -394,7 +394,7 @@ impl Legacy {
                     .is_some_and(|ids| !ids.is_empty());
                 Ok(agreed.then(|| stream.boxed()))
             }
-            Dispatched::Reply(reply) => match super::into_result(reply.body) {
+            Dispatched::Reply(reply) => match super::into_result(reply.into_body()) {
                 Err(e) => Err(e),
                 Ok(_) => Err(RpcError::internal("the listen ended at once")),
             },

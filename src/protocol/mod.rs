@@ -15,6 +15,7 @@ mod tools;
 
 pub(crate) use tasks::TaskCursor;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -29,7 +30,8 @@ use serde_json::{Map, Value};
 use crate::actor::SupervisorMsg;
 use crate::shared::Shared;
 use crate::wire::error::{RpcError, http_status};
-use crate::task::Owner;
+use crate::task::json::{Shape, TaskResult};
+use crate::task::{Owner, TaskRecord};
 use crate::tool::registry::HeaderParam;
 use crate::wire::jsonrpc::{self, Incoming};
 use crate::wire::meta::RequestMeta;
@@ -99,28 +101,95 @@ impl RequestContext {
 
 /// The answer to one request: the JSON-RPC response and the HTTP status a transport should
 /// use for it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Reply {
-    /// The JSON-RPC response.
-    pub body: Value,
+    body: Body,
     /// The HTTP status a transport should answer with.
     pub http_status: u16,
+}
+
+/// A response as a `Value`, or already serialized (task objects are written straight from
+/// their record: see `task::json::TaskResult`).
+#[derive(Debug, Clone)]
+enum Body {
+    Value(Value),
+    Json(Vec<u8>),
 }
 
 impl Reply {
     fn ok(id: &Value, result: Value) -> Self {
         Self {
-            body: jsonrpc::result_response(id, result),
+            body: Body::Value(jsonrpc::result_response(id, result)),
+            http_status: 200,
+        }
+    }
+
+    /// A task object answered straight from its record.
+    fn task(id: &Value, result: &crate::task::json::TaskResult<'_>) -> Self {
+        let body = match jsonrpc::result_response_bytes(id, result) {
+            Ok(bytes) => Body::Json(bytes),
+            // Not expected (every key is a string); the tree builder says the same.
+            Err(e) => {
+                tracing::error!(error = %e, "a task object could not be serialized directly");
+                let value = match result.shape {
+                    Shape::Created => crate::task::json::create_task(result.record, result.server),
+                    Shape::Detailed => crate::task::json::get_task(result.record, result.server),
+                };
+                Body::Value(jsonrpc::result_response(id, value))
+            }
+        };
+        Self {
+            body,
             http_status: 200,
         }
     }
 
     pub(crate) fn error(id: Option<&Value>, error: &RpcError) -> Self {
         Self {
-            body: jsonrpc::error_response(id, error),
+            body: Body::Value(jsonrpc::error_response(id, error)),
             http_status: http_status(error.code),
         }
     }
+
+    /// The JSON-RPC response (parsed when it was built serialized).
+    pub fn body(&self) -> Cow<'_, Value> {
+        match &self.body {
+            Body::Value(v) => Cow::Borrowed(v),
+            Body::Json(bytes) => Cow::Owned(parse_own(bytes)),
+        }
+    }
+
+    /// The JSON-RPC response as a `Value`.
+    pub fn into_body(self) -> Value {
+        match self.body {
+            Body::Value(v) => v,
+            Body::Json(bytes) => parse_own(&bytes),
+        }
+    }
+
+    /// The JSON-RPC response serialized (compact, one line).
+    pub fn into_bytes(self) -> Vec<u8> {
+        match self.body {
+            // Serializing a `Value` cannot fail (its keys are strings).
+            Body::Value(v) => serde_json::to_vec(&v).unwrap_or_default(),
+            Body::Json(bytes) => bytes,
+        }
+    }
+}
+
+/// Two replies are equal when their responses are the same JSON and their statuses agree.
+impl PartialEq for Reply {
+    fn eq(&self, other: &Self) -> bool {
+        self.http_status == other.http_status && self.body() == other.body()
+    }
+}
+
+/// Bytes this crate serialized itself, back into a `Value`.
+fn parse_own(bytes: &[u8]) -> Value {
+    serde_json::from_slice(bytes).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "a serialized response does not parse again");
+        Value::Null
+    })
 }
 
 /// A stream of JSON-RPC messages that answers one request. For `subscriptions/listen`: the
@@ -175,6 +244,8 @@ impl Dispatched {
 /// What a request produces before it is wrapped in an envelope.
 enum Answer {
     Result(Value),
+    /// A task object, written straight from its record.
+    Task(Arc<TaskRecord>, Shape),
     Stream(MessageStream),
 }
 
@@ -243,6 +314,14 @@ impl Dispatcher {
                 );
                 match answer {
                     Ok(Answer::Result(result)) => Dispatched::Reply(Reply::ok(&id, result)),
+                    Ok(Answer::Task(record, shape)) => Dispatched::Reply(Reply::task(
+                        &id,
+                        &TaskResult {
+                            record: &record,
+                            server: &self.shared.config.server_info,
+                            shape,
+                        },
+                    )),
                     Ok(Answer::Stream(stream)) => Dispatched::Stream(stream),
                     Err(error) => {
                         tracing::debug!(%method, code = error.code, message = %error.message, "request failed");
@@ -362,7 +441,10 @@ impl Dispatcher {
                     return Err(RpcError::tasks_extension_required());
                 }
                 match method {
-                    methods::TASKS_GET => self.get_task(params, ctx).await?,
+                    methods::TASKS_GET => {
+                        let record = self.get_task(params, ctx).await?;
+                        return Ok(Answer::Task(record, Shape::Detailed));
+                    }
                     methods::TASKS_UPDATE => self.update_task(params, ctx).await?,
                     _ => self.cancel_task(params, ctx).await?,
                 }

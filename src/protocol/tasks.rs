@@ -51,10 +51,9 @@ impl Dispatcher {
         &self,
         params: Option<&Map<String, Value>>,
         ctx: &RequestContext,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<Arc<TaskRecord>, RpcError> {
         let p = TaskIdParams::parse(params)?;
-        let record = self.resolve(&p.task_id, ctx).await?;
-        Ok(crate::task::json::get_task(&record, &self.shared.config.server_info))
+        self.resolve(&p.task_id, ctx).await
     }
 
     pub(super) async fn update_task(

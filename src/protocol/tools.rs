@@ -187,7 +187,6 @@ impl Dispatcher {
         };
         self.shared.tools.validate(&call.name, &call.arguments)?;
         let capabilities = Value::Object(meta.client_capabilities.clone());
-        let server = &self.shared.config.server_info;
         let binding = Binding {
             owner: &ctx.owner,
             method: methods::TOOLS_CALL,
@@ -350,6 +349,6 @@ impl Dispatcher {
         tracing::debug!(task = %record.id, tool = %record.tool, owner = %record.owner, "task created");
         tracing::Span::current().record("mcp.task.id", record.id.as_str());
         crate::telemetry::transition(record.status);
-        Ok(Answer::Result(crate::task::json::create_task(&record, server)))
+        Ok(Answer::Task(record, crate::task::json::Shape::Created))
     }
 }

@@ -497,11 +497,13 @@ async fn respond(endpoint: &Arc<Endpoint>, request: Request) -> (Response, &'sta
         Ok((Dispatched::Reply(reply), _)) => {
             let status = StatusCode::from_u16(reply.http_status)
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            let mut response = json_response(status, &reply.body);
-            if status == StatusCode::TOO_MANY_REQUESTS {
-                let secs = reply.body["error"]["data"]["retryAfterSeconds"]
+            let retry_after = (status == StatusCode::TOO_MANY_REQUESTS).then(|| {
+                reply.body()["error"]["data"]["retryAfterSeconds"]
                     .as_u64()
-                    .unwrap_or(1);
+                    .unwrap_or(1)
+            });
+            let mut response = json_bytes_response(status, reply.into_bytes());
+            if let Some(secs) = retry_after {
                 response
                     .headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from(secs));
@@ -812,7 +814,11 @@ pub fn decode_sentinel(value: &str) -> Result<String, &'static str> {
 
 fn json_response(status: StatusCode, body: &Value) -> Response {
     // Serializing a `Value` cannot fail; compact output is always a single line.
-    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    json_bytes_response(status, serde_json::to_vec(body).unwrap_or_default())
+}
+
+/// A JSON response of serialized bytes.
+fn json_bytes_response(status: StatusCode, bytes: Vec<u8>) -> Response {
     (
         status,
         [(

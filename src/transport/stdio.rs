@@ -392,10 +392,7 @@ impl Job {
         let outcome = dispatched.unwrap_or_else(|_| {
             tracing::error!(id = ?self.id, "handling a request panicked");
             let error = RpcError::internal("the request could not be handled");
-            Dispatched::Reply(crate::protocol::Reply {
-                body: jsonrpc::error_response(self.id.as_ref(), &error),
-                http_status: 500,
-            })
+            Dispatched::Reply(crate::protocol::Reply::error(self.id.as_ref(), &error))
         });
         drop(self.permit);
         match outcome {
@@ -409,7 +406,9 @@ impl Job {
                     tracing::debug!(id = ?self.id, "response to a cancelled request not sent");
                     return;
                 }
-                let _ = self.out.send(encode(&reply.body)).await;
+                let mut line = reply.into_bytes();
+                line.push(b'\n');
+                let _ = self.out.send(line).await;
             }
             Dispatched::Stream(mut stream) => {
                 tracing::debug!(id = ?self.id, "stream opened");

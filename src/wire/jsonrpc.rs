@@ -145,6 +145,25 @@ pub fn result_response(id: &Value, result: Value) -> Value {
     json!({ "jsonrpc": "2.0", "id": id, "result": result })
 }
 
+/// A successful response serialized at once from `result`, without a `Value` tree: the same
+/// bytes as serializing [`result_response`] of the same result.
+pub(crate) fn result_response_bytes<T: serde::Serialize>(
+    id: &Value,
+    result: &T,
+) -> Result<Vec<u8>, serde_json::Error> {
+    #[derive(serde::Serialize)]
+    struct Envelope<'a, T> {
+        jsonrpc: &'static str,
+        id: &'a Value,
+        result: &'a T,
+    }
+    serde_json::to_vec(&Envelope {
+        jsonrpc: "2.0",
+        id,
+        result,
+    })
+}
+
 /// An error response. Without a readable request id the `id` member is omitted (never `null`).
 pub fn error_response(id: Option<&Value>, error: &RpcError) -> Value {
     let mut resp = Map::new();
