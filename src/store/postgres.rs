@@ -352,6 +352,28 @@ impl Inner {
         Ok(self.pool.get().await?)
     }
 
+    /// Runs `query` on a pooled client of an open store. A failure becomes a [`StoreError`]
+    /// ([`Inner::fail`]: `write` tells a failed commit from a failed read, and a lost
+    /// connection marks the store unavailable); a success marks it reachable again.
+    async fn run<T, F, Fut>(&self, write: bool, query: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(deadpool_postgres::Object) -> Fut,
+        Fut: Future<Output = Result<T, PgFailure>>,
+    {
+        self.check_open()?;
+        let outcome = match self.client().await {
+            Ok(client) => query(client).await,
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(value) => {
+                self.reachable();
+                Ok(value)
+            }
+            Err(e) => Err(self.fail(e, write)),
+        }
+    }
+
     /// Applies one job in one transaction. Returns the leases it created or ended.
     async fn commit_job(
         &self,
@@ -740,22 +762,22 @@ impl PostgresStore {
 
     /// The lease of task `id` as the database has it (for operators, tests and the demo).
     pub async fn lease_of(&self, id: &str) -> Result<Option<Lease>, StoreError> {
-        let run = async {
-            let client = self.inner.client().await?;
-            let row = client
-                .query_opt(
-                    "SELECT owner_node, lease_epoch, seq, live FROM mcp_tasks WHERE id = $1",
-                    &[&id],
-                )
-                .await?;
-            Ok::<_, PgFailure>(row.map(|r| Lease {
-                owner: r.get(0),
-                epoch: to_u64(r.get(1)),
-                seq: r.get::<_, Option<i64>>(2).map(to_u64),
-                live: r.get(3),
-            }))
-        };
-        run.await.map_err(|e| self.inner.fail(e, false))
+        self.inner
+            .run(false, |client| async move {
+                let row = client
+                    .query_opt(
+                        "SELECT owner_node, lease_epoch, seq, live FROM mcp_tasks WHERE id = $1",
+                        &[&id],
+                    )
+                    .await?;
+                Ok::<_, PgFailure>(row.map(|r| Lease {
+                    owner: r.get(0),
+                    epoch: to_u64(r.get(1)),
+                    seq: r.get::<_, Option<i64>>(2).map(to_u64),
+                    live: r.get(3),
+                }))
+            })
+            .await
     }
 
     /// Whether this node currently sweeps finished tasks for the cluster (holds the sweep
@@ -823,14 +845,13 @@ impl Cluster for PostgresStore {
     }
     fn send_command<'a>(&'a self, id: &'a str, body: Vec<u8>) -> StoreFuture<'a, Option<u64>> {
         Box::pin(async move {
-            self.inner.check_open()?;
-            let run = async {
-                let client = self.inner.client().await?;
-                // One statement, so one transaction: recorded only if another live node holds
-                // the task, and that node is signalled at the commit.
-                let st = client
-                    .prepare_cached(
-                        "WITH owner AS (
+            self.inner
+                .run(true, |client| async move {
+                    // One statement, so one transaction: recorded only if another live node holds
+                    // the task, and that node is signalled at the commit.
+                    let st = client
+                        .prepare_cached(
+                            "WITH owner AS (
                             SELECT t.owner_node FROM mcp_tasks t
                             JOIN mcp_nodes n ON n.node_id = t.owner_node
                             WHERE t.id = $1 AND t.live AND t.owner_node <> $2
@@ -840,84 +861,77 @@ impl Cluster for PostgresStore {
                             SELECT $1, $4 FROM owner RETURNING seq)
                          SELECT cmd.seq, pg_notify($5, 'c ' || owner.owner_node)::text
                          FROM cmd, owner",
-                    )
-                    .await?;
-                let row = client
-                    .query_opt(
-                        &st,
-                        &[
-                            &id,
-                            &self.inner.node,
-                            &self.inner.lease_ttl.as_secs_f64(),
-                            &body,
-                            &self.inner.hub.channel,
-                        ],
-                    )
-                    .await?;
-                Ok::<_, PgFailure>(row.map(|r| to_u64(r.get(0))))
-            };
-            let r = run.await.map_err(|e| self.inner.fail(e, true))?;
-            self.inner.reachable();
-            Ok(r)
+                        )
+                        .await?;
+                    let row = client
+                        .query_opt(
+                            &st,
+                            &[
+                                &id,
+                                &self.inner.node,
+                                &self.inner.lease_ttl.as_secs_f64(),
+                                &body,
+                                &self.inner.hub.channel,
+                            ],
+                        )
+                        .await?;
+                    Ok::<_, PgFailure>(row.map(|r| to_u64(r.get(0))))
+                })
+                .await
         })
     }
     fn take_answer(&self, seq: u64) -> StoreFuture<'_, Option<Vec<u8>>> {
         Box::pin(async move {
-            self.inner.check_open()?;
-            let run = async {
-                let client = self.inner.client().await?;
-                let st = client
-                    .prepare_cached(
-                        "DELETE FROM mcp_commands WHERE seq = $1 AND answer IS NOT NULL
+            self.inner
+                .run(false, |client| async move {
+                    let st = client
+                        .prepare_cached(
+                            "DELETE FROM mcp_commands WHERE seq = $1 AND answer IS NOT NULL
                          RETURNING answer",
-                    )
-                    .await?;
-                let row = client.query_opt(&st, &[&to_i64(seq)]).await?;
-                Ok::<_, PgFailure>(row.map(|r| r.get::<_, Vec<u8>>(0)))
-            };
-            run.await.map_err(|e| self.inner.fail(e, false))
+                        )
+                        .await?;
+                    let row = client.query_opt(&st, &[&to_i64(seq)]).await?;
+                    Ok::<_, PgFailure>(row.map(|r| r.get::<_, Vec<u8>>(0)))
+                })
+                .await
         })
     }
     fn forget_command(&self, seq: u64) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            self.inner.check_open()?;
-            let run = async {
-                let client = self.inner.client().await?;
-                client
-                    .execute("DELETE FROM mcp_commands WHERE seq = $1", &[&to_i64(seq)])
-                    .await?;
-                Ok::<_, PgFailure>(())
-            };
-            run.await.map_err(|e| self.inner.fail(e, true))
+            self.inner
+                .run(true, |client| async move {
+                    client
+                        .execute("DELETE FROM mcp_commands WHERE seq = $1", &[&to_i64(seq)])
+                        .await?;
+                    Ok::<_, PgFailure>(())
+                })
+                .await
         })
     }
     fn inbox(&self) -> StoreFuture<'_, Vec<RemoteCommand>> {
         Box::pin(async move {
-            self.inner.check_open()?;
-            let run = async {
-                let client = self.inner.client().await?;
-                let st = client
-                    .prepare_cached(
-                        "SELECT c.seq, c.task_id, c.body FROM mcp_commands c
+            self.inner
+                .run(false, |client| async move {
+                    let st = client
+                        .prepare_cached(
+                            "SELECT c.seq, c.task_id, c.body FROM mcp_commands c
                          JOIN mcp_tasks t ON t.id = c.task_id
                          WHERE c.answer IS NULL AND t.live AND t.owner_node = $1
                          ORDER BY c.seq LIMIT 256",
+                        )
+                        .await?;
+                    let rows = client.query(&st, &[&self.inner.node]).await?;
+                    Ok::<_, PgFailure>(
+                        rows.into_iter()
+                            .map(|r| RemoteCommand {
+                                seq: to_u64(r.get(0)),
+                                task_id: r.get(1),
+                                body: r.get(2),
+                            })
+                            .collect(),
                     )
-                    .await?;
-                let rows = client.query(&st, &[&self.inner.node]).await?;
-                Ok::<_, PgFailure>(
-                    rows.into_iter()
-                        .map(|r| RemoteCommand {
-                            seq: to_u64(r.get(0)),
-                            task_id: r.get(1),
-                            body: r.get(2),
-                        })
-                        .collect(),
-                )
-            };
-            let r = run.await.map_err(|e| self.inner.fail(e, false))?;
-            self.inner.reachable();
-            Ok(r)
+                })
+                .await
         })
     }
     fn answer_command<'a>(
@@ -927,26 +941,25 @@ impl Cluster for PostgresStore {
         answer: Vec<u8>,
     ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            self.inner.check_open()?;
-            let run = async {
-                let client = self.inner.client().await?;
-                let st = client
-                    .prepare_cached(
-                        "WITH done AS (
+            self.inner
+                .run(true, |client| async move {
+                    let st = client
+                        .prepare_cached(
+                            "WITH done AS (
                             UPDATE mcp_commands SET answer = $2, answered_at = now()
                             WHERE seq = $1 AND answer IS NULL RETURNING task_id)
                          SELECT pg_notify($3, 'a ' || $4)::text FROM done",
-                    )
-                    .await?;
-                client
-                    .query(
-                        &st,
-                        &[&to_i64(seq), &answer, &self.inner.hub.channel, &task_id],
-                    )
-                    .await?;
-                Ok::<_, PgFailure>(())
-            };
-            run.await.map_err(|e| self.inner.fail(e, true))
+                        )
+                        .await?;
+                    client
+                        .query(
+                            &st,
+                            &[&to_i64(seq), &answer, &self.inner.hub.channel, &task_id],
+                        )
+                        .await?;
+                    Ok::<_, PgFailure>(())
+                })
+                .await
         })
     }
 }
@@ -1199,34 +1212,30 @@ impl TaskStore for PostgresStore {
     }
     fn get<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
         Box::pin(async move {
-            self.inner.check_open()?;
-            let run = async {
-                let client = self.inner.client().await?;
-                let st = client
-                    .prepare_cached("SELECT bytes FROM mcp_tasks WHERE id = $1")
-                    .await?;
-                let row = client.query_opt(&st, &[&id]).await?;
-                Ok::<_, PgFailure>(row.map(|r| r.get::<_, Vec<u8>>(0)))
-            };
-            let r = run.await.map_err(|e| self.inner.fail(e, false))?;
-            self.inner.reachable();
-            Ok(r)
+            self.inner
+                .run(false, |client| async move {
+                    let st = client
+                        .prepare_cached("SELECT bytes FROM mcp_tasks WHERE id = $1")
+                        .await?;
+                    let row = client.query_opt(&st, &[&id]).await?;
+                    Ok::<_, PgFailure>(row.map(|r| r.get::<_, Vec<u8>>(0)))
+                })
+                .await
         })
     }
     fn get_many(&self, ids: Vec<String>) -> StoreFuture<'_, Vec<Option<Vec<u8>>>> {
         Box::pin(async move {
-            self.inner.check_open()?;
-            let run = async {
-                let client = self.inner.client().await?;
-                let st = client
-                    .prepare_cached("SELECT id, bytes FROM mcp_tasks WHERE id = ANY($1)")
-                    .await?;
-                let rows = client.query(&st, &[&ids]).await?;
-                let mut found: HashMap<String, Vec<u8>> =
-                    rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
-                Ok::<_, PgFailure>(ids.iter().map(|id| found.remove(id)).collect())
-            };
-            run.await.map_err(|e| self.inner.fail(e, false))
+            self.inner
+                .run(false, |client| async move {
+                    let st = client
+                        .prepare_cached("SELECT id, bytes FROM mcp_tasks WHERE id = ANY($1)")
+                        .await?;
+                    let rows = client.query(&st, &[&ids]).await?;
+                    let mut found: HashMap<String, Vec<u8>> =
+                        rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
+                    Ok::<_, PgFailure>(ids.iter().map(|id| found.remove(id)).collect())
+                })
+                .await
         })
     }
     fn live(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
@@ -1234,59 +1243,56 @@ impl TaskStore for PostgresStore {
     }
     fn due(&self, now_ms: u64, limit: usize) -> StoreFuture<'_, Vec<String>> {
         Box::pin(async move {
-            self.inner.check_open()?;
-            let run = async {
-                let client = self.inner.client().await?;
-                // Live tasks are expired by the node that holds their lease; finished ones are
-                // deleted by the sweep leader alone: each due task is looked at by one node.
-                let st = client
-                    .prepare_cached(
-                        "SELECT id FROM mcp_tasks WHERE due_ms IS NOT NULL AND due_ms <= $1
+            self.inner
+                .run(false, |client| async move {
+                    // Live tasks are expired by the node that holds their lease; finished ones are
+                    // deleted by the sweep leader alone: each due task is looked at by one node.
+                    let st = client
+                        .prepare_cached(
+                            "SELECT id FROM mcp_tasks WHERE due_ms IS NOT NULL AND due_ms <= $1
                            AND ((live AND owner_node = $3) OR (NOT live AND $4))
                          ORDER BY due_ms, id LIMIT $2",
-                    )
-                    .await?;
-                let leader = self.inner.hub.leader.load(Ordering::SeqCst);
-                let rows = client
-                    .query(
-                        &st,
-                        &[
-                            &to_i64(now_ms),
-                            &(limit.min(i64::MAX as usize) as i64),
-                            &self.inner.node,
-                            &leader,
-                        ],
-                    )
-                    .await?;
-                Ok::<_, PgFailure>(rows.into_iter().map(|r| r.get(0)).collect())
-            };
-            run.await.map_err(|e| self.inner.fail(e, false))
+                        )
+                        .await?;
+                    let leader = self.inner.hub.leader.load(Ordering::SeqCst);
+                    let rows = client
+                        .query(
+                            &st,
+                            &[
+                                &to_i64(now_ms),
+                                &(limit.min(i64::MAX as usize) as i64),
+                                &self.inner.node,
+                                &leader,
+                            ],
+                        )
+                        .await?;
+                    Ok::<_, PgFailure>(rows.into_iter().map(|r| r.get(0)).collect())
+                })
+                .await
         })
     }
     fn next_due(&self) -> StoreFuture<'_, Option<u64>> {
         Box::pin(async move {
-            self.inner.check_open()?;
-            let run = async {
-                let client = self.inner.client().await?;
-                let row = client
-                    .query_one("SELECT min(due_ms) FROM mcp_tasks", &[])
-                    .await?;
-                Ok::<_, PgFailure>(row.get::<_, Option<i64>>(0).map(to_u64))
-            };
-            run.await.map_err(|e| self.inner.fail(e, false))
+            self.inner
+                .run(false, |client| async move {
+                    let row = client
+                        .query_one("SELECT min(due_ms) FROM mcp_tasks", &[])
+                        .await?;
+                    Ok::<_, PgFailure>(row.get::<_, Option<i64>>(0).map(to_u64))
+                })
+                .await
         })
     }
     fn meta_get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
         Box::pin(async move {
-            self.inner.check_open()?;
-            let run = async {
-                let client = self.inner.client().await?;
-                let row = client
-                    .query_opt("SELECT value FROM mcp_meta WHERE key = $1", &[&key])
-                    .await?;
-                Ok::<_, PgFailure>(row.map(|r| r.get::<_, Vec<u8>>(0)))
-            };
-            run.await.map_err(|e| self.inner.fail(e, false))
+            self.inner
+                .run(false, |client| async move {
+                    let row = client
+                        .query_opt("SELECT value FROM mcp_meta WHERE key = $1", &[&key])
+                        .await?;
+                    Ok::<_, PgFailure>(row.map(|r| r.get::<_, Vec<u8>>(0)))
+                })
+                .await
         })
     }
     fn tasks(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
@@ -1294,18 +1300,17 @@ impl TaskStore for PostgresStore {
     }
     fn counts(&self) -> StoreFuture<'_, (u64, u64)> {
         Box::pin(async move {
-            self.inner.check_open()?;
-            let run = async {
-                let client = self.inner.client().await?;
-                let row = client
-                    .query_one(
-                        "SELECT count(*), count(*) FILTER (WHERE live) FROM mcp_tasks",
-                        &[],
-                    )
-                    .await?;
-                Ok::<_, PgFailure>((to_u64(row.get(0)), to_u64(row.get(1))))
-            };
-            run.await.map_err(|e| self.inner.fail(e, false))
+            self.inner
+                .run(false, |client| async move {
+                    let row = client
+                        .query_one(
+                            "SELECT count(*), count(*) FILTER (WHERE live) FROM mcp_tasks",
+                            &[],
+                        )
+                        .await?;
+                    Ok::<_, PgFailure>((to_u64(row.get(0)), to_u64(row.get(1))))
+                })
+                .await
         })
     }
     fn stats(&self) -> StoreStats {
@@ -1445,25 +1450,24 @@ impl TaskStore for PostgresStore {
     }
     fn claim_one<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
         Box::pin(async move {
-            self.inner.check_open()?;
-            let run = async {
-                let client = self.inner.client().await?;
-                let st = client
-                    .prepare_cached(
-                        "UPDATE mcp_tasks SET owner_node = $2, lease_epoch = lease_epoch + 1
+            self.inner
+                .run(true, |client| async move {
+                    let st = client
+                        .prepare_cached(
+                            "UPDATE mcp_tasks SET owner_node = $2, lease_epoch = lease_epoch + 1
                          WHERE id = $1 AND live
                          RETURNING bytes, lease_epoch",
-                    )
-                    .await?;
-                let row = client.query_opt(&st, &[&id, &self.inner.node]).await?;
-                Ok::<_, PgFailure>(row.map(|r| {
-                    let epoch: i64 = r.get(1);
-                    self.inner.held().insert(id.to_owned(), epoch);
-                    self.inner.hub.inbox.notify_one();
-                    r.get::<_, Vec<u8>>(0)
-                }))
-            };
-            run.await.map_err(|e| self.inner.fail(e, true))
+                        )
+                        .await?;
+                    let row = client.query_opt(&st, &[&id, &self.inner.node]).await?;
+                    Ok::<_, PgFailure>(row.map(|r| {
+                        let epoch: i64 = r.get(1);
+                        self.inner.held().insert(id.to_owned(), epoch);
+                        self.inner.hub.inbox.notify_one();
+                        r.get::<_, Vec<u8>>(0)
+                    }))
+                })
+                .await
         })
     }
 }
@@ -1474,14 +1478,13 @@ const CLAIM_BATCH: i64 = 256;
 impl PostgresStore {
     fn rows(&self, sql: &'static str) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
         Box::pin(async move {
-            self.inner.check_open()?;
-            let run = async {
-                let client = self.inner.client().await?;
-                let st = client.prepare_cached(sql).await?;
-                let rows = client.query(&st, &[]).await?;
-                Ok::<_, PgFailure>(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
-            };
-            run.await.map_err(|e| self.inner.fail(e, false))
+            self.inner
+                .run(false, |client| async move {
+                    let st = client.prepare_cached(sql).await?;
+                    let rows = client.query(&st, &[]).await?;
+                    Ok::<_, PgFailure>(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
+                })
+                .await
         })
     }
 }
