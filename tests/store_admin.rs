@@ -432,6 +432,8 @@ async fn verify_names_a_corrupted_record() {
     assert_eq!(stats.tasks, 5);
 }
 
+/// The snapshot bytes of every task of a redb store (table layout 2: each `tasks` value is a
+/// 17-byte record header, then the snapshot).
 fn redb_snapshots(path: &Path) -> BTreeMap<String, Vec<u8>> {
     const TASKS: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("tasks");
     use redb::{ReadableDatabase, ReadableTable};
@@ -442,7 +444,7 @@ fn redb_snapshots(path: &Path) -> BTreeMap<String, Vec<u8>> {
         .unwrap()
         .map(|e| {
             let (k, v) = e.unwrap();
-            (k.value().to_owned(), v.value().to_vec())
+            (k.value().to_owned(), v.value()[17..].to_vec())
         })
         .collect()
 }
@@ -579,14 +581,14 @@ async fn a_newer_redb_schema_is_a_one_line_error_and_changes_nothing() {
     let (code, stdout, stderr) = run(&["store", "stats", "--store", p, "--json"]);
     assert_eq!(code, 0, "{stderr}");
     let stats: Value = serde_json::from_str(&stdout).unwrap();
-    assert_eq!(stats["schema_version"], 1);
+    assert_eq!(stats["schema_version"], 2);
     {
         use redb::ReadableDatabase;
         let db = redb::Database::open(&path).unwrap();
         let r = db.begin_read().unwrap();
         let meta = r.open_table(META).unwrap();
         let v = meta.get("schema_version").unwrap().unwrap();
-        assert_eq!(v.value(), 1u64.to_le_bytes().as_slice());
+        assert_eq!(v.value(), 2u64.to_le_bytes().as_slice());
         drop((v, meta, r));
         let w = db.begin_write().unwrap();
         w.open_table(META)
@@ -607,7 +609,7 @@ async fn a_newer_redb_schema_is_a_one_line_error_and_changes_nothing() {
     ] {
         run_fails(
             &args,
-            "schema version 99, newer than the 1 this build supports",
+            "schema version 99, newer than the 2 this build supports",
         );
         assert!(
             std::fs::read(&path).unwrap() == before,

@@ -7,16 +7,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use redb::{
-    Database, DatabaseError, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, ReadableTable,
-    ReadableTableMetadata, StorageError, TableError,
+    Database, DatabaseError, ReadOnlyDatabase, ReadOnlyTable, ReadTransaction, ReadableDatabase,
+    ReadableTable, ReadableTableMetadata, StorageError, TableDefinition, TableError,
+    WriteTransaction,
 };
 
 use super::{AdminError, BackupReport, CompactReport, Dump, Row, Space, StatsReport};
 use crate::store::META_BOOT_EPOCH;
 use crate::store::RedbStore;
 use crate::store::redb_schema::{
-    DUE, DUE_BY_ID, LIVE, META, META_SCHEMA_VERSION, SCHEMA_VERSION, SEQ, TASKS,
-    create_private_file, stored_schema_version,
+    DUE, LIVE, META, META_SCHEMA_VERSION, RecordHeader, SCHEMA_VERSION, TASKS, V1_DUE_BY_ID,
+    V1_SEQ, create_private_file, stored_schema_version, upgrade_layout,
 };
 /// redb's default page size, used to turn page counts into bytes.
 const PAGE_SIZE: u64 = 4096;
@@ -252,9 +253,7 @@ impl RedbReader {
         self.read(move |path, txn| {
             let err = |e: &dyn std::fmt::Display| redb_err(path, e);
             let tasks = txn.open_table(TASKS).map_err(|e| err(&e))?;
-            let live = txn.open_table(LIVE).map_err(|e| err(&e))?;
-            let due = txn.open_table(DUE_BY_ID).map_err(|e| err(&e))?;
-            let seq = txn.open_table(SEQ).map_err(|e| err(&e))?;
+            let indexes = Indexes::open(path, txn)?;
             let range = match &after {
                 Some(a) => tasks.range::<&str>((
                     std::ops::Bound::Excluded(a.as_str()),
@@ -266,11 +265,6 @@ impl RedbReader {
             let mut out = Vec::new();
             for entry in range.take(limit) {
                 let (id, bytes) = entry.map_err(|e| err(&e))?;
-                let indexes = Indexes {
-                    live: &live,
-                    due: &due,
-                    seq: &seq,
-                };
                 out.push(indexes.row(path, id.value(), bytes.value())?);
             }
             Ok(out)
@@ -286,11 +280,7 @@ impl RedbReader {
             let Some(bytes) = tasks.get(id.as_str()).map_err(|e| err(&e))? else {
                 return Ok(None);
             };
-            let indexes = Indexes {
-                live: &txn.open_table(LIVE).map_err(|e| err(&e))?,
-                due: &txn.open_table(DUE_BY_ID).map_err(|e| err(&e))?,
-                seq: &txn.open_table(SEQ).map_err(|e| err(&e))?,
-            };
+            let indexes = Indexes::open(path, txn)?;
             indexes.row(path, &id, bytes.value()).map(Some)
         })
         .await
@@ -311,21 +301,21 @@ impl RedbReader {
                     .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
                     .map(u64::from_le_bytes);
                 let mut pages = 0u64;
+                // Every table the file has (a layout-1 file also has `seq` and `due_by_id`).
                 macro_rules! add {
                     ($t:expr) => {{
-                        let table = txn.open_table($t).map_err(|e| err(&e))?;
-                        let s = table.stats().map_err(|e| err(&e))?;
-                        pages += s.leaf_pages() + s.branch_pages();
+                        if let Some(table) = open_optional(path, txn, $t)? {
+                            let s = table.stats().map_err(|e| err(&e))?;
+                            pages += s.leaf_pages() + s.branch_pages();
+                        }
                     }};
                 }
                 add!(TASKS);
                 add!(LIVE);
-                add!(DUE_BY_ID);
-                add!(SEQ);
+                add!(DUE);
                 add!(META);
-                let due = txn.open_table(DUE).map_err(|e| err(&e))?;
-                let s = due.stats().map_err(|e| err(&e))?;
-                pages += s.leaf_pages() + s.branch_pages();
+                add!(V1_DUE_BY_ID);
+                add!(V1_SEQ);
                 Ok((epoch, pages * PAGE_SIZE, schema))
             })
             .await?;
@@ -367,21 +357,60 @@ impl RedbReader {
                 .map(|e| e.map(|(id, _)| id.value().to_owned()).map_err(|e| err(&e)))
                 .collect::<Result<Vec<_>, _>>()?;
             orphans("live", ids)?;
-            let due_by_id = txn.open_table(DUE_BY_ID).map_err(|e| err(&e))?;
-            let ids = due_by_id
-                .iter()
-                .map_err(|e| err(&e))?
-                .map(|e| e.map(|(id, _)| id.value().to_owned()).map_err(|e| err(&e)))
-                .collect::<Result<Vec<_>, _>>()?;
-            orphans("expiry", ids)?;
             let due = txn.open_table(DUE).map_err(|e| err(&e))?;
-            for entry in due.iter().map_err(|e| err(&e))? {
-                let (key, _) = entry.map_err(|e| err(&e))?;
-                let (at, id) = key.value();
-                if due_by_id.get(id).map_err(|e| err(&e))?.map(|v| v.value()) != Some(at) {
-                    problems.push(format!(
-                        "the expiry index entry ({at}, {id}) has no reverse entry"
-                    ));
+            if schema_version(path, txn)? < 2 {
+                let due_by_id = txn.open_table(V1_DUE_BY_ID).map_err(|e| err(&e))?;
+                let ids = due_by_id
+                    .iter()
+                    .map_err(|e| err(&e))?
+                    .map(|e| e.map(|(id, _)| id.value().to_owned()).map_err(|e| err(&e)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                orphans("expiry", ids)?;
+                for entry in due.iter().map_err(|e| err(&e))? {
+                    let (key, _) = entry.map_err(|e| err(&e))?;
+                    let (at, id) = key.value();
+                    if due_by_id.get(id).map_err(|e| err(&e))?.map(|v| v.value()) != Some(at) {
+                        problems.push(format!(
+                            "the expiry index entry ({at}, {id}) has no reverse entry"
+                        ));
+                    }
+                }
+            } else {
+                // Layout 2: the due time is in the record's header; the index must hold
+                // exactly that entry for every record, and none for an id not stored.
+                let mut indexed = std::collections::HashMap::<String, u64>::new();
+                for entry in due.iter().map_err(|e| err(&e))? {
+                    let (key, _) = entry.map_err(|e| err(&e))?;
+                    let (at, id) = key.value();
+                    let header = match tasks.get(id).map_err(|e| err(&e))? {
+                        None => {
+                            problems
+                                .push(format!("the expiry index names {id} which is not stored"));
+                            continue;
+                        }
+                        Some(value) => RecordHeader::decode(value.value()).map(|(h, _)| h),
+                    };
+                    match header {
+                        Ok(header) if header.due_ms == Some(at) => {
+                            indexed.insert(id.to_owned(), at);
+                        }
+                        Ok(_) => problems.push(format!(
+                            "the expiry index entry ({at}, {id}) differs from the task's due time"
+                        )),
+                        Err(detail) => problems.push(format!("the record of {id}: {detail}")),
+                    }
+                }
+                for entry in tasks.iter().map_err(|e| err(&e))? {
+                    let (id, value) = entry.map_err(|e| err(&e))?;
+                    if let Ok((header, _)) = RecordHeader::decode(value.value())
+                        && let Some(at) = header.due_ms
+                        && indexed.get(id.value()) != Some(&at)
+                    {
+                        problems.push(format!(
+                            "{} is due at {at} but the expiry index has no such entry",
+                            id.value()
+                        ));
+                    }
                 }
             }
             Ok(problems)
@@ -455,22 +484,72 @@ impl RedbReader {
     }
 }
 
-/// The index tables a [`Row`] reads beside the snapshot bytes.
-struct Indexes<'a> {
-    live: &'a redb::ReadOnlyTable<&'static str, ()>,
-    due: &'a redb::ReadOnlyTable<&'static str, u64>,
-    seq: &'a redb::ReadOnlyTable<&'static str, u64>,
+/// A table that a store may lack (`seq` and `due_by_id` exist only in layout 1; a layout-1
+/// file written before sequence numbers were kept has no `seq`).
+fn open_optional<K: redb::Key + 'static, V: redb::Value + 'static>(
+    path: &Path,
+    txn: &ReadTransaction,
+    table: TableDefinition<K, V>,
+) -> Result<Option<ReadOnlyTable<K, V>>, AdminError> {
+    match txn.open_table(table) {
+        Ok(t) => Ok(Some(t)),
+        Err(TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(redb_err(path, e)),
+    }
 }
 
-impl Indexes<'_> {
-    fn row(&self, path: &Path, id: &str, bytes: &[u8]) -> Result<Row, AdminError> {
+/// Where a [`Row`] finds its facts beside the snapshot bytes: the record header (layout 2) or
+/// the layout-1 index tables.
+struct Indexes {
+    live: ReadOnlyTable<&'static str, ()>,
+    /// Layout 1: `due_by_id` and `seq`, when the file has them.
+    v1: Option<(
+        Option<ReadOnlyTable<&'static str, u64>>,
+        Option<ReadOnlyTable<&'static str, u64>>,
+    )>,
+}
+
+impl Indexes {
+    fn open(path: &Path, txn: &ReadTransaction) -> Result<Indexes, AdminError> {
+        let live = txn.open_table(LIVE).map_err(|e| redb_err(path, e))?;
+        let v1 = if schema_version(path, txn)? < 2 {
+            Some((
+                open_optional(path, txn, V1_DUE_BY_ID)?,
+                open_optional(path, txn, V1_SEQ)?,
+            ))
+        } else {
+            None
+        };
+        Ok(Indexes { live, v1 })
+    }
+
+    /// The row of `id` from its `tasks` value. A layout-2 record with a damaged header keeps
+    /// its bytes whole (they fail to decode, naming the task).
+    fn row(&self, path: &Path, id: &str, value: &[u8]) -> Result<Row, AdminError> {
         let err = |e: redb::StorageError| redb_err(path, e);
+        let (bytes, due_ms, seq) = match &self.v1 {
+            Some((due, seq)) => {
+                let get = |t: &Option<ReadOnlyTable<&'static str, u64>>| match t {
+                    Some(t) => t.get(id).map(|v| v.map(|v| v.value())),
+                    None => Ok(None),
+                };
+                (
+                    value.to_vec(),
+                    get(due).map_err(err)?,
+                    get(seq).map_err(err)?,
+                )
+            }
+            None => match RecordHeader::decode(value) {
+                Ok((header, snapshot)) => (snapshot.to_vec(), header.due_ms, header.seq),
+                Err(_) => (value.to_vec(), None, None),
+            },
+        };
         Ok(Row {
             id: id.to_owned(),
-            bytes: bytes.to_vec(),
-            due_ms: self.due.get(id).map_err(err)?.map(|v| v.value()),
+            bytes,
+            due_ms,
             live: self.live.get(id).map_err(err)?.is_some(),
-            seq: self.seq.get(id).map_err(err)?.map(|v| v.value()),
+            seq,
             lease: None,
         })
     }
@@ -499,13 +578,18 @@ fn copy_into(path: &Path, txn: &ReadTransaction, to: &Path) -> Result<(u64, u64)
                     }
                 }};
             }
+            // Every table the source has: the copy keeps its layout.
             let mut ignored = 0u64;
             copy!(TASKS, tasks);
             copy!(META, metas);
             copy!(LIVE, ignored);
             copy!(DUE, ignored);
-            copy!(DUE_BY_ID, ignored);
-            copy!(SEQ, ignored);
+            if open_optional(path, txn, V1_DUE_BY_ID)?.is_some() {
+                copy!(V1_DUE_BY_ID, ignored);
+            }
+            if open_optional(path, txn, V1_SEQ)?.is_some() {
+                copy!(V1_SEQ, ignored);
+            }
             let _ = ignored;
         }
         w.commit().map_err(|e| terr(&e))?;
@@ -583,20 +667,18 @@ pub(crate) async fn delete(path: &Path, ids: Vec<String>) -> Result<(), AdminErr
         };
         let err = |e: &dyn std::fmt::Display| redb_err(&p, e);
         let w = db.begin_write().map_err(|e| err(&e))?;
+        upgrade(&p, &w)?;
         {
             let mut tasks = w.open_table(TASKS).map_err(|e| err(&e))?;
             let mut live = w.open_table(LIVE).map_err(|e| err(&e))?;
             let mut due = w.open_table(DUE).map_err(|e| err(&e))?;
-            let mut due_by_id = w.open_table(DUE_BY_ID).map_err(|e| err(&e))?;
-            let mut seq = w.open_table(SEQ).map_err(|e| err(&e))?;
             for id in &ids {
-                tasks.remove(id.as_str()).map_err(|e| err(&e))?;
+                let old = tasks
+                    .remove(id.as_str())
+                    .map_err(|e| err(&e))?
+                    .map(|v| RecordHeader::decode(v.value()).map(|(h, _)| h.due_ms));
                 live.remove(id.as_str()).map_err(|e| err(&e))?;
-                seq.remove(id.as_str()).map_err(|e| err(&e))?;
-                if let Some(at) = due_by_id.remove(id.as_str()).map_err(|e| err(&e))? {
-                    let at = at.value();
-                    due.remove((at, id.as_str())).map_err(|e| err(&e))?;
-                }
+                set_due(&mut due, id, old, None).map_err(|e| err(&e))?;
             }
         }
         w.commit().map_err(|e| err(&e))?;
@@ -637,25 +719,32 @@ pub(crate) async fn load(path: &Path, dump: Dump) -> Result<(u64, u64), AdminErr
         };
         let err = |e: &dyn std::fmt::Display| redb_err(&p, e);
         let w = db.begin_write().map_err(|e| err(&e))?;
+        upgrade(&p, &w)?;
         let mut written = 0;
         let mut unchanged = 0;
         {
             let mut tasks = w.open_table(TASKS).map_err(|e| err(&e))?;
             let mut live = w.open_table(LIVE).map_err(|e| err(&e))?;
             let mut due = w.open_table(DUE).map_err(|e| err(&e))?;
-            let mut due_by_id = w.open_table(DUE_BY_ID).map_err(|e| err(&e))?;
-            let mut seq = w.open_table(SEQ).map_err(|e| err(&e))?;
             let mut meta = w.open_table(META).map_err(|e| err(&e))?;
             for row in &dump.rows {
                 let id = row.id.as_str();
-                let same = tasks
-                    .get(id)
-                    .map_err(|e| err(&e))?
-                    .is_some_and(|v| v.value() == row.bytes.as_slice());
+                let value = RecordHeader {
+                    seq: row.seq,
+                    due_ms: row.due_ms,
+                }
+                .encode(&row.bytes);
+                let (same, old) = match tasks.get(id).map_err(|e| err(&e))? {
+                    Some(v) => (
+                        v.value() == value.as_slice(),
+                        Some(RecordHeader::decode(v.value()).map(|(h, _)| h.due_ms)),
+                    ),
+                    None => (false, None),
+                };
                 if same {
                     unchanged += 1;
                 } else {
-                    tasks.insert(id, row.bytes.as_slice()).map_err(|e| err(&e))?;
+                    tasks.insert(id, value.as_slice()).map_err(|e| err(&e))?;
                     written += 1;
                 }
                 if row.live {
@@ -663,22 +752,7 @@ pub(crate) async fn load(path: &Path, dump: Dump) -> Result<(u64, u64), AdminErr
                 } else {
                     live.remove(id).map_err(|e| err(&e))?;
                 }
-                match row.seq {
-                    Some(s) => {
-                        seq.insert(id, s).map_err(|e| err(&e))?;
-                    }
-                    None => {
-                        seq.remove(id).map_err(|e| err(&e))?;
-                    }
-                }
-                if let Some(old) = due_by_id.remove(id).map_err(|e| err(&e))? {
-                    let old = old.value();
-                    due.remove((old, id)).map_err(|e| err(&e))?;
-                }
-                if let Some(at) = row.due_ms {
-                    due.insert((at, id), ()).map_err(|e| err(&e))?;
-                    due_by_id.insert(id, at).map_err(|e| err(&e))?;
-                }
+                set_due(&mut due, id, old, row.due_ms).map_err(|e| err(&e))?;
             }
             for (key, value) in &dump.meta {
                 if key == META_SCHEMA_VERSION {
@@ -705,4 +779,50 @@ pub(crate) async fn load(path: &Path, dump: Dump) -> Result<(u64, u64), AdminErr
         Ok((written, unchanged))
     })
     .await
+}
+
+/// Brings the file of `w` to this build's layout in the same transaction as a command's
+/// writes (a layout-1 file is converted, as a server's start would convert it).
+fn upgrade(path: &Path, w: &WriteTransaction) -> Result<(), AdminError> {
+    match upgrade_layout(w) {
+        Ok(Some(records)) => {
+            tracing::info!(path = %path.display(), records,
+                "converted the task store from table layout 1 to {SCHEMA_VERSION}");
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(e) => Err(AdminError::Store(e.into_store_error(path))),
+    }
+}
+
+/// Moves the `due` entry of `id` from what its old record said (`None`: not stored; an inner
+/// `Err`: a damaged header, whose entries are searched for) to `new`.
+fn set_due(
+    due: &mut redb::Table<(u64, &str), ()>,
+    id: &str,
+    old: Option<Result<Option<u64>, String>>,
+    new: Option<u64>,
+) -> Result<(), redb::Error> {
+    let stale: Vec<u64> = match old {
+        None | Some(Ok(None)) => Vec::new(),
+        Some(Ok(Some(at))) => vec![at],
+        Some(Err(_)) => {
+            let mut found = Vec::new();
+            for entry in due.iter()? {
+                let (key, _) = entry?;
+                let (at, entry_id) = key.value();
+                if entry_id == id {
+                    found.push(at);
+                }
+            }
+            found
+        }
+    };
+    for at in stale {
+        due.remove((at, id))?;
+    }
+    if let Some(at) = new {
+        due.insert((at, id), ())?;
+    }
+    Ok(())
 }

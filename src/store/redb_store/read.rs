@@ -5,17 +5,19 @@ use std::sync::Arc;
 
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
-use super::schema::{DUE, LIVE, META, TASKS};
+use super::schema::{DUE, LIVE, META, TASKS, snapshot_of};
 use super::{DbState, RedbStore, panic_message, redb_cause};
 use crate::store::{Cause, StoreError};
 
 impl RedbStore {
-    /// The snapshot bytes of task `id`.
+    /// The snapshot bytes of task `id` (without the record header; see [`TASKS`]).
     pub async fn get(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let id = id.to_owned();
         self.read(move |txn| {
             let tasks = txn.open_table(TASKS)?;
-            Ok(tasks.get(id.as_str())?.map(|v| v.value().to_vec()))
+            Ok(tasks
+                .get(id.as_str())?
+                .map(|v| snapshot_of(v.value()).to_vec()))
         })
         .await
     }
@@ -25,7 +27,11 @@ impl RedbStore {
         self.read(move |txn| {
             let tasks = txn.open_table(TASKS)?;
             ids.iter()
-                .map(|id| Ok(tasks.get(id.as_str())?.map(|v| v.value().to_vec())))
+                .map(|id| {
+                    Ok(tasks
+                        .get(id.as_str())?
+                        .map(|v| snapshot_of(v.value()).to_vec()))
+                })
                 .collect()
         })
         .await
@@ -41,7 +47,7 @@ impl RedbStore {
                 let (id, _) = entry?;
                 let id = id.value();
                 match tasks.get(id)? {
-                    Some(bytes) => out.push((id.to_owned(), bytes.value().to_vec())),
+                    Some(bytes) => out.push((id.to_owned(), snapshot_of(bytes.value()).to_vec())),
                     None => tracing::warn!(id, "live index names a task that is not stored"),
                 }
             }
@@ -98,7 +104,7 @@ impl RedbStore {
             let mut out = Vec::with_capacity(usize::try_from(tasks.len()?).unwrap_or(0));
             for entry in tasks.iter()? {
                 let (id, bytes) = entry?;
-                out.push((id.value().to_owned(), bytes.value().to_vec()));
+                out.push((id.value().to_owned(), snapshot_of(bytes.value()).to_vec()));
             }
             Ok(out)
         })

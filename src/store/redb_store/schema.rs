@@ -6,31 +6,115 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use redb::{Database, DatabaseError, ReadableTable, StorageBackend, StorageError, TableDefinition};
+use redb::{
+    Database, DatabaseError, ReadableTable, StorageBackend, StorageError, TableDefinition,
+    TableHandle, WriteTransaction,
+};
 
 use super::panic_message;
 use crate::store::{BackendFactory, META_BOOT_EPOCH, StoreError};
 
-/// id → snapshot bytes.
+/// id → record: a [`RecordHeader`] (sequence number and due time) followed by the snapshot
+/// bytes (layout 2; in layout 1 the value was the snapshot bytes alone). The header has
+/// [`RECORD_HEADER_LEN`] bytes:
+///
+/// | offset | bytes | field                                                               |
+/// |--------|-------|---------------------------------------------------------------------|
+/// | 0      | 1     | flags: bit 0 = a sequence number is kept, bit 1 = a due time is set |
+/// | 1      | 8     | sequence number, u64 little endian (0 when bit 0 is clear)          |
+/// | 9      | 8     | due time in ms since the Unix epoch, u64 little endian (0 when clear) |
+/// | 17     | …     | the snapshot bytes (`crate::persist`)                               |
+///
+/// Other flag bits are reserved (zero). A value shorter than the header or with a reserved
+/// bit set is a damaged record: readers hand its bytes on whole, where they fail to decode as
+/// a snapshot, and the writer refuses to overwrite it conditionally.
 pub(crate) const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
 /// ids of non-terminal tasks.
 pub(crate) const LIVE: TableDefinition<&str, ()> = TableDefinition::new("live");
-/// (due_ms, id) for the expiry reaper.
+/// (due_ms, id) for the expiry reaper; an entry exists exactly for each stored task whose
+/// header has a due time, with that time.
 pub(crate) const DUE: TableDefinition<(u64, &str), ()> = TableDefinition::new("due");
-/// id → due_ms, the reverse of [`DUE`].
-pub(crate) const DUE_BY_ID: TableDefinition<&str, u64> = TableDefinition::new("due_by_id");
-/// id → sequence number of the stored snapshot, for conditional writes ([`Expect`]).
-pub(crate) const SEQ: TableDefinition<&str, u64> = TableDefinition::new("seq");
 /// Free-form metadata.
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+
+/// Layout 1 only: id → due_ms, the reverse of [`DUE`] (now in the record header). Read by the
+/// migration and by the read-only administration of a layout-1 file.
+pub(crate) const V1_DUE_BY_ID: TableDefinition<&str, u64> = TableDefinition::new("due_by_id");
+/// Layout 1 only: id → sequence number of the stored snapshot (now in the record header).
+pub(crate) const V1_SEQ: TableDefinition<&str, u64> = TableDefinition::new("seq");
 
 /// The meta key of the table layout version of a redb store (u64, little endian). Written
 /// when a store is created or first opened by a build that knows it; a file without it has
 /// layout 1 (the layout before the key existed).
 pub(crate) const META_SCHEMA_VERSION: &str = "schema_version";
-/// The table layout this build reads and writes: the tables above, with snapshot bytes of any
-/// version `crate::persist` knows. A store with a larger version is refused, unchanged.
-pub(crate) const SCHEMA_VERSION: u64 = 1;
+/// The table layout this build writes: the tables above, with snapshot bytes of any version
+/// `crate::persist` knows. Layout 1 (tables `tasks` of bare snapshots, `seq`, `live`, `due`,
+/// `due_by_id`, `meta`) is converted by the first writable open ([`upgrade_layout`]) and
+/// still read by the read-only administration. A store with a larger version is refused,
+/// unchanged.
+pub(crate) const SCHEMA_VERSION: u64 = 2;
+
+/// The length of a [`RecordHeader`] before the snapshot bytes in a `tasks` value.
+pub(crate) const RECORD_HEADER_LEN: usize = 17;
+const HAS_SEQ: u8 = 1;
+const HAS_DUE: u8 = 2;
+
+/// What a `tasks` value (layout 2) holds beside the snapshot bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RecordHeader {
+    /// The sequence number of the snapshot, for conditional writes (`None`: stored before
+    /// sequence numbers were kept, or written unconditionally without one).
+    pub(crate) seq: Option<u64>,
+    /// When the reaper must next look at the task (its [`DUE`] entry).
+    pub(crate) due_ms: Option<u64>,
+}
+
+impl RecordHeader {
+    /// The `tasks` value of `snapshot` under this header.
+    pub(crate) fn encode(self, snapshot: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(RECORD_HEADER_LEN + snapshot.len());
+        let flags = if self.seq.is_some() { HAS_SEQ } else { 0 }
+            | if self.due_ms.is_some() { HAS_DUE } else { 0 };
+        out.push(flags);
+        out.extend_from_slice(&self.seq.unwrap_or(0).to_le_bytes());
+        out.extend_from_slice(&self.due_ms.unwrap_or(0).to_le_bytes());
+        out.extend_from_slice(snapshot);
+        out
+    }
+
+    /// The header and the snapshot bytes of a `tasks` value; `Err` describes a damaged one.
+    pub(crate) fn decode(value: &[u8]) -> Result<(RecordHeader, &[u8]), String> {
+        let Some((head, snapshot)) = value.split_first_chunk::<RECORD_HEADER_LEN>() else {
+            return Err(format!(
+                "the record has {} bytes, fewer than its {RECORD_HEADER_LEN}-byte header",
+                value.len()
+            ));
+        };
+        let flags = head[0];
+        if flags & !(HAS_SEQ | HAS_DUE) != 0 {
+            return Err(format!("the record header has unknown flags {flags:#04x}"));
+        }
+        let field = |at: usize| {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(&head[at..at + 8]);
+            u64::from_le_bytes(bytes)
+        };
+        let header = RecordHeader {
+            seq: (flags & HAS_SEQ != 0).then(|| field(1)),
+            due_ms: (flags & HAS_DUE != 0).then(|| field(9)),
+        };
+        Ok((header, snapshot))
+    }
+}
+
+/// The snapshot bytes of a `tasks` value: after the header, or the whole value when the
+/// header is damaged (it then fails to decode as a snapshot, naming the task).
+pub(crate) fn snapshot_of(value: &[u8]) -> &[u8] {
+    match RecordHeader::decode(value) {
+        Ok((_, snapshot)) => snapshot,
+        Err(_) => value,
+    }
+}
 
 /// The layout version recorded in `meta` (1 when the key is absent). `Err` holds a
 /// description of a malformed value.
@@ -46,6 +130,165 @@ pub(crate) fn stored_schema_version(value: Option<&[u8]>) -> Result<u64, String>
                 )
             }),
     }
+}
+
+/// Why [`upgrade_layout`] did not bring a store to [`SCHEMA_VERSION`].
+#[derive(Debug)]
+pub(crate) enum LayoutError {
+    /// The store has a newer layout (the version found); nothing was changed.
+    TooNew(u64),
+    /// The recorded version or a layout-1 record is malformed.
+    Corrupt(String),
+    /// redb failed.
+    Redb(redb::Error),
+}
+
+impl From<StorageError> for LayoutError {
+    fn from(e: StorageError) -> Self {
+        LayoutError::Redb(e.into())
+    }
+}
+
+impl From<redb::TableError> for LayoutError {
+    fn from(e: redb::TableError) -> Self {
+        LayoutError::Redb(e.into())
+    }
+}
+
+impl LayoutError {
+    /// As a [`StoreError`] of the store at `path`.
+    pub(crate) fn into_store_error(self, path: &Path) -> StoreError {
+        match self {
+            LayoutError::TooNew(found) => StoreError::SchemaTooNew {
+                store: path.display().to_string(),
+                found: i64::try_from(found).unwrap_or(i64::MAX),
+                supported: SCHEMA_VERSION as i64,
+            },
+            LayoutError::Corrupt(detail) => StoreError::Corrupt {
+                path: path.to_path_buf(),
+                detail,
+            },
+            LayoutError::Redb(e) => StoreError::Open {
+                path: path.to_path_buf(),
+                detail: format!("initialising the tables failed: {e}"),
+            },
+        }
+    }
+}
+
+/// How many records a layout-1 conversion reads before writing them back (bounds its memory).
+const MIGRATION_CHUNK: usize = 1024;
+
+/// Brings the store of `txn` to layout [`SCHEMA_VERSION`] inside that transaction, creating
+/// the tables of a new store: the caller's commit makes the change, so a crash leaves the old
+/// layout whole. Returns the number of records converted from layout 1 (`None` when nothing
+/// was converted). A newer layout is refused before anything is written.
+///
+/// Layout 1 → 2: every `tasks` value gets its [`RecordHeader`] from `seq` and `due_by_id`
+/// (a task without a `seq` entry, stored before sequence numbers were kept, gets none); the
+/// `due` entries of ids no longer stored are removed; `seq` and `due_by_id` are deleted.
+pub(crate) fn upgrade_layout(txn: &WriteTransaction) -> Result<Option<u64>, LayoutError> {
+    let tables: std::collections::HashSet<String> =
+        txn.list_tables()?.map(|t| t.name().to_owned()).collect();
+    let mut meta = txn.open_table(META)?;
+    let (found, recorded) = {
+        let value = meta.get(META_SCHEMA_VERSION)?;
+        let found = stored_schema_version(value.as_ref().map(|v| v.value()))
+            .map_err(LayoutError::Corrupt)?;
+        (found, value.is_some())
+    };
+    if found > SCHEMA_VERSION {
+        return Err(LayoutError::TooNew(found));
+    }
+    // A file without the key and without tables is new (or an empty redb file): nothing to
+    // convert.
+    let converted = if found < SCHEMA_VERSION && (recorded || tables.contains(TASKS.name())) {
+        Some(convert_v1(txn, &tables)?)
+    } else {
+        None
+    };
+    if found != SCHEMA_VERSION || !recorded {
+        meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION.to_le_bytes().as_slice())?;
+    }
+    txn.open_table(TASKS)?;
+    txn.open_table(LIVE)?;
+    txn.open_table(DUE)?;
+    Ok(converted)
+}
+
+/// The layout-1 → 2 conversion of [`upgrade_layout`]; returns the number of records.
+fn convert_v1(
+    txn: &WriteTransaction,
+    tables: &std::collections::HashSet<String>,
+) -> Result<u64, LayoutError> {
+    let mut converted = 0u64;
+    {
+        let mut tasks = txn.open_table(TASKS)?;
+        let seqs = tables
+            .contains(V1_SEQ.name())
+            .then(|| txn.open_table(V1_SEQ))
+            .transpose()?;
+        let due_by_id = tables
+            .contains(V1_DUE_BY_ID.name())
+            .then(|| txn.open_table(V1_DUE_BY_ID))
+            .transpose()?;
+        let mut after: Option<String> = None;
+        loop {
+            let chunk: Vec<(String, Vec<u8>)> = {
+                let range = match &after {
+                    Some(a) => tasks.range::<&str>((
+                        std::ops::Bound::Excluded(a.as_str()),
+                        std::ops::Bound::Unbounded,
+                    ))?,
+                    None => tasks.range::<&str>(..)?,
+                };
+                range
+                    .take(MIGRATION_CHUNK)
+                    .map(|e| e.map(|(k, v)| (k.value().to_owned(), v.value().to_vec())))
+                    .collect::<Result<_, _>>()?
+            };
+            for (id, snapshot) in &chunk {
+                let header = RecordHeader {
+                    seq: match &seqs {
+                        Some(t) => t.get(id.as_str())?.map(|v| v.value()),
+                        None => None,
+                    },
+                    due_ms: match &due_by_id {
+                        Some(t) => t.get(id.as_str())?.map(|v| v.value()),
+                        None => None,
+                    },
+                };
+                tasks.insert(id.as_str(), header.encode(snapshot).as_slice())?;
+                converted += 1;
+            }
+            if chunk.len() < MIGRATION_CHUNK {
+                break;
+            }
+            after = chunk.last().map(|(id, _)| id.clone());
+        }
+        // `due` entries of ids that are not stored (layout 1 could leave them beside an
+        // orphaned `due_by_id` entry) would name nothing once `due_by_id` is gone.
+        if let Some(due_by_id) = &due_by_id {
+            let mut due = txn.open_table(DUE)?;
+            let mut orphans = Vec::new();
+            for entry in due_by_id.iter()? {
+                let (id, at) = entry?;
+                if tasks.get(id.value())?.is_none() {
+                    orphans.push((at.value(), id.value().to_owned()));
+                }
+            }
+            for (at, id) in &orphans {
+                due.remove((*at, id.as_str()))?;
+            }
+        }
+    }
+    if tables.contains(V1_SEQ.name()) {
+        txn.delete_table(V1_SEQ)?;
+    }
+    if tables.contains(V1_DUE_BY_ID.name()) {
+        txn.delete_table(V1_DUE_BY_ID)?;
+    }
+    Ok(converted)
 }
 
 /// Where the bytes of a store live.
@@ -239,36 +482,19 @@ pub(super) fn init_tables_and_boot(
     let run = || -> Result<u64, StoreError> {
         let txn = db.begin_write().map_err(|e| fail(&e))?;
         let epoch = {
-            // The layout version first: a newer layout may have changed the other tables'
-            // types. Returning drops the transaction, so a refused store is not changed.
+            // The layout first: a newer layout may have changed the other tables' types.
+            // Returning drops the transaction, so a refused store is not changed, and a
+            // converted one is converted in the same commit as the boot epoch.
+            let started = std::time::Instant::now();
+            if let Some(records) = upgrade_layout(&txn).map_err(|e| e.into_store_error(path))? {
+                tracing::info!(
+                    path = %path.display(),
+                    records,
+                    millis = started.elapsed().as_millis() as u64,
+                    "converted the task store from table layout 1 to {SCHEMA_VERSION}"
+                );
+            }
             let mut meta = txn.open_table(META).map_err(|e| fail(&e))?;
-            let (found, recorded) = {
-                let value = meta.get(META_SCHEMA_VERSION).map_err(|e| fail(&e))?;
-                let found =
-                    stored_schema_version(value.as_ref().map(|v| v.value())).map_err(|detail| {
-                        StoreError::Corrupt {
-                            path: path.to_path_buf(),
-                            detail,
-                        }
-                    })?;
-                (found, value.is_some())
-            };
-            if found > SCHEMA_VERSION {
-                return Err(StoreError::SchemaTooNew {
-                    store: path.display().to_string(),
-                    found: i64::try_from(found).unwrap_or(i64::MAX),
-                    supported: SCHEMA_VERSION as i64,
-                });
-            }
-            if !recorded {
-                meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION.to_le_bytes().as_slice())
-                    .map_err(|e| fail(&e))?;
-            }
-            txn.open_table(TASKS).map_err(|e| fail(&e))?;
-            txn.open_table(LIVE).map_err(|e| fail(&e))?;
-            txn.open_table(DUE).map_err(|e| fail(&e))?;
-            txn.open_table(DUE_BY_ID).map_err(|e| fail(&e))?;
-            txn.open_table(SEQ).map_err(|e| fail(&e))?;
             let previous = match meta.get(META_BOOT_EPOCH).map_err(|e| fail(&e))? {
                 None => 0,
                 Some(v) => {

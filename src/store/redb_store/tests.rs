@@ -745,3 +745,298 @@ async fn a_failed_commit_keeps_its_cause() {
     assert_eq!(store.get("b").await.unwrap(), None);
     store.close().await;
 }
+
+/// One task of a layout-1 file: (id, snapshot bytes, seq, live, due_ms).
+type V1Row<'a> = (&'a str, &'a [u8], Option<u64>, bool, Option<u64>);
+
+/// Writes a layout-1 store with raw redb exactly as the layout-1 code wrote it: bare
+/// snapshots in `tasks`, `seq`, `live`, `due`, `due_by_id`, `meta` (boot epoch 3). `version`:
+/// the recorded `schema_version` (`None`: a file from before the key). `with_seq`: `false`
+/// for a file from before sequence numbers were kept (no `seq` table). `orphan_due`: a
+/// `due`/`due_by_id` pair naming an id that is not stored.
+fn write_layout1(
+    path: &Path,
+    rows: &[V1Row<'_>],
+    version: Option<u64>,
+    with_seq: bool,
+    orphan_due: Option<(&str, u64)>,
+) {
+    let db = redb::Database::create(path).unwrap();
+    let w = db.begin_write().unwrap();
+    {
+        let mut tasks = w.open_table(TASKS).unwrap();
+        let mut live = w.open_table(LIVE).unwrap();
+        let mut due = w.open_table(DUE).unwrap();
+        let mut due_by_id = w.open_table(V1_DUE_BY_ID).unwrap();
+        let mut meta = w.open_table(META).unwrap();
+        for &(id, bytes, _, is_live, due_ms) in rows {
+            tasks.insert(id, bytes).unwrap();
+            if is_live {
+                live.insert(id, ()).unwrap();
+            }
+            if let Some(at) = due_ms {
+                due.insert((at, id), ()).unwrap();
+                due_by_id.insert(id, at).unwrap();
+            }
+        }
+        if let Some((id, at)) = orphan_due {
+            due.insert((at, id), ()).unwrap();
+            due_by_id.insert(id, at).unwrap();
+        }
+        if with_seq {
+            let mut seqs = w.open_table(V1_SEQ).unwrap();
+            for &(id, _, seq, _, _) in rows {
+                if let Some(seq) = seq {
+                    seqs.insert(id, seq).unwrap();
+                }
+            }
+        }
+        meta.insert(META_BOOT_EPOCH, 3u64.to_le_bytes().as_slice())
+            .unwrap();
+        if let Some(v) = version {
+            meta.insert(META_SCHEMA_VERSION, v.to_le_bytes().as_slice())
+                .unwrap();
+        }
+    }
+    w.commit().unwrap();
+}
+
+/// The names of the tables of the (closed) store file at `path`.
+fn table_names(path: &Path) -> Vec<String> {
+    let db = redb::Database::open(path).unwrap();
+    let r = db.begin_read().unwrap();
+    let mut names: Vec<String> = r
+        .list_tables()
+        .unwrap()
+        .map(|t| redb::TableHandle::name(&t).to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// A layout-1 file is converted by the first open, in one transaction, and then reads,
+/// lists, expires and takes conditional writes like a store created by this build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_1_store_is_converted_on_open() {
+    let rows: [V1Row<'_>; 4] = [
+        ("a", b"snapshot a", Some(7), true, Some(100)),
+        ("b", b"snapshot b", Some(2), false, Some(50)),
+        // Stored before sequence numbers were kept.
+        ("c", b"snapshot c", None, true, None),
+        ("d", b"", Some(1), false, None),
+    ];
+    for (version, with_seq) in [(Some(1), true), (None, true), (None, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v1.redb");
+        write_layout1(&path, &rows, version, with_seq, Some(("gone", 10)));
+        // A failed conversion leaves layout 1 whole: the conversion writes nothing outside
+        // the caller's transaction.
+        {
+            let db = redb::Database::open(&path).unwrap();
+            let w = db.begin_write().unwrap();
+            assert_eq!(schema::upgrade_layout(&w).unwrap(), Some(4));
+            w.abort().unwrap();
+        }
+        assert!(table_names(&path).contains(&"due_by_id".to_owned()));
+
+        let store = open(&path).await;
+        assert_eq!(store.boot_epoch(), 4, "the boot epoch carries over");
+        assert_eq!(
+            store.meta_get(META_SCHEMA_VERSION).await.unwrap(),
+            Some(SCHEMA_VERSION.to_le_bytes().to_vec())
+        );
+        // Reads.
+        for &(id, bytes, ..) in &rows {
+            assert_eq!(store.get(id).await.unwrap().as_deref(), Some(bytes), "{id}");
+        }
+        assert_eq!(
+            store.get_many(vec!["b".into(), "x".into()]).await.unwrap(),
+            vec![Some(b"snapshot b".to_vec()), None]
+        );
+        assert_eq!(store.counts().await.unwrap(), (4, 2));
+        let live: Vec<String> = store
+            .live()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(live, vec!["a", "c"]);
+        assert_eq!(store.tasks().await.unwrap().len(), 4);
+        // Expiry: the orphaned due entry of a task that is not stored is gone.
+        assert_eq!(store.next_due().await.unwrap(), Some(50));
+        assert_eq!(store.due(1000, 10).await.unwrap(), vec!["b", "a"]);
+        // The reaper's quarantine (SetDue None) removes a due entry.
+        store
+            .commit(vec![WriteOp::SetDue {
+                id: "b".into(),
+                due_ms: None,
+            }])
+            .await
+            .unwrap();
+        assert_eq!(store.due(1000, 10).await.unwrap(), vec!["a"]);
+        assert_eq!(store.get("b").await.unwrap().unwrap(), b"snapshot b");
+
+        // Conditional writes: the sequence numbers came over (a file from before they were
+        // kept accepts one conditional write per task, which records the number).
+        if !with_seq {
+            store
+                .commit(vec![cas("a", b"a7", 7, Expect::Seq(6))])
+                .await
+                .unwrap();
+        }
+        let err = store
+            .commit(vec![cas("a", b"stale", 7, Expect::Seq(6))])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                StoreError::Conflict { id, expected: Some(6), found: Some(7) } if id == "a"
+            ),
+            "{err:?}"
+        );
+        let err = store
+            .commit(vec![cas("d", b"again", 1, Expect::Absent)])
+            .await
+            .unwrap_err();
+        let found = if with_seq { Some(1) } else { None };
+        assert!(
+            matches!(&err, StoreError::Conflict { expected: None, found: f, .. } if *f == found),
+            "{err:?}"
+        );
+        store
+            .commit(vec![cas("a", b"a8", 8, Expect::Seq(7))])
+            .await
+            .unwrap();
+        assert_eq!(store.get("a").await.unwrap().unwrap(), b"a8");
+        // The conditional put kept `a` live and replaced its due entry (`cas` has none).
+        assert_eq!(store.counts().await.unwrap(), (4, 2));
+        assert!(store.due(1000, 10).await.unwrap().is_empty());
+        // A task stored without a sequence number accepts one conditional write, then has
+        // its number.
+        store
+            .commit(vec![cas("c", b"c5", 5, Expect::Seq(4))])
+            .await
+            .unwrap();
+        let err = store
+            .commit(vec![cas("c", b"stale", 5, Expect::Seq(4))])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                StoreError::Conflict {
+                    expected: Some(4),
+                    found: Some(5),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        store.close().await;
+
+        // Layout 2 on disk: `seq` and `due_by_id` are gone, and a second open converts
+        // nothing (the data is as it was left).
+        assert_eq!(table_names(&path), vec!["due", "live", "meta", "tasks"]);
+        {
+            let db = redb::Database::open(&path).unwrap();
+            let w = db.begin_write().unwrap();
+            assert_eq!(schema::upgrade_layout(&w).unwrap(), None);
+            w.abort().unwrap();
+        }
+        let store = open(&path).await;
+        assert_eq!(store.boot_epoch(), 5);
+        assert_eq!(store.get("a").await.unwrap().unwrap(), b"a8");
+        assert_eq!(store.get("c").await.unwrap().unwrap(), b"c5");
+        assert_eq!(store.get("d").await.unwrap().unwrap(), b"");
+        store
+            .commit(vec![cas("a", b"a9", 9, Expect::Seq(8))])
+            .await
+            .unwrap();
+        store.close().await;
+    }
+}
+
+/// A layout newer than this build's is refused without change, before anything is written.
+#[test]
+fn a_newer_layout_is_refused_by_the_conversion() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v3.redb");
+    write_layout1(&path, &[], Some(SCHEMA_VERSION + 1), true, None);
+    let before = std::fs::read(&path).unwrap();
+    let err = RedbStore::open(&path, opts()).unwrap_err();
+    assert!(
+        matches!(err, StoreError::SchemaTooNew { found, .. } if found == (SCHEMA_VERSION + 1) as i64),
+        "{err:?}"
+    );
+    assert!(std::fs::read(&path).unwrap() == before, "the file changed");
+}
+
+/// An in-memory backend that counts the bytes written to it.
+#[derive(Debug)]
+struct CountingBackend {
+    inner: redb::backends::InMemoryBackend,
+    written: Arc<AtomicU64>,
+}
+
+impl redb::StorageBackend for CountingBackend {
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.inner.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.written.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.inner.write(offset, data)
+    }
+}
+
+/// A `Put` writes only the tables whose content changes: re-putting a live task with the same
+/// due time writes fewer pages than one that moves its due entry or makes it live.
+#[test]
+fn a_put_skips_the_index_tables_it_does_not_change() {
+    let written = Arc::new(AtomicU64::new(0));
+    let backend = CountingBackend {
+        inner: redb::backends::InMemoryBackend::new(),
+        written: Arc::clone(&written),
+    };
+    let db = redb::Builder::new().create_with_backend(backend).unwrap();
+    let path = PathBuf::from("memory");
+    init_tables_and_boot(&db, &path, false).unwrap();
+    let counters = Counters::default();
+    let ids = ["a", "b", "c", "d", "e", "f"];
+    // Each put replaces a different task (the pages of one commit are not reused by the
+    // next), from the same starting state: live, due at 100.
+    let setup: Vec<Vec<WriteOp>> = ids
+        .iter()
+        .map(|id| vec![put(id, b"0", true, Some(100))])
+        .collect();
+    let r = apply_jobs(&db, &path, Durability::Immediate, &setup, &counters);
+    assert!(r.iter().all(Result::is_ok), "{r:?}");
+    let bytes_of = |op: WriteOp| {
+        let before = written.load(Ordering::Relaxed);
+        let r = apply_jobs(&db, &path, Durability::Immediate, &[vec![op]], &counters);
+        assert!(r.iter().all(Result::is_ok), "{r:?}");
+        written.load(Ordering::Relaxed) - before
+    };
+    let unchanged = bytes_of(put("a", b"1", true, Some(100)));
+    let due_moved = bytes_of(put("b", b"1", true, Some(200)));
+    let no_longer_live = bytes_of(put("c", b"1", false, Some(100)));
+    let unchanged_again = bytes_of(put("d", b"1", true, Some(100)));
+    assert!(
+        unchanged < due_moved && unchanged < no_longer_live,
+        "unchanged {unchanged}, due moved {due_moved}, no longer live {no_longer_live}"
+    );
+    assert_eq!(unchanged, unchanged_again);
+    let r = db.begin_read().unwrap();
+    assert_eq!(r.open_table(LIVE).unwrap().len().unwrap(), 5);
+    assert_eq!(r.open_table(DUE).unwrap().len().unwrap(), 6);
+}

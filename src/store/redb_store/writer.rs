@@ -11,7 +11,7 @@ use std::time::Instant;
 use redb::{Database, ReadableTable, WriteTransaction};
 use tokio::sync::oneshot;
 
-use super::schema::{DUE, DUE_BY_ID, LIVE, META, SEQ, SyncFailure, TASKS, Target};
+use super::schema::{DUE, LIVE, META, RecordHeader, SyncFailure, TASKS, Target};
 use super::{Counters, DbState, panic_message, redb_cause};
 use crate::store::{Cause, Durability, Expect, StoreError, WriteOp};
 
@@ -253,9 +253,93 @@ fn one_transaction(
     Ok(results)
 }
 
+/// The header of the stored record of `id`, `None` when it is not stored. A damaged header is
+/// an error: a conditional write cannot be judged against it, and its due entry is unknown.
+fn stored_header(
+    tasks: &redb::Table<&str, &[u8]>,
+    id: &str,
+) -> Result<Option<RecordHeader>, redb::Error> {
+    match tasks.get(id)? {
+        None => Ok(None),
+        Some(value) => RecordHeader::decode(value.value())
+            .map(|(header, _)| Some(header))
+            .map_err(|detail| {
+                redb::Error::Corrupted(format!("the stored record of task {id}: {detail}"))
+            }),
+    }
+}
+
+/// Moves the [`DUE`] entry of `id` from `old` to `new` (nothing when they are equal).
+fn move_due(
+    due: &mut redb::Table<(u64, &str), ()>,
+    id: &str,
+    old: Option<u64>,
+    new: Option<u64>,
+) -> Result<(), redb::Error> {
+    if old == new {
+        return Ok(());
+    }
+    if let Some(old) = old {
+        due.remove((old, id))?;
+    }
+    if let Some(new) = new {
+        due.insert((new, id), ())?;
+    }
+    Ok(())
+}
+
+/// What a write must know of the record it replaces or removes: its due time, or that its
+/// header is damaged (its due entry is then unknown).
+enum OldDue {
+    Known(Option<u64>),
+    Damaged,
+}
+
+fn old_due(value: Option<&[u8]>) -> OldDue {
+    match value.map(RecordHeader::decode) {
+        None => OldDue::Known(None),
+        Some(Ok((header, _))) => OldDue::Known(header.due_ms),
+        Some(Err(_)) => OldDue::Damaged,
+    }
+}
+
+/// Moves the due entry of `id` away from what `old` says to `new`. For a damaged record the
+/// whole [`DUE`] table is searched for entries of `id` (a rare repair path; every other write
+/// knows the old entry from the header).
+fn replace_due(
+    due: &mut redb::Table<(u64, &str), ()>,
+    id: &str,
+    old: OldDue,
+    new: Option<u64>,
+) -> Result<(), redb::Error> {
+    match old {
+        OldDue::Known(old) => move_due(due, id, old, new),
+        OldDue::Damaged => {
+            let mut stale = Vec::new();
+            for entry in due.iter()? {
+                let (key, _) = entry?;
+                let (at, entry_id) = key.value();
+                if entry_id == id {
+                    stale.push(at);
+                }
+            }
+            for at in stale {
+                due.remove((at, id))?;
+            }
+            if let Some(new) = new {
+                due.insert((new, id), ())?;
+            }
+            Ok(())
+        }
+    }
+}
+
 /// Applies every job whose preconditions hold (checked against the transaction, so a job sees
 /// the writes of the jobs before it); a job whose precondition fails is skipped whole and
 /// answered [`StoreError::Conflict`].
+///
+/// A `Put` writes the `tasks` record (header and snapshot), and touches `live` and `due` only
+/// when they change: every table a transaction writes costs its commit pages.
 fn apply_jobs_to(
     txn: &WriteTransaction,
     jobs: &[Vec<WriteOp>],
@@ -263,35 +347,27 @@ fn apply_jobs_to(
     let mut tasks = txn.open_table(TASKS)?;
     let mut live = txn.open_table(LIVE)?;
     let mut due = txn.open_table(DUE)?;
-    let mut due_by_id = txn.open_table(DUE_BY_ID)?;
-    let mut seqs = txn.open_table(SEQ)?;
     let mut meta = txn.open_table(META)?;
     let mut results = Vec::with_capacity(jobs.len());
     'jobs: for job in jobs {
         for op in job {
             if let WriteOp::Put { id, expect, .. } = op {
                 let id = id.as_str();
-                let stored = || -> Result<(bool, Option<u64>), redb::Error> {
-                    let exists = tasks.get(id)?.is_some();
-                    Ok((exists, seqs.get(id)?.map(|v| v.value())))
-                };
-                // One lookup in the common case: a `seq` entry exists only beside a stored
-                // snapshot (every write and delete keeps the two together), so the expected
-                // number found there proves the task is stored; a new id is checked in
-                // `tasks` alone. Anything else takes the full check.
+                // One lookup: the sequence number is in the stored record's header.
                 let conflict = match *expect {
                     Expect::Any => None,
-                    Expect::Absent if tasks.get(id)?.is_none() => None,
-                    Expect::Absent => match stored()? {
-                        (false, _) => None,
-                        (true, found) => Some((None, found)),
+                    Expect::Absent => match stored_header(&tasks, id)? {
+                        None => None,
+                        Some(header) => Some((None, header.seq)),
                     },
-                    Expect::Seq(n) if seqs.get(id)?.map(|v| v.value()) == Some(n) => None,
-                    Expect::Seq(n) => match stored()? {
-                        (true, Some(found)) if found == n => None,
+                    Expect::Seq(n) => match stored_header(&tasks, id)? {
+                        Some(RecordHeader {
+                            seq: Some(found), ..
+                        }) if found == n => None,
                         // Stored before sequence numbers were kept: accepted once.
-                        (true, None) => None,
-                        (_, found) => Some((Some(n), found)),
+                        Some(RecordHeader { seq: None, .. }) => None,
+                        Some(header) => Some((Some(n), header.seq)),
+                        None => Some((Some(n), None)),
                     },
                 };
                 if let Some((expected, found)) = conflict {
@@ -315,50 +391,54 @@ fn apply_jobs_to(
                     expect: _,
                 } => {
                     let id = id.as_str();
-                    tasks.insert(id, bytes.as_slice())?;
-                    match seq {
-                        Some(seq) => {
-                            seqs.insert(id, *seq)?;
-                        }
-                        None => {
-                            seqs.remove(id)?;
-                        }
-                    }
+                    // The old due time comes from the header of the record this put replaces.
+                    let old = old_due(tasks.get(id)?.as_ref().map(|v| v.value()));
+                    let header = RecordHeader {
+                        seq: *seq,
+                        due_ms: *due_ms,
+                    };
+                    tasks.insert(id, header.encode(bytes).as_slice())?;
                     if *is_live {
-                        live.insert(id, ())?;
-                    } else {
+                        if live.get(id)?.is_none() {
+                            live.insert(id, ())?;
+                        }
+                    } else if live.get(id)?.is_some() {
                         live.remove(id)?;
                     }
-                    let old = due_by_id.remove(id)?.map(|v| v.value());
-                    if let Some(old) = old {
-                        due.remove((old, id))?;
-                    }
-                    if let Some(at) = *due_ms {
-                        due.insert((at, id), ())?;
-                        due_by_id.insert(id, at)?;
-                    }
+                    replace_due(&mut due, id, old, *due_ms)?;
                 }
                 WriteOp::Delete { id } => {
                     let id = id.as_str();
-                    tasks.remove(id)?;
-                    live.remove(id)?;
-                    seqs.remove(id)?;
-                    let old = due_by_id.remove(id)?.map(|v| v.value());
-                    if let Some(old) = old {
-                        due.remove((old, id))?;
+                    let old = old_due(tasks.remove(id)?.as_ref().map(|v| v.value()));
+                    if live.get(id)?.is_some() {
+                        live.remove(id)?;
                     }
+                    replace_due(&mut due, id, old, None)?;
                 }
                 WriteOp::SetDue { id, due_ms } => {
                     let id = id.as_str();
-                    let old = due_by_id.remove(id)?.map(|v| v.value());
-                    if let Some(old) = old {
-                        due.remove((old, id))?;
-                    }
-                    if let Some(at) = *due_ms
-                        && tasks.get(id)?.is_some()
-                    {
-                        due.insert((at, id), ())?;
-                        due_by_id.insert(id, at)?;
+                    // Only a stored task has a due entry: a task that is not stored has none
+                    // (a delete removes it with the record). A good record keeps its due time
+                    // in its header; a damaged one (the reaper quarantines records it cannot
+                    // decode) is left as it is, and only its due entries change.
+                    let rewritten = match tasks.get(id)? {
+                        None => None,
+                        Some(value) => match RecordHeader::decode(value.value()) {
+                            Ok((header, snapshot)) => (header.due_ms != *due_ms).then(|| {
+                                let new = RecordHeader {
+                                    due_ms: *due_ms,
+                                    ..header
+                                };
+                                (OldDue::Known(header.due_ms), Some(new.encode(snapshot)))
+                            }),
+                            Err(_) => Some((OldDue::Damaged, None)),
+                        },
+                    };
+                    if let Some((old, value)) = rewritten {
+                        if let Some(value) = value {
+                            tasks.insert(id, value.as_slice())?;
+                        }
+                        replace_due(&mut due, id, old, *due_ms)?;
                     }
                 }
                 WriteOp::PutMetaIfAbsent { key, value } => {
