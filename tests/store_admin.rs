@@ -806,3 +806,163 @@ async fn a_store_left_by_a_killed_server_reads_after_recovery() {
     drop(fresh);
     rt.shutdown().await;
 }
+
+/// Rewrites the layout-2 store at `from` as the layout-1 code wrote it, at `to`: bare
+/// snapshots in `tasks`, the sequence numbers in `seq`, the due times in `due` and
+/// `due_by_id`, no `schema_version` in `meta` (a file from before the key). The task
+/// `without_seq` gets no `seq` entry (stored before sequence numbers were kept).
+fn write_as_layout_1(from: &Path, to: &Path, without_seq: &str) {
+    use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+    const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
+    const LIVE: TableDefinition<&str, ()> = TableDefinition::new("live");
+    const DUE: TableDefinition<(u64, &str), ()> = TableDefinition::new("due");
+    const DUE_BY_ID: TableDefinition<&str, u64> = TableDefinition::new("due_by_id");
+    const SEQ: TableDefinition<&str, u64> = TableDefinition::new("seq");
+    const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+    let src = redb::ReadOnlyDatabase::open(from).unwrap();
+    let r = src.begin_read().unwrap();
+    let dst = redb::Database::create(to).unwrap();
+    let w = dst.begin_write().unwrap();
+    {
+        let mut tasks = w.open_table(TASKS).unwrap();
+        let mut live = w.open_table(LIVE).unwrap();
+        let mut due = w.open_table(DUE).unwrap();
+        let mut due_by_id = w.open_table(DUE_BY_ID).unwrap();
+        let mut seq = w.open_table(SEQ).unwrap();
+        let mut meta = w.open_table(META).unwrap();
+        for entry in r.open_table(TASKS).unwrap().iter().unwrap() {
+            let (id, value) = entry.unwrap();
+            let (id, value) = (id.value(), value.value());
+            // The layout-2 header: flags, seq, due_ms (see the store's schema).
+            let flags = value[0];
+            let field = |at: usize| u64::from_le_bytes(value[at..at + 8].try_into().unwrap());
+            tasks.insert(id, &value[17..]).unwrap();
+            if flags & 1 != 0 && id != without_seq {
+                seq.insert(id, field(1)).unwrap();
+            }
+            if flags & 2 != 0 {
+                due.insert((field(9), id), ()).unwrap();
+                due_by_id.insert(id, field(9)).unwrap();
+            }
+        }
+        for entry in r.open_table(LIVE).unwrap().iter().unwrap() {
+            live.insert(entry.unwrap().0.value(), ()).unwrap();
+        }
+        for entry in r.open_table(META).unwrap().iter().unwrap() {
+            let (k, v) = entry.unwrap();
+            if k.value() != "schema_version" {
+                meta.insert(k.value(), v.value()).unwrap();
+            }
+        }
+    }
+    w.commit().unwrap();
+}
+
+fn redb_tables(path: &Path) -> Vec<String> {
+    use redb::ReadableDatabase;
+    let db = redb::ReadOnlyDatabase::open(path).unwrap();
+    let r = db.begin_read().unwrap();
+    let mut names: Vec<String> = r
+        .list_tables()
+        .unwrap()
+        .map(|t| redb::TableHandle::name(&t).to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// A store of table layout 1 (before the record header) is read as it is by the `store`
+/// commands that only read (nothing converted), and converted by the first server start,
+/// after which its tasks finish, take conditional writes and expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let built = dir.path().join("built.redb");
+    // A task that expires soon, then tasks that never do.
+    let mut config = RuntimeConfig::default();
+    config.default_ttl = Some(Duration::from_secs(1));
+    config.expired_retention = Duration::ZERO;
+    let rt = tools(Runtime::builder(&built))
+        .config(config)
+        .start()
+        .await
+        .unwrap();
+    let expiring = create(&rt, "done", json!({})).await;
+    wait_status(&rt, &expiring, "completed").await;
+    rt.shutdown().await;
+    let rt = tools(Runtime::builder(&built)).start().await.unwrap();
+    let ask = create(&rt, "ask", json!({})).await;
+    wait_status(&rt, &ask, "input_required").await;
+    let working = create(&rt, "hold", json!({})).await;
+    wait_status(&rt, &working, "working").await;
+    rt.shutdown().await;
+
+    let path = dir.path().join("v1.redb");
+    write_as_layout_1(&built, &path, &ask);
+    let p = path.to_str().unwrap();
+    let v1_tables = vec!["due", "due_by_id", "live", "meta", "seq", "tasks"];
+    assert_eq!(redb_tables(&path), v1_tables);
+
+    // The commands that read see layout 1 as it is, and leave it so.
+    let (code, stdout, stderr) = run(&["store", "stats", "--store", p, "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let stats: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(stats["schema_version"], 1, "{stats}");
+    assert_eq!(stats["tasks"], 3, "{stats}");
+    let (code, stdout, stderr) = run(&["store", "list", "--store", p]);
+    assert_eq!(code, 0, "{stderr}");
+    for id in [&expiring, &ask, &working] {
+        assert!(stdout.contains(id.as_str()), "{stdout}");
+    }
+    // The due time comes from `due_by_id`.
+    let shown = admin::show(&Location::Redb(path.clone()), &expiring)
+        .await
+        .unwrap();
+    assert!(shown.due_ms.is_some(), "{shown:?}");
+    let report = admin::verify(&Location::Redb(path.clone())).await.unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.records, 3);
+    let backup = dir.path().join("backup.redb");
+    let (code, _, stderr) = run(&[
+        "store",
+        "backup",
+        "--store",
+        p,
+        "--to",
+        backup.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(redb_tables(&backup), v1_tables, "a backup keeps the layout");
+    assert_eq!(redb_tables(&path), v1_tables, "reading converted nothing");
+
+    // A server converts it; its tasks go on.
+    let rt = tools(Runtime::builder(&path))
+        .expired_retention(Duration::ZERO)
+        .start()
+        .await
+        .unwrap();
+    call(&rt, "tasks/update", json!({ "taskId": ask, "inputResponses": { "confirm": { "action": "accept", "content": { "confirm": true } } } })).await;
+    wait_status(&rt, &ask, "completed").await;
+    call(&rt, "tasks/cancel", json!({ "taskId": working })).await;
+    wait_status(&rt, &working, "cancelled").await;
+    // The expired task is deleted by the reaper.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while rt.store().get(&expiring).await.unwrap().is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the expired task was never deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    rt.shutdown().await;
+    assert_eq!(redb_tables(&path), vec!["due", "live", "meta", "tasks"]);
+    let stats = admin::stats(&Location::Redb(path.clone())).await.unwrap();
+    assert_eq!((stats.schema_version, stats.tasks, stats.live), (2, 2, 0));
+    let report = admin::verify(&Location::Redb(path.clone())).await.unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    // The layout-1 backup converts the same way.
+    let rt = tools(Runtime::builder(&backup)).start().await.unwrap();
+    wait_status(&rt, &working, "working").await;
+    rt.shutdown().await;
+    assert_eq!(redb_tables(&backup), vec!["due", "live", "meta", "tasks"]);
+}
