@@ -503,11 +503,11 @@ fn open_optional<K: redb::Key + 'static, V: redb::Value + 'static>(
 struct Indexes {
     live: ReadOnlyTable<&'static str, ()>,
     /// Layout 1: `due_by_id` and `seq`, when the file has them.
-    v1: Option<(
-        Option<ReadOnlyTable<&'static str, u64>>,
-        Option<ReadOnlyTable<&'static str, u64>>,
-    )>,
+    v1: Option<(Option<IdTable>, Option<IdTable>)>,
 }
+
+/// A layout-1 index table: id → u64.
+type IdTable = ReadOnlyTable<&'static str, u64>;
 
 impl Indexes {
     fn open(path: &Path, txn: &ReadTransaction) -> Result<Indexes, AdminError> {
@@ -529,7 +529,7 @@ impl Indexes {
         let err = |e: redb::StorageError| redb_err(path, e);
         let (bytes, due_ms, seq) = match &self.v1 {
             Some((due, seq)) => {
-                let get = |t: &Option<ReadOnlyTable<&'static str, u64>>| match t {
+                let get = |t: &Option<IdTable>| match t {
                     Some(t) => t.get(id).map(|v| v.map(|v| v.value())),
                     None => Ok(None),
                 };

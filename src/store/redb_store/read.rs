@@ -10,7 +10,7 @@ use super::{DbState, RedbStore, panic_message, redb_cause};
 use crate::store::{Cause, StoreError};
 
 impl RedbStore {
-    /// The snapshot bytes of task `id` (without the record header; see [`TASKS`]).
+    /// The snapshot bytes of task `id` (without the header its record is stored with).
     pub async fn get(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let id = id.to_owned();
         self.read(move |txn| {

@@ -356,10 +356,7 @@ fn apply_jobs_to(
                 // One lookup: the sequence number is in the stored record's header.
                 let conflict = match *expect {
                     Expect::Any => None,
-                    Expect::Absent => match stored_header(&tasks, id)? {
-                        None => None,
-                        Some(header) => Some((None, header.seq)),
-                    },
+                    Expect::Absent => stored_header(&tasks, id)?.map(|header| (None, header.seq)),
                     Expect::Seq(n) => match stored_header(&tasks, id)? {
                         Some(RecordHeader {
                             seq: Some(found), ..
