@@ -934,6 +934,36 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(redb_tables(&backup), v1_tables, "a backup keeps the layout");
     assert_eq!(redb_tables(&path), v1_tables, "reading converted nothing");
+    // A migration reads it as it is into a new (layout-2) file, with the same tasks.
+    let migrated = dir.path().join("migrated.redb");
+    let report = admin::migrate(
+        &Location::Redb(path.clone()),
+        &Location::Redb(migrated.clone()),
+    )
+    .await
+    .unwrap();
+    assert_eq!((report.tasks, report.live), (3, 2));
+    assert_eq!(redb_tables(&path), v1_tables, "the source is not converted");
+    assert_eq!(redb_tables(&migrated), vec!["due", "live", "meta", "tasks"]);
+    let report = admin::verify(&Location::Redb(migrated)).await.unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    // `store purge` writes: it converts a copy in the transaction of its deletion.
+    let purged = dir.path().join("purged.redb");
+    std::fs::copy(&path, &purged).unwrap();
+    let (code, _, stderr) = run(&[
+        "store",
+        "purge",
+        "--store",
+        purged.to_str().unwrap(),
+        "--status",
+        "completed",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(redb_tables(&purged), vec!["due", "live", "meta", "tasks"]);
+    let stats = admin::stats(&Location::Redb(purged.clone())).await.unwrap();
+    assert_eq!((stats.schema_version, stats.tasks, stats.live), (2, 2, 2));
+    let report = admin::verify(&Location::Redb(purged)).await.unwrap();
+    assert!(report.is_clean(), "{report:?}");
 
     // A server converts it; its tasks go on.
     let rt = tools(Runtime::builder(&path))

@@ -1,16 +1,19 @@
 //! The redb backend: one file, one writer OS thread, group commit.
 //!
 //! It keeps opaque snapshot bytes keyed by task id and the index tables that the runtime
-//! maintains through [`WriteOp::Put`]:
+//! maintains through [`WriteOp::Put`] (table layout 2, see `schema.rs`):
 //!
-//! | table       | key              | value    | purpose                                        |
-//! |-------------|------------------|----------|------------------------------------------------|
-//! | `tasks`     | id               | bytes    | the latest snapshot of every stored task       |
-//! | `live`      | id               | `()`     | non-terminal tasks, read at start to rehydrate |
-//! | `due`       | `(due_ms, id)`   | `()`     | when the reaper must next look at a task       |
-//! | `due_by_id` | id               | `due_ms` | reverse of `due`, so a re-put replaces it      |
-//! | `seq`       | id               | u64      | version of the snapshot, for compare-and-set   |
-//! | `meta`      | key              | bytes    | schema version, boot epoch, ...                |
+//! | table   | key            | value                                 | purpose                                        |
+//! |---------|----------------|---------------------------------------|------------------------------------------------|
+//! | `tasks` | id             | header (seq, due_ms) + snapshot bytes | the latest snapshot of every stored task       |
+//! | `live`  | id             | `()`                                  | non-terminal tasks, read at start to rehydrate |
+//! | `due`   | `(due_ms, id)` | `()`                                  | when the reaper must next look at a task       |
+//! | `meta`  | key            | bytes                                 | schema version, boot epoch, ...                |
+//!
+//! The sequence number (for compare-and-set) and the due time live in the record's header, so
+//! a `Put` writes one table plus `live` and `due` when they change: a commit's cost is set by
+//! the number of tables it touches. A layout-1 file (with the tables `seq` and `due_by_id`)
+//! is converted by the first open.
 //!
 //! Writes go through [`RedbStore::commit`]: the ops are queued to a dedicated writer thread
 //! that drains everything queued, applies all of it in one write transaction with one commit
@@ -129,8 +132,9 @@ impl RedbStore {
     ///   recreated or overwritten. An *empty* (0 byte) file is initialised as a new database.
     /// - A file already open (also in this process) gives [`StoreError::AlreadyOpen`].
     ///
-    /// Creates the tables, increments the boot epoch in meta and commits it durably, then starts
-    /// the writer thread.
+    /// Creates the tables (converting a file of table layout 1 to layout 2: see
+    /// [`schema::upgrade_layout`]), increments the boot epoch in meta and commits it durably in
+    /// one transaction, then starts the writer thread.
     pub fn open(path: &Path, options: StoreOptions) -> Result<RedbStore, StoreError> {
         Self::open_inner(Target::File(path.to_path_buf()), options)
     }
