@@ -132,9 +132,9 @@ impl RedbStore {
     ///   recreated or overwritten. An *empty* (0 byte) file is initialised as a new database.
     /// - A file already open (also in this process) gives [`StoreError::AlreadyOpen`].
     ///
-    /// Creates the tables (converting a file of table layout 1 to layout 2: see
-    /// [`schema::upgrade_layout`]), increments the boot epoch in meta and commits it durably in
-    /// one transaction, then starts the writer thread.
+    /// Creates the tables (converting a file of table layout 1 to layout 2, logged once with
+    /// the number of records), increments the boot epoch in meta and commits it durably in one
+    /// transaction, then starts the writer thread.
     pub fn open(path: &Path, options: StoreOptions) -> Result<RedbStore, StoreError> {
         Self::open_inner(Target::File(path.to_path_buf()), options)
     }
