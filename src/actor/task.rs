@@ -377,7 +377,22 @@ impl Actor for TaskActor {
         Ok(())
     }
 
-    async fn handle(
+    /// Boxed, like the transitions: ractor keeps the future of its message loop, which holds
+    /// the future of `handle`, in one allocation for the actor's whole life; boxing it per
+    /// message keeps that allocation small on every live task (a message is rare next to a
+    /// task's life, and each one already costs a commit).
+    fn handle(
+        &self,
+        myself: ActorRef<TaskMsg>,
+        message: TaskMsg,
+        state: &mut TaskState,
+    ) -> impl std::future::Future<Output = Result<(), ActorProcessingErr>> + Send {
+        Box::pin(self.handle_message(myself, message, state))
+    }
+}
+
+impl TaskActor {
+    async fn handle_message(
         &self,
         myself: ActorRef<TaskMsg>,
         message: TaskMsg,
