@@ -246,6 +246,7 @@ impl RuntimeBuilder {
             clock: self.clock,
             config: self.config.clone(),
             live: LiveTasks::default(),
+            capabilities: Default::default(),
             catalog: self.catalog,
             request_state: RequestStateCodec::new(key),
             closing: stop_rx.clone(),

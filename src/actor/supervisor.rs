@@ -198,7 +198,12 @@ impl Supervisor {
             #[cfg(feature = "failpoints")]
             fail::fail_point!("supervisor::rehydrate");
             match persist::decode(&bytes) {
-                Ok(record) => {
+                Ok(mut record) => {
+                    // Tasks created with the same capabilities share them again.
+                    record.client_capabilities = self
+                        .shared
+                        .capabilities
+                        .share_arc(record.client_capabilities);
                     if self.shared.tools.get(&record.tool).is_none() {
                         missing
                             .entry(record.tool.clone())

@@ -43,6 +43,7 @@
 //! and malformed task ids all become a [`PersistError`].
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -273,7 +274,10 @@ impl SnapshotV1 {
             },
             tool: self.tool,
             arguments: parse_json("arguments", &self.arguments)?,
-            client_capabilities: parse_json("client_capabilities", &self.client_capabilities)?,
+            client_capabilities: Arc::new(parse_json(
+                "client_capabilities",
+                &self.client_capabilities,
+            )?),
             status: self.status.into(),
             status_message: self.status_message,
             created_at_ms: self.created_at_ms,

@@ -186,7 +186,7 @@ impl Dispatcher {
             TaskPolicy::Always => return Err(RpcError::tasks_extension_required()),
         };
         self.shared.tools.validate(&call.name, &call.arguments)?;
-        let capabilities = Value::Object(meta.client_capabilities.clone());
+        let capabilities = self.shared.capabilities.share(&meta.client_capabilities);
         let binding = Binding {
             owner: &ctx.owner,
             method: methods::TOOLS_CALL,
@@ -202,7 +202,7 @@ impl Dispatcher {
                     &binding,
                     call.request_state.as_deref(),
                     call.input_responses.clone(),
-                    capabilities,
+                    Value::clone(&capabilities),
                     None,
                 )?;
                 return run_sync(&self.shared, tool, tool_ctx, binding)
@@ -214,7 +214,7 @@ impl Dispatcher {
                 &binding,
                 call.request_state.as_deref(),
                 call.input_responses.clone(),
-                capabilities,
+                Value::clone(&capabilities),
                 Some(RequestSink::new(
                     meta.progress_token.clone(),
                     meta.log_level,
@@ -263,7 +263,7 @@ impl Dispatcher {
             &binding,
             call.request_state.as_deref(),
             call.input_responses.clone(),
-            capabilities.clone(),
+            Value::clone(&capabilities),
             None,
         )?;
         let prepared = AssertUnwindSafe(tool.prepare(tool_ctx.clone(), call.arguments.clone()))

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use ractor::{ActorId, ActorRef, RpcReplyPort};
-use serde_json::Value;
+use serde_json::{Map, Value};
 use tokio::sync::watch;
 
 use crate::task::{Event, Owner, TaskId, TaskRecord};
@@ -136,6 +136,76 @@ impl LiveTasks {
     }
 }
 
+/// The client capabilities of recently created tasks, so that tasks created with the same
+/// declaration share one value instead of a copy each (the same client declares the same
+/// capabilities on every request). Bounded: at most [`SharedCapabilities::KEEP`] values, the
+/// oldest dropped first; a declaration not among them gets a value of its own.
+#[derive(Default)]
+pub(crate) struct SharedCapabilities {
+    recent: Mutex<Vec<Arc<Value>>>,
+}
+
+impl SharedCapabilities {
+    const KEEP: usize = 16;
+
+    /// The value for `capabilities`: one already held if it is the same JSON (same keys in the
+    /// same order, same values), a new one otherwise.
+    pub(crate) fn share(&self, capabilities: &Map<String, Value>) -> Arc<Value> {
+        let mut recent = self.lock();
+        if let Some(found) = recent
+            .iter()
+            .find(|v| matches!(&***v, Value::Object(m) if same_map(m, capabilities)))
+        {
+            return found.clone();
+        }
+        let value = Arc::new(Value::Object(capabilities.clone()));
+        Self::keep(&mut recent, value.clone());
+        value
+    }
+
+    /// [`SharedCapabilities::share`] for a value already allocated (a record read from the
+    /// store): the one held if it is the same JSON, else `capabilities`, now held.
+    pub(crate) fn share_arc(&self, capabilities: Arc<Value>) -> Arc<Value> {
+        let mut recent = self.lock();
+        if let Some(found) = recent.iter().find(|v| same_json(v, &capabilities)) {
+            return found.clone();
+        }
+        Self::keep(&mut recent, capabilities.clone());
+        capabilities
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Value>>> {
+        self.recent.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn keep(recent: &mut Vec<Arc<Value>>, value: Arc<Value>) {
+        if recent.len() >= Self::KEEP {
+            recent.remove(0);
+        }
+        recent.push(value);
+    }
+}
+
+/// Equal as JSON text would be: objects compare their keys in order (`Value`'s own equality
+/// ignores the order of an object's keys, which this crate preserves).
+fn same_json(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => same_map(a, b),
+        (Value::Array(a), Value::Array(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_json(a, b))
+        }
+        _ => a == b,
+    }
+}
+
+fn same_map(a: &Map<String, Value>, b: &Map<String, Value>) -> bool {
+    a.len() == b.len()
+        && a
+            .iter()
+            .zip(b)
+            .all(|((ka, va), (kb, vb))| ka == kb && same_json(va, vb))
+}
+
 impl LiveMap {
     fn forget_one(&mut self, owner: &Owner, bytes: u64) {
         if let Some((n, b)) = self.per_owner.get_mut(owner) {
@@ -145,5 +215,58 @@ impl LiveMap {
                 self.per_owner.remove(owner);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn map(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => unreachable!("an object"),
+        }
+    }
+
+    #[test]
+    fn equal_capabilities_share_one_value() {
+        let cache = SharedCapabilities::default();
+        let caps = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}, "roots": {}});
+        let a = cache.share(&map(caps.clone()));
+        let b = cache.share(&map(caps.clone()));
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(*a, caps);
+        // A record read back from the store gets the value already held.
+        let stored = cache.share_arc(Arc::new(caps.clone()));
+        assert!(Arc::ptr_eq(&a, &stored));
+    }
+
+    #[test]
+    fn different_capabilities_or_key_order_get_their_own_value() {
+        let cache = SharedCapabilities::default();
+        let a = cache.share(&map(json!({"roots": {}, "elicitation": {}})));
+        let b = cache.share(&map(json!({"elicitation": {}, "roots": {}})));
+        let c = cache.share(&map(json!({"roots": {"listChanged": true}, "elicitation": {}})));
+        assert!(!Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &c));
+        // Each keeps its keys in the order they were declared.
+        assert_eq!(serde_json::to_string(&*b).unwrap(), r#"{"elicitation":{},"roots":{}}"#);
+        assert!(Arc::ptr_eq(&b, &cache.share(&map(json!({"elicitation": {}, "roots": {}})))));
+    }
+
+    #[test]
+    fn at_most_keep_values_are_held_oldest_dropped_first() {
+        let cache = SharedCapabilities::default();
+        let first = cache.share(&map(json!({"n": 0})));
+        for n in 1..=SharedCapabilities::KEEP {
+            cache.share(&map(json!({ "n": n })));
+        }
+        assert_eq!(cache.lock().len(), SharedCapabilities::KEEP);
+        // The first one was dropped from the cache: an equal declaration gets a new value.
+        let again = cache.share(&map(json!({"n": 0})));
+        assert!(!Arc::ptr_eq(&first, &again));
+        assert_eq!(first, again);
     }
 }

@@ -13,7 +13,7 @@ pub(crate) mod request_state;
 
 pub use config::RuntimeConfig;
 pub use error::RuntimeError;
-pub(crate) use live::{LiveTask, LiveTasks, TaskMsg};
+pub(crate) use live::{LiveTask, LiveTasks, SharedCapabilities, TaskMsg};
 
 use std::sync::Arc;
 
@@ -31,6 +31,9 @@ pub(crate) struct Shared {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) config: RuntimeConfig,
     pub(crate) live: LiveTasks,
+    /// The client capabilities of the tasks this runtime creates, one value per distinct
+    /// declaration (a live task's record holds them for its whole life).
+    pub(crate) capabilities: SharedCapabilities,
     pub(crate) catalog: crate::catalog::Catalog,
     pub(crate) request_state: request_state::RequestStateCodec,
     /// Becomes `true` when the runtime shuts down: listen streams end with their result.

@@ -15,6 +15,7 @@ pub use id::{Owner, TaskId, TaskIdError};
 pub use machine::{Event, TransitionError, apply};
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde_json::Value;
 
@@ -100,8 +101,9 @@ pub struct TaskRecord {
     /// The tool this task runs, and the arguments it was called with.
     pub tool: String,
     pub arguments: Value,
-    /// The client capabilities declared on the creating request.
-    pub client_capabilities: Value,
+    /// The client capabilities declared on the creating request. Shared: the runtime hands
+    /// the tasks created with the same capabilities one value (see `TaskRecord::new`).
+    pub client_capabilities: Arc<Value>,
     pub status: TaskStatus,
     pub status_message: Option<String>,
     /// Milliseconds since the Unix epoch.
@@ -147,7 +149,7 @@ impl TaskRecord {
         owner: Owner,
         tool: String,
         arguments: Value,
-        client_capabilities: Value,
+        client_capabilities: impl Into<Arc<Value>>,
         now_ms: u64,
         ttl_ms: Option<u64>,
         poll_interval_ms: Option<u64>,
@@ -158,7 +160,7 @@ impl TaskRecord {
             owner,
             tool,
             arguments,
-            client_capabilities,
+            client_capabilities: client_capabilities.into(),
             status: TaskStatus::Working,
             status_message,
             created_at_ms: now_ms,
