@@ -290,7 +290,9 @@ impl Dispatcher {
             .unwrap_or(u64::MAX)
             .max(1);
         // Quotas before anything is stored: a refused creation leaves no trace.
-        let arguments = Value::Object(arguments);
+        // Collected anew: the record keeps the arguments for the task's whole life, and a
+        // cloned map carries the spare capacity of its source.
+        let arguments = Value::Object(arguments.into_iter().collect());
         let permit = self.shared.quotas.admit_create(
             &ctx.owner,
             self.shared.live.usage_of(&ctx.owner),
