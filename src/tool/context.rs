@@ -92,7 +92,9 @@ pub(crate) struct TaskLink {
 
 enum Mode {
     Task(TaskLink),
-    Inline(InlineInputs),
+    /// Boxed: a live task's context is kept for as long as its tool runs, a synchronous
+    /// call's only for the request.
+    Inline(Box<InlineInputs>),
 }
 
 /// Input of a synchronous call: the answers the client sent with this round of core MRTR
@@ -119,22 +121,17 @@ struct Inner {
     mode: Mode,
     /// Step names used by this run of the tool (a name used twice is a bug of the tool).
     steps: std::sync::Mutex<std::collections::BTreeSet<String>>,
-    progress: Option<RequestSink>,
+    /// Boxed, for the same reason as [`Mode::Inline`].
+    progress: Option<Box<RequestSink>>,
 }
 
-/// The client capabilities a context answers with: a task's are read from its record (shared,
-/// not copied: a live task keeps its context for as long as its tool runs).
-enum Capabilities {
-    Owned(Value),
-    Task(Arc<TaskRecord>),
-}
+/// The client capabilities a context answers with: a task's are its record's (shared, not
+/// copied: a live task keeps its context for as long as its tool runs).
+struct Capabilities(Arc<Value>);
 
 impl Capabilities {
     fn get(&self) -> &Value {
-        match self {
-            Capabilities::Owned(v) => v,
-            Capabilities::Task(record) => &record.client_capabilities,
-        }
+        &self.0
     }
 }
 
@@ -285,7 +282,7 @@ impl ToolContext {
         Self {
             inner: Arc::new(Inner {
                 owner: record.owner.clone(),
-                client_capabilities: Capabilities::Task(record.clone()),
+                client_capabilities: Capabilities(record.client_capabilities.clone()),
                 task_id: Some(record.id.clone()),
                 mode: Mode::Task(link),
                 steps: Default::default(),
@@ -315,11 +312,11 @@ impl ToolContext {
         Self {
             inner: Arc::new(Inner {
                 owner,
-                client_capabilities: Capabilities::Owned(client_capabilities),
+                client_capabilities: Capabilities(Arc::new(client_capabilities)),
                 task_id: None,
-                mode: Mode::Inline(inputs),
+                mode: Mode::Inline(Box::new(inputs)),
                 steps: Default::default(),
-                progress,
+                progress: progress.map(Box::new),
             }),
         }
     }
