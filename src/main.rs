@@ -281,7 +281,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_filter = match cli.command {
         Command::Demo { .. } => "warn",
-        Command::Serve(_) => "info",
+        // Not ractor's spans (one per actor, open for a live task's whole life: about 400
+        // bytes each with this subscriber, and nothing in the log needs them).
+        Command::Serve(_) => "info,ractor=warn",
         Command::Store(_) => "warn",
         #[cfg(feature = "client")]
         Command::Client(_) => "warn",
