@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use tracing::Instrument;
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
@@ -388,6 +388,25 @@ impl Actor for TaskActor {
         state: &mut TaskState,
     ) -> impl std::future::Future<Output = Result<(), ActorProcessingErr>> + Send {
         Box::pin(self.handle_message(myself, message, state))
+    }
+
+    /// ractor's default (a task actor supervises nothing: any child's end stops it), boxed
+    /// for the same reason as `handle`.
+    fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<TaskMsg>,
+        message: SupervisionEvent,
+        _state: &mut TaskState,
+    ) -> impl std::future::Future<Output = Result<(), ActorProcessingErr>> + Send {
+        Box::pin(async move {
+            if matches!(
+                message,
+                SupervisionEvent::ActorTerminated(..) | SupervisionEvent::ActorFailed(..)
+            ) {
+                myself.stop(None);
+            }
+            Ok(())
+        })
     }
 }
 
