@@ -294,16 +294,6 @@ fn fill(path: &Path, n: usize) -> Vec<String> {
         }
     }
     rt.block_on(store.close());
-    // The fill is setup, not load: its pages go to the disk now, so that the kernel's
-    // writeback of hundreds of MiB does not compete with the measurements that follow.
-    let t = Instant::now();
-    std::fs::File::open(path)
-        .and_then(|f| f.sync_all())
-        .expect("syncing the filled store");
-    eprintln!(
-        "  wrote the filled file out in {:.1} s",
-        t.elapsed().as_secs_f64()
-    );
     ids
 }
 
