@@ -17,7 +17,7 @@ use crate::store::META_BOOT_EPOCH;
 use crate::store::RedbStore;
 use crate::store::redb_schema::{
     DUE, LIVE, META, META_SCHEMA_VERSION, RecordHeader, SCHEMA_VERSION, TASKS, V1_DUE_BY_ID,
-    V1_SEQ, create_private_file, stored_schema_version, upgrade_layout,
+    V1_SEQ, create_private_file, old_due, replace_due, stored_schema_version, upgrade_layout,
 };
 /// redb's default page size, used to turn page counts into bytes.
 const PAGE_SIZE: u64 = 4096;
@@ -673,12 +673,15 @@ pub(crate) async fn delete(path: &Path, ids: Vec<String>) -> Result<(), AdminErr
             let mut live = w.open_table(LIVE).map_err(|e| err(&e))?;
             let mut due = w.open_table(DUE).map_err(|e| err(&e))?;
             for id in &ids {
-                let old = tasks
-                    .remove(id.as_str())
-                    .map_err(|e| err(&e))?
-                    .map(|v| RecordHeader::decode(v.value()).map(|(h, _)| h.due_ms));
+                let old = old_due(
+                    tasks
+                        .remove(id.as_str())
+                        .map_err(|e| err(&e))?
+                        .as_ref()
+                        .map(|v| v.value()),
+                );
                 live.remove(id.as_str()).map_err(|e| err(&e))?;
-                set_due(&mut due, id, old, None).map_err(|e| err(&e))?;
+                replace_due(&mut due, id, old, None).map_err(|e| err(&e))?;
             }
         }
         w.commit().map_err(|e| err(&e))?;
@@ -735,11 +738,8 @@ pub(crate) async fn load(path: &Path, dump: Dump) -> Result<(u64, u64), AdminErr
                 }
                 .encode(&row.bytes);
                 let (same, old) = match tasks.get(id).map_err(|e| err(&e))? {
-                    Some(v) => (
-                        v.value() == value.as_slice(),
-                        Some(RecordHeader::decode(v.value()).map(|(h, _)| h.due_ms)),
-                    ),
-                    None => (false, None),
+                    Some(v) => (v.value() == value.as_slice(), old_due(Some(v.value()))),
+                    None => (false, old_due(None)),
                 };
                 if same {
                     unchanged += 1;
@@ -752,7 +752,7 @@ pub(crate) async fn load(path: &Path, dump: Dump) -> Result<(u64, u64), AdminErr
                 } else {
                     live.remove(id).map_err(|e| err(&e))?;
                 }
-                set_due(&mut due, id, old, row.due_ms).map_err(|e| err(&e))?;
+                replace_due(&mut due, id, old, row.due_ms).map_err(|e| err(&e))?;
             }
             for (key, value) in &dump.meta {
                 if key == META_SCHEMA_VERSION {
@@ -793,36 +793,4 @@ fn upgrade(path: &Path, w: &WriteTransaction) -> Result<(), AdminError> {
         Ok(None) => Ok(()),
         Err(e) => Err(AdminError::Store(e.into_store_error(path))),
     }
-}
-
-/// Moves the `due` entry of `id` from what its old record said (`None`: not stored; an inner
-/// `Err`: a damaged header, whose entries are searched for) to `new`.
-fn set_due(
-    due: &mut redb::Table<(u64, &str), ()>,
-    id: &str,
-    old: Option<Result<Option<u64>, String>>,
-    new: Option<u64>,
-) -> Result<(), redb::Error> {
-    let stale: Vec<u64> = match old {
-        None | Some(Ok(None)) => Vec::new(),
-        Some(Ok(Some(at))) => vec![at],
-        Some(Err(_)) => {
-            let mut found = Vec::new();
-            for entry in due.iter()? {
-                let (key, _) = entry?;
-                let (at, entry_id) = key.value();
-                if entry_id == id {
-                    found.push(at);
-                }
-            }
-            found
-        }
-    };
-    for at in stale {
-        due.remove((at, id))?;
-    }
-    if let Some(at) = new {
-        due.insert((at, id), ())?;
-    }
-    Ok(())
 }

@@ -125,7 +125,7 @@ impl Dispatcher {
         binding: &Binding<'_>,
         request_state: Option<&str>,
         input_responses: Option<Map<String, Value>>,
-        capabilities: Value,
+        capabilities: impl Into<Arc<Value>>,
         progress: Option<RequestSink>,
     ) -> Result<ToolContext, RpcError> {
         let mut responses = Map::new();
@@ -202,7 +202,7 @@ impl Dispatcher {
                     &binding,
                     call.request_state.as_deref(),
                     call.input_responses.clone(),
-                    Value::clone(&capabilities),
+                    capabilities.clone(),
                     None,
                 )?;
                 return run_sync(&self.shared, tool, tool_ctx, binding)
@@ -214,7 +214,7 @@ impl Dispatcher {
                 &binding,
                 call.request_state.as_deref(),
                 call.input_responses.clone(),
-                Value::clone(&capabilities),
+                capabilities.clone(),
                 Some(RequestSink::new(
                     meta.progress_token.clone(),
                     meta.log_level,
@@ -263,7 +263,7 @@ impl Dispatcher {
             &binding,
             call.request_state.as_deref(),
             call.input_responses.clone(),
-            Value::clone(&capabilities),
+            capabilities.clone(),
             None,
         )?;
         let prepared = AssertUnwindSafe(tool.prepare(tool_ctx.clone(), call.arguments.clone()))

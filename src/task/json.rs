@@ -140,10 +140,7 @@ impl Serialize for TaskResult<'_> {
         }
         m.serialize_entry(
             "_meta",
-            &MetaWithServer {
-                existing: None,
-                server: self.server,
-            },
+            &MetaWithServer::alone(self.server),
         )?;
         m.end()
     }
@@ -181,10 +178,7 @@ impl Serialize for ToolResult<'_> {
             m.serialize_entry("resultType", "complete")?;
             m.serialize_entry(
                 "_meta",
-                &MetaWithServer {
-                    existing: None,
-                    server: self.server,
-                },
+                &MetaWithServer::alone(self.server),
             )?;
             return m.end();
         };
@@ -210,10 +204,7 @@ impl Serialize for ToolResult<'_> {
         if !members.contains_key("_meta") {
             m.serialize_entry(
                 "_meta",
-                &MetaWithServer {
-                    existing: None,
-                    server: self.server,
-                },
+                &MetaWithServer::alone(self.server),
             )?;
         }
         m.end()
@@ -239,6 +230,16 @@ impl Serialize for TextContent<'_> {
 struct MetaWithServer<'a> {
     existing: Option<&'a Map<String, Value>>,
     server: &'a ServerInfo,
+}
+
+impl<'a> MetaWithServer<'a> {
+    /// A `_meta` holding the server's identity alone.
+    fn alone(server: &'a ServerInfo) -> Self {
+        Self {
+            existing: None,
+            server,
+        }
+    }
 }
 
 impl Serialize for MetaWithServer<'_> {

@@ -301,7 +301,7 @@ impl ToolContext {
     /// and, when the caller asked for it, where progress goes.
     pub(crate) fn for_request(
         owner: Owner,
-        client_capabilities: Value,
+        client_capabilities: impl Into<Arc<Value>>,
         responses: Map<String, Value>,
         progress: Option<RequestSink>,
     ) -> Self {
@@ -312,7 +312,7 @@ impl ToolContext {
         Self {
             inner: Arc::new(Inner {
                 owner,
-                client_capabilities: Capabilities(Arc::new(client_capabilities)),
+                client_capabilities: Capabilities(client_capabilities.into()),
                 task_id: None,
                 mode: Mode::Inline(Box::new(inputs)),
                 steps: Default::default(),

@@ -116,6 +116,73 @@ pub(crate) fn snapshot_of(value: &[u8]) -> &[u8] {
     }
 }
 
+/// Moves the [`DUE`] entry of `id` from `old` to `new` (nothing when they are equal).
+fn move_due(
+    due: &mut redb::Table<(u64, &str), ()>,
+    id: &str,
+    old: Option<u64>,
+    new: Option<u64>,
+) -> Result<(), redb::Error> {
+    if old == new {
+        return Ok(());
+    }
+    if let Some(old) = old {
+        due.remove((old, id))?;
+    }
+    if let Some(new) = new {
+        due.insert((new, id), ())?;
+    }
+    Ok(())
+}
+
+/// What a write must know of the record (a `tasks` value) it replaces or removes: its due
+/// time, or that its header is damaged (its due entry is then unknown). Shared by the writer
+/// and the `store` commands that write.
+pub(crate) enum OldDue {
+    Known(Option<u64>),
+    Damaged,
+}
+
+/// The [`OldDue`] of the `tasks` value a write replaces or removes (`None`: not stored).
+pub(crate) fn old_due(value: Option<&[u8]>) -> OldDue {
+    match value.map(RecordHeader::decode) {
+        None => OldDue::Known(None),
+        Some(Ok((header, _))) => OldDue::Known(header.due_ms),
+        Some(Err(_)) => OldDue::Damaged,
+    }
+}
+
+/// Moves the due entry of `id` away from what `old` says to `new`. For a damaged record the
+/// whole [`DUE`] table is searched for entries of `id` (a rare repair path; every other write
+/// knows the old entry from the header).
+pub(crate) fn replace_due(
+    due: &mut redb::Table<(u64, &str), ()>,
+    id: &str,
+    old: OldDue,
+    new: Option<u64>,
+) -> Result<(), redb::Error> {
+    match old {
+        OldDue::Known(old) => move_due(due, id, old, new),
+        OldDue::Damaged => {
+            let mut stale = Vec::new();
+            for entry in due.iter()? {
+                let (key, _) = entry?;
+                let (at, entry_id) = key.value();
+                if entry_id == id {
+                    stale.push(at);
+                }
+            }
+            for at in stale {
+                due.remove((at, id))?;
+            }
+            if let Some(new) = new {
+                due.insert((new, id), ())?;
+            }
+            Ok(())
+        }
+    }
+}
+
 /// The layout version recorded in `meta` (1 when the key is absent). `Err` holds a
 /// description of a malformed value.
 pub(crate) fn stored_schema_version(value: Option<&[u8]>) -> Result<u64, String> {

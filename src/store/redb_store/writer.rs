@@ -11,7 +11,9 @@ use std::time::Instant;
 use redb::{Database, ReadableTable, WriteTransaction};
 use tokio::sync::oneshot;
 
-use super::schema::{DUE, LIVE, META, RecordHeader, SyncFailure, TASKS, Target};
+use super::schema::{
+    DUE, LIVE, META, OldDue, RecordHeader, SyncFailure, TASKS, Target, old_due, replace_due,
+};
 use super::{Counters, DbState, panic_message, redb_cause};
 use crate::store::{Cause, Durability, Expect, StoreError, WriteOp};
 
@@ -266,71 +268,6 @@ fn stored_header(
             .map_err(|detail| {
                 redb::Error::Corrupted(format!("the stored record of task {id}: {detail}"))
             }),
-    }
-}
-
-/// Moves the [`DUE`] entry of `id` from `old` to `new` (nothing when they are equal).
-fn move_due(
-    due: &mut redb::Table<(u64, &str), ()>,
-    id: &str,
-    old: Option<u64>,
-    new: Option<u64>,
-) -> Result<(), redb::Error> {
-    if old == new {
-        return Ok(());
-    }
-    if let Some(old) = old {
-        due.remove((old, id))?;
-    }
-    if let Some(new) = new {
-        due.insert((new, id), ())?;
-    }
-    Ok(())
-}
-
-/// What a write must know of the record it replaces or removes: its due time, or that its
-/// header is damaged (its due entry is then unknown).
-enum OldDue {
-    Known(Option<u64>),
-    Damaged,
-}
-
-fn old_due(value: Option<&[u8]>) -> OldDue {
-    match value.map(RecordHeader::decode) {
-        None => OldDue::Known(None),
-        Some(Ok((header, _))) => OldDue::Known(header.due_ms),
-        Some(Err(_)) => OldDue::Damaged,
-    }
-}
-
-/// Moves the due entry of `id` away from what `old` says to `new`. For a damaged record the
-/// whole [`DUE`] table is searched for entries of `id` (a rare repair path; every other write
-/// knows the old entry from the header).
-fn replace_due(
-    due: &mut redb::Table<(u64, &str), ()>,
-    id: &str,
-    old: OldDue,
-    new: Option<u64>,
-) -> Result<(), redb::Error> {
-    match old {
-        OldDue::Known(old) => move_due(due, id, old, new),
-        OldDue::Damaged => {
-            let mut stale = Vec::new();
-            for entry in due.iter()? {
-                let (key, _) = entry?;
-                let (at, entry_id) = key.value();
-                if entry_id == id {
-                    stale.push(at);
-                }
-            }
-            for at in stale {
-                due.remove((at, id))?;
-            }
-            if let Some(new) = new {
-                due.insert((new, id), ())?;
-            }
-            Ok(())
-        }
     }
 }
 
