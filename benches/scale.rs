@@ -18,6 +18,10 @@
 //!    them, not fsync'd; the store is closed cleanly at the end).
 //! 4. **Large store.** The server starts on it: time to ready (the first `server/discover`
 //!    answered), RSS; `tasks/get` of one completed task, then of random stored tasks; RSS.
+//!    The ratios are against a *control*: a second server, started beside it on a new empty
+//!    store, whose one completed task is read in the same way right before and right after
+//!    (their mean). Phase 1's figure comes from a benchmark process that has not yet written a
+//!    million records, and that alone moved it by up to 20%, so it is printed, not compared.
 //! 5. **After `kill -9`.** The server is killed with SIGKILL and started again: time to
 //!    ready, with the default `--verify-on-open true` and with `false`.
 //!
@@ -37,13 +41,16 @@ use mcp_tasks::task::{Event, Owner, TaskId, TaskOutcome, TaskRecord, apply};
 use serde_json::json;
 
 const USAGE: &str = "usage: cargo bench --bench scale -- [--stored N] [--live N] [--secs S] \
-                     [--cache-size SIZE]";
+                     [--cache-size SIZE] [--record-cache-size SIZE] [--keep]";
 
 struct Args {
     stored: usize,
     live: usize,
     secs: f64,
     cache_size: Option<String>,
+    record_cache_size: Option<String>,
+    /// Keep the store file (its path is printed) for profiling by hand.
+    keep: bool,
 }
 
 fn parse_args() -> Args {
@@ -52,6 +59,8 @@ fn parse_args() -> Args {
         live: 10_000,
         secs: 5.0,
         cache_size: None,
+        record_cache_size: None,
+        keep: false,
     };
     let mut it = std::env::args().skip(1);
     let fail = |msg: String| -> ! {
@@ -72,6 +81,13 @@ fn parse_args() -> Args {
             "--secs" => args.secs = num("--secs", it.next()).max(1) as f64,
             "--cache-size" => {
                 args.cache_size = Some(it.next().unwrap_or_else(|| fail("--cache-size".into())))
+            }
+            "--keep" => args.keep = true,
+            "--record-cache-size" => {
+                args.record_cache_size = Some(
+                    it.next()
+                        .unwrap_or_else(|| fail("--record-cache-size needs a size".into())),
+                )
             }
             other => fail(format!("unknown argument {other:?}")),
         }
@@ -105,6 +121,9 @@ impl Server {
         .stdout(Stdio::null());
         if let Some(size) = &args.cache_size {
             cmd.args(["--cache-size", size]);
+        }
+        if let Some(size) = &args.record_cache_size {
+            cmd.args(["--record-cache-size", size]);
         }
         let started = Instant::now();
         let child = cmd.spawn().expect("starting mcp-tasks serve");
@@ -307,11 +326,12 @@ fn main() {
         .expect("creating the temp dir under target/");
     let path = dir.path().join("scale.redb");
     println!(
-        "mcp-tasks scale benchmark: {} stored, {} live, {} s get runs, cache size {}\n",
+        "mcp-tasks scale benchmark: {} stored, {} live, {} s get runs, cache size {}, record cache size {}\n",
         args.stored,
         args.live,
         args.secs,
-        args.cache_size.as_deref().unwrap_or("default")
+        args.cache_size.as_deref().unwrap_or("default"),
+        args.record_cache_size.as_deref().unwrap_or("default")
     );
 
     // 1. Empty store.
@@ -361,17 +381,30 @@ fn main() {
         server.ready_s,
         mib(rss_start)
     );
-    let (rate1, p50, p99) = gets(&server.url, vec![first.clone()], 16, args.secs);
+    let control = Server::start(&dir.path().join("control.redb"), &args, &[]);
+    let control_task = one_completed(&control.url);
+    let (before, p50, p99) = gets(&control.url, vec![control_task.clone()], 16, args.secs);
     println!(
-        "large store: tasks/get one task: {rate1:.0}/s (p50 {p50:.2} ms, p99 {p99:.2} ms), {:.2}x the empty store",
-        rate1 / rate0
+        "control (empty store, started now): tasks/get one task: {before:.0}/s (p50 {p50:.2} ms, p99 {p99:.2} ms)"
     );
+    let (rate1, p50, p99) = gets(&server.url, vec![first.clone()], 16, args.secs);
+    println!("large store: tasks/get one task: {rate1:.0}/s (p50 {p50:.2} ms, p99 {p99:.2} ms)");
     let (rate2, p50, p99) = gets(&server.url, ids.clone(), 16, args.secs);
     let rss_random = server.rss();
     println!(
-        "large store: tasks/get random stored tasks: {rate2:.0}/s (p50 {p50:.2} ms, p99 {p99:.2} ms), {:.2}x the empty store; RSS {:.1} MiB",
-        rate2 / rate0,
+        "large store: tasks/get random stored tasks: {rate2:.0}/s (p50 {p50:.2} ms, p99 {p99:.2} ms); RSS {:.1} MiB",
         mib(rss_random)
+    );
+    let (after, p50, p99) = gets(&control.url, vec![control_task], 16, args.secs);
+    println!("control again: tasks/get one task: {after:.0}/s (p50 {p50:.2} ms, p99 {p99:.2} ms)");
+    control.stop();
+    let control_rate = (before + after) / 2.0;
+    println!(
+        "large store against the control: one task {:.2}x, random stored tasks {:.2}x (phase 1's empty store: {:.2}x, {:.2}x)",
+        rate1 / control_rate,
+        rate2 / control_rate,
+        rate1 / rate0,
+        rate2 / rate0
     );
 
     // 5. After kill -9.
@@ -390,4 +423,8 @@ fn main() {
         mib(server.rss())
     );
     server.stop();
+    if args.keep {
+        let kept = dir.keep();
+        println!("store kept: {}", kept.join("scale.redb").display());
+    }
 }

@@ -69,6 +69,11 @@ struct ServeArgs {
     /// older tasks then go to the operating system's page cache.
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
     cache_size: usize,
+    /// With a redb store: memory for the record cache, the snapshots of recently read tasks
+    /// (bytes, or with a unit), so that a task polled again is answered without a read of the
+    /// file; counted apart from --cache-size. 0 turns it off.
+    #[arg(long, value_name = "SIZE", default_value = "8MiB", value_parser = parse_size)]
+    record_cache_size: usize,
     /// With a redb store: verify the checksum of every page at start (one read of the whole
     /// file), so that a file damaged outside redb is refused instead of trusted. After a
     /// crash redb repairs the file whatever this says.
@@ -472,6 +477,7 @@ async fn store_builder(args: &ServeArgs) -> Result<(RuntimeBuilder, Option<Strin
         }
         let options = mcp_tasks::StoreOptions {
             cache_size: args.cache_size,
+            record_cache_size: args.record_cache_size,
             verify_on_open: args.verify_on_open,
             ..Default::default()
         };

@@ -482,6 +482,52 @@ async fn a_failed_fsync_halts_the_store() {
         .await
         .unwrap();
     let id = r["result"]["taskId"].as_str().unwrap().to_owned();
+    // A finished task, read twice (the second read from the record cache).
+    let quick = JobSpec {
+        steps: 1,
+        inputs: Default::default(),
+        fail: false,
+        delay_ms: 0,
+    };
+    let r = rt
+        .handle_json(
+            request(
+                10,
+                "tools/call",
+                json!({ "name": TOOL, "arguments": quick.to_arguments() }),
+            ),
+            &Owner::anonymous(),
+        )
+        .await
+        .unwrap();
+    let done = r["result"]["taskId"].as_str().unwrap().to_owned();
+    let get_done = || request(11, "tasks/get", json!({ "taskId": done }));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let g = rt
+            .handle_json(get_done(), &Owner::anonymous())
+            .await
+            .unwrap();
+        if g["result"]["status"] == "completed" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{g}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Once its actor is gone it is read from the store, then from the record cache.
+    let before = rt.store().stats().cached_reads;
+    while rt.store().stats().cached_reads == before {
+        let g = rt
+            .handle_json(get_done(), &Owner::anonymous())
+            .await
+            .unwrap();
+        assert_eq!(g["result"]["status"], "completed", "{g}");
+        assert!(
+            Instant::now() < deadline,
+            "never read from the record cache"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let store = rt.store().clone();
     let waiter = tokio::spawn(async move { store.wait_halted().await });
     disk.fail_next_syncs(1);
@@ -509,6 +555,12 @@ async fn a_failed_fsync_halts_the_store() {
             .unwrap();
         assert_eq!(r["error"]["message"], msg.as_str(), "{r}");
     }
+    // Reads stop too, also of what the record cache holds.
+    let g = rt
+        .handle_json(get_done(), &Owner::anonymous())
+        .await
+        .unwrap();
+    assert_eq!(g["error"]["code"], -32603, "{g}");
     let u = rt
         .handle_json(
             request(7, "tasks/cancel", json!({ "taskId": id })),

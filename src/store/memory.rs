@@ -204,6 +204,7 @@ impl TaskStore for MemoryStore {
         StoreStats {
             commits: self.commits.load(Ordering::Relaxed),
             ops: self.ops.load(Ordering::Relaxed),
+            cached_reads: 0,
         }
     }
     fn is_closed(&self) -> bool {

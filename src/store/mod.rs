@@ -241,6 +241,9 @@ pub enum Durability {
 /// The default of [`StoreOptions::cache_size`]: 64 MiB.
 pub const DEFAULT_CACHE_SIZE: usize = 64 * 1024 * 1024;
 
+/// The default of [`StoreOptions::record_cache_size`]: 8 MiB.
+pub const DEFAULT_RECORD_CACHE_SIZE: usize = 8 * 1024 * 1024;
+
 /// Options of [`Store::open`].
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
@@ -259,6 +262,13 @@ pub struct StoreOptions {
     /// it; reads past it go to the operating system's page cache. Default 64 MiB
     /// ([`DEFAULT_CACHE_SIZE`]).
     pub cache_size: usize,
+    /// Bytes of the record cache (redb store only): the snapshots of recently read tasks, so
+    /// that a task read again (a client polling a finished task) is answered from memory
+    /// without a read transaction. Filled by reads only; every write of a task drops its entry
+    /// before the write is acknowledged, so a read never returns less than the last
+    /// acknowledged write. Counted apart from [`StoreOptions::cache_size`]; 0 turns it off.
+    /// Default 8 MiB ([`DEFAULT_RECORD_CACHE_SIZE`]).
+    pub record_cache_size: usize,
     /// **Unsafe; for the crash suite only.** After a failed fsync, reopen the file and go on
     /// instead of stopping (the behaviour this crate had before it became fail-stop). On Linux
     /// this can acknowledge commits that build on pages that never reach the disk; the crash
@@ -274,6 +284,7 @@ impl Default for StoreOptions {
             max_batch_ops: 4096,
             verify_on_open: true,
             cache_size: DEFAULT_CACHE_SIZE,
+            record_cache_size: DEFAULT_RECORD_CACHE_SIZE,
             unsafe_reopen_after_sync_failure: false,
         }
     }
@@ -348,6 +359,18 @@ pub enum WriteOp {
     },
 }
 
+impl WriteOp {
+    /// The task this op writes (`None` for meta keys).
+    pub(crate) fn task_id(&self) -> Option<&str> {
+        match self {
+            WriteOp::Put { id, .. } | WriteOp::Delete { id } | WriteOp::SetDue { id, .. } => {
+                Some(id)
+            }
+            WriteOp::PutMeta { .. } | WriteOp::PutMetaIfAbsent { .. } => None,
+        }
+    }
+}
+
 /// Counters since open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StoreStats {
@@ -356,6 +379,9 @@ pub struct StoreStats {
     pub commits: u64,
     /// Ops in those transactions.
     pub ops: u64,
+    /// Reads of a task answered from the record cache (redb store only, see
+    /// [`StoreOptions::record_cache_size`]).
+    pub cached_reads: u64,
 }
 
 /// A boxed future of a store operation.

@@ -1317,6 +1317,7 @@ impl TaskStore for PostgresStore {
         StoreStats {
             commits: self.inner.commits.load(Ordering::Relaxed),
             ops: self.inner.ops.load(Ordering::Relaxed),
+            cached_reads: 0,
         }
     }
     fn is_closed(&self) -> bool {

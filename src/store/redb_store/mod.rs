@@ -18,12 +18,15 @@
 //! Writes go through [`RedbStore::commit`]: the ops are queued to a dedicated writer thread
 //! that drains everything queued, applies all of it in one write transaction with one commit
 //! (one fsync), and only then acknowledges every waiter. Reads run in `spawn_blocking` so they
-//! never block tokio workers.
+//! never block tokio workers; a task read again is answered from the record cache without a
+//! read transaction (`cache.rs`: filled by reads, emptied by the writer before it acknowledges).
 //!
 //! The concerns live in their own files: `schema.rs` (tables, opening and creating the file,
 //! the storage backends that notice a failed fsync), `writer.rs` (the writer thread and group
-//! commit), `read.rs` (read transactions), `recovery.rs` (reopening after an I/O error).
+//! commit), `read.rs` (read transactions), `cache.rs` (the record cache), `recovery.rs`
+//! (reopening after an I/O error).
 
+mod cache;
 mod read;
 mod recovery;
 pub(crate) mod schema;
@@ -59,6 +62,7 @@ use futures::future::BoxFuture;
 use super::{BackendFactory, Cause, StoreError, StoreFuture, StoreOptions, StoreStats, WriteOp};
 #[cfg(test)]
 use super::{Durability, Expect};
+use cache::RecordCache;
 #[cfg(test)]
 use schema::*;
 use schema::{
@@ -104,6 +108,8 @@ struct Inner {
     /// Serialises [`RedbStore::close`] calls, so that each returns only once the file is released.
     close_lock: tokio::sync::Mutex<()>,
     counters: Arc<Counters>,
+    /// Recently read snapshots (see `cache.rs`); the writer drops what it writes.
+    records: Arc<RecordCache>,
     /// `Some(detail)` once the store halted after a failed fsync.
     halted: tokio::sync::watch::Receiver<Option<String>>,
     #[cfg(test)]
@@ -209,6 +215,7 @@ impl RedbStore {
 
         let db = Arc::new(RwLock::new(DbState::Open(Arc::new(db))));
         let counters = Arc::new(Counters::default());
+        let records = Arc::new(RecordCache::new(options.record_cache_size));
         let (halt_tx, halted) = tokio::sync::watch::channel(None);
         let (tx, rx) = mpsc::channel::<Job>();
         #[cfg(test)]
@@ -225,6 +232,7 @@ impl RedbStore {
             sync_failure,
             halt: halt_tx,
             counters: Arc::clone(&counters),
+            records: Arc::clone(&records),
             path: path.clone(),
             #[cfg(test)]
             hooks: Arc::clone(&test_hooks),
@@ -244,6 +252,7 @@ impl RedbStore {
                 writer: Mutex::new(Some(handle)),
                 close_lock: tokio::sync::Mutex::new(()),
                 counters,
+                records,
                 halted,
                 #[cfg(test)]
                 test_hooks,
@@ -306,6 +315,7 @@ impl RedbStore {
         StoreStats {
             commits: self.inner.counters.commits.load(Ordering::Relaxed),
             ops: self.inner.counters.ops.load(Ordering::Relaxed),
+            cached_reads: self.inner.records.hits(),
         }
     }
 

@@ -11,13 +11,26 @@ use crate::store::{Cause, StoreError};
 
 impl RedbStore {
     /// The snapshot bytes of task `id` (without the header its record is stored with).
+    ///
+    /// A task read before is answered from the record cache (see `cache.rs`) while the store
+    /// is open; otherwise, and for a task not stored, one read transaction.
     pub async fn get(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let records = Arc::clone(&self.inner.records);
+        if self.is_open()
+            && let Some(bytes) = records.get(id)
+        {
+            return Ok(Some(bytes.to_vec()));
+        }
+        // Taken before the read transaction begins: see `RecordCache::fill`.
+        let epoch = records.epoch();
         let id = id.to_owned();
         self.read(move |txn| {
             let tasks = txn.open_table(TASKS)?;
-            Ok(tasks
-                .get(id.as_str())?
-                .map(|v| snapshot_of(v.value()).to_vec()))
+            Ok(tasks.get(id.as_str())?.map(|v| {
+                let bytes = snapshot_of(v.value());
+                records.fill(&id, bytes, epoch);
+                bytes.to_vec()
+            }))
         })
         .await
     }
@@ -35,6 +48,14 @@ impl RedbStore {
                 .collect()
         })
         .await
+    }
+
+    /// Whether the database is open for reads (not closed, halted or being reopened).
+    fn is_open(&self) -> bool {
+        matches!(
+            *self.inner.db.read().unwrap_or_else(|e| e.into_inner()),
+            DbState::Open(_)
+        )
     }
 
     /// All (id, bytes) of live tasks, ordered by id, via the live index only.

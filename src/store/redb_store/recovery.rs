@@ -49,6 +49,8 @@ impl Writer {
             &mut *self.db.write().unwrap_or_else(|e| e.into_inner()),
             DbState::Broken("reopening after an I/O error".into()),
         );
+        // Reopening rolls back to the last durable commit: what was read before may be gone.
+        self.records.clear();
         if let DbState::Open(mut db) = old {
             // Readers hold clones only for the length of one read transaction.
             let started = Instant::now();

@@ -64,13 +64,47 @@ async fn put_get_delete() {
         .await
         .unwrap();
     assert_eq!(store.get("a").await.unwrap().as_deref(), Some(&b"uno"[..]));
+    // Read again: from the record cache, which the writes above kept current.
+    assert_eq!(store.get("a").await.unwrap().as_deref(), Some(&b"uno"[..]));
+    assert_eq!(store.get("b").await.unwrap().as_deref(), Some(&b"two"[..]));
+    assert_eq!(store.stats().cached_reads, 2);
     assert_eq!(store.counts().await.unwrap(), (2, 1));
     store.commit(vec![del("a"), del("missing")]).await.unwrap();
     assert_eq!(store.get("a").await.unwrap(), None);
     assert_eq!(store.counts().await.unwrap(), (1, 0));
     // An empty commit is a no-op.
     store.commit(vec![]).await.unwrap();
-    assert_eq!(store.stats(), StoreStats { commits: 3, ops: 5 });
+    assert_eq!(
+        store.stats(),
+        StoreStats {
+            commits: 3,
+            ops: 5,
+            cached_reads: 2
+        }
+    );
+    store.close().await;
+    // A closed store answers nothing, not even what it has cached.
+    assert!(matches!(store.get("b").await, Err(StoreError::Closed)));
+}
+
+#[tokio::test]
+async fn record_cache_off_reads_the_file_every_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = StoreOptions {
+        record_cache_size: 0,
+        ..opts()
+    };
+    let store = RedbStore::open_async(dir.path().join("db.redb"), options)
+        .await
+        .unwrap();
+    store
+        .commit(vec![put("a", b"one", false, None)])
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        assert_eq!(store.get("a").await.unwrap().as_deref(), Some(&b"one"[..]));
+    }
+    assert_eq!(store.stats().cached_reads, 0);
     store.close().await;
 }
 
@@ -369,7 +403,8 @@ async fn group_commit_batches_concurrent_commits() {
         stats,
         StoreStats {
             commits: 1,
-            ops: 64
+            ops: 64,
+            cached_reads: 0
         }
     );
     for i in 0..64u8 {
@@ -444,7 +479,8 @@ async fn batches_respect_max_batch_ops_and_whole_jobs() {
         store.stats(),
         StoreStats {
             commits: 7,
-            ops: 64
+            ops: 64,
+            cached_reads: 0
         }
     );
 
@@ -477,7 +513,8 @@ async fn batches_respect_max_batch_ops_and_whole_jobs() {
         store.stats(),
         StoreStats {
             commits: 10,
-            ops: 64 + 21
+            ops: 64 + 21,
+            cached_reads: 0
         }
     );
     assert_eq!(store.counts().await.unwrap(), (64 + 21, 64 + 21));

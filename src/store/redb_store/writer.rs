@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use super::schema::{
     DUE, LIVE, META, OldDue, RecordHeader, SyncFailure, TASKS, Target, old_due, replace_due,
 };
-use super::{Counters, DbState, panic_message, redb_cause};
+use super::{Counters, DbState, RecordCache, panic_message, redb_cause};
 use crate::store::{Cause, Durability, Expect, StoreError, WriteOp};
 
 /// One [`RedbStore::commit`] call waiting on the writer.
@@ -37,6 +37,8 @@ pub(super) struct Writer {
     pub(super) sync_failure: Arc<SyncFailure>,
     pub(super) halt: tokio::sync::watch::Sender<Option<String>>,
     pub(super) counters: Arc<Counters>,
+    /// The record cache: every id a batch wrote is dropped before the batch is acknowledged.
+    pub(super) records: Arc<RecordCache>,
     pub(super) path: PathBuf,
     #[cfg(test)]
     pub(super) hooks: Arc<super::tests_support::Hooks>,
@@ -89,6 +91,11 @@ impl Writer {
             Ok(db) => apply_jobs_inner(&db, &self.path, self.durability, &opss, &self.counters),
             Err(e) => (vec![Err(e); opss.len()], false),
         };
+        // Whatever became of the batch (a job refused by its precondition wrote nothing, but
+        // dropping too much is harmless), no reader may be answered from the cache with what
+        // these ids held before it: drop them before anyone is acknowledged.
+        self.records
+            .drop_ids(opss.iter().flatten().filter_map(WriteOp::task_id));
         if let Some(detail) = self.sync_failure.get()
             && !self.reopen_after_sync_failure
         {
@@ -102,6 +109,7 @@ impl Writer {
             tracing::error!(path = %self.path.display(), %detail,
                 "FATAL: an fsync of the task store failed; the store stops (fail-stop) and acknowledges nothing more. Restart the process (after dropping the page cache or rebooting if the disk is suspect); redb recovers from what is on disk");
             *self.db.write().unwrap_or_else(|e| e.into_inner()) = DbState::Halted(detail.clone());
+            self.records.clear();
             self.halt.send_replace(Some(detail));
             for ack in acks {
                 let _ = ack.send(Err(halted.clone()));
