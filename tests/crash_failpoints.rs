@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use fail::FailScenario;
+use mcp_tasks::store::StoreOptions;
 use sim::checker::Kind;
 use sim::power::{Breakage, CrashPlan, CrashSwitch, SeedRun, run_seed_with};
 use sim::{env_u64, seeds};
@@ -59,6 +60,7 @@ async fn crash_at_failpoint_after(
             Breakage::None,
             CrashPlan::External,
             Some(switch.clone()),
+            StoreOptions::default(),
         )
         .await;
         runs.push((seed, run));
@@ -140,6 +142,7 @@ async fn a_failing_group_commit_fails_its_batch_and_recovers() {
                 window: sim::power::CRASH_WINDOW,
             },
             None,
+            StoreOptions::default(),
         )
         .await;
         fail::remove("store::group_commit");
@@ -205,6 +208,7 @@ async fn the_checker_catches_a_skipped_step_journal() {
                 window: sim::power::CRASH_WINDOW,
             },
             None,
+            StoreOptions::default(),
         )
         .await;
         if run.report.has(Kind::StepReExecuted) {

@@ -13,8 +13,9 @@ mod sim;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use mcp_tasks::store::StoreOptions;
 use sim::checker::Kind;
-use sim::power::{Breakage, SeedRun, run_seed};
+use sim::power::{Breakage, CRASH_WINDOW, CrashPlan, SeedRun, run_seed, run_seed_with};
 use sim::{env_u64, seed_stream, seeds, soak};
 
 fn tokio_rt() -> tokio::runtime::Runtime {
@@ -99,6 +100,53 @@ fn power_loss_seeds_keep_every_invariant() {
         failed.len(),
         runs.len(),
         failed[0].0
+    );
+}
+
+/// The same workload with redb's quick repair (`StoreOptions::quick_repair`): commits save
+/// the allocator state in two phases, and the opens after the power losses take the quick
+/// path. Fewer seeds (`MCP_TASKS_QUICK_REPAIR_SEEDS`, default 120): the option changes how
+/// redb commits and recovers, not the runtime.
+#[test]
+fn power_loss_seeds_with_quick_repair_keep_every_invariant() {
+    let started = Instant::now();
+    let count = env_u64("MCP_TASKS_QUICK_REPAIR_SEEDS", 120);
+    let runs = tokio_rt().block_on(async move {
+        futures::stream::iter(seeds(0x0051_CC4E, count))
+            .map(|seed| async move {
+                let options = StoreOptions {
+                    quick_repair: true,
+                    ..StoreOptions::default()
+                };
+                let plan = CrashPlan::AtOp {
+                    window: CRASH_WINDOW,
+                };
+                let run = tokio::spawn(run_seed_with(seed, Breakage::None, plan, None, options))
+                    .await
+                    .unwrap_or_else(|e| panic!("seed {seed:#x} panicked: {e}"));
+                (seed, run)
+            })
+            .buffer_unordered(env_u64("MCP_TASKS_PARALLEL", 4) as usize)
+            .collect::<Vec<_>>()
+            .await
+    });
+    let crashes: u32 = runs.iter().map(|(_, r)| r.crashes).sum();
+    let failed: Vec<_> = runs.iter().filter(|(_, r)| !r.report.is_clean()).collect();
+    eprintln!(
+        "power loss with quick repair: {} seeds, {crashes} power losses, {} failing seeds, {:.1}s",
+        runs.len(),
+        failed.len(),
+        started.elapsed().as_secs_f64()
+    );
+    for (seed, run) in failed.iter().take(5) {
+        eprintln!("\nseed {seed:#x} FAILED: {}", run.report.summary(10));
+    }
+    assert!(crashes > 0);
+    assert!(
+        failed.is_empty(),
+        "{} of {} power-loss seeds with quick repair violated an invariant",
+        failed.len(),
+        runs.len()
     );
 }
 

@@ -269,6 +269,13 @@ pub struct StoreOptions {
     /// acknowledged write. Counted apart from [`StoreOptions::cache_size`]; 0 turns it off.
     /// Default 8 MiB ([`DEFAULT_RECORD_CACHE_SIZE`]).
     pub record_cache_size: usize,
+    /// redb's quick repair (redb store only): every commit also saves the allocator state and
+    /// commits in two phases, so that opening the file after a crash does not walk the whole
+    /// file to rebuild that state. Restarts after `kill -9` or a power loss then take about as
+    /// long as a clean start, whatever the size of the file, if
+    /// [`StoreOptions::verify_on_open`] is off too (that check reads the whole file in any
+    /// case); each commit costs more (docs/BENCHMARKS.md measures both). Default `false`.
+    pub quick_repair: bool,
     /// **Unsafe; for the crash suite only.** After a failed fsync, reopen the file and go on
     /// instead of stopping (the behaviour this crate had before it became fail-stop). On Linux
     /// this can acknowledge commits that build on pages that never reach the disk; the crash
@@ -285,6 +292,7 @@ impl Default for StoreOptions {
             verify_on_open: true,
             cache_size: DEFAULT_CACHE_SIZE,
             record_cache_size: DEFAULT_RECORD_CACHE_SIZE,
+            quick_repair: false,
             unsafe_reopen_after_sync_failure: false,
         }
     }

@@ -105,17 +105,7 @@ pub fn label(seed: u64) -> PathBuf {
     PathBuf::from(format!("simdisk-{seed:#018x}.redb"))
 }
 
-async fn start_runtime(
-    seed: u64,
-    disk: &SimDisk,
-    clock: &Arc<StrictClock>,
-    log: &Arc<MemLog>,
-    epoch: u32,
-) -> Result<Runtime, String> {
-    start_runtime_with(seed, disk, clock, log, epoch, StoreOptions::default()).await
-}
-
-/// [`start_runtime`] with store options.
+/// Starts the runtime of incarnation `epoch` on `disk` with store `options`.
 pub async fn start_runtime_with(
     seed: u64,
     disk: &SimDisk,
@@ -182,16 +172,19 @@ pub async fn run_seed(seed: u64, breakage: Breakage) -> SeedRun {
             window: CRASH_WINDOW,
         },
         None,
+        StoreOptions::default(),
     )
     .await
 }
 
-/// [`run_seed`] with a crash plan; `switch` (if any) is armed with each incarnation's disk.
+/// [`run_seed`] with a crash plan; `switch` (if any) is armed with each incarnation's disk;
+/// every incarnation opens the store with `options`.
 pub async fn run_seed_with(
     seed: u64,
     breakage: Breakage,
     plan: CrashPlan,
     switch: Option<CrashSwitch>,
+    options: StoreOptions,
 ) -> SeedRun {
     let mut rng = Rng::new(seed);
     let clock = Arc::new(StrictClock::system());
@@ -222,12 +215,13 @@ pub async fn run_seed_with(
         let ops_before = disk.ops();
         // A start that fails without a crash (an injected commit failure) is retried, as an
         // operator or a service manager would.
-        let mut started = start_runtime(seed, &disk, &clock, &log, epoch).await;
+        let mut started =
+            start_runtime_with(seed, &disk, &clock, &log, epoch, options.clone()).await;
         for _ in 0..3 {
             if started.is_ok() || disk.crashed() {
                 break;
             }
-            started = start_runtime(seed, &disk, &clock, &log, epoch).await;
+            started = start_runtime_with(seed, &disk, &clock, &log, epoch, options.clone()).await;
         }
         match started {
             Err(e) => {

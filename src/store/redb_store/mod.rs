@@ -208,7 +208,7 @@ impl RedbStore {
             true,
             &sync_failure,
         )?;
-        let boot_epoch = init_tables_and_boot(&db, &path, true)?;
+        let boot_epoch = init_tables_and_boot(&db, &path, true, options.quick_repair)?;
         if let Some(detail) = sync_failure.get() {
             return Err(StoreError::Halted { path, detail });
         }
@@ -225,6 +225,7 @@ impl RedbStore {
             target,
             rx,
             durability: options.durability,
+            quick_repair: options.quick_repair,
             max_batch_ops: options.max_batch_ops.max(1),
             verify_on_open: options.verify_on_open,
             cache_size: options.cache_size,

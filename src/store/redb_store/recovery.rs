@@ -88,7 +88,7 @@ impl Writer {
             false,
             &self.sync_failure,
         )
-        .and_then(|db| init_tables_and_boot(&db, &self.path, false).map(|_| db));
+        .and_then(|db| init_tables_and_boot(&db, &self.path, false, self.quick_repair).map(|_| db));
         let state = match reopened {
             Ok(db) => {
                 tracing::warn!(path = %self.path.display(), "task store reopened after an I/O error");

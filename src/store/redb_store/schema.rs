@@ -535,19 +535,21 @@ impl StorageBackend for SyncWatch {
     }
 }
 
-/// Creates the tables, increments the boot epoch (when `bump`) and commits durably. Returns the
-/// epoch.
+/// Creates the tables, increments the boot epoch (when `bump`) and commits durably (with redb's
+/// quick repair when `quick_repair`, see `StoreOptions::quick_repair`). Returns the epoch.
 pub(super) fn init_tables_and_boot(
     db: &Database,
     path: &Path,
     bump: bool,
+    quick_repair: bool,
 ) -> Result<u64, StoreError> {
     let fail = |e: &dyn fmt::Display| StoreError::Open {
         path: path.to_path_buf(),
         detail: format!("initialising the tables failed: {e}"),
     };
     let run = || -> Result<u64, StoreError> {
-        let txn = db.begin_write().map_err(|e| fail(&e))?;
+        let mut txn = db.begin_write().map_err(|e| fail(&e))?;
+        txn.set_quick_repair(quick_repair);
         let epoch = {
             // The layout first: a newer layout may have changed the other tables' types.
             // Returning drops the transaction, so a refused store is not changed, and a
@@ -756,7 +758,7 @@ pub(crate) fn create_atomically(path: &Path) -> Result<(), StoreError> {
             )));
         }
     };
-    init_tables_and_boot(&db, path, false)?;
+    init_tables_and_boot(&db, path, false, false)?;
     db.close()
         .map_err(|e| open_err(format!("closing the new file failed: {e}")))?;
     std::fs::rename(&tmp, path).map_err(|e| {

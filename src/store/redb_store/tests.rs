@@ -527,7 +527,7 @@ fn apply_jobs_uses_one_transaction() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db.redb");
     let db = redb::Database::create(&path).unwrap();
-    init_tables_and_boot(&db, &path, true).unwrap();
+    init_tables_and_boot(&db, &path, true, false).unwrap();
     let counters = Counters::default();
     let jobs: Vec<Vec<WriteOp>> = (0..50)
         .map(|i| {
@@ -1010,11 +1010,12 @@ fn a_newer_layout_is_refused_by_the_conversion() {
     assert!(std::fs::read(&path).unwrap() == before, "the file changed");
 }
 
-/// An in-memory backend that counts the bytes written to it.
+/// An in-memory backend that counts the bytes written to it and its syncs.
 #[derive(Debug)]
 struct CountingBackend {
     inner: redb::backends::InMemoryBackend,
     written: Arc<AtomicU64>,
+    syncs: Arc<AtomicU64>,
 }
 
 impl redb::StorageBackend for CountingBackend {
@@ -1028,6 +1029,7 @@ impl redb::StorageBackend for CountingBackend {
         self.inner.set_len(len)
     }
     fn sync_data(&self) -> std::io::Result<()> {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
         self.inner.sync_data()
     }
     fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
@@ -1044,10 +1046,11 @@ fn a_put_skips_the_index_tables_it_does_not_change() {
     let backend = CountingBackend {
         inner: redb::backends::InMemoryBackend::new(),
         written: Arc::clone(&written),
+        syncs: Arc::default(),
     };
     let db = redb::Builder::new().create_with_backend(backend).unwrap();
     let path = PathBuf::from("memory");
-    init_tables_and_boot(&db, &path, false).unwrap();
+    init_tables_and_boot(&db, &path, false, false).unwrap();
     let counters = Counters::default();
     let ids = ["a", "b", "c", "d", "e", "f"];
     // Each put replaces a different task (the pages of one commit are not reused by the
@@ -1076,4 +1079,43 @@ fn a_put_skips_the_index_tables_it_does_not_change() {
     let r = db.begin_read().unwrap();
     assert_eq!(r.open_table(LIVE).unwrap().len().unwrap(), 5);
     assert_eq!(r.open_table(DUE).unwrap().len().unwrap(), 6);
+}
+
+/// `StoreOptions::quick_repair` reaches every commit of the writer: redb then commits in two
+/// phases, at least two syncs where a plain commit makes one.
+#[tokio::test]
+async fn quick_repair_commits_in_two_phases() {
+    let mut per_commit = Vec::new();
+    for quick_repair in [false, true] {
+        let syncs = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&syncs);
+        let factory: crate::store::BackendFactory = Arc::new(move || {
+            Ok(Box::new(CountingBackend {
+                inner: redb::backends::InMemoryBackend::new(),
+                written: Arc::default(),
+                syncs: Arc::clone(&counted),
+            }) as Box<dyn redb::StorageBackend>)
+        });
+        let options = StoreOptions {
+            durability: Durability::Immediate,
+            quick_repair,
+            ..StoreOptions::default()
+        };
+        let store = RedbStore::open_with_backend_async(PathBuf::from("memory"), factory, options)
+            .await
+            .unwrap();
+        let before = syncs.load(Ordering::Relaxed);
+        for i in 0..10 {
+            store
+                .commit(vec![put(&format!("t{i}"), b"x", false, None)])
+                .await
+                .unwrap();
+        }
+        per_commit.push(syncs.load(Ordering::Relaxed) - before);
+        store.close().await;
+    }
+    // Ten commits: one sync each without; at least two each with (redb may add one when the
+    // file grows).
+    assert_eq!(per_commit[0], 10, "{per_commit:?}");
+    assert!(per_commit[1] >= 20, "{per_commit:?}");
 }

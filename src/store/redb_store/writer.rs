@@ -29,6 +29,8 @@ pub(super) struct Writer {
     pub(super) target: Target,
     pub(super) rx: mpsc::Receiver<Job>,
     pub(super) durability: Durability,
+    /// See [`StoreOptions::quick_repair`](crate::store::StoreOptions::quick_repair).
+    pub(super) quick_repair: bool,
     pub(super) max_batch_ops: usize,
     pub(super) verify_on_open: bool,
     pub(super) cache_size: usize,
@@ -88,7 +90,13 @@ impl Writer {
         let (results, poisoned) = match self.database() {
             // Only reopen requests (see `RedbStore::send`): nothing to write.
             Ok(_) if opss.iter().all(Vec::is_empty) => (vec![Ok(()); opss.len()], false),
-            Ok(db) => apply_jobs_inner(&db, &self.path, self.durability, &opss, &self.counters),
+            Ok(db) => {
+                let mode = CommitMode {
+                    durability: self.durability,
+                    quick_repair: self.quick_repair,
+                };
+                apply_jobs_inner(&db, &self.path, mode, &opss, &self.counters)
+            }
             Err(e) => (vec![Err(e); opss.len()], false),
         };
         // Whatever became of the batch (a job refused by its precondition wrote nothing, but
@@ -152,7 +160,11 @@ pub(super) fn apply_jobs(
     jobs: &[Vec<WriteOp>],
     counters: &Counters,
 ) -> Vec<Result<(), StoreError>> {
-    apply_jobs_inner(db, path, durability, jobs, counters).0
+    let mode = CommitMode {
+        durability,
+        quick_repair: false,
+    };
+    apply_jobs_inner(db, path, mode, jobs, counters).0
 }
 
 /// [`apply_jobs`], plus whether a transaction failed to begin or commit (after which the
@@ -160,14 +172,14 @@ pub(super) fn apply_jobs(
 fn apply_jobs_inner(
     db: &Database,
     path: &Path,
-    durability: Durability,
+    mode: CommitMode,
     jobs: &[Vec<WriteOp>],
     counters: &Counters,
 ) -> (Vec<Result<(), StoreError>>, bool) {
     let ops: usize = jobs.iter().map(Vec::len).sum();
     let _span = tracing::debug_span!("store.group_commit", jobs = jobs.len(), ops).entered();
     let started = Instant::now();
-    match guarded(path, || one_transaction(db, durability, jobs)) {
+    match guarded(path, || one_transaction(db, mode, jobs)) {
         Ok(results) => {
             counters.commits.fetch_add(1, Ordering::Relaxed);
             counters.ops.fetch_add(ops as u64, Ordering::Relaxed);
@@ -193,7 +205,7 @@ fn apply_jobs_inner(
                         )));
                     }
                     let (mut r, p) =
-                        apply_jobs_inner(db, path, durability, std::slice::from_ref(job), counters);
+                        apply_jobs_inner(db, path, mode, std::slice::from_ref(job), counters);
                     poisoned |= p;
                     r.pop()
                         .unwrap_or_else(|| Err(StoreError::Commit(Cause::message("no result"))))
@@ -234,15 +246,25 @@ fn guarded<T>(path: &Path, f: impl FnOnce() -> Result<T, Failure>) -> Result<T, 
     }
 }
 
+/// How a write transaction commits.
+#[derive(Clone, Copy)]
+struct CommitMode {
+    durability: Durability,
+    /// redb's quick repair: the allocator state is saved with the commit (and the commit is
+    /// two-phase), so that the open after a crash need not walk the whole file.
+    quick_repair: bool,
+}
+
 fn one_transaction(
     db: &Database,
-    durability: Durability,
+    mode: CommitMode,
     jobs: &[Vec<WriteOp>],
 ) -> Result<Vec<Result<(), StoreError>>, Failure> {
     let mut txn = db
         .begin_write()
         .map_err(|e| Failure::Commit(redb_cause(e)))?;
-    if durability == Durability::None {
+    txn.set_quick_repair(mode.quick_repair);
+    if mode.durability == Durability::None {
         txn.set_durability(redb::Durability::None)
             .map_err(|e| Failure::Commit(redb_cause(e)))?;
     }
