@@ -265,9 +265,9 @@ pub struct StoreOptions {
     /// Bytes of the record cache (redb store only): the snapshots of recently read tasks, so
     /// that a task read again (a client polling a finished task) is answered from memory
     /// without a read transaction. Filled by reads only; every write of a task drops its entry
-    /// before the write is acknowledged, so a read never returns less than the last
-    /// acknowledged write. Counted apart from [`StoreOptions::cache_size`]; 0 turns it off.
-    /// Default 8 MiB ([`DEFAULT_RECORD_CACHE_SIZE`]).
+    /// before the write is acknowledged, so a read that begins after an acknowledged write
+    /// never returns an older snapshot. Counted apart from [`StoreOptions::cache_size`]; 0
+    /// turns it off. Default 8 MiB ([`DEFAULT_RECORD_CACHE_SIZE`]).
     pub record_cache_size: usize,
     /// redb's quick repair (redb store only): every commit also saves the allocator state and
     /// commits in two phases, so that opening the file after a crash does not walk the whole
