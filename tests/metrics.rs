@@ -243,10 +243,25 @@ async fn a_lagging_listener_counts_the_snapshots_it_skipped() {
         sample(&recorder.render(), "mcp_tasks_subscriptions"),
         Some(1.0)
     );
+    // The listener writes the task's current snapshot first: once it is read, the listener
+    // follows the task, so what the tool commits next reaches it (or is counted as skipped).
+    // Without this wait a slow machine can let the tool finish before the listener follows,
+    // and its first snapshot is then the last one, with nothing skipped.
+    let mut received = 0.0;
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("the first snapshot within 10 s")
+            .expect("the stream is open");
+        if message["method"] == "notifications/tasks" {
+            assert_eq!(message["params"]["status"], "working", "{message}");
+            received += 1.0;
+            break;
+        }
+    }
     // The tool runs all its steps while nobody reads the stream.
     gate.notify_one();
     embedded::wait_status(&rt, &task, "completed").await;
-    let mut received = 0.0;
     loop {
         let message = tokio::time::timeout(Duration::from_secs(10), stream.next())
             .await
