@@ -17,17 +17,20 @@
 //!
 //! Writes go through [`RedbStore::commit`]: the ops are queued to a dedicated writer thread
 //! that drains everything queued, applies all of it in one write transaction with one commit
-//! (one fsync), and only then acknowledges every waiter. Reads run in `spawn_blocking` so they
-//! never block tokio workers; a task read again is answered from the record cache without a
-//! read transaction (`cache.rs`: filled by reads, emptied by the writer before it acknowledges).
+//! (one fsync), and only then acknowledges every waiter. Reads never block tokio workers: a
+//! point read of one record goes to the store's two reader threads, which serve whatever is
+//! queued in one read transaction (`reader.rs`), other reads run in `spawn_blocking`; a task
+//! read again is answered from the record cache without a read transaction (`cache.rs`: filled
+//! by reads, emptied by the writer before it acknowledges).
 //!
 //! The concerns live in their own files: `schema.rs` (tables, opening and creating the file,
 //! the storage backends that notice a failed fsync), `writer.rs` (the writer thread and group
-//! commit), `read.rs` (read transactions), `cache.rs` (the record cache), `recovery.rs`
-//! (reopening after an I/O error).
+//! commit), `read.rs` (read transactions), `reader.rs` (the reader threads), `cache.rs` (the
+//! record cache), `recovery.rs` (reopening after an I/O error).
 
 mod cache;
 mod read;
+mod reader;
 mod recovery;
 pub(crate) mod schema;
 mod writer;
@@ -105,6 +108,9 @@ struct Inner {
     /// store is dropped) lets the writer finish what is queued and exit.
     tx: RwLock<Option<mpsc::Sender<Job>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// The reader threads' queue of point reads (`reader.rs`); they stop when the store is
+    /// dropped.
+    readers: mpsc::Sender<reader::PointRead>,
     /// Serialises [`RedbStore::close`] calls, so that each returns only once the file is released.
     close_lock: tokio::sync::Mutex<()>,
     counters: Arc<Counters>,
@@ -238,6 +244,8 @@ impl RedbStore {
             #[cfg(test)]
             hooks: Arc::clone(&test_hooks),
         };
+        let readers = reader::start(Arc::clone(&records), path.clone())
+            .map_err(|e| open_err(format!("cannot start the reader threads: {e}")))?;
         let handle = std::thread::Builder::new()
             .name("mcp-tasks-store-writer".into())
             .spawn(move || writer.run())
@@ -251,6 +259,7 @@ impl RedbStore {
                 db,
                 tx: RwLock::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),
+                readers,
                 close_lock: tokio::sync::Mutex::new(()),
                 counters,
                 records,

@@ -1,10 +1,14 @@
-//! Reads: each runs one redb read transaction on the blocking pool.
+//! Reads: a point read of one record goes to the store's reader threads (`reader.rs`), every
+//! other read runs one redb read transaction on the blocking pool.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
+
+use tokio::sync::oneshot;
 
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
+use super::reader::PointRead;
 use super::schema::{DUE, LIVE, META, TASKS, snapshot_of};
 use super::{DbState, RedbStore, panic_message, redb_cause};
 use crate::store::{Cause, StoreError};
@@ -13,7 +17,7 @@ impl RedbStore {
     /// The snapshot bytes of task `id` (without the header its record is stored with).
     ///
     /// A task read before is answered from the record cache (see `cache.rs`) while the store
-    /// is open; otherwise, and for a task not stored, one read transaction.
+    /// is open; otherwise, and for a task not stored, a reader thread reads it (`reader.rs`).
     pub async fn get(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let records = Arc::clone(&self.inner.records);
         if self.is_open()
@@ -23,16 +27,33 @@ impl RedbStore {
         }
         // Taken before the read transaction begins: see `RecordCache::fill`.
         let epoch = records.epoch();
-        let id = id.to_owned();
-        self.read(move |txn| {
-            let tasks = txn.open_table(TASKS)?;
-            Ok(tasks.get(id.as_str())?.map(|v| {
-                let bytes = snapshot_of(v.value());
-                records.fill(&id, bytes, epoch);
-                bytes.to_vec()
-            }))
-        })
-        .await
+        let db = self.database().await?;
+        let (reply, answer) = oneshot::channel();
+        let read = PointRead {
+            db,
+            id: id.to_owned(),
+            epoch,
+            reply,
+        };
+        match self.inner.readers.send(read) {
+            Ok(()) => answer.await.unwrap_or_else(|_| {
+                Err(StoreError::Read(Cause::message(
+                    "the store's reader thread stopped before answering",
+                )))
+            }),
+            // The reader threads are gone (they stop only with the store): the blocking pool.
+            Err(mpsc::SendError(PointRead { id, epoch, .. })) => {
+                self.read(move |txn| {
+                    let tasks = txn.open_table(TASKS)?;
+                    Ok(tasks.get(id.as_str())?.map(|v| {
+                        let bytes = snapshot_of(v.value());
+                        records.fill(&id, bytes, epoch);
+                        bytes.to_vec()
+                    }))
+                })
+                .await
+            }
+        }
     }
 
     /// The snapshot bytes of each of `ids`, in one read transaction.
@@ -158,6 +179,34 @@ impl RedbStore {
         T: Send + 'static,
         F: FnOnce(&redb::ReadTransaction) -> Result<T, redb::Error> + Send + 'static,
     {
+        let db = self.database().await?;
+        let path = self.inner.path.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let run = || -> Result<T, redb::Error> {
+                let txn = db.begin_read()?;
+                f(&txn)
+            };
+            match catch_unwind(AssertUnwindSafe(run)) {
+                Ok(result) => result.map_err(|e| {
+                    tracing::error!(path = %path.display(), error = %e, "reading the task store failed");
+                    StoreError::Read(redb_cause(e))
+                }),
+                Err(panic) => {
+                    let msg = panic_message(&panic);
+                    tracing::error!(path = %path.display(), panic = %msg, "redb panicked in a read");
+                    Err(StoreError::Read(Cause::message(format!("redb panicked: {msg}"))))
+                }
+            }
+        });
+        match task.await {
+            Ok(result) => result,
+            Err(e) => Err(StoreError::Read(Cause::context("the read task failed", e))),
+        }
+    }
+
+    /// The database to read, as every read checks it: an error when the store is closed or
+    /// halted, or broken by an I/O error that the writer (asked once to reopen) has not cured.
+    async fn database(&self) -> Result<Arc<redb::Database>, StoreError> {
         let mut nudged = false;
         let db = loop {
             let broken = match &*self.inner.db.read().unwrap_or_else(|e| e.into_inner()) {
@@ -182,27 +231,6 @@ impl RedbStore {
             nudged = true;
             self.send(Vec::new()).await.ok();
         };
-        let path = self.inner.path.clone();
-        let task = tokio::task::spawn_blocking(move || {
-            let run = || -> Result<T, redb::Error> {
-                let txn = db.begin_read()?;
-                f(&txn)
-            };
-            match catch_unwind(AssertUnwindSafe(run)) {
-                Ok(result) => result.map_err(|e| {
-                    tracing::error!(path = %path.display(), error = %e, "reading the task store failed");
-                    StoreError::Read(redb_cause(e))
-                }),
-                Err(panic) => {
-                    let msg = panic_message(&panic);
-                    tracing::error!(path = %path.display(), panic = %msg, "redb panicked in a read");
-                    Err(StoreError::Read(Cause::message(format!("redb panicked: {msg}"))))
-                }
-            }
-        });
-        match task.await {
-            Ok(result) => result,
-            Err(e) => Err(StoreError::Read(Cause::context("the read task failed", e))),
-        }
+        Ok(db)
     }
 }

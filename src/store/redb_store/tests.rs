@@ -108,6 +108,35 @@ async fn record_cache_off_reads_the_file_every_time() {
     store.close().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_reads_are_each_answered_with_their_own_record() {
+    // The record cache off: every read goes to the reader threads, which serve what is
+    // queued together in one read transaction (`reader.rs`).
+    let dir = tempfile::tempdir().unwrap();
+    let options = StoreOptions {
+        record_cache_size: 0,
+        ..opts()
+    };
+    let store = RedbStore::open_async(dir.path().join("db.redb"), options)
+        .await
+        .unwrap();
+    let ops = (0..300)
+        .map(|i| put(&format!("t{i}"), &noise(40 + i, i as u64), false, None))
+        .collect();
+    store.commit(ops).await.unwrap();
+    let reads = (0..600).map(|i| {
+        let store = store.clone();
+        tokio::spawn(async move { (i, store.get(&format!("t{i}")).await) })
+    });
+    for read in futures::future::join_all(reads).await {
+        let (i, got) = read.unwrap();
+        let expected = (i < 300).then(|| noise(40 + i, i as u64));
+        assert_eq!(got.unwrap(), expected, "task t{i}");
+    }
+    store.close().await;
+    assert!(matches!(store.get("t1").await, Err(StoreError::Closed)));
+}
+
 #[tokio::test]
 async fn live_index_add_remove() {
     let dir = tempfile::tempdir().unwrap();
