@@ -38,7 +38,7 @@ impl RedbStore {
         match self.inner.readers.send(read) {
             Ok(()) => answer.await.unwrap_or_else(|_| {
                 Err(StoreError::Read(Cause::message(
-                    "the store's reader thread stopped before answering",
+                    "the store's reader thread failed while serving the read",
                 )))
             }),
             // The reader threads are gone (they stop only with the store): the blocking pool.

@@ -33,6 +33,17 @@ async fn open(path: &Path) -> RedbStore {
         .expect("open store")
 }
 
+/// A store whose every read goes to the file (the record cache off).
+async fn open_without_record_cache(path: &Path) -> RedbStore {
+    let options = StoreOptions {
+        record_cache_size: 0,
+        ..opts()
+    };
+    RedbStore::open_async(path.to_path_buf(), options)
+        .await
+        .unwrap()
+}
+
 /// Deterministic pseudo-random bytes (xorshift64*).
 fn noise(len: usize, mut seed: u64) -> Vec<u8> {
     (0..len)
@@ -90,13 +101,7 @@ async fn put_get_delete() {
 #[tokio::test]
 async fn record_cache_off_reads_the_file_every_time() {
     let dir = tempfile::tempdir().unwrap();
-    let options = StoreOptions {
-        record_cache_size: 0,
-        ..opts()
-    };
-    let store = RedbStore::open_async(dir.path().join("db.redb"), options)
-        .await
-        .unwrap();
+    let store = open_without_record_cache(&dir.path().join("db.redb")).await;
     store
         .commit(vec![put("a", b"one", false, None)])
         .await
@@ -113,13 +118,7 @@ async fn concurrent_first_reads_are_each_answered_with_their_own_record() {
     // The record cache off: every read goes to the reader threads, which serve what is
     // queued together in one read transaction (`reader.rs`).
     let dir = tempfile::tempdir().unwrap();
-    let options = StoreOptions {
-        record_cache_size: 0,
-        ..opts()
-    };
-    let store = RedbStore::open_async(dir.path().join("db.redb"), options)
-        .await
-        .unwrap();
+    let store = open_without_record_cache(&dir.path().join("db.redb")).await;
     let ops = (0..300)
         .map(|i| put(&format!("t{i}"), &noise(40 + i, i as u64), false, None))
         .collect();
