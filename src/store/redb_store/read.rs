@@ -2,7 +2,7 @@
 //! other read runs one redb read transaction on the blocking pool.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
@@ -19,7 +19,7 @@ impl RedbStore {
     /// A task read before is answered from the record cache (see `cache.rs`) while the store
     /// is open; otherwise, and for a task not stored, a reader thread reads it (`reader.rs`).
     pub async fn get(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let records = Arc::clone(&self.inner.records);
+        let records = &self.inner.records;
         if self.is_open()
             && let Some(bytes) = records.get(id)
         {
@@ -35,25 +35,16 @@ impl RedbStore {
             epoch,
             reply,
         };
-        match self.inner.readers.send(read) {
-            Ok(()) => answer.await.unwrap_or_else(|_| {
-                Err(StoreError::Read(Cause::message(
-                    "the store's reader thread failed while serving the read",
-                )))
-            }),
-            // The reader threads are gone (they stop only with the store): the blocking pool.
-            Err(mpsc::SendError(PointRead { id, epoch, .. })) => {
-                self.read(move |txn| {
-                    let tasks = txn.open_table(TASKS)?;
-                    Ok(tasks.get(id.as_str())?.map(|v| {
-                        let bytes = snapshot_of(v.value());
-                        records.fill(&id, bytes, epoch);
-                        bytes.to_vec()
-                    }))
-                })
-                .await
-            }
-        }
+        // The reader threads live as long as the store: a refused send is a bug, not a state.
+        self.inner
+            .readers
+            .send(read)
+            .map_err(|_| StoreError::Read(Cause::message("the store's reader threads are gone")))?;
+        answer.await.unwrap_or_else(|_| {
+            Err(StoreError::Read(Cause::message(
+                "the store's reader thread failed while serving the read",
+            )))
+        })
     }
 
     /// The snapshot bytes of each of `ids`, in one read transaction.

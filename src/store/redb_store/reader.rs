@@ -28,10 +28,10 @@ use super::{RecordCache, panic_message, redb_cause};
 use crate::store::{Cause, StoreError};
 
 /// Reader threads per store.
-pub(super) const READER_THREADS: usize = 2;
+const READER_THREADS: usize = 2;
 
 /// At most this many reads share one read transaction.
-pub(super) const MAX_BATCH: usize = 64;
+const MAX_BATCH: usize = 64;
 
 /// One queued point read.
 pub(super) struct PointRead {
