@@ -55,14 +55,19 @@ pub fn free_port() -> u16 {
 }
 
 /// Waits until the server at `url` answers `server/discover`, polling every `poll`; panics
-/// after `limit`.
+/// after `limit`. Each probe is one attempt: the client's own retries (200 ms and more of
+/// backoff after a refused connection) would add their waits to the time measured.
 pub fn wait_ready(url: &str, limit: Duration, poll: Duration) {
     let url = url.to_owned();
     on_client_thread(move || {
         Box::pin(async move {
             let deadline = Instant::now() + limit;
             loop {
-                if let Ok(c) = Client::http(&url).expect("client").build().await
+                if let Ok(c) = Client::http(&url)
+                    .expect("client")
+                    .retry(RetryPolicy::none())
+                    .build()
+                    .await
                     && c.discover().await.is_ok()
                 {
                     return;
