@@ -177,17 +177,9 @@ impl RedbStore {
                 let txn = db.begin_read()?;
                 f(&txn)
             };
-            match catch_unwind(AssertUnwindSafe(run)) {
-                Ok(result) => result.map_err(|e| {
-                    tracing::error!(path = %path.display(), error = %e, "reading the task store failed");
-                    StoreError::Read(redb_cause(e))
-                }),
-                Err(panic) => {
-                    let msg = panic_message(&panic);
-                    tracing::error!(path = %path.display(), panic = %msg, "redb panicked in a read");
-                    Err(StoreError::Read(Cause::message(format!("redb panicked: {msg}"))))
-                }
-            }
+            catch_unwind(AssertUnwindSafe(run))
+                .map_err(|panic| failed_read(&path, ReadFailure::Panic(&*panic)))?
+                .map_err(|e| failed_read(&path, ReadFailure::Redb(e)))
         });
         match task.await {
             Ok(result) => result,
@@ -223,5 +215,28 @@ impl RedbStore {
             self.send(Vec::new()).await.ok();
         };
         Ok(db)
+    }
+}
+
+/// Why a read transaction failed.
+pub(super) enum ReadFailure<'a> {
+    /// redb answered an error.
+    Redb(redb::Error),
+    /// redb panicked (caught by `catch_unwind`).
+    Panic(&'a (dyn std::any::Any + Send)),
+}
+
+/// Logs a failed read of the store at `path` and says it as the error every reader gets.
+pub(super) fn failed_read(path: &std::path::Path, failure: ReadFailure<'_>) -> StoreError {
+    match failure {
+        ReadFailure::Redb(e) => {
+            tracing::error!(path = %path.display(), error = %e, "reading the task store failed");
+            StoreError::Read(redb_cause(e))
+        }
+        ReadFailure::Panic(panic) => {
+            let msg = panic_message(panic);
+            tracing::error!(path = %path.display(), panic = %msg, "redb panicked in a read");
+            StoreError::Read(Cause::message(format!("redb panicked: {msg}")))
+        }
     }
 }

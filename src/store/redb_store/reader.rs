@@ -23,9 +23,10 @@ use std::sync::{Arc, Mutex};
 use redb::{Database, ReadableDatabase};
 use tokio::sync::oneshot;
 
+use super::RecordCache;
+use super::read::{ReadFailure, failed_read};
 use super::schema::{TASKS, snapshot_of};
-use super::{RecordCache, panic_message, redb_cause};
-use crate::store::{Cause, StoreError};
+use crate::store::StoreError;
 
 /// Reader threads per store.
 const READER_THREADS: usize = 2;
@@ -116,15 +117,8 @@ fn serve(batch: Vec<PointRead>, records: &RecordCache, path: &std::path::Path) {
         }));
         let error = match outcome {
             Ok(Ok(())) => continue,
-            Ok(Err(e)) => {
-                tracing::error!(path = %path.display(), error = %e, "reading the task store failed");
-                StoreError::Read(redb_cause(e))
-            }
-            Err(panic) => {
-                let msg = panic_message(&panic);
-                tracing::error!(path = %path.display(), panic = %msg, "redb panicked in a read");
-                StoreError::Read(Cause::message(format!("redb panicked: {msg}")))
-            }
+            Ok(Err(e)) => failed_read(path, ReadFailure::Redb(e)),
+            Err(panic) => failed_read(path, ReadFailure::Panic(&*panic)),
         };
         for read in pending.into_iter().flatten() {
             let _ = read.reply.send(Err(error.clone()));
