@@ -7,8 +7,9 @@
 //! fresh random `value`, and the step returns that value, so the journal names the execution
 //! whose result it committed; a later line for the same task and step is a re-execution.
 //!
-//! [`StrictClock`] gives every transition of a task a later `lastUpdatedAt` than the one before,
-//! so a client can order what it observed (the wire carries no sequence number).
+//! [`StrictClock`] makes every time the process hands out distinct and increasing. (A task's
+//! own `lastUpdatedAt` grows with every change a client sees whatever the clock: the state
+//! machine takes `max(now, previous + 1)`.)
 
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};

@@ -250,6 +250,62 @@ async fn a_node_past_its_lease_is_fenced_after_the_takeover() {
     pg.drop().await;
 }
 
+/// `lastUpdatedAt` orders a task's states across nodes: node a's clock is a minute ahead of
+/// node b's; b takes a's task over and completes it, and the completion is still later than
+/// the `working` state a wrote (b's own clock would have given it an earlier time, and the
+/// state machine's `max` alone the same one, so a client could not order the two).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_by_a_node_whose_clock_is_behind_still_moves_last_updated_at_forward() {
+    let Some(pg) = pg::fresh().await else { return };
+    let ttl = Duration::from_millis(600);
+    let release = Arc::new(AtomicBool::new(false));
+    const T: u64 = 1_800_000_000_000;
+    let a_store = Arc::new(
+        PostgresStore::open(&pg.url, pg.options("a", ttl))
+            .await
+            .unwrap(),
+    );
+    let a = builder(Store::from_backend(a_store.clone()))
+        .clock(Arc::new(mcp_tasks::clock::ManualClock::new(T + 60_000)))
+        .tool(hold("a", release.clone()))
+        .start()
+        .await
+        .unwrap();
+    let b = builder(
+        Store::postgres(&pg.url, pg.options("b", ttl))
+            .await
+            .unwrap(),
+    )
+    .clock(Arc::new(mcp_tasks::clock::ManualClock::new(T)))
+    .tool(hold("b", release.clone()))
+    .start()
+    .await
+    .unwrap();
+
+    let task = create(&a, "hold", json!({})).await;
+    let working = get(&a, &task).await["result"].clone();
+    assert_eq!(working["status"], "working");
+    a_store.pause_heartbeat(true);
+    let done = wait_status(&b, &task, "completed").await;
+    let ms = |v: &Value| {
+        let s = v["lastUpdatedAt"].as_str().unwrap().to_owned();
+        let t = time::OffsetDateTime::parse(&s, &time::format_description::well_known::Rfc3339)
+            .unwrap();
+        u64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap()
+    };
+    assert_eq!(ms(&working), T + 60_000, "{working}");
+    assert_eq!(
+        ms(&done),
+        T + 60_001,
+        "one millisecond after the state it replaces: {done}"
+    );
+    release.store(true, Ordering::SeqCst);
+    a_store.pause_heartbeat(false);
+    a.shutdown().await;
+    b.shutdown().await;
+    pg.drop().await;
+}
+
 /// Options of node `node` whose polling fallback is `poll`.
 fn polling(pg: &pg::Pg, node: &str, ttl: Duration, poll: Duration) -> PostgresOptions {
     let mut options = pg.options(node, ttl);

@@ -182,9 +182,12 @@ pub fn apply(
         }
     }
     next.seq = record.seq.saturating_add(1);
-    // A restart is bookkeeping, not an update a client could see.
+    // A restart is bookkeeping, not an update a client could see. Every other change gets a
+    // later `lastUpdatedAt` than the record it replaces, even within one millisecond or when
+    // this node's clock is behind the node that wrote the record: the wire carries no
+    // sequence number, so this is how a client orders the states it saw.
     if !restarted {
-        next.last_updated_at_ms = now_ms.max(record.last_updated_at_ms);
+        next.last_updated_at_ms = now_ms.max(record.last_updated_at_ms.saturating_add(1));
     }
     Ok(Some(next))
 }
