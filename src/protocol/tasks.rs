@@ -107,13 +107,8 @@ impl Dispatcher {
         // request is applied here to the latest record, durably, and the other node's actor
         // is fenced at its next write. (A stale actor would ignore an answer for a key it
         // never saw issued, and acknowledge it.)
-        let take_over = store.is_shared()
-            && (!store.holds(record.id.as_str())
-                || self
-                    .shared
-                    .live
-                    .snapshot(&record.id)
-                    .is_some_and(|local| local.seq < record.seq));
+        let take_over =
+            store.is_shared() && (!store.holds(record.id.as_str()) || self.is_behind(record));
         if let Some(answer) = self.deliver(&record.id, &command, take_over).await {
             return answer;
         }
@@ -122,6 +117,15 @@ impl Dispatcher {
             Some(stored) if stored.status.is_terminal() => Ok(()),
             _ => Err(RpcError::internal("the task is restarting; retry shortly")),
         }
+    }
+
+    /// Whether this node's actor for the task is behind `record` (read from the store): another
+    /// node changed the task since the actor last committed.
+    fn is_behind(&self, record: &TaskRecord) -> bool {
+        self.shared
+            .live
+            .snapshot(&record.id)
+            .is_some_and(|local| local.seq < record.seq)
     }
 
     /// Gives `command` to the task's local actor (started first if the task has none;
@@ -257,19 +261,23 @@ impl Dispatcher {
             return;
         }
         let answer = match (TaskId::parse(&c.task_id), Command::decode(&c.body)) {
-            (Ok(id), Ok(command)) => match self.deliver(&id, &command, false).await {
-                Some(answer) => answer,
-                None => match self.shared.load_stored(&id).await {
-                    Ok(Some(stored)) if !stored.status.is_terminal() => return, // restarting
-                    Ok(_) => Ok(()),
-                    Err(_) => return,
-                },
-            },
-            (Err(e), _) => Err(RpcError::internal(format!("invalid task id: {e}"))),
-            (_, Err(e)) => Err(RpcError::internal(format!(
+            (Ok(id), Ok(command)) => {
+                // As for a request made here: an actor behind the stored record (another node
+                // changed the task meanwhile) would ignore an answer for a key it never saw
+                // issued and acknowledge it; the task is taken over first instead.
+                let take_over = match self.shared.load_stored(&id).await {
+                    Ok(Some(stored)) => self.is_behind(&stored),
+                    Ok(None) => false,
+                    Err(_) => return, // asked again at the next poll
+                };
+                self.answer_here(&id, &command, take_over).await
+            }
+            (Err(e), _) => Some(Err(RpcError::internal(format!("invalid task id: {e}")))),
+            (_, Err(e)) => Some(Err(RpcError::internal(format!(
                 "a request recorded by another node does not decode: {e}"
-            ))),
+            )))),
         };
+        let Some(answer) = answer else { return };
         // Fenced meanwhile (another node took the task over): that node answers it.
         if answer.is_err() && !self.shared.store.holds(&c.task_id) {
             return;
@@ -279,6 +287,24 @@ impl Dispatcher {
             .await
         {
             tracing::warn!(task = %c.task_id, error = %e, "recording the answer of another node's request failed; it is applied again at the next poll");
+        }
+    }
+
+    /// A recorded command applied by this node's actor; `None` while the task restarts (it is
+    /// asked again at the next poll).
+    async fn answer_here(
+        &self,
+        id: &TaskId,
+        command: &Command,
+        take_over: bool,
+    ) -> Option<Result<(), RpcError>> {
+        match self.deliver(id, command, take_over).await {
+            Some(answer) => Some(answer),
+            None => match self.shared.load_stored(id).await {
+                Ok(Some(stored)) if !stored.status.is_terminal() => None, // restarting
+                Ok(_) => Some(Ok(())),
+                Err(_) => None,
+            },
         }
     }
 }
