@@ -45,7 +45,15 @@ enum Command {
     /// Operate a store: stats, list, show, backup, compact, verify, migrate, purge.
     #[command(subcommand, after_help = cli_store::EXIT_CODES)]
     Store(cli_store::StoreCommand),
-    /// Client commands: tools, call, get, watch, answer, cancel.
+    /// Print a shell completion script: `source <(mcp-tasks completions bash)`, or save it
+    /// where the shell looks (e.g. `mcp-tasks completions fish >
+    /// ~/.config/fish/completions/mcp-tasks.fish`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Client commands: tools, call, get, watch, answer, cancel, ls.
     #[cfg(feature = "client")]
     #[command(flatten)]
     Client(cli::ClientCommand),
@@ -290,12 +298,22 @@ enum Fixtures {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Completions { shell } = cli.command {
+        use clap::CommandFactory;
+        clap_complete::generate(
+            shell,
+            &mut Cli::command(),
+            "mcp-tasks",
+            &mut std::io::stdout(),
+        );
+        return ExitCode::SUCCESS;
+    }
     let default_filter = match cli.command {
         Command::Demo { .. } => "warn",
         // Not ractor's spans (one per actor, open for a live task's whole life: about 400
         // bytes each with this subscriber, and nothing in the log needs them).
         Command::Serve(_) => "info,ractor=warn",
-        Command::Store(_) => "warn",
+        Command::Store(_) | Command::Completions { .. } => "warn",
         #[cfg(feature = "client")]
         Command::Client(_) => "warn",
     };
@@ -348,6 +366,7 @@ fn main() -> ExitCode {
                 code
             }
             Command::Store(command) => cli_store::run(command).await,
+            Command::Completions { .. } => ExitCode::SUCCESS,
             #[cfg(feature = "client")]
             Command::Client(command) => cli::run(command).await,
         }

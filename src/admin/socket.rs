@@ -68,7 +68,7 @@ pub(crate) async fn ask<T: DeserializeOwned>(
         use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
         if !path.exists() {
             return Err(held(format!(
-                "it has no admin socket ({} is missing: a server older than this command, or one on a path too long for a socket); stop the server to read the file directly",
+                "it has no admin socket ({} is missing: a server started with `serve --no-admin-socket`, one older than this command, or one on a path too long for a socket); stop the server to read the file directly, or restart it without `--no-admin-socket`",
                 path.display()
             )));
         }

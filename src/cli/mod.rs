@@ -1,28 +1,35 @@
-//! The binary's client commands (`tools`, `call`, `get`, `watch`, `answer`, `cancel`): a
-//! person's or a script's view of any MCP Tasks server, on [`mcp_tasks::client`].
+//! The binary's client commands (`tools`, `call`, `get`, `watch`, `answer`, `cancel`, `ls`):
+//! a person's or a script's view of any MCP Tasks server, on [`mcp_tasks::client`].
 //!
 //! On a terminal a followed task shows a live status line (spinner, status, elapsed time,
 //! `statusMessage`) on stderr and its elicitations are asked interactively; without one the
 //! commands are quiet, and a task that needs input is printed (id and pending requests) and
 //! ends the command with exit code 5, so that a script can `answer` and `watch`.
 
+mod handles;
 mod prompt;
+mod verbose;
 
 use std::collections::HashSet;
 use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
 use futures::StreamExt;
 use mcp_tasks::TaskStatus;
-use mcp_tasks::client::{CallOutcome, Client, ClientError, RetryPolicy, Task, TaskHandle};
+use mcp_tasks::client::{
+    CallOutcome, Client, ClientError, HttpTransport, RetryPolicy, Task, TaskHandle, ToolInfo,
+};
 use serde_json::{Map, Value};
 
 /// The exit codes, as `--help` and the README list them.
 pub const EXIT_CODES: &str = "\
 Exit codes:
-    0  completed (for `answer`, `cancel`, `tools`: the server acknowledged)
+    0  completed (for `answer`, `cancel`, `tools`, `ls`: the server acknowledged or the
+       list was printed; for `call --detach`: the task was created, its id printed)
     1  completed with a tool error (`isError: true`)
     2  usage error (bad arguments, invalid JSON)
     3  failed (the task ended with a JSON-RPC error)
@@ -30,9 +37,12 @@ Exit codes:
     5  input required and no terminal to ask on: the task id and its pending input
        requests are printed; answer them with `answer`, then `watch`
     6  still working (`get` only)
-    7  protocol error: the server refused the request (unknown tool, unknown or expired
-       task, invalid arguments, missing capability) or answered something invalid
+    7  protocol error: the server refused the request (unknown tool, unknown, malformed
+       or expired task id, invalid arguments, missing capability) or answered something
+       invalid
     8  transport error: connection refused, timeout, HTTP error, 401/403
+    9  answer refused (`answer`): the task does not wait for that key, or the server
+       refused the response (e.g. it does not fit the requested schema); nothing changed
   130  interrupted (Ctrl-C): the task goes on on the server";
 
 /// Exit codes (see [`EXIT_CODES`]).
@@ -46,6 +56,7 @@ pub mod code {
     pub const WORKING: u8 = 6;
     pub const PROTOCOL: u8 = 7;
     pub const TRANSPORT: u8 = 8;
+    pub const ANSWER_REFUSED: u8 = 9;
     pub const INTERRUPTED: u8 = 130;
 }
 
@@ -60,7 +71,8 @@ pub struct Connection {
         default_value = "http://127.0.0.1:8080/mcp"
     )]
     url: String,
-    /// A bearer token sent as `Authorization: Bearer TOKEN`.
+    /// A bearer token sent as `Authorization: Bearer TOKEN` (other users may see it in
+    /// `ps`: prefer --token-file).
     #[arg(
         long,
         env = "MCP_TASKS_TOKEN",
@@ -68,6 +80,18 @@ pub struct Connection {
         hide_env_values = true
     )]
     token: Option<String>,
+    /// Read the bearer token from this file (surrounding whitespace and the final newline
+    /// are ignored). Not together with --token / MCP_TASKS_TOKEN.
+    #[arg(long, env = "MCP_TASKS_TOKEN_FILE", value_name = "PATH")]
+    token_file: Option<PathBuf>,
+    /// Print every JSON-RPC message sent (`>`) and received (`<`) on stderr, one per line.
+    #[arg(long, short = 'v')]
+    verbose: bool,
+    /// The file where the client keeps the tasks it created, for `ls` (default:
+    /// $XDG_STATE_HOME/mcp-tasks/tasks.redb, else ~/.local/state/mcp-tasks/tasks.redb;
+    /// an empty value keeps none).
+    #[arg(long, env = "MCP_TASKS_HANDLE_STORE", value_name = "PATH")]
+    handle_store: Option<PathBuf>,
     /// Print machine-readable JSON on stdout instead of text.
     #[arg(long)]
     json: bool,
@@ -85,9 +109,12 @@ fn parse_timeout(s: &str) -> Result<f64, String> {
 
 #[derive(Subcommand, Debug)]
 pub enum ClientCommand {
-    /// List the tools of a server.
+    /// List the tools of a server: name, arguments (`?`: optional) and description.
     #[command(after_help = EXIT_CODES)]
     Tools {
+        /// Print only the tool names, one a line, without the header.
+        #[arg(long, short = 'q')]
+        quiet: bool,
         #[command(flatten)]
         conn: Connection,
     },
@@ -99,6 +126,27 @@ pub enum ClientCommand {
         /// The tool's arguments, a JSON object.
         #[arg(long, value_name = "JSON", default_value = "{}")]
         args: String,
+        /// Do not follow a task: print its id (with --json, the task) and exit 0. A tool
+        /// that answers at once prints its result as without --detach.
+        #[arg(long)]
+        detach: bool,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// List the tasks this client created on the server of --url (from its handle store,
+    /// see --handle-store), oldest first, with their last known status.
+    #[command(after_help = EXIT_CODES)]
+    Ls {
+        /// Ask the server for each task's status first (a task it no longer knows is shown
+        /// as `gone`, an expired one as `expired`).
+        #[arg(long)]
+        refresh: bool,
+        /// The tasks created on every server, not only on --url's.
+        #[arg(long)]
+        all: bool,
+        /// Print only the task ids, one a line, without the header.
+        #[arg(long, short = 'q')]
+        quiet: bool,
         #[command(flatten)]
         conn: Connection,
     },
@@ -175,6 +223,9 @@ fn usage(message: impl Into<String>) -> Failure {
 fn error_code(e: &ClientError) -> u8 {
     match e {
         ClientError::InvalidUrl { .. } => code::USAGE,
+        ClientError::InvalidAnswer { .. } | ClientError::UnknownInputKey { .. } => {
+            code::ANSWER_REFUSED
+        }
         ClientError::Connect { .. }
         | ClientError::Io { .. }
         | ClientError::Timeout { .. }
@@ -191,15 +242,29 @@ fn explain(e: &ClientError) -> String {
     match e {
         ClientError::Unauthorized { token_sent, .. } => {
             let hint = if *token_sent {
-                "check the token given with --token or MCP_TASKS_TOKEN"
+                "check the token given with --token-file, --token or MCP_TASKS_TOKEN"
             } else {
-                "pass a token with --token or MCP_TASKS_TOKEN"
+                "pass a token with --token-file, --token or MCP_TASKS_TOKEN"
             };
             format!("{e}\nhint: {hint}")
         }
         ClientError::UnknownTask { task_id, .. } => format!(
             "{e}\nhint: check the id; tasks are visible only to the principal that created \
              them, and expired tasks are deleted (`{task_id}` may have been purged)"
+        ),
+        ClientError::MalformedTaskId { .. } => {
+            format!("{e}\nhint: `call --detach` prints task ids, `mcp-tasks ls` lists them")
+        }
+        ClientError::InvalidAnswer { task_id, .. } => format!(
+            "{e}\nhint: `mcp-tasks get {task_id}` shows each request and its schema; a response \
+             looks like '{{\"action\":\"accept\",\"content\":{{…}}}}'"
+        ),
+        ClientError::UnknownInputKey { task_id, .. } => {
+            format!("{e}\nhint: `mcp-tasks get {task_id}` shows what it waits for")
+        }
+        ClientError::Http { status: 404, .. } => format!(
+            "{e}\nhint: no MCP endpoint at that path; check the path of --url (or \
+             MCP_TASKS_URL): `mcp-tasks serve` answers on /mcp, e.g. http://127.0.0.1:8080/mcp"
         ),
         ClientError::TaskExpired { .. } => {
             format!("{e}\nhint: its result is no longer available; call the tool again")
@@ -220,10 +285,53 @@ fn explain(e: &ClientError) -> String {
     }
 }
 
+/// The bearer token: from --token-file, else --token / MCP_TASKS_TOKEN.
+async fn token(conn: &Connection) -> Result<Option<String>, Failure> {
+    let given = conn.token.as_deref().filter(|t| !t.is_empty());
+    let Some(path) = conn
+        .token_file
+        .as_ref()
+        .filter(|p| !p.as_os_str().is_empty())
+    else {
+        return Ok(given.map(str::to_owned));
+    };
+    if given.is_some() {
+        return Err(usage(
+            "give the token either with --token-file (MCP_TASKS_TOKEN_FILE) or with --token \
+             (MCP_TASKS_TOKEN), not both",
+        ));
+    }
+    let text = tokio::fs::read_to_string(path).await.map_err(|e| {
+        usage(format!(
+            "cannot read the token file {}: {e}",
+            path.display()
+        ))
+    })?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(usage(format!("the token file {} is empty", path.display())));
+    }
+    Ok(Some(token.to_owned()))
+}
+
 async fn connect(conn: &Connection) -> Result<Client, Failure> {
+    let token = token(conn).await?;
     // Elicitation, sampling and roots are always declared: on a terminal they are asked,
     // elsewhere a task's requests are printed for `answer` (exit code 5).
-    let mut builder = Client::http(&conn.url)?
+    let builder = if conn.verbose {
+        let mut http = HttpTransport::new(&conn.url)?;
+        if let Some(token) = &token {
+            http = http.bearer_token(token.clone());
+        }
+        Client::with_transport(Arc::new(verbose::Verbose::new(Arc::new(http))))
+    } else {
+        let mut builder = Client::http(&conn.url)?;
+        if let Some(token) = &token {
+            builder = builder.bearer_token(token.clone());
+        }
+        builder
+    };
+    let mut builder = builder
         .client_info("mcp-tasks-cli", env!("CARGO_PKG_VERSION"))
         .capabilities(serde_json::json!({ "elicitation": {}, "sampling": {}, "roots": {} }))
         .timeout(Duration::from_secs_f64(conn.timeout))
@@ -233,9 +341,6 @@ async fn connect(conn: &Connection) -> Result<Client, Failure> {
             initial: Duration::from_millis(200),
             max: Duration::from_secs(2),
         });
-    if let Some(token) = conn.token.as_deref().filter(|t| !t.is_empty()) {
-        builder = builder.bearer_token(token);
-    }
     if interactive(conn) {
         builder = builder.input_handler(prompt::handler());
     }
@@ -249,11 +354,23 @@ fn interactive(conn: &Connection) -> bool {
 
 async fn execute(command: ClientCommand) -> Result<u8, Failure> {
     match command {
-        ClientCommand::Tools { conn } => tools(&conn).await,
-        ClientCommand::Call { tool, args, conn } => call(&conn, &tool, &args).await,
+        ClientCommand::Tools { quiet, conn } => tools(&conn, quiet).await,
+        ClientCommand::Call {
+            tool,
+            args,
+            detach,
+            conn,
+        } => call(&conn, &tool, &args, detach).await,
+        ClientCommand::Ls {
+            refresh,
+            all,
+            quiet,
+            conn,
+        } => handles::ls(&conn, refresh, all, quiet).await,
         ClientCommand::Get { id, conn } => {
             let client = connect(&conn).await?;
             let task = client.resume(&id).await?.get().await?;
+            handles::record_status(&conn, client.endpoint(), &task).await;
             if conn.json {
                 print_json(&task.raw);
             } else {
@@ -264,7 +381,11 @@ async fn execute(command: ClientCommand) -> Result<u8, Failure> {
         ClientCommand::Watch { id, conn } => {
             let client = connect(&conn).await?;
             let handle = client.resume(&id).await?;
-            follow(&conn, &handle).await
+            let result = follow(&conn, &handle).await;
+            if let Some(task) = handle.last_seen() {
+                handles::record_status(&conn, client.endpoint(), &task).await;
+            }
+            result
         }
         ClientCommand::Answer {
             id,
@@ -283,7 +404,7 @@ async fn execute(command: ClientCommand) -> Result<u8, Failure> {
             let handle = client.resume(&id).await?;
             let mut responses = Map::new();
             responses.insert(key.clone(), value);
-            handle.answer(responses).await?;
+            handle.answer_outstanding(responses).await?;
             if conn.json {
                 print_json(&serde_json::json!({ "taskId": id, "answered": [key] }));
             } else {
@@ -304,35 +425,123 @@ async fn execute(command: ClientCommand) -> Result<u8, Failure> {
     }
 }
 
-async fn tools(conn: &Connection) -> Result<u8, Failure> {
+async fn tools(conn: &Connection, quiet: bool) -> Result<u8, Failure> {
     let client = connect(conn).await?;
     let tools = client.list_tools().await?;
     if conn.json {
         print_json(&Value::Array(tools.into_iter().map(|t| t.raw).collect()));
         return Ok(code::COMPLETED);
     }
-    let width = tools.iter().map(|t| t.name.len()).max().unwrap_or(0);
     let mut out = std::io::stdout().lock();
-    for t in &tools {
-        let about = t
-            .title
-            .clone()
-            .or_else(|| {
-                t.description
-                    .as_deref()
-                    .and_then(|d| d.lines().next())
-                    .map(str::to_owned)
-            })
-            .unwrap_or_default();
-        let _ = writeln!(out, "{:width$}  {about}", t.name);
+    if quiet {
+        for t in &tools {
+            let _ = writeln!(out, "{}", t.name);
+        }
+        return Ok(code::COMPLETED);
     }
     if tools.is_empty() {
         eprintln!("the server has no tools");
+        return Ok(code::COMPLETED);
     }
+    let rows: Vec<[String; 3]> = tools
+        .iter()
+        .map(|t| [t.name.clone(), arguments_of(t), about(t)])
+        .collect();
+    print_table(&mut out, ["NAME", "ARGUMENTS", "DESCRIPTION"], &rows);
     Ok(code::COMPLETED)
 }
 
-async fn call(conn: &Connection, tool: &str, args: &str) -> Result<u8, Failure> {
+/// A tool's description (its first line; the title when it has none).
+fn about(tool: &ToolInfo) -> String {
+    tool.description
+        .as_deref()
+        .and_then(|d| d.lines().map(str::trim).find(|l| !l.is_empty()))
+        .map(str::to_owned)
+        .or_else(|| tool.title.clone())
+        .unwrap_or_default()
+}
+
+/// A tool's arguments in one line: `name: type`, `name?: type` when optional, the values
+/// of an `enum` as `a|b|c`; `-` when it takes none.
+fn arguments_of(tool: &ToolInfo) -> String {
+    let Some(props) = tool
+        .input_schema
+        .get("properties")
+        .and_then(Value::as_object)
+    else {
+        return "-".to_owned();
+    };
+    if props.is_empty() {
+        return "-".to_owned();
+    }
+    let required: Vec<&str> = tool
+        .input_schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    props
+        .iter()
+        .map(|(name, schema)| {
+            let optional = if required.contains(&name.as_str()) {
+                ""
+            } else {
+                "?"
+            };
+            format!("{name}{optional}: {}", type_of(schema))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn type_of(schema: &Value) -> String {
+    if let Some(values) = schema.get("enum").and_then(Value::as_array) {
+        return values
+            .iter()
+            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+            .collect::<Vec<_>>()
+            .join("|");
+    }
+    match schema.get("type") {
+        Some(Value::String(t)) => t.clone(),
+        Some(Value::Array(ts)) => ts
+            .iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join("|"),
+        _ => "any".to_owned(),
+    }
+}
+
+/// Columns padded to their widest cell, two spaces apart, under a header; the last column
+/// is not padded.
+fn print_table<const N: usize>(out: &mut impl Write, header: [&str; N], rows: &[[String; N]]) {
+    let mut widths = header.map(|h| h.chars().count());
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == N {
+                s.push_str(cell);
+            } else {
+                s.push_str(cell);
+                let pad = widths[i] - cell.chars().count() + 2;
+                s.extend(std::iter::repeat_n(' ', pad));
+            }
+        }
+        s.trim_end().to_owned()
+    };
+    let _ = writeln!(out, "{}", line(header.to_vec()));
+    for row in rows {
+        let _ = writeln!(out, "{}", line(row.iter().map(String::as_str).collect()));
+    }
+}
+
+async fn call(conn: &Connection, tool: &str, args: &str, detach: bool) -> Result<u8, Failure> {
     let args: Value =
         serde_json::from_str(args).map_err(|e| usage(format!("--args is not valid JSON: {e}")))?;
     if !args.is_object() {
@@ -341,7 +550,7 @@ async fn call(conn: &Connection, tool: &str, args: &str) -> Result<u8, Failure> 
         ));
     }
     let client = connect(conn).await?;
-    match client.call_tool(tool, args).await? {
+    match client.call_tool(tool, args.clone()).await? {
         CallOutcome::Complete(result) => {
             if conn.json {
                 print_json(&strip_meta(result.clone()));
@@ -351,10 +560,25 @@ async fn call(conn: &Connection, tool: &str, args: &str) -> Result<u8, Failure> 
             Ok(result_code(&result))
         }
         CallOutcome::Task(handle) => {
+            let created = handle.last_seen();
+            if let Some(task) = &created {
+                handles::remember(conn, client.endpoint(), tool, &args, task).await;
+            }
+            if detach {
+                match &created {
+                    Some(task) if conn.json => print_json(&task.raw),
+                    _ => println!("{}", handle.id()),
+                }
+                return Ok(code::COMPLETED);
+            }
             if !conn.json && std::io::stderr().is_terminal() {
                 eprintln!("task {}", handle.id());
             }
-            follow(conn, &handle).await
+            let result = follow(conn, &handle).await;
+            if let Some(task) = handle.last_seen() {
+                handles::record_status(conn, client.endpoint(), &task).await;
+            }
+            result
         }
     }
 }
@@ -377,11 +601,16 @@ async fn follow(conn: &Connection, handle: &TaskHandle) -> Result<u8, Failure> {
                     Some(Ok(task)) => task,
                     Some(Err(e)) => {
                         line.clear();
+                        // Only a lost connection leaves a task worth watching again; an
+                        // unknown, malformed or expired id does not.
+                        let resumable = e.is_transport();
                         let mut failure = Failure::from(e);
-                        failure.message.push_str(&format!(
-                            "\nthe task may go on on the server: `mcp-tasks watch {}`",
-                            handle.id()
-                        ));
+                        if resumable {
+                            failure.message.push_str(&format!(
+                                "\nthe task may go on on the server: `mcp-tasks watch {}`",
+                                handle.id()
+                            ));
+                        }
                         return Err(failure);
                     }
                     None => {

@@ -100,7 +100,7 @@ pub enum ClientError {
         error: Box<RpcError>,
     },
     /// `-32602` that is not one of the cases below.
-    #[error("invalid params: {}", .0.message)]
+    #[error("invalid params: {}", detail(.0))]
     InvalidParams(Box<RpcError>),
     /// `-32602` on `tools/call` for a tool the server does not list. `available` is the
     /// server's tool list when it could be fetched.
@@ -115,15 +115,53 @@ pub enum ClientError {
     },
     /// `-32602` on a task method: no such task for this caller (never created, purged, or
     /// another principal's).
-    #[error("unknown task `{task_id}`: {}", .error.message)]
+    #[error("unknown task `{task_id}`: {}", detail(.error))]
     UnknownTask {
         /// The task id the client asked about.
         task_id: String,
         /// The server's error object.
         error: Box<RpcError>,
     },
+    /// `-32602` on a task method whose message says the id is not even of the server's form
+    /// (so it cannot name any task, purged or not).
+    #[error("`{task_id}` is not a task id: {}", detail(.error))]
+    MalformedTaskId {
+        /// The id as given.
+        task_id: String,
+        /// The server's error object.
+        error: Box<RpcError>,
+    },
+    /// `-32602` on `tasks/update` for a known task: the server refused the responses (one does
+    /// not fit its request's schema, lacks `action`, ...). Nothing was applied; the task still
+    /// waits.
+    #[error("the answer to task `{task_id}` was refused: {}", detail(.error))]
+    InvalidAnswer {
+        /// The task id the client answered.
+        task_id: String,
+        /// The server's error object (its message says which key and why).
+        error: Box<RpcError>,
+    },
+    /// The client was asked to answer input keys the task is not waiting for (see
+    /// `TaskHandle::answer_outstanding`). Servers acknowledge and ignore such keys, as
+    /// the Tasks extension says they should, so the client checks before it sends; nothing
+    /// was sent.
+    #[error(
+        "task `{task_id}` is not waiting for {}{}",
+        quoted(.keys),
+        waiting_hint(.status, .waiting)
+    )]
+    UnknownInputKey {
+        /// The task id.
+        task_id: String,
+        /// The keys given that the task does not wait for.
+        keys: Vec<String>,
+        /// The task's status when it was checked (`input_required`, `working`, ...).
+        status: String,
+        /// The keys the task waits for (empty unless `status` is `input_required`).
+        waiting: Vec<String>,
+    },
     /// `-32602` on a task method whose message says the task has expired.
-    #[error("task `{task_id}` has expired: {}", .error.message)]
+    #[error("task `{task_id}` has expired: {}", detail(.error))]
     TaskExpired {
         /// The task id the client asked about.
         task_id: String,
@@ -201,6 +239,36 @@ fn available_hint(available: &[String]) -> String {
     }
 }
 
+/// The server's message without a leading "Invalid params:" (the variant already says it).
+fn detail(error: &RpcError) -> &str {
+    let m = error.message.trim();
+    match m.get(..15) {
+        Some(head) if head.eq_ignore_ascii_case("invalid params:") => m[15..].trim_start(),
+        _ => m,
+    }
+}
+
+fn quoted(keys: &[String]) -> String {
+    let list = keys
+        .iter()
+        .map(|k| format!("`{k}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if keys.len() == 1 {
+        format!("input {list}")
+    } else {
+        format!("inputs {list}")
+    }
+}
+
+fn waiting_hint(status: &str, waiting: &[String]) -> String {
+    if waiting.is_empty() {
+        format!("; it is {status} and waits for no input")
+    } else {
+        format!("; it waits for: {}", waiting.join(", "))
+    }
+}
+
 fn keys_of(requests: &serde_json::Map<String, Value>) -> String {
     requests.keys().cloned().collect::<Vec<_>>().join(", ")
 }
@@ -218,19 +286,7 @@ impl ClientError {
                 error,
             },
             code::INVALID_PARAMS => match (method, name) {
-                (m, Some(id)) if m.starts_with("tasks/") => {
-                    if error.message.to_ascii_lowercase().contains("expired") {
-                        Self::TaskExpired {
-                            task_id: id.to_owned(),
-                            error,
-                        }
-                    } else {
-                        Self::UnknownTask {
-                            task_id: id.to_owned(),
-                            error,
-                        }
-                    }
-                }
+                (m, Some(id)) if m.starts_with("tasks/") => Self::task_error(m, id, error),
                 _ => Self::InvalidParams(error),
             },
             code::INTERNAL_ERROR => Self::Internal(error),
@@ -270,6 +326,34 @@ impl ClientError {
         }
     }
 
+    /// A `-32602` of a task method about task `task_id`, by what its message says. The Tasks
+    /// extension gives every such failure the same code, so the message is all there is:
+    /// "expired", "malformed"/"invalid task id", and "not found"/"unknown task"/"no such
+    /// task" are recognised; any other `-32602` of `tasks/update` is a refused answer (its
+    /// only other parameter is `inputResponses`), and of `tasks/get`/`tasks/cancel` an unknown
+    /// task (their only parameter is the id).
+    fn task_error(method: &str, id: &str, error: Box<RpcError>) -> Self {
+        let task_id = id.to_owned();
+        let m = error.message.to_ascii_lowercase();
+        let says = |words: &[&str]| words.iter().any(|w| m.contains(w));
+        if says(&["expired"]) {
+            Self::TaskExpired { task_id, error }
+        } else if says(&["malformed", "invalid task id", "invalid taskid"]) {
+            Self::MalformedTaskId { task_id, error }
+        } else if says(&[
+            "not found",
+            "unknown task",
+            "no such task",
+            "does not exist",
+        ]) {
+            Self::UnknownTask { task_id, error }
+        } else if method == crate::wire::methods::TASKS_UPDATE {
+            Self::InvalidAnswer { task_id, error }
+        } else {
+            Self::UnknownTask { task_id, error }
+        }
+    }
+
     /// The JSON-RPC error the server answered, for the variants that carry one.
     pub fn rpc_error(&self) -> Option<&RpcError> {
         match self {
@@ -282,6 +366,8 @@ impl ClientError {
             Self::MethodNotFound { error, .. }
             | Self::UnknownTool { error, .. }
             | Self::UnknownTask { error, .. }
+            | Self::MalformedTaskId { error, .. }
+            | Self::InvalidAnswer { error, .. }
             | Self::TaskExpired { error, .. }
             | Self::MissingCapability { error, .. }
             | Self::UnsupportedVersion { error, .. } => Some(error),

@@ -1037,6 +1037,46 @@ impl TaskHandle {
         Ok(keys)
     }
 
+    /// [`TaskHandle::answer`] after checking with `tasks/get` that the task waits for every
+    /// key given: a key it does not wait for fails with [`ClientError::UnknownInputKey`]
+    /// (naming the keys it waits for) and nothing is sent. The Tasks extension has servers
+    /// acknowledge and ignore such keys (a typo would otherwise be dropped in silence), so
+    /// the check is the client's. A key answered between the check and the update is still
+    /// ignored by the server.
+    pub async fn answer_outstanding(
+        &self,
+        responses: Map<String, Value>,
+    ) -> Result<Vec<String>, ClientError> {
+        let task = self.get().await?;
+        let waiting: Vec<String> = if task.status == TaskStatus::InputRequired {
+            task.input_requests.keys().cloned().collect()
+        } else {
+            Vec::new()
+        };
+        let unknown: Vec<String> = responses
+            .keys()
+            .filter(|k| !waiting.contains(k))
+            .cloned()
+            .collect();
+        if !unknown.is_empty() {
+            return Err(ClientError::UnknownInputKey {
+                task_id: self.id.clone(),
+                keys: unknown,
+                status: task.status.as_str().to_owned(),
+                waiting,
+            });
+        }
+        // The keys are outstanding: send them even if this client answered them before (the
+        // server re-issued them, or an earlier answer was refused).
+        {
+            let mut answered = self.client.answered_keys(&self.id);
+            for k in responses.keys() {
+                answered.set().remove(k);
+            }
+        }
+        self.answer(responses).await
+    }
+
     /// `tasks/cancel`. Cooperative: the task may still end otherwise; follow it with
     /// [`TaskHandle::wait`] or [`TaskHandle::watch`].
     pub async fn cancel(&self) -> Result<(), ClientError> {
@@ -1358,6 +1398,42 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(e, ClientError::TaskExpired { .. }));
+        let refused = |method: &str, message: &str| {
+            let e = decode_response(
+                method,
+                Some("tsk_1"),
+                &json!(5),
+                json!({"jsonrpc":"2.0","id":5,"error":{"code":-32602,"message":message}}),
+            )
+            .unwrap_err();
+            (e.to_string(), e)
+        };
+        let (text, e) = refused(
+            "tasks/update",
+            "Invalid params: the response for input key `k` needs `action`",
+        );
+        assert!(matches!(e, ClientError::InvalidAnswer { .. }), "{e:?}");
+        assert_eq!(
+            text,
+            "the answer to task `tsk_1` was refused: the response for input key `k` needs `action`"
+        );
+        let (_, e) = refused(
+            "tasks/update",
+            "Invalid params: Failed to retrieve task: Task not found",
+        );
+        assert!(matches!(e, ClientError::UnknownTask { .. }), "{e:?}");
+        let (text, e) = refused("tasks/get", "Invalid params: malformed task id: expected …");
+        assert!(matches!(e, ClientError::MalformedTaskId { .. }), "{e:?}");
+        assert_eq!(
+            text,
+            "`tsk_1` is not a task id: malformed task id: expected …"
+        );
+        // Another server's wording: on get and cancel the id is the only parameter.
+        let (_, e) = refused("tasks/cancel", "bad taskId");
+        assert!(matches!(e, ClientError::UnknownTask { .. }), "{e:?}");
+        let (text, e) = refused("tools/call", "Invalid params: `x` is required");
+        assert!(matches!(e, ClientError::InvalidParams(_)), "{e:?}");
+        assert_eq!(text, "invalid params: `x` is required");
         let e = decode_response(
             "x",
             None,

@@ -73,14 +73,31 @@ impl HttpTransport {
             url: url.to_owned(),
             reason: reason.to_owned(),
         };
+        // `localhost:8080` parses with the scheme `localhost`, `127.0.0.1:8080` not at all:
+        // a URL without `://` most likely lacks its `http://`.
+        let guess = || {
+            if url.contains("://") {
+                String::new()
+            } else if url.contains('/') {
+                format!("; did you mean `http://{url}`?")
+            } else {
+                format!("; did you mean `http://{url}/mcp`?")
+            }
+        };
         let parsed = reqwest::Url::parse(url).map_err(|e| {
             invalid(&format!(
-                "{e} (expected an absolute URL like http://127.0.0.1:8080/mcp)"
+                "{e} (expected an absolute URL like http://127.0.0.1:8080/mcp){}",
+                guess()
             ))
         })?;
         match parsed.scheme() {
             "http" | "https" => {}
-            other => return Err(invalid(&format!("unsupported scheme `{other}`"))),
+            other => {
+                return Err(invalid(&format!(
+                    "unsupported scheme `{other}` (http or https){}",
+                    guess()
+                )));
+            }
         }
         if parsed.host_str().is_none_or(str::is_empty) {
             return Err(invalid("the URL has no host"));

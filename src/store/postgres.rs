@@ -259,6 +259,22 @@ pub(crate) fn pg_detail(e: &tokio_postgres::Error) -> String {
     }
 }
 
+/// An error with its causes, `outer: inner: innermost` (a pool's "error connecting to
+/// server" says nothing without the refused connection or the failed authentication under it).
+pub(crate) fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        let text = inner.to_string();
+        if !s.ends_with(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        source = inner.source();
+    }
+    s
+}
+
 /// Whether `e` means the database could not be reached (rather than refusing a statement).
 fn is_connection_error(e: &tokio_postgres::Error) -> bool {
     if e.is_closed() {
@@ -815,7 +831,7 @@ impl PostgresStore {
 /// The notification channel of the connection's schema (the trigger of migration 2 names it
 /// the same way).
 async fn channel_of(pool: &Pool) -> Result<String, String> {
-    let client = pool.get().await.map_err(|e| e.to_string())?;
+    let client = pool.get().await.map_err(|e| with_causes(&e))?;
     let row = client
         .query_one(
             "SELECT 'mcp_' || left(md5(coalesce(current_schema(), '')), 16)",
@@ -1110,7 +1126,7 @@ async fn migrate(pool: &Pool, label: &str) -> Result<u64, StoreError> {
     let mut client = pool
         .get()
         .await
-        .map_err(|e| err(format!("cannot connect: {e}")))?;
+        .map_err(|e| err(format!("cannot connect: {}", with_causes(&e))))?;
     let tx = client.transaction().await.map_err(|e| err(pg_detail(&e)))?;
     tx.batch_execute(
         "SELECT pg_advisory_xact_lock(727301, hashtext(coalesce(current_schema(), '')));
