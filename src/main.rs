@@ -300,13 +300,19 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::Completions { shell } = cli.command {
         use clap::CommandFactory;
-        clap_complete::generate(
-            shell,
-            &mut Cli::command(),
-            "mcp-tasks",
-            &mut std::io::stdout(),
-        );
-        return ExitCode::SUCCESS;
+        use std::io::Write;
+        let mut script = Vec::new();
+        clap_complete::generate(shell, &mut Cli::command(), "mcp-tasks", &mut script);
+        let mut out = std::io::stdout().lock();
+        return match out.write_all(&script).and_then(|()| out.flush()) {
+            Ok(()) => ExitCode::SUCCESS,
+            // A closed pipe (`| head`) is the reader's choice, not an error to report.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: cannot write the completion script: {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     let default_filter = match cli.command {
         Command::Demo { .. } => "warn",

@@ -83,6 +83,9 @@ fn run_env(url: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
         .args(args)
         .env("MCP_TASKS_URL", url)
         .env_remove("MCP_TASKS_TOKEN")
+        .env_remove("MCP_TASKS_TOKEN_FILE")
+        // No list of created tasks in the home directory (the `ls` test names its own).
+        .env("MCP_TASKS_HANDLE_STORE", "")
         .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
@@ -415,6 +418,443 @@ fn tokens_against_a_server_that_requires_them() {
         &[("MCP_TASKS_TOKEN", "test")],
     );
     assert_eq!((r.code, r.stdout.as_str()), (0, "Hello, Ada!\n"));
+    // --token-file keeps the token out of the command line (and out of `ps`).
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "test\n").unwrap();
+    let token_path = token_file.to_str().unwrap();
+    let r = run(
+        url,
+        &[
+            "call",
+            "greet",
+            "--args",
+            r#"{"name":"Ada"}"#,
+            "--token-file",
+            token_path,
+        ],
+    );
+    assert_eq!(
+        (r.code, r.stdout.as_str()),
+        (0, "Hello, Ada!\n"),
+        "{}",
+        r.stderr
+    );
+    let r = run_env(
+        url,
+        &["tools", "-q"],
+        &[("MCP_TASKS_TOKEN_FILE", token_path)],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    std::fs::write(&token_file, "wrong\n").unwrap();
+    let r = run(url, &["tools", "--token-file", token_path]);
+    assert_eq!(r.code, 8);
+    assert!(r.stderr.contains("token was not accepted"), "{}", r.stderr);
+    // Both ways at once is ambiguous; a missing or empty file is a usage error.
+    let r = run(
+        url,
+        &["tools", "--token-file", token_path, "--token", "test"],
+    );
+    assert_eq!(r.code, 2);
+    assert_eq!(
+        r.stderr,
+        "error: give the token either with --token-file (MCP_TASKS_TOKEN_FILE) or with --token \
+         (MCP_TASKS_TOKEN), not both\n"
+    );
+    std::fs::write(&token_file, " \n").unwrap();
+    let r = run(url, &["tools", "--token-file", token_path]);
+    assert_eq!(r.code, 2);
+    assert_eq!(
+        r.stderr,
+        format!("error: the token file {token_path} is empty\n")
+    );
+    let missing = dir.path().join("missing");
+    let r = run(url, &["tools", "--token-file", missing.to_str().unwrap()]);
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.starts_with(&format!(
+            "error: cannot read the token file {}: ",
+            missing.display()
+        )),
+        "{}",
+        r.stderr
+    );
+}
+
+/// Each refused answer says what was wrong (exit 9), and errors about ids and URLs give the
+/// hint that fits them (and no hint that contradicts them).
+#[test]
+fn refused_answers_and_error_texts() {
+    let server = Serve::start();
+    let url = server.url.as_str();
+    let r = run(
+        url,
+        &[
+            "call",
+            "confirm_delete",
+            "--args",
+            r#"{"filename":"a"}"#,
+            "--detach",
+        ],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let id = r.stdout.trim().to_owned();
+    assert!(id.starts_with("tsk_") && !id.contains('\n'), "{}", r.stdout);
+    assert_eq!(r.stderr, "");
+
+    // A key the task does not wait for: refused, naming the keys it waits for.
+    let r = run(
+        url,
+        &[
+            "answer",
+            &id,
+            "confrim",
+            r#"{"action":"accept","content":{"confirm":true}}"#,
+        ],
+    );
+    assert_eq!(r.code, 9);
+    assert_eq!(r.stdout, "");
+    assert_eq!(
+        r.stderr,
+        format!(
+            "error: task `{id}` is not waiting for input `confrim`; it waits for: confirm\n\
+             hint: `mcp-tasks get {id}` shows what it waits for\n"
+        )
+    );
+    // No `action`: the server's reason, once, and no "unknown task".
+    let r = run(
+        url,
+        &["answer", &id, "confirm", r#"{"content":{"confirm":true}}"#],
+    );
+    assert_eq!(r.code, 9);
+    assert_eq!(
+        r.stderr,
+        format!(
+            "error: the answer to task `{id}` was refused: the response for input key `confirm` \
+             needs `action` (accept, decline or cancel)\n\
+             hint: `mcp-tasks get {id}` shows each request and its schema; a response looks like \
+             '{{\"action\":\"accept\",\"content\":{{…}}}}'\n"
+        )
+    );
+    // Content that does not fit the requested schema.
+    let r = run(
+        url,
+        &[
+            "answer",
+            &id,
+            "confirm",
+            r#"{"action":"accept","content":{"confirm":"yes"}}"#,
+        ],
+    );
+    assert_eq!(r.code, 9);
+    assert!(
+        r.stderr.starts_with(&format!(
+            "error: the answer to task `{id}` was refused: the response for input key `confirm` \
+             has `content.confirm` not matching the requestedSchema"
+        )),
+        "{}",
+        r.stderr
+    );
+    let r = run(url, &["get", &id]);
+    assert_eq!(r.code, 5, "the task still waits: {}", r.stdout);
+
+    // A malformed id is not "purged".
+    let r = run(url, &["get", "nonsense"]);
+    assert_eq!(r.code, 7);
+    assert_eq!(
+        r.stderr,
+        "error: `nonsense` is not a task id: malformed task id: expected `tsk_` followed by 32 \
+         lowercase hex digits\nhint: `call --detach` prints task ids, `mcp-tasks ls` lists them\n"
+    );
+    // Watching an unknown id does not suggest watching it.
+    let unknown = "tsk_00000000000000000000000000000000";
+    let r = run(url, &["watch", unknown]);
+    assert_eq!(r.code, 7);
+    assert_eq!(
+        r.stderr,
+        format!(
+            "error: unknown task `{unknown}`: Failed to retrieve task: Task not found\n\
+             hint: check the id; tasks are visible only to the principal that created them, and \
+             expired tasks are deleted (`{unknown}` may have been purged)\n"
+        )
+    );
+    // Invalid arguments: "invalid params" once.
+    let r = run(url, &["call", "slow_compute", "--args", "{}"]);
+    assert_eq!(r.code, 7);
+    assert_eq!(
+        r.stderr,
+        "error: invalid params: invalid arguments for tool `slow_compute`: `arguments`: \
+         \"seconds\" is a required property\n"
+    );
+    // A URL without its scheme, and a path that is not the MCP endpoint.
+    let r = run("localhost:8080", &["tools"]);
+    assert_eq!(r.code, 2);
+    assert_eq!(
+        r.stderr,
+        "error: invalid server URL `localhost:8080`: unsupported scheme `localhost` (http or \
+         https); did you mean `http://localhost:8080/mcp`?\n"
+    );
+    let r = run("127.0.0.1:8080", &["tools"]);
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr
+            .ends_with("; did you mean `http://127.0.0.1:8080/mcp`?\n"),
+        "{}",
+        r.stderr
+    );
+    let root = url.trim_end_matches("mcp");
+    let r = run(root, &["tools"]);
+    assert_eq!(r.code, 8);
+    assert_eq!(
+        r.stderr,
+        format!(
+            "error: {root} answered HTTP 404: (empty body)\nhint: no MCP endpoint at that \
+             path; check the path of --url (or MCP_TASKS_URL): `mcp-tasks serve` answers on \
+             /mcp, e.g. http://127.0.0.1:8080/mcp\n"
+        )
+    );
+}
+
+/// `serve` on an unreachable PostgreSQL says why it could not connect.
+#[test]
+fn postgres_connection_errors_name_their_cause() {
+    let closed = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let store = format!("postgres://postgres@{closed}/nodb");
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", &store])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "error: cannot open the task store {store}: cannot connect: "
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("error connecting to server: Connection refused"),
+        "the cause: {stderr}"
+    );
+}
+
+/// `call --detach` and `ls`: the tasks created here, with their last known status, a header,
+/// ids only with -q, re-read from the server with --refresh.
+#[test]
+fn ls_lists_the_tasks_created_here() {
+    let server = Serve::start();
+    let url = server.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("state").join("tasks.redb");
+    let env = [("MCP_TASKS_HANDLE_STORE", store.to_str().unwrap())];
+    let r = run_env(url, &["ls"], &env);
+    assert_eq!((r.code, r.stdout.as_str()), (0, ""));
+    assert!(
+        r.stderr.starts_with("no tasks created from here"),
+        "{}",
+        r.stderr
+    );
+
+    let r = run_env(
+        url,
+        &[
+            "call",
+            "confirm_delete",
+            "--args",
+            r#"{"filename":"a"}"#,
+            "--detach",
+        ],
+        &env,
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let first = r.stdout.trim().to_owned();
+    let r = run_env(
+        url,
+        &[
+            "call",
+            "slow_compute",
+            "--args",
+            r#"{"seconds":0}"#,
+            "--detach",
+            "--json",
+        ],
+        &env,
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let second = json(&r)["taskId"].as_str().unwrap().to_owned();
+    // A synchronous tool makes no task and is not listed.
+    let r = run_env(
+        url,
+        &["call", "greet", "--args", r#"{"name":"Ada"}"#, "--detach"],
+        &env,
+    );
+    assert_eq!((r.code, r.stdout.as_str()), (0, "Hello, Ada!\n"));
+
+    let r = run_env(url, &["ls", "-q"], &env);
+    assert_eq!(
+        (r.code, r.stdout.clone()),
+        (0, format!("{first}\n{second}\n"))
+    );
+    // `get` records the status it saw.
+    let deadline = Instant::now() + WAIT;
+    while run_env(url, &["get", &first], &env).code != 5 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r = run_env(url, &["ls"], &env);
+    assert_eq!(r.code, 0);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{}", r.stdout);
+    let header: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(header, ["TASK", "STATUS", "TOOL", "CREATED"]);
+    let row: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(
+        &row[..3],
+        [first.as_str(), "input_required", "confirm_delete"]
+    );
+    let row: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(&row[..3], [second.as_str(), "working", "slow_compute"]);
+
+    // The tasks move on; `ls` shows what was last seen until --refresh asks the server.
+    let r = run_env(
+        url,
+        &[
+            "answer",
+            &first,
+            "confirm",
+            r#"{"action":"accept","content":{"confirm":true}}"#,
+        ],
+        &env,
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = run_env(url, &["watch", &second], &env);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = run_env(url, &["ls", "--json"], &env);
+    let listed = json(&r);
+    assert_eq!(listed[0]["status"], "input_required");
+    assert_eq!(listed[1]["status"], "completed", "recorded by `watch`");
+    assert_eq!(listed[1]["arguments"], serde_json::json!({"seconds": 0}));
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let r = run_env(url, &["ls", "--refresh", "--json"], &env);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        if json(&r)[0]["status"] == "completed" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", r.stdout);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r = run_env(url, &["ls"], &env);
+    assert!(
+        r.stdout.lines().nth(1).unwrap().contains(" completed "),
+        "{}",
+        r.stdout
+    );
+    // Another server's list is its own; --all shows every server.
+    let r = run_env("http://127.0.0.1:9/mcp", &["ls", "-q"], &env);
+    assert_eq!((r.code, r.stdout.as_str()), (0, ""));
+    let r = run_env("http://127.0.0.1:9/mcp", &["ls", "--all"], &env);
+    assert_eq!(r.code, 0);
+    assert!(r.stdout.starts_with("TASK "), "{}", r.stdout);
+    assert!(
+        r.stdout.lines().next().unwrap().ends_with(" SERVER"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains(url), "{}", r.stdout);
+}
+
+/// `tools` shows each tool's arguments and description under a header; -q only the names.
+#[test]
+fn tools_shows_arguments_and_descriptions() {
+    let server = Serve::start();
+    let url = server.url.as_str();
+    let r = run(url, &["tools"]);
+    assert_eq!(r.code, 0);
+    let mut lines = r.stdout.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "ARGUMENTS", "DESCRIPTION"]);
+    let cells = |name: &str| -> Vec<String> {
+        let line = r
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in {}", r.stdout));
+        line.split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(
+        cells("greet"),
+        [
+            "greet",
+            "name: string",
+            "Greets someone by name. Always answers synchronously, never as a task."
+        ]
+    );
+    assert_eq!(cells("slow_compute")[1], "seconds: integer, label?: string");
+    assert_eq!(cells("multi_input")[1], "-");
+    let r = run(url, &["tools", "-q"]);
+    assert_eq!(r.code, 0);
+    assert!(r.stdout.lines().all(|l| !l.contains(' ')), "{}", r.stdout);
+    assert!(r.stdout.lines().any(|l| l == "greet"), "{}", r.stdout);
+}
+
+/// --verbose prints each JSON-RPC message sent and received on stderr, and nothing else
+/// changes.
+#[test]
+fn verbose_prints_the_json_exchanged() {
+    let server = Serve::start();
+    let url = server.url.as_str();
+    let r = run(
+        url,
+        &["call", "greet", "--args", r#"{"name":"Ada"}"#, "--verbose"],
+    );
+    assert_eq!((r.code, r.stdout.as_str()), (0, "Hello, Ada!\n"));
+    let sent: Vec<Value> = r
+        .stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("> "))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let received: Vec<Value> = r
+        .stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("< "))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(sent.len(), 1, "{}", r.stderr);
+    assert_eq!(sent[0]["method"], "tools/call");
+    assert_eq!(sent[0]["params"]["arguments"]["name"], "Ada");
+    assert_eq!(received.len(), 1, "{}", r.stderr);
+    assert_eq!(received[0]["id"], sent[0]["id"]);
+    assert_eq!(received[0]["result"]["content"][0]["text"], "Hello, Ada!");
+    let r = run(url, &["call", "greet", "--args", r#"{"name":"Ada"}"#]);
+    assert_eq!(r.stderr, "", "quiet without --verbose");
+}
+
+/// `completions` prints a script for each shell that knows the subcommands.
+#[test]
+fn completions_for_each_shell() {
+    for (shell, marker) in [
+        ("bash", "complete -F _mcp__tasks"),
+        ("zsh", "#compdef mcp-tasks"),
+        ("fish", "complete -c mcp-tasks"),
+    ] {
+        let r = run("http://127.0.0.1:9/mcp", &["completions", shell]);
+        assert_eq!(r.code, 0, "{shell}: {}", r.stderr);
+        assert!(r.stdout.contains(marker), "{shell}: {}", r.stdout);
+        for word in ["serve", "watch", "ls", "--detach", "--token-file"] {
+            assert!(r.stdout.contains(word), "{shell} lacks {word}");
+        }
+    }
+    let r = run("http://127.0.0.1:9/mcp", &["completions", "tcsh"]);
+    assert_eq!(r.code, 2);
 }
 
 /// A pseudo-terminal: the child gets the slave as stdin, stdout and stderr.
@@ -454,6 +894,7 @@ impl Pty {
         let child = Command::new(BIN)
             .args(args)
             .env("MCP_TASKS_URL", url)
+            .env("MCP_TASKS_HANDLE_STORE", "")
             .stdin(slave.try_clone().unwrap())
             .stdout(slave.try_clone().unwrap())
             .stderr(slave)

@@ -585,6 +585,130 @@ async fn typed_errors_from_the_server() {
     server.stop().await;
 }
 
+/// A refused answer, an answer to a key the task does not wait for and a malformed id each
+/// have their own error, none of them "unknown task".
+#[tokio::test]
+async fn refused_answers_and_malformed_ids_are_typed() {
+    let server = Server::start().await;
+    let client = build(
+        Client::http(&server.url())
+            .unwrap()
+            .capabilities(json!({ "elicitation": {} })),
+    )
+    .await;
+    let handle = task(
+        client
+            .call_tool("confirm_delete", json!({ "filename": "a.txt" }))
+            .await
+            .unwrap(),
+    );
+    let waiting = handle.get().await.unwrap();
+    assert_eq!(waiting.status, TaskStatus::InputRequired);
+    let answer = |key: &str, response: Value| {
+        let mut m = Map::new();
+        m.insert(key.to_owned(), response);
+        m
+    };
+    // Without `action`: the server refuses it and says why.
+    let e = handle
+        .answer_outstanding(answer("confirm", json!({ "content": { "confirm": true } })))
+        .await
+        .unwrap_err();
+    match &e {
+        ClientError::InvalidAnswer { task_id, error } => {
+            assert_eq!(task_id, handle.id());
+            assert_eq!(error.code, -32602);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(e.to_string().contains("`confirm`"), "{e}");
+    assert!(e.to_string().contains("action"), "{e}");
+    assert!(!e.to_string().contains("Invalid params"), "{e}");
+    // Content that does not fit the schema.
+    let e = handle
+        .answer_outstanding(answer(
+            "confirm",
+            json!({ "action": "accept", "content": { "confirm": "yes" } }),
+        ))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::InvalidAnswer { .. }), "{e:?}");
+    // A key the task does not wait for: nothing is sent, the keys it waits for are named.
+    let e = handle
+        .answer_outstanding(answer(
+            "confrim",
+            json!({ "action": "accept", "content": { "confirm": true } }),
+        ))
+        .await
+        .unwrap_err();
+    match &e {
+        ClientError::UnknownInputKey {
+            keys,
+            waiting,
+            status,
+            ..
+        } => {
+            assert_eq!(keys, &["confrim".to_owned()]);
+            assert_eq!(waiting, &["confirm".to_owned()]);
+            assert_eq!(status, "input_required");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "task `{}` is not waiting for input `confrim`; it waits for: confirm",
+            handle.id()
+        )
+    );
+    // The plain `answer` is what the server sees: it acknowledges the unknown key and
+    // ignores it (as the Tasks extension says it should).
+    handle
+        .answer(answer("confrim", json!({ "ignored": true })))
+        .await
+        .unwrap();
+    assert_eq!(
+        handle.get().await.unwrap().status,
+        TaskStatus::InputRequired
+    );
+    // The right key, then the task waits for nothing.
+    handle
+        .answer_outstanding(answer(
+            "confirm",
+            json!({ "action": "accept", "content": { "confirm": true } }),
+        ))
+        .await
+        .unwrap();
+    let done = handle.wait().await.unwrap();
+    assert_eq!(done.status, TaskStatus::Completed);
+    let e = handle
+        .answer_outstanding(answer("confirm", json!({ "action": "cancel" })))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "task `{}` is not waiting for input `confirm`; it is completed and waits for no input",
+            handle.id()
+        )
+    );
+    // A malformed id is not an unknown task (it cannot have been purged).
+    let e = client
+        .resume("nonsense")
+        .await
+        .unwrap()
+        .get()
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::MalformedTaskId { .. }), "{e:?}");
+    assert!(
+        e.to_string()
+            .starts_with("`nonsense` is not a task id: malformed task id"),
+        "{e}"
+    );
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn connection_refused_is_a_connect_error() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

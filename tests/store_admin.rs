@@ -743,6 +743,10 @@ async fn bad_input_is_one_line_and_changes_nothing() {
     drop(socket);
     // Without the socket, reading commands say what to do.
     run_fails(&["store", "stats", "--store", p], "no admin socket");
+    run_fails(
+        &["store", "stats", "--store", p],
+        "a server started with `serve --no-admin-socket`",
+    );
     rt.shutdown().await;
     let stats = admin::stats(&Location::Redb(path.clone())).await.unwrap();
     assert_eq!(stats.tasks, 5, "nothing was removed");

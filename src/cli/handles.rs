@@ -21,8 +21,8 @@ const OPEN_TRIES: u32 = 30;
 /// state directory; `None` when set to an empty value or when no home is known.
 fn path(conn: &Connection) -> Option<PathBuf> {
     match &conn.handle_store {
-        Some(p) if p.as_os_str().is_empty() => None,
-        Some(p) => Some(p.clone()),
+        Some(p) if p.is_empty() => None,
+        Some(p) => Some(PathBuf::from(p)),
         None => {
             let state = std::env::var_os("XDG_STATE_HOME")
                 .filter(|s| !s.is_empty())

@@ -91,7 +91,7 @@ pub struct Connection {
     /// $XDG_STATE_HOME/mcp-tasks/tasks.redb, else ~/.local/state/mcp-tasks/tasks.redb;
     /// an empty value keeps none).
     #[arg(long, env = "MCP_TASKS_HANDLE_STORE", value_name = "PATH")]
-    handle_store: Option<PathBuf>,
+    handle_store: Option<String>,
     /// Print machine-readable JSON on stdout instead of text.
     #[arg(long)]
     json: bool,
