@@ -184,7 +184,8 @@ impl<W: Write> Client<'_, W> {
         Ok(response)
     }
 
-    fn print(&mut self, id: u64, response: &Value) -> Result<(), DemoError> {
+    /// One line: the answer's id, `resultType` and status, then what the step shows.
+    fn print(&mut self, id: u64, response: &Value, note: &str) -> Result<(), DemoError> {
         let result = response
             .get("result")
             .ok_or_else(|| DemoError::Unexpected {
@@ -196,7 +197,8 @@ impl<W: Write> Client<'_, W> {
             .get("status")
             .and_then(Value::as_str)
             .unwrap_or("ack");
-        writeln!(self.out, "id={id} resultType={result_type} status={status}")?;
+        let line = format!("id={id} resultType={result_type} status={status}");
+        writeln!(self.out, "{line:<48}# {note}")?;
         Ok(())
     }
 
@@ -251,7 +253,7 @@ pub async fn run(store: &Path, verbose: bool, out: &mut impl Write) -> Result<()
     let r = client
         .send(&runtime, 0, "server/discover", json!({}))
         .await?;
-    client.print(0, &r)?;
+    client.print(0, &r, "server/discover: versions and capabilities")?;
     let r = client
         .send(
             &runtime,
@@ -260,7 +262,11 @@ pub async fn run(store: &Path, verbose: bool, out: &mut impl Write) -> Result<()
             json!({ "name": "generate_report", "arguments": { "size": "large" } }),
         )
         .await?;
-    client.print(1, &r)?;
+    client.print(
+        1,
+        &r,
+        "tools/call generate_report: a task, stored before this answer",
+    )?;
     let task = r["result"]["taskId"]
         .as_str()
         .unwrap_or_default()
@@ -268,27 +274,31 @@ pub async fn run(store: &Path, verbose: bool, out: &mut impl Write) -> Result<()
 
     // The server goes away right after the task was created, and a new one takes over.
     runtime.shutdown().await;
-    if verbose {
-        writeln!(client.out, "... runtime restarted on the same store ...")?;
-    }
+    writeln!(
+        client.out,
+        "-- the runtime stops and a new one starts on the same store --"
+    )?;
     let runtime = start().await?;
 
     let r = client
         .send(&runtime, 2, "tasks/get", json!({ "taskId": task }))
         .await?;
-    client.print(2, &r)?;
+    client.print(2, &r, "tasks/get: the task survived the restart")?;
     let r = client
         .poll_until(&runtime, 3, &task, "input_required")
         .await?;
-    client.print(3, &r)?;
+    client.print(3, &r, "tasks/get: it asks to approve its outline")?;
     let update = json!({
         "taskId": task,
         "inputResponses": { APPROVE_OUTLINE: { "action": "accept", "content": { "approved": true } } }
     });
     let r = client.send(&runtime, 4, "tasks/update", update).await?;
-    client.print(4, &r)?;
+    client.print(4, &r, "tasks/update: the outline approved")?;
     let r = client.poll_until(&runtime, 5, &task, "completed").await?;
-    client.print(5, &r)?;
+    client.print(5, &r, "tasks/get: the result is in the task")?;
+    if let Some(text) = r["result"]["result"]["content"][0]["text"].as_str() {
+        writeln!(client.out, "     {text}")?;
+    }
 
     for (id, method) in [(6, "tasks/result"), (7, "tasks/list")] {
         let r = client
@@ -297,7 +307,7 @@ pub async fn run(store: &Path, verbose: bool, out: &mut impl Write) -> Result<()
         let code = r["error"]["code"].as_i64().unwrap_or_default();
         writeln!(
             client.out,
-            "id={id} method={method} error={code} ({})",
+            "id={id} method={method} error={code} ({})  # expected: a method removed in {PROTOCOL_VERSION}",
             r["error"]["message"].as_str().unwrap_or("")
         )?;
     }
