@@ -74,6 +74,7 @@ pub mod store;
 pub mod telemetry;
 pub mod tool;
 pub mod transport;
+pub mod units;
 
 pub use limits::Limits;
 pub use protocol::{Dispatched, MessageStream, Reply, RequestContext, RoutingHeaders};
