@@ -3,6 +3,7 @@
 //! (also while the store is unavailable), `--log-format json`, and `mcp-tasks healthcheck`.
 
 mod pg;
+mod sim;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -279,6 +280,49 @@ async fn probes_answer_without_authentication_and_readyz_follows_the_store() {
     assert_eq!(
         (status, body.as_str()),
         (503, "not ready: the task store is closed\n")
+    );
+    assert_eq!(get(&format!("{base}/healthz"), None).await.0, 200);
+    stop();
+    runtime.shutdown().await;
+}
+
+/// A store halted by a failed fsync (fail-stop, as `tests/crash_faults.rs` provokes it) makes
+/// `/readyz` answer 503 with the reason, while `/healthz` still answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_503_once_the_store_halted() {
+    let disk = sim::disk::SimDisk::new();
+    let dir = tempfile::tempdir().unwrap();
+    let builder = Runtime::builder("halt.redb").store_backend(disk.factory());
+    let runtime = mcp_tasks::sim::install(builder, dir.path().join("effects.log"))
+        .start()
+        .await
+        .unwrap();
+    let (base, stop) = http_server(runtime.handle(), HttpConfig::default()).await;
+    assert_eq!(get(&format!("{base}/readyz"), None).await.0, 200);
+
+    disk.fail_next_syncs(1);
+    let spec = mcp_tasks::sim::JobSpec {
+        steps: 1,
+        inputs: Default::default(),
+        fail: false,
+        delay_ms: 0,
+    };
+    let create = sim::driver::request(
+        1,
+        "tools/call",
+        serde_json::json!({ "name": mcp_tasks::sim::TOOL, "arguments": spec.to_arguments() }),
+    );
+    let reply = runtime
+        .handle_json(create, &mcp_tasks::Owner::anonymous())
+        .await
+        .unwrap();
+    assert_eq!(reply["error"]["code"], -32603, "{reply}");
+    assert!(runtime.halted().is_some());
+    let (status, body) = get(&format!("{base}/readyz"), None).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.starts_with("not ready: the task store halted: "),
+        "{body}"
     );
     assert_eq!(get(&format!("{base}/healthz"), None).await.0, 200);
     stop();
