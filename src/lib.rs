@@ -6,7 +6,8 @@
 //! (`ARCHITECTURE.md` in the repository has the map.) The public API is what this page lists: the runtime ([`Runtime`], [`RuntimeBuilder`],
 //! [`RuntimeHandle`], [`RuntimeConfig`]), the [`tool`] API, the [`catalog`] of prompts and
 //! resources with their [`content`], the [`transport`]s (Streamable HTTP and stdio),
-//! [`auth`], per-owner [`quota`]s, the [`clock`], the [`store`] backends (and the
+//! [`auth`], per-owner [`quota`]s, the [`clock`], the syntax of durations and sizes
+//! ([`units`]), the [`store`] backends (and the
 //! [`store::TaskStore`] trait for a host's own), the `client` module (feature `client`), the
 //! `otel` module (feature `otel`: OpenTelemetry export of the spans), and the
 //! types re-exported here. Everything else is internal and layered bottom-up, each layer
@@ -74,6 +75,7 @@ pub mod store;
 pub mod telemetry;
 pub mod tool;
 pub mod transport;
+pub mod units;
 
 pub use limits::Limits;
 pub use protocol::{Dispatched, MessageStream, Reply, RequestContext, RoutingHeaders};

@@ -3,18 +3,19 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mcp_tasks::auth::{self, Authenticator};
 use mcp_tasks::quota::Quotas;
 use mcp_tasks::transport::{http, stdio};
-use mcp_tasks::{Owner, Runtime, RuntimeBuilder, demo, fixtures};
+use mcp_tasks::{Owner, Runtime, RuntimeBuilder, demo, fixtures, units};
 
 #[cfg(feature = "client")]
 mod cli;
 mod cli_store;
+mod serve_config;
 
 #[derive(Parser)]
 #[command(name = "mcp-tasks", version, about = "Durable tasks for MCP servers")]
@@ -22,6 +23,26 @@ mod cli_store;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The log lines on stderr: `text`, or `json` (one JSON object per line, with the fields
+    /// of the spans it was logged in). `RUST_LOG` sets what is logged.
+    #[arg(
+        long,
+        global = true,
+        env = "MCP_TASKS_LOG_FORMAT",
+        value_enum,
+        value_name = "FORMAT",
+        default_value = "text"
+    )]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines (colored on a terminal).
+    Text,
+    /// One JSON object per line: timestamp, level, target, fields, the current span and the
+    /// list of spans it is in.
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -57,97 +78,147 @@ enum Command {
     #[cfg(feature = "client")]
     #[command(flatten)]
     Client(cli::ClientCommand),
+    /// Probe a running server's `/readyz` (or any URL) and exit 0 if it answers 2xx, 1
+    /// otherwise: a container HEALTHCHECK without curl.
+    Healthcheck {
+        /// The URL to probe.
+        #[arg(
+            long,
+            value_name = "URL",
+            default_value = "http://127.0.0.1:8080/readyz"
+        )]
+        url: String,
+        /// How long to wait for the answer: a duration (5s, 500ms) or bare seconds.
+        #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = units::parse_duration_or_seconds)]
+        timeout: Duration,
+    },
 }
 
 #[derive(Args)]
 struct ServeArgs {
+    /// Read serve options from this TOML file: its keys are the long option names (`listen =
+    /// "0.0.0.0:8080"`, `task-ttl = "1h"`, `allowed-origin = ["https://app.example"]`,
+    /// `no-auth = true`). An option on the command line overrides its environment variable
+    /// (`MCP_TASKS_LISTEN`, ...), which overrides the file.
+    #[arg(long, env = "MCP_TASKS_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
     /// The address to serve Streamable HTTP on (the endpoint is `/mcp`).
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    #[arg(
+        long,
+        env = "MCP_TASKS_LISTEN",
+        value_name = "ADDR",
+        default_value = "127.0.0.1:8080"
+    )]
     listen: String,
     /// Where the tasks are kept: a redb file (created if missing, one process at a time), or
     /// a PostgreSQL database shared by several replicas, `postgres://USER@HOST:PORT/DB`.
-    #[arg(long, value_name = "PATH|URL", default_value = "mcp-tasks.redb")]
+    #[arg(
+        long,
+        env = "MCP_TASKS_STORE",
+        value_name = "PATH|URL",
+        default_value = "mcp-tasks.redb"
+    )]
     store: String,
     /// With a redb store: do not listen on the admin socket `<store>.admin.sock`, through which
     /// `mcp-tasks store stats|list|show|verify|backup` read the store while the server runs.
-    #[arg(long)]
+    #[arg(long, env = "MCP_TASKS_NO_ADMIN_SOCKET")]
     no_admin_socket: bool,
-    /// With a redb store: memory for redb's page cache (bytes, or with a unit: KiB, MiB,
-    /// GiB). The server's memory does not grow with the stored tasks beyond it; reads of
+    /// With a redb store: memory for redb's page cache (a size: bytes, or with a unit such as
+    /// KiB, MiB, GiB, KB, MB). The server's memory does not grow with the stored tasks beyond it; reads of
     /// older tasks then go to the operating system's page cache.
-    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    #[arg(long, env = "MCP_TASKS_CACHE_SIZE", value_name = "SIZE", default_value = "64MiB", value_parser = units::parse_size_usize)]
     cache_size: usize,
     /// With a redb store: memory for the record cache, the snapshots of recently read tasks
     /// (bytes, or with a unit), so that a task polled again is answered without a read of the
     /// file; counted apart from --cache-size. 0 turns it off.
-    #[arg(long, value_name = "SIZE", default_value = "8MiB", value_parser = parse_size)]
+    #[arg(long, env = "MCP_TASKS_RECORD_CACHE_SIZE", value_name = "SIZE", default_value = "8MiB", value_parser = units::parse_size_usize)]
     record_cache_size: usize,
     /// With a redb store: save redb's allocator state with every commit (two-phase commit),
     /// so that the start after a crash does not walk the whole file. With --verify-on-open
     /// false, a restart after kill -9 is then about as fast as a clean one at any size;
     /// each commit costs more.
-    #[arg(long)]
+    #[arg(long, env = "MCP_TASKS_QUICK_REPAIR")]
     quick_repair: bool,
     /// With a redb store: verify the checksum of every page at start (one read of the whole
     /// file), so that a file damaged outside redb is refused instead of trusted. After a
     /// crash redb repairs the file whatever this says.
-    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "MCP_TASKS_VERIFY_ON_OPEN", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     verify_on_open: bool,
     /// With a PostgreSQL store: this replica's node id (default: a random one, logged).
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, env = "MCP_TASKS_NODE_ID", value_name = "NAME")]
     node_id: Option<String>,
     /// With a PostgreSQL store: how long a replica's lease lasts without a heartbeat before
     /// the other replicas take its tasks over (heartbeats run every third of it).
-    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, env = "MCP_TASKS_LEASE_TTL", value_name = "DURATION", default_value = "15s", value_parser = units::parse_duration)]
     lease_ttl: Duration,
     /// With a PostgreSQL store: how often a replica reads the database for other replicas'
     /// changes when no notification came (the fallback for a lost LISTEN/NOTIFY wake-up: it
     /// only delays, by at most this long).
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, env = "MCP_TASKS_REPLICA_POLL", value_name = "DURATION", default_value = "1s", value_parser = units::parse_duration)]
     replica_poll: Duration,
     /// Test only: writes of a PostgreSQL store skip the lease and sequence checks (a replica
     /// that lost a lease overwrites the new owner's work). For the replica crash suite.
     #[arg(long, hide = true)]
     unsafe_skip_fencing: bool,
     /// An `Origin` accepted besides the loopback ones (repeatable).
-    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    #[arg(
+        long = "allowed-origin",
+        env = "MCP_TASKS_ALLOWED_ORIGIN",
+        value_delimiter = ',',
+        value_name = "ORIGIN"
+    )]
     allowed_origins: Vec<String>,
     /// A `Host` name accepted besides the loopback ones, e.g. when listening on a public
     /// address behind a proxy (repeatable; `*` accepts any).
-    #[arg(long = "allowed-host", value_name = "HOST")]
+    #[arg(
+        long = "allowed-host",
+        env = "MCP_TASKS_ALLOWED_HOST",
+        value_delimiter = ',',
+        value_name = "HOST"
+    )]
     allowed_hosts: Vec<String>,
     /// Serve a fixture set instead of the demo's `generate_report` tool.
-    #[arg(long, value_enum, value_name = "SET")]
+    #[arg(long, env = "MCP_TASKS_FIXTURES", value_enum, value_name = "SET")]
     fixtures: Option<Fixtures>,
     /// Answer `-32020` when a `tasks/*` request lacks its `Mcp-Name` header.
-    #[arg(long)]
+    #[arg(long, env = "MCP_TASKS_STRICT_HEADERS")]
     strict_headers: bool,
     /// The time to live of new tasks (`ttlMs`), counted from creation: a task still running
     /// then is failed ("Task has expired"). `none` for unlimited. Units: ms, s, m, h, d.
-    #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = parse_ttl)]
+    #[arg(long, env = "MCP_TASKS_TASK_TTL", value_name = "DURATION", default_value = "15m", value_parser = parse_ttl)]
     task_ttl: Ttl,
     /// How long an expired task (and so a finished one) stays answerable before it is
     /// deleted. Units: ms, s, m, h, d.
-    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
+    #[arg(long, env = "MCP_TASKS_EXPIRED_RETENTION", value_name = "DURATION", default_value = "1h", value_parser = units::parse_duration)]
     expired_retention: Duration,
     /// How often a working task's tool may be restarted in a row without progress after a
     /// crash, a kill or a panic before the task is failed (counted in the store, across
     /// restarts of the server).
-    #[arg(long, value_name = "N", default_value_t = 3)]
+    #[arg(
+        long,
+        env = "MCP_TASKS_RESTART_BUDGET",
+        value_name = "N",
+        default_value_t = 3
+    )]
     restart_budget: u32,
     /// Where `--fixtures crash` appends its step side effects (docs/CRASH-TESTING.md).
     #[arg(long, value_name = "PATH", hide = true)]
     side_effects: Option<PathBuf>,
     /// Serve Prometheus metrics at `GET /metrics` on this address (a port apart from MCP's;
     /// the series are listed in the `mcp_tasks::telemetry` docs). Off by default.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, env = "MCP_TASKS_METRICS_LISTEN", value_name = "ADDR")]
     metrics_listen: Option<String>,
     /// Serve newline-delimited JSON-RPC on stdin/stdout instead of HTTP (logs on stderr).
-    #[arg(long, conflicts_with_all = ["listen", "allowed_origins", "allowed_hosts", "strict_headers", "http_auth"])]
+    #[arg(long, env = "MCP_TASKS_STDIO", conflicts_with_all = ["listen", "allowed_origins", "allowed_hosts", "strict_headers", "http_auth"])]
     stdio: bool,
     /// stdio: the owner of every task created over stdin, as TENANT/PRINCIPAL
     /// (default: default/anonymous).
-    #[arg(long, value_name = "TENANT/PRINCIPAL", requires = "stdio")]
+    #[arg(
+        long,
+        env = "MCP_TASKS_PRINCIPAL",
+        value_name = "TENANT/PRINCIPAL",
+        requires = "stdio"
+    )]
     principal: Option<String>,
     #[command(flatten)]
     http_auth: HttpAuthArgs,
@@ -160,44 +231,56 @@ struct ServeArgs {
 #[command(next_help_heading = "Limits")]
 struct LimitArgs {
     /// Unfinished tasks one principal may have.
-    #[arg(long, value_name = "N", default_value_t = Quotas::default().max_live_tasks)]
+    #[arg(long, env = "MCP_TASKS_MAX_LIVE_TASKS", value_name = "N", default_value_t = Quotas::default().max_live_tasks)]
     max_live_tasks: usize,
-    /// Bytes of arguments (JSON) across one principal's unfinished tasks.
-    #[arg(long, value_name = "BYTES", default_value_t = Quotas::default().max_live_argument_bytes)]
+    /// Bytes of arguments (JSON) across one principal's unfinished tasks (a size: bytes, or
+    /// with a unit such as KiB, MiB, MB).
+    #[arg(long, env = "MCP_TASKS_MAX_LIVE_ARGUMENT_BYTES", value_name = "SIZE", default_value_t = Quotas::default().max_live_argument_bytes, value_parser = units::parse_size)]
     max_live_argument_bytes: u64,
     /// Task creations per second one principal may sustain (bursts of --create-burst).
-    #[arg(long, value_name = "PER_SECOND", default_value_t = Quotas::default().create_rate)]
+    #[arg(long, env = "MCP_TASKS_CREATE_RATE", value_name = "PER_SECOND", default_value_t = Quotas::default().create_rate)]
     create_rate: f64,
     /// Task creations one principal may make at once.
-    #[arg(long, value_name = "N", default_value_t = Quotas::default().create_burst)]
+    #[arg(long, env = "MCP_TASKS_CREATE_BURST", value_name = "N", default_value_t = Quotas::default().create_burst)]
     create_burst: u32,
     /// Open subscriptions/listen streams per principal.
-    #[arg(long, value_name = "N", default_value_t = Quotas::default().max_listens)]
+    #[arg(long, env = "MCP_TASKS_MAX_LISTENS", value_name = "N", default_value_t = Quotas::default().max_listens)]
     max_listens: usize,
     /// Task ids followed across one principal's open listens.
-    #[arg(long, value_name = "N", default_value_t = Quotas::default().max_listen_task_ids)]
+    #[arg(long, env = "MCP_TASKS_MAX_LISTEN_TASK_IDS", value_name = "N", default_value_t = Quotas::default().max_listen_task_ids)]
     max_listen_task_ids: usize,
     /// Lift every per-principal quota above (a single trusted user, benchmarks).
-    #[arg(long)]
+    #[arg(long, env = "MCP_TASKS_NO_QUOTAS")]
     no_quotas: bool,
     /// HTTP requests one principal may have in progress (open listen streams included).
-    #[arg(long, value_name = "N", default_value_t = 64)]
+    #[arg(
+        long,
+        env = "MCP_TASKS_MAX_REQUESTS_PER_PRINCIPAL",
+        value_name = "N",
+        default_value_t = 64
+    )]
     max_requests_per_principal: usize,
-    /// Largest HTTP request body in bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = 4 * 1024 * 1024)]
+    /// Largest HTTP request body (a size: bytes, or with a unit such as KiB, MiB, MB).
+    #[arg(long, env = "MCP_TASKS_MAX_BODY_BYTES", value_name = "SIZE", default_value = "4MiB", value_parser = units::parse_size_usize)]
     max_body_bytes: usize,
     /// Open HTTP connections at most (keep below the file-descriptor limit).
-    #[arg(long, value_name = "N", default_value_t = 1024)]
+    #[arg(
+        long,
+        env = "MCP_TASKS_MAX_CONNECTIONS",
+        value_name = "N",
+        default_value_t = 1024
+    )]
     max_connections: usize,
-    /// Seconds to receive a request head (also the keep-alive idle time).
-    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
-    header_read_timeout: f64,
-    /// Seconds to receive a request body.
-    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
-    body_timeout: f64,
-    /// Seconds a response may wait for the client to read it.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
-    idle_timeout: f64,
+    /// How long to receive a request head (also the keep-alive idle time); a duration (10s,
+    /// 500ms) or bare seconds.
+    #[arg(long, env = "MCP_TASKS_HEADER_READ_TIMEOUT", value_name = "DURATION", default_value = "10s", value_parser = units::parse_duration_or_seconds)]
+    header_read_timeout: Duration,
+    /// How long to receive a request body; a duration or bare seconds.
+    #[arg(long, env = "MCP_TASKS_BODY_TIMEOUT", value_name = "DURATION", default_value = "30s", value_parser = units::parse_duration_or_seconds)]
+    body_timeout: Duration,
+    /// How long a response may wait for the client to read it; a duration or bare seconds.
+    #[arg(long, env = "MCP_TASKS_IDLE_TIMEOUT", value_name = "DURATION", default_value = "60s", value_parser = units::parse_duration_or_seconds)]
+    idle_timeout: Duration,
 }
 
 impl LimitArgs {
@@ -221,9 +304,9 @@ impl LimitArgs {
             ("--body-timeout", self.body_timeout),
             ("--idle-timeout", self.idle_timeout),
         ];
-        for (name, s) in secs {
-            if !(s.is_finite() && s > 0.0 && s <= 86_400.0) {
-                return Err(format!("{name} must be between 0 and 86400 seconds"));
+        for (name, d) in secs {
+            if d.is_zero() || d > Duration::from_secs(86_400) {
+                return Err(format!("{name} must be above 0 and at most 1d (86400s)"));
             }
         }
         if !(self.create_rate.is_finite() && self.create_rate > 0.0) {
@@ -240,8 +323,8 @@ impl LimitArgs {
     fn serve_options(&self) -> http::ServeOptions {
         http::ServeOptions::default()
             .max_connections(self.max_connections)
-            .header_read_timeout(Duration::from_secs_f64(self.header_read_timeout))
-            .idle_timeout(Duration::from_secs_f64(self.idle_timeout))
+            .header_read_timeout(self.header_read_timeout)
+            .idle_timeout(self.idle_timeout)
     }
 }
 
@@ -251,37 +334,64 @@ impl LimitArgs {
 struct HttpAuthArgs {
     /// A TOML file of bearer tokens (`[[tokens]]` with `sha256`, `tenant`, `principal`,
     /// optional `scopes`); reloaded on SIGHUP.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, env = "MCP_TASKS_AUTH_TOKENS", value_name = "PATH")]
     auth_tokens: Option<PathBuf>,
     /// Verify JWT access tokens against this JWKS (a file, or an http(s) URL).
-    #[arg(long, value_name = "PATH_OR_URL", requires = "auth_jwt_issuer")]
+    #[arg(
+        long,
+        env = "MCP_TASKS_AUTH_JWT_JWKS",
+        value_name = "PATH_OR_URL",
+        requires = "auth_jwt_issuer"
+    )]
     auth_jwt_jwks: Option<String>,
     /// The issuer (`iss`) JWT access tokens must come from.
-    #[arg(long, value_name = "ISS", requires = "auth_jwt_jwks")]
+    #[arg(
+        long,
+        env = "MCP_TASKS_AUTH_JWT_ISSUER",
+        value_name = "ISS",
+        requires = "auth_jwt_jwks"
+    )]
     auth_jwt_issuer: Option<String>,
     /// The audience (`aud`) JWT access tokens must carry (default: the --resource-url).
-    #[arg(long, value_name = "AUD", requires = "auth_jwt_jwks")]
+    #[arg(
+        long,
+        env = "MCP_TASKS_AUTH_JWT_AUDIENCE",
+        value_name = "AUD",
+        requires = "auth_jwt_jwks"
+    )]
     auth_jwt_audience: Option<String>,
     /// The JWT claim that names the caller's tenant (default: the issuer is the tenant).
-    #[arg(long, value_name = "CLAIM", requires = "auth_jwt_jwks")]
+    #[arg(
+        long,
+        env = "MCP_TASKS_AUTH_JWT_TENANT_CLAIM",
+        value_name = "CLAIM",
+        requires = "auth_jwt_jwks"
+    )]
     auth_jwt_tenant_claim: Option<String>,
     /// A JWT signature algorithm to accept (repeatable; default RS256).
     #[arg(
         long = "auth-jwt-algorithm",
+        env = "MCP_TASKS_AUTH_JWT_ALGORITHM",
+        value_delimiter = ',',
         value_name = "ALG",
         requires = "auth_jwt_jwks"
     )]
     auth_jwt_algorithms: Vec<String>,
     /// A scope every token must carry (repeatable); listed in the resource metadata.
-    #[arg(long = "auth-scope", value_name = "SCOPE")]
+    #[arg(
+        long = "auth-scope",
+        env = "MCP_TASKS_AUTH_SCOPE",
+        value_delimiter = ',',
+        value_name = "SCOPE"
+    )]
     auth_scopes: Vec<String>,
     /// This server's canonical URI, e.g. https://mcp.example.com/mcp (default:
     /// http://ADDR/mcp): the RFC 9728 `resource` and the default JWT audience.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, env = "MCP_TASKS_RESOURCE_URL", value_name = "URL")]
     resource_url: Option<String>,
     /// Serve without authentication on a non-loopback address (every caller is the same
     /// anonymous principal).
-    #[arg(long, conflicts_with_all = ["auth_tokens", "auth_jwt_jwks"])]
+    #[arg(long, env = "MCP_TASKS_NO_AUTH", conflicts_with_all = ["auth_tokens", "auth_jwt_jwks"])]
     no_auth: bool,
 }
 
@@ -297,7 +407,7 @@ enum Fixtures {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = serve_config::parse(std::env::args_os().collect());
     if let Command::Completions { shell } = cli.command {
         use clap::CommandFactory;
         use std::io::Write;
@@ -322,15 +432,24 @@ fn main() -> ExitCode {
         Command::Store(_) | Command::Completions { .. } => "warn",
         #[cfg(feature = "client")]
         Command::Client(_) => "warn",
+        Command::Healthcheck { .. } => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    match cli.log_format {
+        LogFormat::Text => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init(),
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -350,9 +469,12 @@ fn main() -> ExitCode {
             } => run_replicas_demo(n, store).await,
             Command::Demo { verbose, store, .. } => run_demo(verbose, store).await,
             Command::Serve(args) => {
+                // The runtime's handle once it started (recovery done), for `/readyz` on the
+                // metrics address, which answers before that.
+                let started = Arc::new(OnceLock::new());
                 // Installed before the runtime starts, so that recovery is measured too.
                 let metrics = match &args.metrics_listen {
-                    Some(addr) => match serve_metrics(addr).await {
+                    Some(addr) => match serve_metrics(addr, started.clone()).await {
                         Ok(task) => Some(task),
                         Err(e) => {
                             eprintln!("error: {e}");
@@ -362,9 +484,9 @@ fn main() -> ExitCode {
                     None => None,
                 };
                 let code = if args.stdio {
-                    serve_stdio(*args).await
+                    serve_stdio(*args, &started).await
                 } else {
-                    serve_http(*args).await
+                    serve_http(*args, &started).await
                 };
                 if let Some(task) = metrics {
                     task.abort();
@@ -375,6 +497,7 @@ fn main() -> ExitCode {
             Command::Completions { .. } => ExitCode::SUCCESS,
             #[cfg(feature = "client")]
             Command::Client(command) => cli::run(command).await,
+            Command::Healthcheck { url, timeout } => healthcheck(&url, timeout).await,
         }
     });
     // Everything is stopped and flushed; a read of stdin may still block a worker thread.
@@ -431,68 +554,20 @@ async fn run_demo(verbose: bool, store: Option<PathBuf>) -> ExitCode {
 }
 
 /// A `--task-ttl` value: a duration or `none`.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 struct Ttl(Option<Duration>);
 
 fn parse_ttl(s: &str) -> Result<Ttl, String> {
     if s.trim().eq_ignore_ascii_case("none") {
         return Ok(Ttl(None));
     }
-    let d = parse_duration(s)?;
+    let d = units::parse_duration(s).map_err(|e| e.to_string())?;
     if d.is_zero() {
         return Err(
             "a time to live of 0 would expire every task at once; use `none` for unlimited".into(),
         );
     }
     Ok(Ttl(Some(d)))
-}
-
-/// `90s`, `15m`, `1h`, `2d`, `500ms` (one integer and a unit).
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration such as 90s, 15m, 1h or 2d"))?;
-    let ms = match unit {
-        "ms" => Some(n),
-        "s" => n.checked_mul(1000),
-        "m" => n.checked_mul(60_000),
-        "h" => n.checked_mul(3_600_000),
-        "d" => n.checked_mul(86_400_000),
-        "" => return Err(format!("`{s}` needs a unit: ms, s, m, h or d")),
-        other => {
-            return Err(format!(
-                "unknown unit `{other}` in `{s}`: use ms, s, m, h or d"
-            ));
-        }
-    };
-    ms.map(Duration::from_millis)
-        .ok_or_else(|| format!("`{s}` is too long"))
-}
-
-/// A size in bytes: a number, optionally followed by KiB, MiB or GiB.
-fn parse_size(s: &str) -> Result<usize, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let n: usize = number
-        .parse()
-        .map_err(|_| format!("`{s}` is not a size such as 67108864, 64MiB or 1GiB"))?;
-    let factor: usize = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        other => {
-            return Err(format!(
-                "unknown unit `{other}` in `{s}`: use KiB, MiB or GiB"
-            ));
-        }
-    };
-    n.checked_mul(factor)
-        .ok_or_else(|| format!("`{s}` is too large"))
 }
 
 /// Whether `store` names a PostgreSQL database rather than a redb file.
@@ -555,8 +630,44 @@ fn builder(args: &ServeArgs, builder: RuntimeBuilder, node: Option<String>) -> R
     }
 }
 
+/// `mcp-tasks healthcheck`: GET `url`; exit 0 on a 2xx answer, 1 otherwise (with why).
+async fn healthcheck(url: &str, timeout: Duration) -> ExitCode {
+    let client = match reqwest::Client::builder().timeout(timeout).build() {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match client.get(url).send().await {
+        Ok(response) => {
+            let status = response.status();
+            let body = response.text().await.unwrap_or_default();
+            let body = body.trim();
+            if status.is_success() {
+                println!("{url}: {} {body}", status.as_u16());
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("error: {url}: {} {body}", status.as_u16());
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            let mut why = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                why = format!("{why}: {cause}");
+                source = cause.source();
+            }
+            eprintln!("error: {url}: {why}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 async fn start(
     args: &ServeArgs,
+    started: &OnceLock<mcp_tasks::RuntimeHandle>,
 ) -> Option<(Runtime, Option<mcp_tasks::admin::socket::AdminSocket>)> {
     let (base, node) = match store_builder(args).await {
         Ok(opened) => opened,
@@ -567,6 +678,7 @@ async fn start(
     };
     match builder(args, base, node).start().await {
         Ok(runtime) => {
+            let _ = started.set(runtime.handle());
             let admin = if args.no_admin_socket {
                 None
             } else {
@@ -588,7 +700,10 @@ async fn start(
 }
 
 /// Installs the Prometheus recorder and serves `GET /metrics` on `addr` (until aborted).
-async fn serve_metrics(addr: &str) -> Result<tokio::task::JoinHandle<()>, String> {
+async fn serve_metrics(
+    addr: &str,
+    started: Arc<OnceLock<mcp_tasks::RuntimeHandle>>,
+) -> Result<tokio::task::JoinHandle<()>, String> {
     use mcp_tasks::telemetry;
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
     let listener = tokio::net::TcpListener::bind(addr)
@@ -614,21 +729,34 @@ async fn serve_metrics(addr: &str) -> Result<tokio::task::JoinHandle<()>, String
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     telemetry::describe();
     let render = handle.clone();
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let render = render.clone();
-            async move {
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    render.render(),
-                )
-            }
-        }),
-    );
+    let ready = move || {
+        let started = started.clone();
+        async move {
+            let ready = match started.get() {
+                Some(runtime) => runtime.ready().await,
+                None => Err("starting: the store is opening or recovering".to_owned()),
+            };
+            http::readiness_response(ready)
+        }
+    };
+    let app = axum::Router::new()
+        .route(http::HEALTHZ, axum::routing::get(http::healthz))
+        .route(http::READYZ, axum::routing::get(ready))
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let render = render.clone();
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        render.render(),
+                    )
+                }
+            }),
+        );
     tracing::info!("metrics on http://{local}/metrics");
     Ok(tokio::spawn(async move {
         // The exporter's periodic housekeeping (draining histogram buffers), beside the server.
@@ -650,7 +778,7 @@ async fn serve_metrics(addr: &str) -> Result<tokio::task::JoinHandle<()>, String
     }))
 }
 
-async fn serve_http(args: ServeArgs) -> ExitCode {
+async fn serve_http(args: ServeArgs, started: &OnceLock<mcp_tasks::RuntimeHandle>) -> ExitCode {
     if let Err(e) = args.limits.check() {
         eprintln!("error: {e}");
         return ExitCode::FAILURE;
@@ -666,7 +794,7 @@ async fn serve_http(args: ServeArgs) -> ExitCode {
         Ok(addr) => addr.to_string(),
         Err(_) => args.listen.clone(),
     };
-    let Some((runtime, _admin)) = start(&args).await else {
+    let Some((runtime, _admin)) = start(&args, started).await else {
         return ExitCode::FAILURE;
     };
     let mut config = http::HttpConfig::default();
@@ -675,7 +803,7 @@ async fn serve_http(args: ServeArgs) -> ExitCode {
     config.strict_headers = args.strict_headers;
     config.max_body_bytes = args.limits.max_body_bytes;
     config.max_requests_per_principal = args.limits.max_requests_per_principal;
-    config.body_timeout = Duration::from_secs_f64(args.limits.body_timeout);
+    config.body_timeout = args.limits.body_timeout;
     let tokens = match configure_auth(&args.http_auth, &addr, &mut config).await {
         Ok(tokens) => tokens,
         Err(e) => {
@@ -708,7 +836,7 @@ async fn serve_http(args: ServeArgs) -> ExitCode {
     }
 }
 
-async fn serve_stdio(args: ServeArgs) -> ExitCode {
+async fn serve_stdio(args: ServeArgs, started: &OnceLock<mcp_tasks::RuntimeHandle>) -> ExitCode {
     let owner = match args.principal.as_deref().map(parse_principal).transpose() {
         Ok(owner) => owner.unwrap_or_else(Owner::anonymous),
         Err(e) => {
@@ -716,7 +844,7 @@ async fn serve_stdio(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let Some((runtime, _admin)) = start(&args).await else {
+    let Some((runtime, _admin)) = start(&args, started).await else {
         return ExitCode::FAILURE;
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -933,18 +1061,34 @@ async fn reload_on_hangup(tokens: Option<Arc<auth::StaticTokens>>) {
 mod tests {
     use super::*;
 
+    /// Every serve option (but the hidden test-only ones) has its environment variable,
+    /// `MCP_TASKS_` and its long name (`--max-body-bytes`: `MCP_TASKS_MAX_BODY_BYTES`).
     #[test]
-    fn durations_parse_with_units_and_reject_the_rest() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
-        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
-        assert!(parse_duration("15").unwrap_err().contains("needs a unit"));
-        assert!(parse_duration("1w").unwrap_err().contains("unknown unit"));
-        assert!(parse_duration("m").is_err());
-        assert!(parse_duration("99999999999999999999d").is_err());
+    fn every_serve_option_has_its_environment_variable() {
+        use clap::CommandFactory;
+        let mut command = Cli::command();
+        command.build();
+        let serve = command.find_subcommand("serve").unwrap();
+        let mut checked = 0;
+        for arg in serve.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if arg.is_hide_set() || matches!(long, "help" | "version") {
+                continue;
+            }
+            let want = format!("MCP_TASKS_{}", long.to_uppercase().replace('-', "_"));
+            assert_eq!(
+                arg.get_env().and_then(|e| e.to_str()),
+                Some(want.as_str()),
+                "--{long}"
+            );
+            checked += 1;
+        }
+        assert!(checked > 40, "{checked}");
+    }
+
+    #[test]
+    fn ttls_are_durations_or_none() {
+        assert!(parse_ttl("15").unwrap_err().contains("needs a unit"));
         assert!(matches!(parse_ttl("none"), Ok(Ttl(None))));
         assert!(matches!(parse_ttl("30s"), Ok(Ttl(Some(d))) if d == Duration::from_secs(30)));
         assert!(parse_ttl("0s").is_err());

@@ -512,6 +512,15 @@ impl RuntimeHandle {
         &self.dispatcher.shared
     }
 
+    /// Whether this runtime can serve now, for a readiness probe (`GET /readyz` of
+    /// [`crate::transport::http::router`]): a handle exists only once
+    /// [`RuntimeBuilder::start`] returned, so recovery is done; then the store must be ready
+    /// ([`Store::ready`]: not closed nor halted, and on PostgreSQL the database answers and
+    /// this node's lease is current). `Err(why)` otherwise.
+    pub async fn ready(&self) -> Result<(), String> {
+        self.shared().store.ready().await
+    }
+
     /// Handles one raw JSON-RPC message with a full request context: nothing (a
     /// notification), one response, or a stream (`subscriptions/listen`).
     pub async fn dispatch(&self, message: &[u8], ctx: &RequestContext) -> Dispatched {

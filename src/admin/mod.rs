@@ -958,25 +958,10 @@ fn no_postgres() -> AdminError {
     )
 }
 
-/// A duration such as `90s`, `15m`, `2h`, `7d` or `250ms` (for `--older-than`).
+/// A duration such as `90s`, `15m`, `2h`, `7d` or `250ms` (for `--older-than`): the syntax of
+/// [`crate::units::parse_duration`], which it calls (a unit is required; overflow is refused).
 pub fn parse_age(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("`{s}`: give a unit (ms, s, m, h or d), e.g. 15m"))?;
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("`{s}`: expected a number followed by ms, s, m, h or d"))?;
-    let secs = match unit {
-        "ms" => return Ok(Duration::from_millis(n)),
-        "s" => n,
-        "m" => n.saturating_mul(60),
-        "h" => n.saturating_mul(3600),
-        "d" => n.saturating_mul(86_400),
-        _ => return Err(format!("`{s}`: unknown unit `{unit}` (ms, s, m, h or d)")),
-    };
-    Ok(Duration::from_secs(secs))
+    crate::units::parse_duration(s).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -1005,5 +990,6 @@ mod tests {
         assert!(parse_age("15").unwrap_err().contains("unit"));
         assert!(parse_age("3w").unwrap_err().contains("unknown unit"));
         assert!(parse_age("m").is_err());
+        assert!(parse_age("99999999999999999999d").is_err());
     }
 }

@@ -95,16 +95,19 @@ pub struct Connection {
     /// Print machine-readable JSON on stdout instead of text.
     #[arg(long)]
     json: bool,
-    /// The longest one request may take, in seconds (a followed task is not bounded).
-    #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = parse_timeout)]
+    /// The longest one request may take (a followed task is not bounded): a duration (30s,
+    /// 2m, 500ms) or bare seconds.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_timeout)]
     timeout: f64,
 }
 
+/// A duration ([`mcp_tasks::units`]: `30s`, `2m`, or bare seconds) of at most a day, in seconds.
 fn parse_timeout(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(t) if t.is_finite() && t > 0.0 && t <= 86_400.0 => Ok(t),
-        _ => Err("expected a number of seconds between 0 and 86400".to_owned()),
+    let d = mcp_tasks::units::parse_duration_or_seconds(s).map_err(|e| e.to_string())?;
+    if d.is_zero() || d > Duration::from_secs(86_400) {
+        return Err("the timeout must be above 0 and at most 1d (86400s)".to_owned());
     }
+    Ok(d.as_secs_f64())
 }
 
 #[derive(Subcommand, Debug)]

@@ -442,6 +442,22 @@ pub trait TaskStore: Send + Sync + 'static {
     /// Finishes queued work and releases the store; later calls answer [`StoreError::Closed`].
     fn close(&self) -> BoxFuture<'_, ()>;
 
+    /// Whether the store can serve now (a readiness probe): `Err(why)` when it is closed,
+    /// halted or unavailable. The default checks those three states; a shared store also
+    /// checks its database and this node's lease. Cheap enough to call on every probe.
+    fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
+        let state = if self.is_closed() {
+            Err("the task store is closed".to_owned())
+        } else if let Some(detail) = self.halted() {
+            Err(format!("the task store halted: {detail}"))
+        } else if let Some(detail) = self.unavailable() {
+            Err(format!("the task store is unavailable: {detail}"))
+        } else {
+            Ok(())
+        };
+        Box::pin(std::future::ready(state))
+    }
+
     /// Whether other processes write this store too (replicas). Then a task's latest state is
     /// the store's, not a local actor's snapshot, and writes are fenced by leases.
     fn is_shared(&self) -> bool {
@@ -749,6 +765,11 @@ impl Store {
     /// yet (every write tries again first).
     pub fn unavailable(&self) -> Option<String> {
         self.inner.unavailable()
+    }
+
+    /// Whether the store can serve now; see [`TaskStore::ready`] (`Err(why)` otherwise).
+    pub async fn ready(&self) -> Result<(), String> {
+        self.inner.ready().await
     }
 
     /// Finishes the queued work and releases the store (for redb: the file can be opened

@@ -178,6 +178,8 @@ struct Inner {
     unavailable: Mutex<Option<String>>,
     /// Heartbeats are skipped while set (tests that simulate a paused node).
     heartbeat_paused: AtomicBool,
+    /// When this node's lease was last renewed (registration, then each heartbeat).
+    renewed: Mutex<tokio::time::Instant>,
     heartbeat: Mutex<Option<JoinHandle<()>>>,
     /// Wake-ups from other nodes, fed by the listening connection.
     hub: Arc<Hub>,
@@ -745,6 +747,7 @@ impl PostgresStore {
             ops: AtomicU64::new(0),
             unavailable: Mutex::new(None),
             heartbeat_paused: AtomicBool::new(false),
+            renewed: Mutex::new(tokio::time::Instant::now()),
             heartbeat: Mutex::new(None),
             hub: hub.clone(),
             listener: Mutex::new(None),
@@ -1025,6 +1028,8 @@ async fn heartbeat(inner: std::sync::Weak<Inner>) {
         match inner.heartbeat_once().await {
             Ok(()) => {
                 inner.reachable();
+                *inner.renewed.lock().unwrap_or_else(|e| e.into_inner()) =
+                    tokio::time::Instant::now();
                 if warned {
                     tracing::warn!(node = %inner.node,
                         "heartbeat renewed after the lease lapsed: tasks other nodes took over meanwhile are theirs (this node's writes to them are fenced)");
@@ -1352,6 +1357,47 @@ impl TaskStore for PostgresStore {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+    fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            if self.is_closed() {
+                return Err("the task store is closed".to_owned());
+            }
+            let age = inner
+                .renewed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .elapsed();
+            if age > inner.lease_ttl {
+                return Err(format!(
+                    "this node's lease was last renewed {} ms ago, more than the lease TTL ({} ms): other nodes may take its tasks over",
+                    age.as_millis(),
+                    inner.lease_ttl.as_millis()
+                ));
+            }
+            // The database answers (within a third of the TTL, the heartbeat's own period).
+            let ping = async {
+                let client = inner.client().await.map_err(|e| match e {
+                    PgFailure::Pool(detail) => detail,
+                    PgFailure::Pg(e) => pg_detail(&e),
+                    PgFailure::Store(e) => e.to_string(),
+                })?;
+                client
+                    .simple_query("SELECT 1")
+                    .await
+                    .map(drop)
+                    .map_err(|e| pg_detail(&e))
+            };
+            match tokio::time::timeout(inner.lease_ttl / 3, ping).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(detail)) => Err(format!("the database is unreachable: {detail}")),
+                Err(_) => Err(format!(
+                    "the database did not answer within {} ms",
+                    (inner.lease_ttl / 3).as_millis()
+                )),
+            }
+        })
     }
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {

@@ -260,7 +260,10 @@ impl Drop for InFlight {
 ///
 /// It answers at the configured path (`/mcp` by default) with the guards of [`HttpConfig`]
 /// (`Host`/`Origin` checks, the authenticator, body and concurrency limits), and, when a
-/// protected resource is configured, serves its OAuth protected-resource metadata.
+/// protected resource is configured, serves its OAuth protected-resource metadata. It also
+/// answers the probes `GET /healthz` ([`healthz`]) and `GET /readyz`
+/// ([`RuntimeHandle::ready`], [`readiness_response`]), without authentication and without
+/// task data.
 ///
 /// ```
 /// use mcp_tasks::client::Client;
@@ -293,7 +296,10 @@ impl Drop for InFlight {
 /// ```
 pub fn router(handle: RuntimeHandle, config: HttpConfig) -> Router {
     let path = config.path.clone();
-    let mut router = Router::new().route(&path, any(endpoint));
+    let mut router = Router::new()
+        .route(&path, any(endpoint))
+        .route(HEALTHZ, get(healthz))
+        .route(READYZ, get(readyz));
     if let Some(resource) = &config.resource {
         let specific = resource.metadata_path();
         router = router.route(&specific, get(resource_metadata));
@@ -311,6 +317,46 @@ pub fn router(handle: RuntimeHandle, config: HttpConfig) -> Router {
 
 /// The RFC 9728 well-known prefix.
 const WELL_KNOWN: &str = "/.well-known/oauth-protected-resource";
+
+/// The liveness probe's path: `200 ok` whenever the process answers.
+pub const HEALTHZ: &str = "/healthz";
+/// The readiness probe's path: `200 ready` once the runtime can serve
+/// ([`RuntimeHandle::ready`]), `503` with the reason otherwise.
+pub const READYZ: &str = "/readyz";
+
+/// `GET /healthz`: the process answers. No authentication, no `Host`/`Origin` check and no
+/// task data (the same holds for `GET /readyz`): a probe learns only that the server is up.
+pub async fn healthz() -> Response {
+    probe(StatusCode::OK, "ok".to_owned())
+}
+
+/// The answer to `GET /readyz` for a readiness outcome: `200 ready`, or `503 not ready: WHY`
+/// (the store's state, never task data).
+pub fn readiness_response(ready: Result<(), String>) -> Response {
+    match ready {
+        Ok(()) => probe(StatusCode::OK, "ready".to_owned()),
+        Err(why) => {
+            tracing::debug!(%why, "readiness probe: not ready");
+            probe(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}"))
+        }
+    }
+}
+
+async fn readyz(State(endpoint): State<Arc<Endpoint>>) -> Response {
+    readiness_response(endpoint.handle.ready().await)
+}
+
+fn probe(status: StatusCode, body: String) -> Response {
+    (
+        status,
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body + "\n",
+    )
+        .into_response()
+}
 
 async fn resource_metadata(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Response {
     let config = &endpoint.config;
