@@ -19,6 +19,7 @@
 pub(crate) mod hub;
 pub(crate) mod session;
 mod tasks;
+pub(crate) mod watch;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +30,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
 use crate::protocol::{Dispatched, RequestContext};
+use crate::quota::QuotaError;
 use crate::runtime::RuntimeHandle;
 use crate::shared::Shared;
 use crate::store::WriteOp;
@@ -89,6 +91,7 @@ pub(crate) struct Legacy {
     shared: Arc<Shared>,
     codec: session::SessionCodec,
     hub: hub::Hub,
+    watchers: Arc<watch::Watchers>,
 }
 
 impl Legacy {
@@ -99,15 +102,23 @@ impl Legacy {
             .derive_key("mcp-tasks legacy session v1");
         Arc::new(Self {
             handle,
-            shared,
             codec: session::SessionCodec::new(key),
-            hub: hub::Hub::default(),
+            hub: hub::Hub::new(shared.quotas.quotas().max_sessions),
+            shared,
+            watchers: Arc::default(),
         })
     }
 
-    /// The in-process state of a session.
-    pub(crate) fn live(&self, session: &Session) -> Arc<Live> {
-        self.hub.live(&session.nonce)
+    /// The in-process state of `owner`'s session, made on first use; refused when the owner
+    /// holds [`crate::quota::Quotas::max_sessions`] sessions that are all in use.
+    pub(crate) fn live(&self, session: &Session, owner: &Owner) -> Result<Arc<Live>, QuotaError> {
+        self.hub.live(&session.nonce, owner, &session.version)
+    }
+
+    /// Tasks watched in this process now, and watchers started since this adapter was made.
+    #[cfg(test)]
+    pub(crate) fn watcher_counts(&self) -> (usize, u64) {
+        (self.watchers.active(), self.watchers.started())
     }
 
     // -----------------------------------------------------------------------------------
@@ -172,7 +183,7 @@ impl Legacy {
         if let Some(i) = &self.shared.config.instructions {
             result["instructions"] = json!(i);
         }
-        tracing::info!(version, owner = %owner, "legacy session started");
+        tracing::info!(version, principal = %owner.log_id(), "legacy session started");
         Ok((
             json!({ "jsonrpc": "2.0", "id": id, "result": result }),
             session,
@@ -394,7 +405,13 @@ impl Legacy {
         if let Some(rest) = id.strip_prefix(TASK_REQUEST_PREFIX)
             && let Some((task, key)) = rest.split_once('/')
         {
-            let live = self.live(session);
+            let live = match self.live(session, owner) {
+                Ok(live) => live,
+                Err(e) => {
+                    tracing::info!(task, key, error = %e, "an answer to a task's input request was not taken");
+                    return;
+                }
+            };
             let Some(result) = message.get("result").filter(|r| r.is_object()) else {
                 tracing::info!(task, key, error = %message["error"], "the client refused an input request of a task; it will be asked again");
                 live.unmark_sent(task, key);
@@ -419,7 +436,10 @@ impl Legacy {
             return;
         }
         if id.starts_with(CALL_REQUEST_PREFIX) {
-            if !self.live(session).respond(&id, message) {
+            if !self
+                .live(session, owner)
+                .is_ok_and(|live| live.respond(&id, message))
+            {
                 tracing::debug!(%id, "a response for a request nobody waits for ignored");
             }
             return;
@@ -668,7 +688,7 @@ impl Call {
         tasks: bool,
         out: &mpsc::Sender<Value>,
     ) -> Result<Value, RpcError> {
-        let live = self.legacy.live(&self.session);
+        let live = self.legacy.live(&self.session, &self.owner)?;
         let mut ended = live.ended.subscribe();
         loop {
             let request = self.modern(method, params.clone(), tasks);
@@ -687,11 +707,7 @@ impl Call {
                 Some("task") => {
                     let task = tasks::legacy_task(result);
                     if let Some(task_id) = result.get("taskId").and_then(Value::as_str) {
-                        self.legacy.clone().watch(
-                            self.session.clone(),
-                            self.owner.clone(),
-                            task_id.to_owned(),
-                        );
+                        self.legacy.watch(&self.session, &self.owner, task_id);
                     }
                     return Ok(
                         json!({ "jsonrpc": "2.0", "id": self.id, "result": { "task": task } }),
@@ -821,6 +837,9 @@ async fn one_or_stream(mut rx: mpsc::Receiver<Value>) -> LegacyOutcome {
             .boxed(),
     )
 }
+
+#[cfg(test)]
+mod runtime_tests;
 
 #[cfg(test)]
 mod tests {
