@@ -92,6 +92,8 @@ pub(crate) struct Legacy {
     codec: session::SessionCodec,
     hub: hub::Hub,
     watchers: Arc<watch::Watchers>,
+    /// Writers of session records, one per owner at a time (striped by owner).
+    record_locks: Vec<tokio::sync::Mutex<()>>,
 }
 
 impl Legacy {
@@ -106,6 +108,7 @@ impl Legacy {
             hub: hub::Hub::new(shared.quotas.quotas().max_sessions),
             shared,
             watchers: Arc::default(),
+            record_locks: (0..32).map(|_| tokio::sync::Mutex::new(())).collect(),
         })
     }
 
@@ -222,22 +225,74 @@ impl Legacy {
         }
     }
 
-    async fn save_state(&self, session: &Session, state: &SessionState) -> Result<(), RpcError> {
-        self.shared
-            .store
-            .commit(vec![WriteOp::PutMeta {
-                key: session.state_key(),
-                value: state.encode(),
-            }])
-            .await
-            .map_err(RpcError::from)
+    /// Changes the session's stored state with `change` (which returns `false` when there is
+    /// nothing to write) and keeps the owner's index of session records: expired records go,
+    /// a session new to the index is refused past
+    /// [`crate::quota::Quotas::max_session_records`] (ended sessions are kept apart, at most
+    /// [`session::MAX_ENDED_RECORDS`], the earliest to expire giving way), and a record never
+    /// exceeds [`session::MAX_RECORD_BYTES`]. One writer per owner at a time in this process.
+    async fn update_state(
+        &self,
+        session: &Session,
+        change: impl FnOnce(&mut SessionState) -> Result<bool, RpcError>,
+    ) -> Result<(), RpcError> {
+        let index_key = session.index_key();
+        let stripe = session::stripe(&index_key, self.record_locks.len());
+        let _one_writer = self.record_locks[stripe].lock().await;
+        let mut state = self.state(session).await;
+        if !change(&mut state)? {
+            return Ok(());
+        }
+        state.expires_at_ms = session.expires_at_ms;
+        let value = state.encode();
+        if value.len() > session::MAX_RECORD_BYTES {
+            return Err(RpcError::invalid_params(format!(
+                "a session's settings and subscriptions may take at most {} bytes",
+                session::MAX_RECORD_BYTES
+            )));
+        }
+        let mut index = match self.shared.store.meta_get(&index_key).await? {
+            Some(bytes) => session::RecordIndex::decode(&bytes),
+            None => session::RecordIndex::default(),
+        };
+        let limit = self.shared.quotas.quotas().max_session_records;
+        let gone = index.admit(
+            &session.nonce,
+            session.expires_at_ms,
+            state.ended,
+            self.shared.now_ms(),
+            limit,
+        )?;
+        let mut ops: Vec<WriteOp> = gone
+            .iter()
+            .map(|nonce| WriteOp::DeleteMeta {
+                key: session::state_key_of(nonce),
+            })
+            .collect();
+        ops.push(WriteOp::PutMeta {
+            key: session.state_key(),
+            value,
+        });
+        ops.push(WriteOp::PutMeta {
+            key: index_key,
+            value: index.encode(),
+        });
+        self.shared.store.commit(ops).await?;
+        Ok(())
     }
 
-    /// Ends a session (HTTP `DELETE`): its id answers `404` from now on, everywhere.
+    /// Ends a session (HTTP `DELETE`): its id answers `404` from now on, everywhere. What the
+    /// session stored (log level, subscriptions) is deleted; a tombstone of a few bytes says
+    /// it ended until the id expires, when it is deleted too.
     pub(crate) async fn end(&self, session: &Session) -> Result<(), RpcError> {
-        let mut state = self.state(session).await;
-        state.ended = true;
-        self.save_state(session, &state).await?;
+        self.update_state(session, |state| {
+            *state = SessionState {
+                ended: true,
+                ..SessionState::default()
+            };
+            Ok(true)
+        })
+        .await?;
         self.hub.end(&session.nonce);
         tracing::info!("legacy session ended");
         Ok(())
@@ -359,9 +414,13 @@ impl Legacy {
                      alert, emergency",
                 )
             })?;
-        let mut state = self.state(session).await;
-        state.log_level = Some(level.as_str().to_owned());
-        self.save_state(session, &state).await?;
+        self.update_state(session, |state| {
+            let level = Some(level.as_str().to_owned());
+            let changed = state.log_level != level;
+            state.log_level = level;
+            Ok(changed)
+        })
+        .await?;
         Ok(json!({}))
     }
 
@@ -376,21 +435,23 @@ impl Legacy {
             .and_then(Value::as_str)
             .filter(|u| !u.is_empty() && u.len() <= 2048)
             .ok_or_else(|| RpcError::invalid_params("`uri` must be a non-empty string"))?;
-        let mut state = self.state(session).await;
-        let known = state.subscriptions.iter().any(|u| u == uri);
-        if on && !known {
-            if state.subscriptions.len() >= 256 {
-                return Err(RpcError::invalid_params(
-                    "a session may subscribe to at most 256 resources",
-                ));
+        self.update_state(session, |state| {
+            let known = state.subscriptions.iter().any(|u| u == uri);
+            if on && !known {
+                if state.subscriptions.len() >= 256 {
+                    return Err(RpcError::invalid_params(
+                        "a session may subscribe to at most 256 resources",
+                    ));
+                }
+                state.subscriptions.push(uri.to_owned());
+            } else if !on && known {
+                state.subscriptions.retain(|u| u != uri);
+            } else {
+                return Ok(false);
             }
-            state.subscriptions.push(uri.to_owned());
-        } else if !on && known {
-            state.subscriptions.retain(|u| u != uri);
-        } else {
-            return Ok(json!({}));
-        }
-        self.save_state(session, &state).await?;
+            Ok(true)
+        })
+        .await?;
         Ok(json!({}))
     }
 

@@ -8,12 +8,20 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::clock::ManualClock;
 use crate::runtime::Runtime;
 use crate::store::{Durability, StoreOptions};
 use crate::tool::{CallToolResult, ToolDescriptor, tool_fn};
 
 async fn runtime(dir: &Path, quotas: crate::quota::Quotas) -> Runtime {
+    runtime_at(dir, quotas, ManualClock::new(START_MS)).await
+}
+
+const START_MS: u64 = 1_800_000_000_000;
+
+async fn runtime_at(dir: &Path, quotas: crate::quota::Quotas, clock: ManualClock) -> Runtime {
     Runtime::builder(dir.join("legacy.redb"))
+        .clock(Arc::new(clock))
         .store_options(StoreOptions {
             durability: Durability::None,
             ..StoreOptions::default()
@@ -168,5 +176,106 @@ async fn an_abandoned_tasks_result_lets_go_of_its_task() {
     until("the watcher stops", || legacy.watcher_counts().0 == 0).await;
     let live = legacy.live(&s, &bob).unwrap();
     assert!(!live.has_result_stream(&task));
+    rt.shutdown().await;
+}
+
+async fn record(rt: &Runtime, key: &str) -> Option<Vec<u8>> {
+    rt.handle().shared().store.meta_get(key).await.unwrap()
+}
+
+#[tokio::test]
+async fn session_records_are_bounded_deleted_on_delete_and_at_expiry() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START_MS);
+    let quotas = crate::quota::Quotas {
+        max_session_records: 2,
+        ..crate::quota::Quotas::unlimited()
+    };
+    let rt = runtime_at(dir.path(), quotas, clock.clone()).await;
+    let legacy = Legacy::new(rt.handle());
+    let bob = Owner::new("acme", "bob");
+    let (a, b, c) = (
+        session(&legacy, &bob),
+        session(&legacy, &bob),
+        session(&legacy, &bob),
+    );
+    // The review's reproduction, scaled: subscriptions of 2 KB until the record is full.
+    let uri = |i: usize| format!("test://{i:04}/{}", "x".repeat(2000));
+    let mut refused = None;
+    for i in 0..256 {
+        let r = request(
+            &legacy,
+            &a,
+            &bob,
+            "resources/subscribe",
+            json!({ "uri": uri(i) }),
+        )
+        .await;
+        if r.get("error").is_some() {
+            refused = Some((i, r));
+            break;
+        }
+    }
+    let (i, refusal) = refused.expect("a full record refuses more subscriptions");
+    assert!(i < 10, "refused after {i} subscriptions of 2 KB");
+    assert_eq!(refusal["error"]["code"], -32602, "{refusal}");
+    let stored = record(&rt, &a.state_key()).await.unwrap();
+    assert!(
+        stored.len() <= session::MAX_RECORD_BYTES,
+        "{}",
+        stored.len()
+    );
+    // A second session with a record is fine; a third is over max_session_records.
+    let set = |s: &Session| {
+        let (legacy, s, bob) = (legacy.clone(), s.clone(), bob.clone());
+        async move {
+            request(
+                &legacy,
+                &s,
+                &bob,
+                "logging/setLevel",
+                json!({ "level": "info" }),
+            )
+            .await
+        }
+    };
+    assert!(set(&b).await.get("result").is_some());
+    let over = set(&c).await;
+    assert_eq!(
+        over["error"]["code"],
+        crate::wire::error::code::QUOTA_EXCEEDED,
+        "{over}"
+    );
+    assert_eq!(over["error"]["data"]["quota"], "sessionRecords", "{over}");
+    assert_eq!(
+        record(&rt, &c.state_key()).await,
+        None,
+        "nothing stored for the refusal"
+    );
+    // DELETE: what the session stored is gone; a tombstone keeps the id answering 404.
+    legacy.end(&a).await.unwrap();
+    let tombstone = record(&rt, &a.state_key()).await.unwrap();
+    assert!(
+        tombstone.len() <= 64,
+        "{}",
+        String::from_utf8_lossy(&tombstone)
+    );
+    assert_eq!(legacy.state(&a).await.subscriptions, Vec::<String>::new());
+    let id = legacy.session_id(&a);
+    assert_eq!(
+        legacy.resolve(&id, &bob).await.err(),
+        Some(SessionError::Ended)
+    );
+    // Ending made room for c.
+    assert!(set(&c).await.get("result").is_some());
+    // Once the ids expired, the owner's next write deletes every record of theirs.
+    clock.advance(SESSION_LIFETIME.as_millis() as u64 + 1_000);
+    let d = session(&legacy, &bob);
+    assert!(set(&d).await.get("result").is_some());
+    for s in [&a, &b, &c] {
+        assert_eq!(record(&rt, &s.state_key()).await, None);
+    }
+    let index = session::RecordIndex::decode(&record(&rt, &d.index_key()).await.unwrap());
+    assert_eq!(index.len(), 1, "only d is listed");
     rt.shutdown().await;
 }
