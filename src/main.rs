@@ -249,6 +249,14 @@ struct LimitArgs {
     /// Task ids followed across one principal's open listens.
     #[arg(long, env = "MCP_TASKS_MAX_LISTEN_TASK_IDS", value_name = "N", default_value_t = Quotas::default().max_listen_task_ids)]
     max_listen_task_ids: usize,
+    /// Legacy (2025-11-25) sessions one principal may have held at once; at the limit the
+    /// least recently used one without an open stream gives way, and when all have one, a
+    /// new session is refused (429).
+    #[arg(long, value_name = "N", default_value_t = Quotas::default().max_sessions)]
+    max_sessions: usize,
+    /// Legacy sessions of one principal with stored settings or subscriptions.
+    #[arg(long, value_name = "N", default_value_t = Quotas::default().max_session_records)]
+    max_session_records: usize,
     /// Lift every per-principal quota above (a single trusted user, benchmarks).
     #[arg(long, env = "MCP_TASKS_NO_QUOTAS")]
     no_quotas: bool,
@@ -295,6 +303,8 @@ impl LimitArgs {
         q.create_burst = self.create_burst;
         q.max_listens = self.max_listens;
         q.max_listen_task_ids = self.max_listen_task_ids;
+        q.max_sessions = self.max_sessions;
+        q.max_session_records = self.max_session_records;
         q
     }
 

@@ -12,6 +12,8 @@
 //! | [`Quotas::create_rate`] / [`Quotas::create_burst`] | the store writer and the reaper (each creation is a commit, each expiry another) | 20/s, bursts of 100 |
 //! | [`Quotas::max_listens`] | memory and file descriptors: each open `subscriptions/listen` holds a stream and a subscriber actor | 16 |
 //! | [`Quotas::max_listen_task_ids`] | memory and fan-out: each followed id holds a follower (~700 B) and costs a send per update | 4,096 across all listens |
+//! | [`Quotas::max_sessions`] | memory and fan-out: each legacy (`2025-11-25`) session held in a process keeps its streams (up to 1,024 messages each) and the tasks it follows | 64 |
+//! | [`Quotas::max_session_records`] | disk: legacy sessions with a stored record (log level, resource subscriptions, ended), each at most 16 KiB | 256 |
 //!
 //! Owners are counted separately: one principal at its limits does not reduce anyone else's.
 //! A refusal is [`QuotaError`], answered as JSON-RPC [`crate::wire::error::code::QUOTA_EXCEEDED`]
@@ -42,6 +44,14 @@ pub struct Quotas {
     pub max_listens: usize,
     /// Task ids followed across all of one owner's open listens.
     pub max_listen_task_ids: usize,
+    /// Legacy (`2025-11-25`) sessions one owner may have held in one process at once. At the
+    /// limit a new or returning session takes the place of the owner's least recently used
+    /// session that has no open stream and no request waiting for the client; when every
+    /// one has, it is refused.
+    pub max_sessions: usize,
+    /// Legacy sessions of one owner with a stored record (set by `logging/setLevel`,
+    /// `resources/subscribe` and `DELETE`, removed when the session expires).
+    pub max_session_records: usize,
 }
 
 impl Default for Quotas {
@@ -53,6 +63,8 @@ impl Default for Quotas {
             create_burst: 100,
             max_listens: 16,
             max_listen_task_ids: 4096,
+            max_sessions: 64,
+            max_session_records: 256,
         }
     }
 }
@@ -67,6 +79,8 @@ impl Quotas {
             create_burst: u32::MAX,
             max_listens: usize::MAX,
             max_listen_task_ids: usize::MAX,
+            max_sessions: usize::MAX,
+            max_session_records: usize::MAX,
         }
     }
 }
@@ -89,6 +103,12 @@ pub enum QuotaKind {
     ListenTaskIds,
     /// The HTTP transport's limit of requests one principal may have in flight at once.
     ConcurrentRequests,
+    /// [`Quotas::max_sessions`]: the owner's legacy sessions held in this process all have
+    /// an open stream or a request waiting for the client.
+    Sessions,
+    /// [`Quotas::max_session_records`]: the owner has that many legacy sessions with a
+    /// stored record.
+    SessionRecords,
 }
 
 impl QuotaKind {
@@ -101,6 +121,8 @@ impl QuotaKind {
             Self::Listens => "listens",
             Self::ListenTaskIds => "listenTaskIds",
             Self::ConcurrentRequests => "concurrentRequests",
+            Self::Sessions => "sessions",
+            Self::SessionRecords => "sessionRecords",
         }
     }
 }
@@ -142,6 +164,14 @@ impl QuotaError {
             ),
             QuotaKind::ConcurrentRequests => format!(
                 "you already have {} requests in progress, the most allowed",
+                self.limit
+            ),
+            QuotaKind::Sessions => format!(
+                "you already have {} sessions with an open stream or a pending request, the most allowed; close one or end it with DELETE",
+                self.limit
+            ),
+            QuotaKind::SessionRecords => format!(
+                "you already have {} sessions with stored settings or subscriptions, the most allowed; end some with DELETE or wait for them to expire",
                 self.limit
             ),
         }
@@ -220,6 +250,11 @@ impl QuotaTracker {
             quotas,
             owners: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The limits this tracker applies.
+    pub(crate) fn quotas(&self) -> &Quotas {
+        &self.quotas
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Owner, OwnerState>> {

@@ -602,3 +602,140 @@ async fn past_the_listen_quota_tasks_are_followed_by_polling() {
     );
     server.stop().await;
 }
+
+/// An `initialize` whose answer the test looks at (status, `Retry-After`, body).
+async fn try_initialize(client: &Client) -> reqwest::Response {
+    let body = json!({ "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": LEGACY, "capabilities": caps() } });
+    client
+        .http
+        .post(&client.url)
+        .header("Accept", "application/json, text/event-stream")
+        .header("Content-Type", "application/json")
+        .body(serde_json::to_vec(&body).unwrap())
+        .send()
+        .await
+        .expect("initialize is answered")
+}
+
+/// Polls `initialize` until it answers `want` (bounded).
+async fn initialize_answers(client: &Client, want: u16) -> reqwest::Response {
+    for _ in 0..100 {
+        let r = try_initialize(client).await;
+        if r.status() == want {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("initialize never answered {want}");
+}
+
+#[tokio::test]
+async fn past_max_sessions_in_use_a_new_session_is_refused_with_429() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut quotas = mcp_tasks::quota::Quotas::default();
+    quotas.max_sessions = 2;
+    let server = Server::start_with(&dir.path().join("s.redb"), quotas).await;
+    let mut a = Client::new(&server.url());
+    let mut b = Client::new(&server.url());
+    a.initialize(caps()).await;
+    b.initialize(caps()).await;
+    // Unused sessions give way to new ones: a client that opens a session per run is served.
+    for _ in 0..5 {
+        assert_eq!(try_initialize(&a).await.status(), 200);
+    }
+    // Two sessions with a client reading them: a third is refused, with Retry-After.
+    (a.session, b.session) = (None, None);
+    a.initialize(caps()).await;
+    b.initialize(caps()).await;
+    let Reply::Stream(sa) = a.get_stream(None).await else {
+        panic!("a's stream")
+    };
+    let Reply::Stream(_sb) = b.get_stream(None).await else {
+        panic!("b's stream")
+    };
+    let refused = initialize_answers(&a, 429).await;
+    assert!(refused.headers().get("retry-after").is_some());
+    let body: Value = serde_json::from_str(&refused.text().await.unwrap()).unwrap();
+    assert_eq!(body["error"]["data"]["quota"], "sessions", "{body}");
+    // Another principal is counted apart.
+    assert_eq!(
+        try_initialize(&as_principal(&a, "carol")).await.status(),
+        200
+    );
+    // Once a's client leaves, a new session takes its place.
+    drop(sa);
+    initialize_answers(&a, 200).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_abandoned_tasks_result_stops_when_its_client_disconnects() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut quotas = mcp_tasks::quota::Quotas::default();
+    quotas.max_sessions = 1;
+    let server = Server::start_with(&dir.path().join("s.redb"), quotas).await;
+    let mut client = Client::new(&server.url());
+    client.initialize(caps()).await;
+    let task = task_of(
+        &client
+            .result(
+                1,
+                "tools/call",
+                json!({ "name": "slow_compute",
+                    "arguments": { "seconds": 300, "label": "long" }, "task": {} }),
+            )
+            .await,
+    );
+    // The session is in use while its tasks/result waits: no other session of the principal.
+    let waiting = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .call(2, "tasks/result", json!({ "taskId": task }))
+                .await
+        })
+    };
+    initialize_answers(&client, 429).await;
+    // The client goes away: its tasks/result stops, and the session is free again.
+    waiting.abort();
+    let _ = waiting.await;
+    initialize_answers(&client, 200).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_refused_session_id_gets_a_404_without_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("s.redb")).await;
+    let mut alice = Client::new(&server.url());
+    alice.initialize(caps()).await;
+    let ping = json!({ "jsonrpc": "2.0", "id": 1, "method": "ping" });
+    let bob = as_principal(&alice, "bob");
+    let mut tampered = alice.clone();
+    tampered.session = alice.session.as_ref().map(|s| format!("{s}x"));
+    let mut bodies = Vec::new();
+    let not_found = |reply: Reply| match reply {
+        Reply::Status(404, body) => body,
+        Reply::Json(404, body) => body.to_string(),
+        other => panic!("404 expected, got {}", other.status()),
+    };
+    for client in [&bob, &tampered] {
+        bodies.push(not_found(client.post(&ping).await));
+    }
+    assert_eq!(alice.delete().await, 200);
+    bodies.push(not_found(alice.post(&ping).await));
+    for body in &bodies {
+        for why in [
+            "another caller",
+            "signature",
+            "expired",
+            "ended",
+            "malformed",
+        ] {
+            assert!(!body.contains(why), "{body}");
+        }
+    }
+    assert!(bodies.iter().all(|b| b == &bodies[0]), "{bodies:?}");
+    server.stop().await;
+}

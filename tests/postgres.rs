@@ -821,6 +821,13 @@ async fn the_lease_epoch_refuses_a_write_the_sequence_number_would_let_through()
             b.meta_get(&format!("k_{skip}")).await.unwrap(),
             Some(b"from a".to_vec())
         );
+        // A meta key is deleted for every replica.
+        a.commit(vec![mcp_tasks::store::WriteOp::DeleteMeta {
+            key: format!("k_{skip}"),
+        }])
+        .await
+        .unwrap();
+        assert_eq!(b.meta_get(&format!("k_{skip}")).await.unwrap(), None);
         b.close().await;
         a.close().await;
     }

@@ -19,6 +19,7 @@
 pub(crate) mod hub;
 pub(crate) mod session;
 mod tasks;
+pub(crate) mod watch;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +30,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
 use crate::protocol::{Dispatched, RequestContext};
+use crate::quota::QuotaError;
 use crate::runtime::RuntimeHandle;
 use crate::shared::Shared;
 use crate::store::WriteOp;
@@ -89,6 +91,9 @@ pub(crate) struct Legacy {
     shared: Arc<Shared>,
     codec: session::SessionCodec,
     hub: hub::Hub,
+    watchers: Arc<watch::Watchers>,
+    /// Writers of session records, one per owner at a time (striped by owner).
+    record_locks: Vec<tokio::sync::Mutex<()>>,
 }
 
 impl Legacy {
@@ -99,15 +104,24 @@ impl Legacy {
             .derive_key("mcp-tasks legacy session v1");
         Arc::new(Self {
             handle,
-            shared,
             codec: session::SessionCodec::new(key),
-            hub: hub::Hub::default(),
+            hub: hub::Hub::new(shared.quotas.quotas().max_sessions),
+            shared,
+            watchers: Arc::default(),
+            record_locks: (0..32).map(|_| tokio::sync::Mutex::new(())).collect(),
         })
     }
 
-    /// The in-process state of a session.
-    pub(crate) fn live(&self, session: &Session) -> Arc<Live> {
-        self.hub.live(&session.nonce)
+    /// The in-process state of `owner`'s session, made on first use; refused when the owner
+    /// holds [`crate::quota::Quotas::max_sessions`] sessions that are all in use.
+    pub(crate) fn live(&self, session: &Session, owner: &Owner) -> Result<Arc<Live>, QuotaError> {
+        self.hub.live(&session.nonce, owner, &session.version)
+    }
+
+    /// Tasks watched in this process now, and watchers started since this adapter was made.
+    #[cfg(test)]
+    pub(crate) fn watcher_counts(&self) -> (usize, u64) {
+        (self.watchers.active(), self.watchers.started())
     }
 
     // -----------------------------------------------------------------------------------
@@ -172,7 +186,7 @@ impl Legacy {
         if let Some(i) = &self.shared.config.instructions {
             result["instructions"] = json!(i);
         }
-        tracing::info!(version, owner = %owner, "legacy session started");
+        tracing::info!(version, principal = %owner.log_id(), "legacy session started");
         Ok((
             json!({ "jsonrpc": "2.0", "id": id, "result": result }),
             session,
@@ -211,22 +225,74 @@ impl Legacy {
         }
     }
 
-    async fn save_state(&self, session: &Session, state: &SessionState) -> Result<(), RpcError> {
-        self.shared
-            .store
-            .commit(vec![WriteOp::PutMeta {
-                key: session.state_key(),
-                value: state.encode(),
-            }])
-            .await
-            .map_err(RpcError::from)
+    /// Changes the session's stored state with `change` (which returns `false` when there is
+    /// nothing to write) and keeps the owner's index of session records: expired records go,
+    /// a session new to the index is refused past
+    /// [`crate::quota::Quotas::max_session_records`] (ended sessions are kept apart, at most
+    /// [`session::MAX_ENDED_RECORDS`], the earliest to expire giving way), and a record never
+    /// exceeds [`session::MAX_RECORD_BYTES`]. One writer per owner at a time in this process.
+    async fn update_state(
+        &self,
+        session: &Session,
+        change: impl FnOnce(&mut SessionState) -> Result<bool, RpcError>,
+    ) -> Result<(), RpcError> {
+        let index_key = session.index_key();
+        let stripe = session::stripe(&index_key, self.record_locks.len());
+        let _one_writer = self.record_locks[stripe].lock().await;
+        let mut state = self.state(session).await;
+        if !change(&mut state)? {
+            return Ok(());
+        }
+        state.expires_at_ms = session.expires_at_ms;
+        let value = state.encode();
+        if value.len() > session::MAX_RECORD_BYTES {
+            return Err(RpcError::invalid_params(format!(
+                "a session's settings and subscriptions may take at most {} bytes",
+                session::MAX_RECORD_BYTES
+            )));
+        }
+        let mut index = match self.shared.store.meta_get(&index_key).await? {
+            Some(bytes) => session::RecordIndex::decode(&bytes),
+            None => session::RecordIndex::default(),
+        };
+        let limit = self.shared.quotas.quotas().max_session_records;
+        let gone = index.admit(
+            &session.nonce,
+            session.expires_at_ms,
+            state.ended,
+            self.shared.now_ms(),
+            limit,
+        )?;
+        let mut ops: Vec<WriteOp> = gone
+            .iter()
+            .map(|nonce| WriteOp::DeleteMeta {
+                key: session::state_key_of(nonce),
+            })
+            .collect();
+        ops.push(WriteOp::PutMeta {
+            key: session.state_key(),
+            value,
+        });
+        ops.push(WriteOp::PutMeta {
+            key: index_key,
+            value: index.encode(),
+        });
+        self.shared.store.commit(ops).await?;
+        Ok(())
     }
 
-    /// Ends a session (HTTP `DELETE`): its id answers `404` from now on, everywhere.
+    /// Ends a session (HTTP `DELETE`): its id answers `404` from now on, everywhere. What the
+    /// session stored (log level, subscriptions) is deleted; a tombstone of a few bytes says
+    /// it ended until the id expires, when it is deleted too.
     pub(crate) async fn end(&self, session: &Session) -> Result<(), RpcError> {
-        let mut state = self.state(session).await;
-        state.ended = true;
-        self.save_state(session, &state).await?;
+        self.update_state(session, |state| {
+            *state = SessionState {
+                ended: true,
+                ..SessionState::default()
+            };
+            Ok(true)
+        })
+        .await?;
         self.hub.end(&session.nonce);
         tracing::info!("legacy session ended");
         Ok(())
@@ -348,9 +414,13 @@ impl Legacy {
                      alert, emergency",
                 )
             })?;
-        let mut state = self.state(session).await;
-        state.log_level = Some(level.as_str().to_owned());
-        self.save_state(session, &state).await?;
+        self.update_state(session, |state| {
+            let level = Some(level.as_str().to_owned());
+            let changed = state.log_level != level;
+            state.log_level = level;
+            Ok(changed)
+        })
+        .await?;
         Ok(json!({}))
     }
 
@@ -365,21 +435,23 @@ impl Legacy {
             .and_then(Value::as_str)
             .filter(|u| !u.is_empty() && u.len() <= 2048)
             .ok_or_else(|| RpcError::invalid_params("`uri` must be a non-empty string"))?;
-        let mut state = self.state(session).await;
-        let known = state.subscriptions.iter().any(|u| u == uri);
-        if on && !known {
-            if state.subscriptions.len() >= 256 {
-                return Err(RpcError::invalid_params(
-                    "a session may subscribe to at most 256 resources",
-                ));
+        self.update_state(session, |state| {
+            let known = state.subscriptions.iter().any(|u| u == uri);
+            if on && !known {
+                if state.subscriptions.len() >= 256 {
+                    return Err(RpcError::invalid_params(
+                        "a session may subscribe to at most 256 resources",
+                    ));
+                }
+                state.subscriptions.push(uri.to_owned());
+            } else if !on && known {
+                state.subscriptions.retain(|u| u != uri);
+            } else {
+                return Ok(false);
             }
-            state.subscriptions.push(uri.to_owned());
-        } else if !on && known {
-            state.subscriptions.retain(|u| u != uri);
-        } else {
-            return Ok(json!({}));
-        }
-        self.save_state(session, &state).await?;
+            Ok(true)
+        })
+        .await?;
         Ok(json!({}))
     }
 
@@ -394,7 +466,13 @@ impl Legacy {
         if let Some(rest) = id.strip_prefix(TASK_REQUEST_PREFIX)
             && let Some((task, key)) = rest.split_once('/')
         {
-            let live = self.live(session);
+            let live = match self.live(session, owner) {
+                Ok(live) => live,
+                Err(e) => {
+                    tracing::info!(task, key, error = %e, "an answer to a task's input request was not taken");
+                    return;
+                }
+            };
             let Some(result) = message.get("result").filter(|r| r.is_object()) else {
                 tracing::info!(task, key, error = %message["error"], "the client refused an input request of a task; it will be asked again");
                 live.unmark_sent(task, key);
@@ -419,7 +497,10 @@ impl Legacy {
             return;
         }
         if id.starts_with(CALL_REQUEST_PREFIX) {
-            if !self.live(session).respond(&id, message) {
+            if !self
+                .live(session, owner)
+                .is_ok_and(|live| live.respond(&id, message))
+            {
                 tracing::debug!(%id, "a response for a request nobody waits for ignored");
             }
             return;
@@ -668,7 +749,7 @@ impl Call {
         tasks: bool,
         out: &mpsc::Sender<Value>,
     ) -> Result<Value, RpcError> {
-        let live = self.legacy.live(&self.session);
+        let live = self.legacy.live(&self.session, &self.owner)?;
         let mut ended = live.ended.subscribe();
         loop {
             let request = self.modern(method, params.clone(), tasks);
@@ -687,11 +768,7 @@ impl Call {
                 Some("task") => {
                     let task = tasks::legacy_task(result);
                     if let Some(task_id) = result.get("taskId").and_then(Value::as_str) {
-                        self.legacy.clone().watch(
-                            self.session.clone(),
-                            self.owner.clone(),
-                            task_id.to_owned(),
-                        );
+                        self.legacy.watch(&self.session, &self.owner, task_id);
                     }
                     return Ok(
                         json!({ "jsonrpc": "2.0", "id": self.id, "result": { "task": task } }),
@@ -821,6 +898,9 @@ async fn one_or_stream(mut rx: mpsc::Receiver<Value>) -> LegacyOutcome {
             .boxed(),
     )
 }
+
+#[cfg(test)]
+mod runtime_tests;
 
 #[cfg(test)]
 mod tests {

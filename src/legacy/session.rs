@@ -10,8 +10,14 @@
 //! What a session costs: `initialize` writes nothing; every later request verifies one HMAC
 //! and reads one small meta record (absent until the session changes its log level or
 //! subscriptions or is ended); `logging/setLevel`, `resources/(un)subscribe` and `DELETE`
-//! write that record. An ended session's record stays (about 100 bytes) so that the id keeps
-//! answering 404 on every replica until it expires.
+//! write that record, at most [`MAX_RECORD_BYTES`]. `DELETE` replaces it with a tombstone of
+//! a few dozen bytes, so that the id keeps answering 404 on every replica until it expires.
+//!
+//! Each owner's records are listed in one index record (nonce, expiry, ended): a write of
+//! the owner's deletes the records of its expired sessions, and admits a session new to the
+//! index only within [`crate::quota::Quotas::max_session_records`] (tombstones apart, at most
+//! [`MAX_ENDED_RECORDS`], the earliest to expire giving way). Records of an owner that never
+//! writes again stay until it does.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
@@ -34,6 +40,13 @@ const MAX_CAPABILITIES_BYTES: usize = 2048;
 pub(crate) const MAX_SESSION_ID_LEN: usize = 8192;
 /// The meta-table key prefix of a session's mutable state.
 const STATE_PREFIX: &str = "legacy_session/";
+/// The meta-table key prefix of an owner's index of session records.
+const INDEX_PREFIX: &str = "legacy_sessions_of/";
+/// Largest stored state of one session (its log level and subscriptions).
+pub(crate) const MAX_RECORD_BYTES: usize = 16 * 1024;
+/// Most tombstones of ended, unexpired sessions kept per owner; past it the earliest to
+/// expire is deleted (that id, of the same owner, is accepted again until it expires).
+pub(crate) const MAX_ENDED_RECORDS: usize = 1024;
 
 /// What `initialize` fixed for a session's lifetime.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -115,7 +128,98 @@ impl Session {
 
     /// The meta-table key of this session's mutable state.
     pub(crate) fn state_key(&self) -> String {
-        format!("{STATE_PREFIX}{}", self.nonce)
+        state_key_of(&self.nonce)
+    }
+
+    /// The meta-table key of the index of the owner's session records.
+    pub(crate) fn index_key(&self) -> String {
+        format!("{INDEX_PREFIX}{}", self.owner)
+    }
+}
+
+/// The meta-table key of the state of the session with `nonce`.
+pub(crate) fn state_key_of(nonce: &str) -> String {
+    format!("{STATE_PREFIX}{nonce}")
+}
+
+/// One of `n` stripes for a key.
+pub(crate) fn stripe(key: &str, n: usize) -> usize {
+    let digest = Sha256::digest(key.as_bytes());
+    usize::from(digest[0]) % n.max(1)
+}
+
+/// The sessions of one owner that have a stored record: nonce → (expiry in ms, ended).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RecordIndex(std::collections::BTreeMap<String, (u64, bool)>);
+
+impl RecordIndex {
+    /// An index as stored (an unreadable one starts empty: its records then stay until they
+    /// are written again).
+    pub(crate) fn decode(bytes: &[u8]) -> Self {
+        serde_json::from_slice(bytes).unwrap_or_default()
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Admits a write of the record of session `nonce` (expiring at `expires_at_ms`,
+    /// `ended` or not) at `now_ms`: the nonces whose records are to be deleted (expired, or
+    /// tombstones past [`MAX_ENDED_RECORDS`]), or the refusal when the owner already has
+    /// `limit` records of sessions that did not end.
+    pub(crate) fn admit(
+        &mut self,
+        nonce: &str,
+        expires_at_ms: u64,
+        ended: bool,
+        now_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<String>, crate::quota::QuotaError> {
+        let mut gone: Vec<String> = self
+            .0
+            .iter()
+            .filter(|(n, (x, _))| *x <= now_ms && n.as_str() != nonce)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in &gone {
+            self.0.remove(n);
+        }
+        let open = |index: &Self| {
+            index
+                .0
+                .iter()
+                .filter(|(n, (_, e))| !*e && n.as_str() != nonce)
+                .count()
+        };
+        if !ended && !self.0.contains_key(nonce) && open(self) >= limit {
+            return Err(crate::quota::QuotaError {
+                kind: crate::quota::QuotaKind::SessionRecords,
+                limit: limit as u64,
+                retry_after: std::time::Duration::from_secs(60),
+            });
+        }
+        self.0.insert(nonce.to_owned(), (expires_at_ms, ended));
+        let tombstones = self.0.values().filter(|(_, e)| *e).count();
+        if tombstones > MAX_ENDED_RECORDS {
+            let mut ended: Vec<(u64, String)> = self
+                .0
+                .iter()
+                .filter(|(n, (_, e))| *e && n.as_str() != nonce)
+                .map(|(n, (x, _))| (*x, n.clone()))
+                .collect();
+            ended.sort();
+            for (_, n) in ended.into_iter().take(tombstones - MAX_ENDED_RECORDS) {
+                self.0.remove(&n);
+                gone.push(n);
+            }
+        }
+        Ok(gone)
+    }
+
+    /// Sessions listed.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
     }
 }
 
@@ -201,6 +305,13 @@ pub(crate) struct SessionState {
     /// URIs of `resources/subscribe`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) subscriptions: Vec<String>,
+    /// When the session's id expires (ms since the epoch; the record is deleted after).
+    #[serde(rename = "x", default, skip_serializing_if = "is_zero")]
+    pub(crate) expires_at_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl SessionState {
@@ -288,11 +399,47 @@ mod tests {
     }
 
     #[test]
+    fn the_record_index_bounds_open_records_and_tombstones_and_drops_expired_ones() {
+        let mut index = RecordIndex::default();
+        for i in 0..3 {
+            assert!(
+                index
+                    .admit(&format!("s{i}"), 100, false, 0, 3)
+                    .unwrap()
+                    .is_empty()
+            );
+        }
+        // A fourth open session is refused; one already listed writes again.
+        let e = index.admit("s3", 100, false, 0, 3).err().unwrap();
+        assert_eq!(
+            (e.kind, e.limit),
+            (crate::quota::QuotaKind::SessionRecords, 3)
+        );
+        assert!(index.admit("s0", 100, false, 0, 3).is_ok());
+        // Ending one makes room, and is never refused.
+        assert!(index.admit("s0", 100, true, 0, 3).unwrap().is_empty());
+        assert!(index.admit("s3", 200, false, 0, 3).unwrap().is_empty());
+        // Past the tombstone bound, the earliest to expire goes.
+        for i in 0..MAX_ENDED_RECORDS {
+            index
+                .admit(&format!("e{i:05}"), 150 + i as u64, true, 0, 3)
+                .unwrap();
+        }
+        assert_eq!(index.len(), 3 + MAX_ENDED_RECORDS, "s0 gave way");
+        // Once their ids expired, every listed record goes on the next write.
+        let gone = index.admit("new", 10_000, false, 5_000, 3).unwrap();
+        assert_eq!(gone.len(), 3 + MAX_ENDED_RECORDS);
+        assert_eq!(index.len(), 1);
+        assert_eq!(RecordIndex::decode(&index.encode()), index);
+    }
+
+    #[test]
     fn state_round_trips() {
         let st = SessionState {
             ended: false,
             log_level: Some("info".into()),
             subscriptions: vec!["test://x".into()],
+            expires_at_ms: 5,
         };
         assert_eq!(SessionState::decode(&st.encode()), Some(st.clone()));
         assert_eq!(st.level(), Some(LogLevel::Info));

@@ -10,24 +10,22 @@ use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
-use futures::StreamExt;
-use futures::stream::BoxStream;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
+use tokio::task::AbortHandle;
+
 use super::{
-    Call, Legacy, LegacyOutcome, RELATED_TASK, STREAM_BUFFER, Session, TASK_REQUEST_PREFIX,
-    error_response, legacy_result, modern_meta, one_or_stream, server_request,
+    Call, Legacy, LegacyOutcome, Live, RELATED_TASK, STREAM_BUFFER, Session, TASK_REQUEST_PREFIX,
+    error_response, legacy_result, one_or_stream, server_request,
 };
-use crate::protocol::{Dispatched, RequestContext, TaskCursor};
+use crate::protocol::TaskCursor;
 use crate::task::Owner;
 use crate::wire::error::RpcError;
 use crate::wire::methods;
 
 /// Tasks per `tasks/list` page.
 const PAGE_SIZE: usize = 50;
-/// How often a task followed without a listen is read.
-const POLL: Duration = Duration::from_millis(250);
 
 /// A modern task object (`CreateTaskResult`, `DetailedTask`) as a 2025-11-25 `Task`:
 /// `ttl`/`pollInterval` for `ttlMs`/`pollIntervalMs`, and `failed` for a completed tool call
@@ -137,9 +135,7 @@ impl Call {
         if !is_terminal(modern.get("status").and_then(Value::as_str)) {
             // Follow it for this session (status notifications, input requests), also after
             // a restart that lost the watcher.
-            self.legacy
-                .clone()
-                .watch(self.session.clone(), self.owner.clone(), task);
+            self.legacy.watch(&self.session, &self.owner, &task);
         }
         Ok(legacy_task(&modern))
     }
@@ -241,53 +237,63 @@ impl Call {
         task: &str,
         out: &mpsc::Sender<Value>,
     ) -> Result<Value, RpcError> {
-        let live = self.legacy.live(&self.session);
+        let live = self.legacy.live(&self.session, &self.owner)?;
         let _guard = live.result_stream(task);
         let mut ended = live.ended.subscribe();
         let mut asked = std::collections::BTreeSet::new();
-        let mut stream = match self
-            .legacy
-            .follow(&self.session, &self.owner, task, true)
-            .await?
-        {
-            Some(stream) => stream,
-            None => return Err(RpcError::task_not_found()),
+        // This request's place in the task's watcher: let go when it returns, also when its
+        // client went away (the output closed).
+        let start = self.legacy.start_watcher(task);
+        let Some((_interest, mut latest)) =
+            self.legacy.watchers.follow(&self.owner, task, None, start)
+        else {
+            return Err(RpcError::task_not_found());
         };
         loop {
-            let message = tokio::select! {
-                m = stream.next() => m,
+            let current = latest.borrow_and_update().clone();
+            if let Some(detail) = current {
+                let status = detail.get("status").and_then(Value::as_str);
+                if is_terminal(status) {
+                    return Ok(final_outcome(&self.id, &detail));
+                }
+                if status == Some("input_required") {
+                    // Every tasks/result stream asks each outstanding key once, even if the
+                    // standing stream or an earlier stream asked it already (the client may
+                    // have missed it, or the server restarted): the first answer wins, a
+                    // later one for the same key is ignored by the task.
+                    let requests =
+                        self.legacy
+                            .input_requests(&self.session.version, task, &detail, |key| {
+                                live.mark_sent(task, key);
+                                asked.insert(key.to_owned())
+                            });
+                    for message in requests {
+                        if out.send(message).await.is_err() {
+                            return Err(RpcError::internal("the client went away"));
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                changed = latest.changed() => {
+                    if changed.is_err() {
+                        // The watcher stopped without a terminal snapshot (the runtime is
+                        // closing): the client asks again.
+                        if let Some(detail) = latest.borrow().clone()
+                            && is_terminal(detail.get("status").and_then(Value::as_str))
+                        {
+                            return Ok(final_outcome(&self.id, &detail));
+                        }
+                        return Err(RpcError::internal(
+                            "the server is shutting down; call tasks/result again",
+                        ));
+                    }
+                }
                 _ = ended.wait_for(|e| *e) => {
                     return Err(RpcError::invalid_request("the session ended"));
                 }
-            };
-            let Some(message) = message else {
-                // The listen ended (the runtime is closing): the client asks again.
-                return Err(RpcError::internal(
-                    "the server is shutting down; call tasks/result again",
-                ));
-            };
-            let Some(detail) = task_notification(&message) else {
-                continue;
-            };
-            let status = detail.get("status").and_then(Value::as_str);
-            if is_terminal(status) {
-                return Ok(final_outcome(&self.id, detail));
-            }
-            if status == Some("input_required") {
-                // Every tasks/result stream asks each outstanding key once, even if the
-                // standing stream or an earlier stream asked it already (the client may have
-                // missed it, or the server restarted): the first answer wins, a later one for
-                // the same key is ignored by the task.
-                let requests = self
-                    .legacy
-                    .input_requests(&self.session, task, detail, |key| {
-                        live.mark_sent(task, key);
-                        asked.insert(key.to_owned())
-                    });
-                for message in requests {
-                    if out.send(message).await.is_err() {
-                        return Err(RpcError::internal("the client went away"));
-                    }
+                _ = out.closed() => {
+                    return Err(RpcError::internal("the client went away"));
                 }
             }
         }
@@ -302,111 +308,66 @@ fn task_notification(message: &Value) -> Option<&Value> {
 }
 
 impl Legacy {
-    /// A task's committed snapshots for `owner`, as `notifications/tasks` messages: from a
-    /// modern listen when `listen` is asked and the owner's listen quota admits one, else
-    /// from modern `tasks/get` every [`POLL`] (a change of status or `lastUpdatedAt` is a new
-    /// snapshot; the stream ends after a terminal one). `None` if the task is not the
-    /// owner's or unknown.
-    async fn follow(
-        self: &Arc<Self>,
-        session: &Session,
-        owner: &Owner,
-        task: &str,
-        listen: bool,
-    ) -> Result<Option<BoxStream<'static, Value>>, RpcError> {
-        if listen {
-            match self.listen(session, owner, task).await {
-                Err(e) if e.code == crate::wire::error::code::QUOTA_EXCEEDED => {
-                    tracing::debug!(%task, "listen quota reached; following a legacy task by polling");
-                }
-                other => return other,
-            }
-        }
-        let first = self.get(session, owner, task).await?;
+    /// Starts the watcher of `task` (see [`super::watch`]): the runtime's subscriber on the
+    /// task, its snapshots handed to every follower until the task is terminal.
+    pub(super) fn start_watcher(self: &Arc<Self>, task: &str) -> impl FnOnce(u64) -> AbortHandle {
         let legacy = self.clone();
-        let (session, owner, task) = (session.clone(), owner.clone(), task.to_owned());
-        let state = (Some(first), None::<(Value, Value)>, false);
-        let polled = futures::stream::unfold(state, move |(mut next, mut seen, done)| {
-            let (legacy, session, owner, task) =
-                (legacy.clone(), session.clone(), owner.clone(), task.clone());
-            async move {
-                if done {
-                    return None;
-                }
-                loop {
-                    let detail = match next.take() {
-                        Some(d) => d,
-                        None => {
-                            tokio::time::sleep(POLL).await;
-                            legacy.get(&session, &owner, &task).await.ok()?
-                        }
-                    };
-                    let key = (detail["status"].clone(), detail["lastUpdatedAt"].clone());
-                    if seen.as_ref() == Some(&key) {
+        let task = task.to_owned();
+        move |entry| tokio::spawn(legacy.feed(task, entry)).abort_handle()
+    }
+
+    async fn feed(self: Arc<Self>, task: String, entry: u64) {
+        let feed = match super::watch::task_id(&task) {
+            Some(id) => self.handle.dispatcher().follow_task(id).await,
+            None => Err(RpcError::task_not_found()),
+        };
+        match feed {
+            Ok(mut feed) => {
+                while let Some(message) = feed.recv().await {
+                    let Some(detail) = task_notification(&message) else {
                         continue;
+                    };
+                    let detail = Arc::new(detail.clone());
+                    for live in self.watchers.publish(&task, entry, detail.clone()) {
+                        self.deliver(&live, &task, &detail);
                     }
-                    let terminal = is_terminal(detail["status"].as_str());
-                    seen = Some(key);
-                    let message = json!({ "jsonrpc": "2.0", "method": "notifications/tasks", "params": detail });
-                    return Some((message, (None, seen, terminal)));
+                    if is_terminal(detail.get("status").and_then(Value::as_str)) {
+                        break;
+                    }
                 }
             }
-        });
-        Ok(Some(polled.boxed()))
-    }
-
-    /// Modern `tasks/get` of `task` for `owner` (the detailed task).
-    async fn get(&self, session: &Session, owner: &Owner, task: &str) -> Result<Value, RpcError> {
-        let request = json!({
-            "jsonrpc": "2.0", "id": "mcp-tasks/get", "method": methods::TASKS_GET,
-            "params": { "taskId": task, "_meta": modern_meta(session, None, true) }
-        });
-        let ctx = RequestContext::new(owner.clone());
-        let response =
-            super::final_response(self.handle.dispatch_json(request, &ctx).await, None).await;
-        super::into_result(response)
-    }
-
-    /// A modern listen stream on one task of `owner`: `None` if the task is not theirs or
-    /// unknown (the acknowledgement agrees to no task).
-    async fn listen(
-        &self,
-        session: &Session,
-        owner: &Owner,
-        task: &str,
-    ) -> Result<Option<BoxStream<'static, Value>>, RpcError> {
-        let request = json!({
-            "jsonrpc": "2.0", "id": format!("mcp-tasks/follow/{task}"),
-            "method": methods::SUBSCRIPTIONS_LISTEN,
-            "params": {
-                "notifications": { "taskIds": [task] },
-                "_meta": modern_meta(session, None, true),
+            Err(e) => {
+                tracing::info!(%task, error = %e, "cannot follow a legacy task (status notifications are optional)");
             }
-        });
-        let ctx = RequestContext::new(owner.clone()).with_streams(true);
-        match self.handle.dispatch_json(request, &ctx).await {
-            Dispatched::Stream(mut stream) => {
-                let ack = stream.next().await;
-                let agreed = ack
-                    .as_ref()
-                    .and_then(|a| a.pointer("/params/notifications/taskIds"))
-                    .and_then(Value::as_array)
-                    .is_some_and(|ids| !ids.is_empty());
-                Ok(agreed.then(|| stream.boxed()))
-            }
-            Dispatched::Reply(reply) => match super::into_result(reply.into_body()) {
-                Err(e) => Err(e),
-                Ok(_) => Err(RpcError::internal("the listen ended at once")),
-            },
-            Dispatched::Accepted => Ok(None),
+        }
+        for live in self.watchers.finish(&task, entry) {
+            live.unfollow_task(&task);
         }
     }
 
-    /// The task's outstanding input requests as server-to-client requests, those `send`
-    /// picks.
+    /// Tells a session that follows `task` about a new snapshot: `notifications/tasks/status`
+    /// on its standing stream, and the task's input requests there when no `tasks/result`
+    /// stream of the session carries them (each key once per session; a `tasks/result` stream
+    /// asks again: see `follow_to_end`).
+    fn deliver(&self, live: &Live, task: &str, detail: &Value) {
+        live.standing.push(json!({
+            "jsonrpc": "2.0", "method": "notifications/tasks/status", "params": legacy_task(detail)
+        }));
+        let status = detail.get("status").and_then(Value::as_str);
+        if status == Some("input_required") && !live.has_result_stream(task) {
+            for request in
+                self.input_requests(&live.version, task, detail, |key| live.mark_sent(task, key))
+            {
+                live.standing.push(request);
+            }
+        }
+    }
+
+    /// The task's outstanding input requests as server-to-client requests for a session of
+    /// `version`, those `send` picks.
     fn input_requests(
         &self,
-        session: &Session,
+        version: &str,
         task: &str,
         detail: &Value,
         mut send: impl FnMut(&str) -> bool,
@@ -419,70 +380,32 @@ impl Legacy {
             .filter(|(key, _)| send(key))
             .map(|(key, request)| {
                 let id = format!("{TASK_REQUEST_PREFIX}{task}/{key}");
-                server_request(&id, request, &session.version, Some(task))
+                server_request(&id, request, version, Some(task))
             })
             .collect()
     }
 
-    /// Follows a task for a session: `notifications/tasks/status` on the session's standing
-    /// stream at every change, and its input requests there when no `tasks/result` stream of
-    /// the session carries them. Ends when the task is terminal or the session ends; at most
-    /// one per task and session in this process.
-    pub(super) fn watch(self: Arc<Self>, session: Session, owner: Owner, task: String) {
-        let live = self.live(&session);
-        if !live.watch_task(&task) {
-            return;
-        }
-        tokio::spawn(async move {
-            let mut ended = live.ended.subscribe();
-            // A few watchers per session listen; the others poll, so that legacy tasks never
-            // use up the owner's listen quota.
-            let listener = live.listening_watcher();
-            let stream = match self
-                .follow(&session, &owner, &task, listener.is_some())
-                .await
-            {
-                Ok(Some(stream)) => stream,
-                Ok(None) => {
-                    live.unwatch_task(&task);
-                    return;
-                }
-                Err(e) => {
-                    tracing::info!(%task, error = %e, "cannot follow a legacy task (status notifications are optional)");
-                    live.unwatch_task(&task);
-                    return;
-                }
-            };
-            let mut stream = stream;
-            loop {
-                let message = tokio::select! {
-                    m = stream.next() => m,
-                    _ = ended.wait_for(|e| *e) => None,
-                };
-                let Some(message) = message else { break };
-                let Some(detail) = task_notification(&message) else {
-                    continue;
-                };
-                let legacy = legacy_task(detail);
-                live.standing.push(json!({
-                    "jsonrpc": "2.0", "method": "notifications/tasks/status", "params": legacy
-                }));
-                let status = detail.get("status").and_then(Value::as_str);
-                if status == Some("input_required") && !live.has_result_stream(&task) {
-                    // Each key once per session on the standing stream (a tasks/result stream
-                    // asks again: see `follow_to_end`).
-                    for request in self
-                        .input_requests(&session, &task, detail, |key| live.mark_sent(&task, key))
-                    {
-                        live.standing.push(request);
-                    }
-                }
-                if is_terminal(status) {
-                    break;
-                }
+    /// Follows a task for a session: its snapshots go to the session's standing stream (see
+    /// [`Legacy::deliver`]) from the task's one watcher in this process, until the task is
+    /// terminal or the session ends or is forgotten. Nothing if the session already follows
+    /// it. The caller has checked that the task is `owner`'s.
+    pub(super) fn watch(self: &Arc<Self>, session: &Session, owner: &Owner, task: &str) {
+        let live = match self.live(session, owner) {
+            Ok(live) => live,
+            Err(e) => {
+                tracing::debug!(error = %e, "a legacy task is not followed for a session");
+                return;
             }
-            live.unwatch_task(&task);
+        };
+        let start = self.start_watcher(task);
+        let joined = live.follow_task(task, || {
+            self.watchers.follow(owner, task, Some(&live), start)
         });
+        // The snapshot the watcher had before this session joined (later ones it delivers).
+        let current = joined.and_then(|latest| latest.borrow().clone());
+        if let Some(detail) = current {
+            self.deliver(&live, task, &detail);
+        }
     }
 }
 

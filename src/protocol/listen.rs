@@ -124,6 +124,29 @@ impl Dispatcher {
     }
 }
 
+impl Dispatcher {
+    /// Follows one task's committed snapshots with a subscriber actor, as a listen does, for
+    /// an adapter inside this process that checked the caller's ownership itself and counts
+    /// what it follows against its own limits: `notifications/tasks` messages (the first is
+    /// the current snapshot) until the task is terminal, the runtime closes, or the receiver
+    /// is dropped (which stops the subscriber).
+    pub(crate) async fn follow_task(&self, task: TaskId) -> Result<mpsc::Receiver<Value>, RpcError> {
+        let (out, rx) = mpsc::channel(OUTPUT_CAPACITY);
+        let args = SubscriberArgs {
+            subscription_id: Value::Null,
+            tasks: vec![task],
+            out,
+        };
+        let subscriber = Subscriber {
+            shared: self.shared.clone(),
+        };
+        Actor::spawn_linked(None, subscriber, args, self.supervisor.get_cell())
+            .await
+            .map_err(|e| RpcError::internal(format!("the subscriber did not start: {e}")))?;
+        Ok(rx)
+    }
+}
+
 /// The listen stream: messages from the channel until the reader goes away; when the runtime
 /// closes, the listen result and the end.
 fn stream(

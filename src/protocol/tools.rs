@@ -348,7 +348,7 @@ impl Dispatcher {
         answer_rx
             .await
             .map_err(|_| RpcError::internal("task creation was interrupted"))??;
-        tracing::debug!(task = %record.id, tool = %record.tool, owner = %record.owner, "task created");
+        tracing::debug!(task = %record.id, tool = %record.tool, principal = %record.owner.log_id(), "task created");
         tracing::Span::current().record("mcp.task.id", record.id.as_str());
         crate::telemetry::transition(record.status);
         Ok(Answer::Task(record, crate::task::json::Shape::Created))

@@ -106,6 +106,9 @@ impl State {
             WriteOp::PutMeta { key, value } => {
                 self.meta.insert(key, value);
             }
+            WriteOp::DeleteMeta { key } => {
+                self.meta.remove(&key);
+            }
         }
     }
 }
@@ -286,6 +289,11 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(store.meta_get("k").await.unwrap(), Some(b"first".to_vec()));
+        store
+            .commit(vec![WriteOp::DeleteMeta { key: "k".into() }])
+            .await
+            .unwrap();
+        assert_eq!(store.meta_get("k").await.unwrap(), None);
         store.close().await;
         assert!(matches!(store.get("a").await, Err(StoreError::Closed)));
     }

@@ -365,6 +365,11 @@ pub enum WriteOp {
         /// The value stored if the key is absent.
         value: Vec<u8>,
     },
+    /// Remove a key from the meta table (nothing if it is absent).
+    DeleteMeta {
+        /// The meta key.
+        key: String,
+    },
 }
 
 impl WriteOp {
@@ -374,7 +379,9 @@ impl WriteOp {
             WriteOp::Put { id, .. } | WriteOp::Delete { id } | WriteOp::SetDue { id, .. } => {
                 Some(id)
             }
-            WriteOp::PutMeta { .. } | WriteOp::PutMetaIfAbsent { .. } => None,
+            WriteOp::PutMeta { .. }
+            | WriteOp::PutMetaIfAbsent { .. }
+            | WriteOp::DeleteMeta { .. } => None,
         }
     }
 }

@@ -527,6 +527,12 @@ impl Inner {
                         .await?;
                     tx.execute(&st, &[key, value]).await?;
                 }
+                WriteOp::DeleteMeta { key } => {
+                    let st = tx
+                        .prepare_cached("DELETE FROM mcp_meta WHERE key = $1")
+                        .await?;
+                    tx.execute(&st, &[key]).await?;
+                }
             }
         }
         #[cfg(feature = "failpoints")]

@@ -98,6 +98,10 @@ pub struct HttpConfig {
     /// How long a client may take to send a request's body once its head arrived (default
     /// 30 s); slower is `408`.
     pub body_timeout: Duration,
+    /// How long the rest of a legacy (`2025-11-25`) response stream is kept coming after its
+    /// client went away, for a `GET` with `Last-Event-ID` to resume it (default 30 s); after
+    /// that the request stops (an abandoned `tasks/result` stops following its task).
+    pub legacy_resume_grace: Duration,
     /// Authenticates each request (default [`Anonymous`]: everyone is
     /// [`crate::Owner::anonymous`]).
     pub authenticator: Arc<dyn Authenticator>,
@@ -118,6 +122,7 @@ impl Default for HttpConfig {
             keep_alive: Duration::from_secs(15),
             max_requests_per_principal: usize::MAX,
             body_timeout: Duration::from_secs(30),
+            legacy_resume_grace: Duration::from_secs(30),
             authenticator: Arc::new(Anonymous),
             resource: None,
         }
@@ -138,6 +143,7 @@ impl std::fmt::Debug for HttpConfig {
                 &self.max_requests_per_principal,
             )
             .field("body_timeout", &self.body_timeout)
+            .field("legacy_resume_grace", &self.legacy_resume_grace)
             .field("resource", &self.resource)
             .finish_non_exhaustive()
     }

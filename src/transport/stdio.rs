@@ -307,7 +307,17 @@ impl Server {
                 Ok((response, session)) => {
                     // The standing stream: task status notifications and input requests of
                     // tasks, written as they come, until the connection ends.
-                    let live = self.legacy.live(&session);
+                    let live = match self.legacy.live(&session, &self.ctx.owner) {
+                        Ok(live) => live,
+                        Err(e) => {
+                            let id = message.get("id").cloned().unwrap_or(Value::Null);
+                            let error = crate::wire::jsonrpc::error_response(
+                                Some(&id),
+                                &crate::wire::error::RpcError::from(e),
+                            );
+                            return Some(self.out.send(encode(&error)).await.is_ok());
+                        }
+                    };
                     let out = self.out.clone();
                     self.jobs.spawn(async move {
                         let mut ended = live.ended.subscribe();

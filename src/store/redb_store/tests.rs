@@ -255,10 +255,17 @@ async fn meta_and_boot_epoch_across_reopen() {
     assert_eq!(store.boot_epoch(), 2);
     assert_eq!(store.meta_get("schema").await.unwrap(), Some(vec![7]));
     assert_eq!(store.meta_get("nope").await.unwrap(), None);
+    store
+        .commit(vec![WriteOp::DeleteMeta {
+            key: "schema".into(),
+        }])
+        .await
+        .unwrap();
     store.close().await;
 
     let store = RedbStore::open(&path, StoreOptions::default()).unwrap();
     assert_eq!(store.boot_epoch(), 3);
+    assert_eq!(store.meta_get("schema").await.unwrap(), None, "deleted");
     store.close().await;
 }
 

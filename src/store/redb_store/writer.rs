@@ -413,6 +413,9 @@ fn apply_jobs_to(
                 WriteOp::PutMeta { key, value } => {
                     meta.insert(key.as_str(), value.as_slice())?;
                 }
+                WriteOp::DeleteMeta { key } => {
+                    meta.remove(key.as_str())?;
+                }
             }
         }
         results.push(Ok(()));

@@ -8,7 +8,11 @@
 //! - `POST` of a request: one JSON response, or an SSE stream when the request sends
 //!   notifications or server-to-client requests before its response. Every SSE event has an
 //!   id (`{stream}-{seq}`); the stream goes on when the client disconnects, and `GET` with
-//!   `Last-Event-ID` resumes it after that event.
+//!   `Last-Event-ID` resumes it after that event. A stream nobody reads for
+//!   [`super::HttpConfig::legacy_resume_grace`] stops (an abandoned `tasks/result` stops
+//!   following its task).
+//! - A caller whose [`crate::quota::Quotas::max_sessions`] sessions all have an open stream
+//!   or a request waiting for it gets `429` with `Retry-After` for another one.
 //! - `GET` with `Mcp-Session-Id`: the session's standing stream (task status notifications,
 //!   input requests of its tasks); one reader at a time, a newer one replaces the older.
 //! - `DELETE` with `Mcp-Session-Id`: ends the session.
@@ -28,6 +32,7 @@ use serde_json::Value;
 
 use super::{Endpoint, InFlight, accepts_event_stream, json_response, transport_error};
 use crate::legacy::{self, LEGACY_VERSIONS, LegacyOutcome, Session, SessionState};
+use crate::quota::QuotaError;
 use crate::task::Owner;
 use crate::wire::error::RpcError;
 
@@ -68,12 +73,26 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-fn not_found(why: &str) -> Response {
+/// The `404` of a session id that is not accepted. The reason (another caller's session, a
+/// signature that does not verify, expired, ended) is only logged: the body is the same for
+/// every one.
+fn not_found() -> Response {
     transport_error(
         StatusCode::NOT_FOUND,
         None,
-        &format!("Session not found: {why}; send initialize to start a new session"),
+        "Session not found; send initialize to start a new session",
     )
+}
+
+/// `429` with `Retry-After` for a session refused by a quota.
+fn quota_refusal(e: QuotaError) -> Response {
+    let secs = e.retry_after_secs();
+    let body = crate::wire::jsonrpc::error_response(None, &RpcError::from(e));
+    let mut response = json_response(StatusCode::TOO_MANY_REQUESTS, &body);
+    response
+        .headers_mut()
+        .insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs));
+    response
 }
 
 fn session_id_header(id: &str) -> Option<HeaderValue> {
@@ -96,8 +115,8 @@ async fn resolve(
     match endpoint.legacy.resolve(&id, owner).await {
         Ok(found) => Ok(found),
         Err(e) => {
-            tracing::debug!(reason = %e, "legacy session refused");
-            Err(not_found(&e.to_string()))
+            tracing::info!(principal = %owner.log_id(), reason = %e, "legacy session id refused (404)");
+            Err(not_found())
         }
     }
 }
@@ -134,6 +153,9 @@ pub(super) async fn post(
     if legacy::is_initialize(&message) && session_header(headers).is_none() {
         return match endpoint.legacy.initialize(&message, &owner) {
             Ok((body, session)) => {
+                if let Err(e) = endpoint.legacy.live(&session, &owner) {
+                    return (quota_refusal(e), "legacy-initialize");
+                }
                 let id = endpoint.legacy.session_id(&session);
                 let mut response = json_response(StatusCode::OK, &body);
                 if let Some(value) = session_id_header(&id) {
@@ -155,14 +177,22 @@ pub(super) async fn post(
     };
     let streams = accepts_event_stream(headers);
     let legacy = endpoint.legacy.clone();
-    let live = legacy.live(&session);
+    let live = match legacy.live(&session, &owner) {
+        Ok(live) => live,
+        Err(e) => return (quota_refusal(e), "legacy-session"),
+    };
+    // `tasks/result` only reads: when its client goes away before the answer, it stops (and
+    // lets go of the task it follows).
+    let reads_only = message.get("method").and_then(Value::as_str) == Some("tasks/result");
     // The request runs on its own task: a client that disconnects cannot cut it in half.
     let handled = tokio::spawn(async move {
         legacy
             .handle(&session, &state, &owner, message, streams)
             .await
-    })
-    .await;
+    });
+    let mut stop_if_gone = AbortOnDrop(reads_only.then(|| handled.abort_handle()));
+    let handled = handled.await;
+    stop_if_gone.0 = None;
     match handled {
         Ok(LegacyOutcome::Accepted) => (StatusCode::ACCEPTED.into_response(), "legacy-accepted"),
         Ok(LegacyOutcome::Reply(body)) => (json_response(StatusCode::OK, &body), "legacy-json"),
@@ -170,15 +200,31 @@ pub(super) async fn post(
             // The messages go into a resumable log, read by this response; if the client
             // disconnects, the rest waits there for a GET with Last-Event-ID.
             let log = live.open_stream();
+            let events = log.read(Some(1)).boxed();
             let writer = log.clone();
+            let grace = endpoint.config.legacy_resume_grace;
             tokio::spawn(async move {
                 let mut messages = messages;
-                while let Some(message) = messages.next().await {
-                    writer.push(message);
+                let mut abandoned = std::pin::pin!(writer.unread_for(grace));
+                loop {
+                    tokio::select! {
+                        message = messages.next() => match message {
+                            Some(message) => {
+                                writer.push(message);
+                            }
+                            None => break,
+                        },
+                        () = &mut abandoned => {
+                            // Nobody read or resumed the stream for the grace: the request
+                            // stops (its follower of a task lets go).
+                            tracing::debug!("an unread legacy response stream stopped");
+                            break;
+                        }
+                    }
                 }
+                drop(messages);
                 writer.finish();
             });
-            let events = log.read(Some(1)).boxed();
             (
                 sse_response(events, endpoint.config.keep_alive, in_flight),
                 "legacy-sse",
@@ -192,6 +238,17 @@ pub(super) async fn post(
                 json_response(StatusCode::INTERNAL_SERVER_ERROR, &body),
                 "legacy-json",
             )
+        }
+    }
+}
+
+/// Aborts a task when dropped (the request's client went away before its answer).
+struct AbortOnDrop(Option<tokio::task::AbortHandle>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
         }
     }
 }
@@ -233,7 +290,10 @@ pub(super) async fn get_or_delete(
             "legacy-get",
         );
     }
-    let live = endpoint.legacy.live(&session);
+    let live = match endpoint.legacy.live(&session, &owner) {
+        Ok(live) => live,
+        Err(e) => return (quota_refusal(e), "legacy-get"),
+    };
     let resume = headers
         .get(LAST_EVENT_ID)
         .and_then(|v| v.to_str().ok())
