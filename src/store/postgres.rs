@@ -392,6 +392,7 @@ impl Inner {
                     due_ms,
                     seq,
                     expect,
+                    owner: _,
                 } => {
                     let due = due_ms.map(to_i64);
                     let seq = seq.map(to_i64);
