@@ -169,6 +169,10 @@ struct LimitArgs {
     /// Task ids followed across one principal's open listens.
     #[arg(long, value_name = "N", default_value_t = Quotas::default().max_listen_task_ids)]
     max_listen_task_ids: usize,
+    /// Bytes one principal may keep in the store: all its tasks, finished ones included
+    /// until their retention ends (429 / -32010 `storedBytes` over it).
+    #[arg(long, value_name = "BYTES", default_value_t = Quotas::default().max_stored_bytes)]
+    max_stored_bytes: u64,
     /// Lift every per-principal quota above (a single trusted user, benchmarks).
     #[arg(long)]
     no_quotas: bool,
@@ -204,6 +208,7 @@ impl LimitArgs {
         q.create_burst = self.create_burst;
         q.max_listens = self.max_listens;
         q.max_listen_task_ids = self.max_listen_task_ids;
+        q.max_stored_bytes = self.max_stored_bytes;
         q
     }
 

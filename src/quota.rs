@@ -12,6 +12,7 @@
 //! | [`Quotas::create_rate`] / [`Quotas::create_burst`] | the store writer and the reaper (each creation is a commit, each expiry another) | 20/s, bursts of 100 |
 //! | [`Quotas::max_listens`] | memory and file descriptors: each open `subscriptions/listen` holds a stream and a subscriber actor | 16 |
 //! | [`Quotas::max_listen_task_ids`] | memory and fan-out: each followed id holds a follower (~700 B) and costs a send per update | 4,096 across all listens |
+//! | [`Quotas::max_stored_bytes`] | disk: every stored task of the owner, finished ones included until the reaper deletes them after their retention | 256 MiB |
 //!
 //! Owners are counted separately: one principal at its limits does not reduce anyone else's.
 //! A refusal is [`QuotaError`], answered as JSON-RPC [`crate::wire::error::code::QUOTA_EXCEEDED`]
@@ -42,6 +43,11 @@ pub struct Quotas {
     pub max_listens: usize,
     /// Task ids followed across all of one owner's open listens.
     pub max_listen_task_ids: usize,
+    /// Bytes one owner may have in the store: the records of all its tasks, live and finished
+    /// (a finished task keeps its arguments and result until the reaper deletes it, at the
+    /// end of its retention). Checked at each creation against the store's per-owner usage
+    /// ([`crate::store::Store::usage`]), which every commit keeps exact.
+    pub max_stored_bytes: u64,
 }
 
 impl Default for Quotas {
@@ -53,9 +59,13 @@ impl Default for Quotas {
             create_burst: 100,
             max_listens: 16,
             max_listen_task_ids: 4096,
+            max_stored_bytes: DEFAULT_MAX_STORED_BYTES,
         }
     }
 }
+
+/// The default of [`Quotas::max_stored_bytes`]: 256 MiB.
+pub const DEFAULT_MAX_STORED_BYTES: u64 = 256 * 1024 * 1024;
 
 impl Quotas {
     /// No limits at all (a single trusted user, tests).
@@ -67,6 +77,7 @@ impl Quotas {
             create_burst: u32::MAX,
             max_listens: usize::MAX,
             max_listen_task_ids: usize::MAX,
+            max_stored_bytes: u64::MAX,
         }
     }
 }
@@ -89,6 +100,9 @@ pub enum QuotaKind {
     ListenTaskIds,
     /// The HTTP transport's limit of requests one principal may have in flight at once.
     ConcurrentRequests,
+    /// [`Quotas::max_stored_bytes`]: the owner's stored tasks, finished ones included, would
+    /// exceed it.
+    StoredBytes,
 }
 
 impl QuotaKind {
@@ -101,6 +115,7 @@ impl QuotaKind {
             Self::Listens => "listens",
             Self::ListenTaskIds => "listenTaskIds",
             Self::ConcurrentRequests => "concurrentRequests",
+            Self::StoredBytes => "storedBytes",
         }
     }
 }
@@ -142,6 +157,10 @@ impl QuotaError {
             ),
             QuotaKind::ConcurrentRequests => format!(
                 "you already have {} requests in progress, the most allowed",
+                self.limit
+            ),
+            QuotaKind::StoredBytes => format!(
+                "your stored tasks (finished ones included, until their retention ends) would exceed {} bytes; wait for finished tasks to be deleted",
                 self.limit
             ),
         }
@@ -311,6 +330,33 @@ impl QuotaTracker {
         })
     }
 
+    /// Whether [`Quotas::max_stored_bytes`] limits anything (the store's usage is read only
+    /// then).
+    pub(crate) fn limits_stored_bytes(&self) -> bool {
+        self.quotas.max_stored_bytes < u64::MAX
+    }
+
+    /// Checks a creation with `bytes` of arguments for `owner`, who has `stored` bytes in the
+    /// store, against [`Quotas::max_stored_bytes`]; creations admitted but not committed yet
+    /// count too.
+    pub(crate) fn check_stored(
+        &self,
+        owner: &Owner,
+        stored: u64,
+        bytes: u64,
+    ) -> Result<(), QuotaError> {
+        let limit = self.quotas.max_stored_bytes;
+        let pending = self.lock().get(owner).map_or(0, |s| s.pending_bytes);
+        if stored.saturating_add(pending).saturating_add(bytes) > limit {
+            return Err(QuotaError {
+                kind: QuotaKind::StoredBytes,
+                limit,
+                retry_after: Duration::from_secs(60),
+            });
+        }
+        Ok(())
+    }
+
     /// Admits one listen following `ids` tasks for `owner`.
     pub(crate) fn admit_listen(
         self: &Arc<Self>,
@@ -439,6 +485,26 @@ mod tests {
         let _c = t.admit_listen(&o, 6).unwrap();
         drop(b);
         assert!(t.lock().contains_key(&o));
+    }
+
+    #[test]
+    fn stored_bytes_count_pending_creations() {
+        let t = tracker(Quotas {
+            max_stored_bytes: 1000,
+            ..Quotas::unlimited()
+        });
+        assert!(t.limits_stored_bytes());
+        assert!(!tracker(Quotas::unlimited()).limits_stored_bytes());
+        let o = Owner::anonymous();
+        let now = Instant::now();
+        t.check_stored(&o, 900, 100).unwrap();
+        let e = t.check_stored(&o, 900, 101).err().unwrap();
+        assert_eq!((e.kind, e.limit), (QuotaKind::StoredBytes, 1000));
+        assert!(e.to_string().contains("1000 bytes"), "{e}");
+        let pending = t.admit_create(&o, (0, 0), 300, now).unwrap();
+        assert!(t.check_stored(&o, 600, 200).is_err());
+        drop(pending);
+        t.check_stored(&o, 600, 200).unwrap();
     }
 
     #[test]
