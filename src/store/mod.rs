@@ -411,6 +411,17 @@ pub fn parse_owner_key(key: &str) -> Option<(&str, &str)> {
     Some(rest.split_at(len))
 }
 
+/// The owner entry of a snapshot, read from the snapshot itself (the conversion of a store
+/// written before the owner index, and administration commands that write records they
+/// did not get an owner entry for). `None` for a snapshot that does not decode.
+pub(crate) fn owner_of_snapshot(snapshot: &[u8]) -> Option<OwnerEntry> {
+    let record = crate::persist::decode(snapshot).ok()?;
+    Some(OwnerEntry {
+        owner: owner_key(&record.owner.tenant, &record.owner.principal),
+        created_ms: record.created_at_ms,
+    })
+}
+
 /// Where a page of [`TaskStore::owned`] starts: after this entry in (creation time, id)
 /// order.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

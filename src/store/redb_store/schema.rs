@@ -12,7 +12,7 @@ use redb::{
 };
 
 use super::panic_message;
-use crate::store::{BackendFactory, META_BOOT_EPOCH, OwnerEntry, StoreError, Usage, owner_key};
+use crate::store::{BackendFactory, META_BOOT_EPOCH, OwnerEntry, StoreError, Usage};
 
 /// id → record: a [`RecordHeader`] (sequence number, due time, owner) followed by the
 /// snapshot bytes (layouts 2 and 3; in layout 1 the value was the snapshot bytes alone). The
@@ -156,16 +156,7 @@ impl RecordHeader {
     }
 }
 
-/// The owner entry of a snapshot, read from the snapshot itself (the layout 2 → 3 conversion,
-/// and administration commands that write records they did not get a header for). `None`
-/// for a snapshot that does not decode.
-pub(crate) fn owner_of_snapshot(snapshot: &[u8]) -> Option<OwnerEntry> {
-    let record = crate::persist::decode(snapshot).ok()?;
-    Some(OwnerEntry {
-        owner: owner_key(&record.owner.tenant, &record.owner.principal),
-        created_ms: record.created_at_ms,
-    })
-}
+pub(crate) use crate::store::owner_of_snapshot;
 
 /// The owner index and usage counters a write keeps beside the records.
 pub(crate) struct OwnerTables<'t> {
