@@ -307,6 +307,10 @@ fn fill(path: &Path, n: usize) -> Vec<String> {
             due_ms: Some(now + day + retention),
             seq: Some(done.seq),
             expect: Expect::Any,
+            owner: Some(mcp_tasks::store::OwnerEntry {
+                owner: mcp_tasks::store::owner_key(&done.owner.tenant, &done.owner.principal),
+                created_ms: done.created_at_ms,
+            }),
         });
         if batch.len() == 4096 || i + 1 == n {
             rt.block_on(store.commit(std::mem::take(&mut batch)))

@@ -252,11 +252,16 @@ struct LimitArgs {
     /// Legacy (2025-11-25) sessions one principal may have held at once; at the limit the
     /// least recently used one without an open stream gives way, and when all have one, a
     /// new session is refused (429).
-    #[arg(long, value_name = "N", default_value_t = Quotas::default().max_sessions)]
+    #[arg(long, env = "MCP_TASKS_MAX_SESSIONS", value_name = "N", default_value_t = Quotas::default().max_sessions)]
     max_sessions: usize,
     /// Legacy sessions of one principal with stored settings or subscriptions.
-    #[arg(long, value_name = "N", default_value_t = Quotas::default().max_session_records)]
+    #[arg(long, env = "MCP_TASKS_MAX_SESSION_RECORDS", value_name = "N", default_value_t = Quotas::default().max_session_records)]
     max_session_records: usize,
+    /// Bytes one principal may keep in the store: all its tasks, finished ones included
+    /// until their retention ends (429 / -32010 `storedBytes` over it); a size (bytes, or with
+    /// a unit such as KiB, MiB, GB).
+    #[arg(long, env = "MCP_TASKS_MAX_STORED_BYTES", value_name = "SIZE", default_value = "256MiB", value_parser = units::parse_size)]
+    max_stored_bytes: u64,
     /// Lift every per-principal quota above (a single trusted user, benchmarks).
     #[arg(long, env = "MCP_TASKS_NO_QUOTAS")]
     no_quotas: bool,
@@ -305,6 +310,7 @@ impl LimitArgs {
         q.max_listen_task_ids = self.max_listen_task_ids;
         q.max_sessions = self.max_sessions;
         q.max_session_records = self.max_session_records;
+        q.max_stored_bytes = self.max_stored_bytes;
         q
     }
 

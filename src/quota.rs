@@ -14,6 +14,7 @@
 //! | [`Quotas::max_listen_task_ids`] | memory and fan-out: each followed id holds a follower (~700 B) and costs a send per update | 4,096 across all listens |
 //! | [`Quotas::max_sessions`] | memory and fan-out: each legacy (`2025-11-25`) session held in a process keeps its streams (up to 1,024 messages each) and the tasks it follows | 64 |
 //! | [`Quotas::max_session_records`] | disk: legacy sessions with a stored record (log level, resource subscriptions, ended), each at most 16 KiB | 256 |
+//! | [`Quotas::max_stored_bytes`] | disk: every stored task of the owner, finished ones included until the reaper deletes them after their retention | 256 MiB |
 //!
 //! Owners are counted separately: one principal at its limits does not reduce anyone else's.
 //! A refusal is [`QuotaError`], answered as JSON-RPC [`crate::wire::error::code::QUOTA_EXCEEDED`]
@@ -52,6 +53,11 @@ pub struct Quotas {
     /// Legacy sessions of one owner with a stored record (set by `logging/setLevel`,
     /// `resources/subscribe` and `DELETE`, removed when the session expires).
     pub max_session_records: usize,
+    /// Bytes one owner may have in the store: the records of all its tasks, live and finished
+    /// (a finished task keeps its arguments and result until the reaper deletes it, at the
+    /// end of its retention). Checked at each creation against the store's per-owner usage
+    /// ([`crate::store::Store::usage`]), which every commit keeps exact.
+    pub max_stored_bytes: u64,
 }
 
 impl Default for Quotas {
@@ -65,9 +71,13 @@ impl Default for Quotas {
             max_listen_task_ids: 4096,
             max_sessions: 64,
             max_session_records: 256,
+            max_stored_bytes: DEFAULT_MAX_STORED_BYTES,
         }
     }
 }
+
+/// The default of [`Quotas::max_stored_bytes`]: 256 MiB.
+pub const DEFAULT_MAX_STORED_BYTES: u64 = 256 * 1024 * 1024;
 
 impl Quotas {
     /// No limits at all (a single trusted user, tests).
@@ -81,6 +91,7 @@ impl Quotas {
             max_listen_task_ids: usize::MAX,
             max_sessions: usize::MAX,
             max_session_records: usize::MAX,
+            max_stored_bytes: u64::MAX,
         }
     }
 }
@@ -109,6 +120,9 @@ pub enum QuotaKind {
     /// [`Quotas::max_session_records`]: the owner has that many legacy sessions with a
     /// stored record.
     SessionRecords,
+    /// [`Quotas::max_stored_bytes`]: the owner's stored tasks, finished ones included, would
+    /// exceed it.
+    StoredBytes,
 }
 
 impl QuotaKind {
@@ -123,6 +137,7 @@ impl QuotaKind {
             Self::ConcurrentRequests => "concurrentRequests",
             Self::Sessions => "sessions",
             Self::SessionRecords => "sessionRecords",
+            Self::StoredBytes => "storedBytes",
         }
     }
 }
@@ -172,6 +187,10 @@ impl QuotaError {
             ),
             QuotaKind::SessionRecords => format!(
                 "you already have {} sessions with stored settings or subscriptions, the most allowed; end some with DELETE or wait for them to expire",
+                self.limit
+            ),
+            QuotaKind::StoredBytes => format!(
+                "your stored tasks (finished ones included, until their retention ends) would exceed {} bytes; wait for finished tasks to be deleted",
                 self.limit
             ),
         }
@@ -346,6 +365,33 @@ impl QuotaTracker {
         })
     }
 
+    /// Whether [`Quotas::max_stored_bytes`] limits anything (the store's usage is read only
+    /// then).
+    pub(crate) fn limits_stored_bytes(&self) -> bool {
+        self.quotas.max_stored_bytes < u64::MAX
+    }
+
+    /// Checks a creation with `bytes` of arguments for `owner`, who has `stored` bytes in the
+    /// store, against [`Quotas::max_stored_bytes`]; creations admitted but not committed yet
+    /// count too.
+    pub(crate) fn check_stored(
+        &self,
+        owner: &Owner,
+        stored: u64,
+        bytes: u64,
+    ) -> Result<(), QuotaError> {
+        let limit = self.quotas.max_stored_bytes;
+        let pending = self.lock().get(owner).map_or(0, |s| s.pending_bytes);
+        if stored.saturating_add(pending).saturating_add(bytes) > limit {
+            return Err(QuotaError {
+                kind: QuotaKind::StoredBytes,
+                limit,
+                retry_after: Duration::from_secs(60),
+            });
+        }
+        Ok(())
+    }
+
     /// Admits one listen following `ids` tasks for `owner`.
     pub(crate) fn admit_listen(
         self: &Arc<Self>,
@@ -474,6 +520,26 @@ mod tests {
         let _c = t.admit_listen(&o, 6).unwrap();
         drop(b);
         assert!(t.lock().contains_key(&o));
+    }
+
+    #[test]
+    fn stored_bytes_count_pending_creations() {
+        let t = tracker(Quotas {
+            max_stored_bytes: 1000,
+            ..Quotas::unlimited()
+        });
+        assert!(t.limits_stored_bytes());
+        assert!(!tracker(Quotas::unlimited()).limits_stored_bytes());
+        let o = Owner::anonymous();
+        let now = Instant::now();
+        t.check_stored(&o, 900, 100).unwrap();
+        let e = t.check_stored(&o, 900, 101).err().unwrap();
+        assert_eq!((e.kind, e.limit), (QuotaKind::StoredBytes, 1000));
+        assert!(e.to_string().contains("1000 bytes"), "{e}");
+        let pending = t.admit_create(&o, (0, 0), 300, now).unwrap();
+        assert!(t.check_stored(&o, 600, 200).is_err());
+        drop(pending);
+        t.check_stored(&o, 600, 200).unwrap();
     }
 
     #[test]

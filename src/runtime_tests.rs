@@ -156,6 +156,7 @@ async fn a_poisoned_record_does_not_stop_the_reaper() {
             due_ms: Some(START_MS),
             seq: Some(1),
             expect: Expect::Absent,
+            owner: None,
         }])
         .await
         .unwrap();

@@ -266,6 +266,19 @@ pub(crate) async fn load(url: &str, dump: Dump) -> Result<(u64, u64), AdminError
         let live: Vec<bool> = chunk.iter().map(|r| r.live).collect();
         let due: Vec<Option<i64>> = chunk.iter().map(|r| r.due_ms.map(to_i64)).collect();
         let seq: Vec<Option<i64>> = chunk.iter().map(|r| r.seq.map(to_i64)).collect();
+        // The owner index entry, read from each snapshot (none for one that does not decode).
+        let entries: Vec<Option<crate::store::OwnerEntry>> = chunk
+            .iter()
+            .map(|r| crate::store::owner_of_snapshot(&r.bytes))
+            .collect();
+        let owners: Vec<Option<&str>> = entries
+            .iter()
+            .map(|e| e.as_ref().map(|e| e.owner.as_str()))
+            .collect();
+        let created: Vec<Option<i64>> = entries
+            .iter()
+            .map(|e| e.as_ref().map(|e| to_i64(e.created_ms)))
+            .collect();
         let same: i64 = tx
             .query_one(
                 "SELECT count(*) FROM mcp_tasks t
@@ -277,14 +290,16 @@ pub(crate) async fn load(url: &str, dump: Dump) -> Result<(u64, u64), AdminError
             .map_err(|e| pg_err(&label, &e))?
             .get(0);
         tx.execute(
-            "INSERT INTO mcp_tasks (id, bytes, live, due_ms, seq, owner_node)
-             SELECT id, bytes, live, due_ms, seq, NULL
-             FROM unnest($1::text[], $2::bytea[], $3::bool[], $4::int8[], $5::int8[])
-                  AS u(id, bytes, live, due_ms, seq)
+            "INSERT INTO mcp_tasks (id, bytes, live, due_ms, seq, owner_node, task_owner, created_ms)
+             SELECT id, bytes, live, due_ms, seq, NULL, task_owner, created_ms
+             FROM unnest($1::text[], $2::bytea[], $3::bool[], $4::int8[], $5::int8[],
+                         $6::text[], $7::int8[])
+                  AS u(id, bytes, live, due_ms, seq, task_owner, created_ms)
              ON CONFLICT (id) DO UPDATE
                SET bytes = EXCLUDED.bytes, live = EXCLUDED.live, due_ms = EXCLUDED.due_ms,
-                   seq = EXCLUDED.seq, owner_node = NULL, updated_at = now()",
-            &[&ids, &bytes, &live, &due, &seq],
+                   seq = EXCLUDED.seq, owner_node = NULL, updated_at = now(),
+                   task_owner = EXCLUDED.task_owner, created_ms = EXCLUDED.created_ms",
+            &[&ids, &bytes, &live, &due, &seq, &owners, &created],
         )
         .await
         .map_err(|e| pg_err(&label, &e))?;

@@ -16,8 +16,9 @@ use super::{AdminError, BackupReport, CompactReport, Dump, Row, Space, StatsRepo
 use crate::store::META_BOOT_EPOCH;
 use crate::store::RedbStore;
 use crate::store::redb_schema::{
-    DUE, LIVE, META, META_SCHEMA_VERSION, RecordHeader, SCHEMA_VERSION, TASKS, V1_DUE_BY_ID,
-    V1_SEQ, create_private_file, old_due, replace_due, stored_schema_version, upgrade_layout,
+    DUE, LIVE, META, META_SCHEMA_VERSION, OwnerTables, RecordHeader, SCHEMA_VERSION, TASKS,
+    V1_DUE_BY_ID, V1_SEQ, create_private_file, old_due, owner_of_snapshot, replace_due,
+    stored_schema_version, upgrade_layout,
 };
 /// redb's default page size, used to turn page counts into bytes.
 const PAGE_SIZE: u64 = 4096;
@@ -672,14 +673,15 @@ pub(crate) async fn delete(path: &Path, ids: Vec<String>) -> Result<(), AdminErr
             let mut tasks = w.open_table(TASKS).map_err(|e| err(&e))?;
             let mut live = w.open_table(LIVE).map_err(|e| err(&e))?;
             let mut due = w.open_table(DUE).map_err(|e| err(&e))?;
+            let mut owners = OwnerTables::open(&w).map_err(|e| err(&e))?;
             for id in &ids {
-                let old = old_due(
-                    tasks
-                        .remove(id.as_str())
-                        .map_err(|e| err(&e))?
-                        .as_ref()
-                        .map(|v| v.value()),
-                );
+                let removed = tasks.remove(id.as_str()).map_err(|e| err(&e))?;
+                if let Some(value) = &removed {
+                    owners
+                        .account(id, value.value(), -1)
+                        .map_err(|e| err(&e))?;
+                }
+                let old = old_due(removed.as_ref().map(|v| v.value()));
                 live.remove(id.as_str()).map_err(|e| err(&e))?;
                 replace_due(&mut due, id, old, None).map_err(|e| err(&e))?;
             }
@@ -730,20 +732,29 @@ pub(crate) async fn load(path: &Path, dump: Dump) -> Result<(u64, u64), AdminErr
             let mut live = w.open_table(LIVE).map_err(|e| err(&e))?;
             let mut due = w.open_table(DUE).map_err(|e| err(&e))?;
             let mut meta = w.open_table(META).map_err(|e| err(&e))?;
+            let mut owners = OwnerTables::open(&w).map_err(|e| err(&e))?;
             for row in &dump.rows {
                 let id = row.id.as_str();
                 let value = RecordHeader {
                     seq: row.seq,
                     due_ms: row.due_ms,
+                    owner: owner_of_snapshot(&row.bytes),
                 }
                 .encode(&row.bytes);
                 let (same, old) = match tasks.get(id).map_err(|e| err(&e))? {
-                    Some(v) => (v.value() == value.as_slice(), old_due(Some(v.value()))),
+                    Some(v) => {
+                        let same = v.value() == value.as_slice();
+                        if !same {
+                            owners.account(id, v.value(), -1).map_err(|e| err(&e))?;
+                        }
+                        (same, old_due(Some(v.value())))
+                    }
                     None => (false, old_due(None)),
                 };
                 if same {
                     unchanged += 1;
                 } else {
+                    owners.account(id, &value, 1).map_err(|e| err(&e))?;
                     tasks.insert(id, value.as_slice()).map_err(|e| err(&e))?;
                     written += 1;
                 }
@@ -787,7 +798,7 @@ fn upgrade(path: &Path, w: &WriteTransaction) -> Result<(), AdminError> {
     match upgrade_layout(w) {
         Ok(Some(records)) => {
             tracing::info!(path = %path.display(), records,
-                "converted the task store from table layout 1 to {SCHEMA_VERSION}");
+                "converted the task store to table layout {SCHEMA_VERSION}");
             Ok(())
         }
         Ok(None) => Ok(()),

@@ -368,9 +368,10 @@ pub(crate) struct TaskCursor {
 
 impl Dispatcher {
     /// One page of `owner`'s unexpired tasks, oldest first, after `after`; and whether more
-    /// follow. Reads every stored record (the store has no index by owner): the cost grows
-    /// with the number of stored tasks, which expiry and retention bound. Records that do
-    /// not decode are skipped (the reaper quarantines them).
+    /// follow. Pages through the store's owner index ([`crate::store::Store::owned`]): only
+    /// this owner's records are read, at most one store page (`limit + 1` records) at a
+    /// time, so neither the cost nor the memory depends on what other owners store. Records
+    /// that do not decode are skipped (the reaper quarantines them), and so are expired ones.
     pub(crate) async fn owned_tasks(
         &self,
         owner: &crate::task::Owner,
@@ -378,26 +379,36 @@ impl Dispatcher {
         limit: usize,
     ) -> Result<(Vec<TaskRecord>, bool), RpcError> {
         let now = self.shared.now_ms();
-        let stored = self.shared.store.tasks().await?;
-        let owner = owner.clone();
-        let after = after.cloned();
-        let mut mine: Vec<TaskRecord> = tokio::task::spawn_blocking(move || {
-            stored
-                .into_iter()
-                .filter_map(|(_, bytes)| crate::persist::decode(&bytes).ok())
-                .filter(|r| r.owner.same_as(&owner) && !r.is_expired(now))
-                .filter(|r| {
-                    after.as_ref().is_none_or(|a| {
-                        (r.created_at_ms, r.id.as_str()) > (a.created_at_ms, a.id.as_str())
-                    })
-                })
-                .collect()
-        })
-        .await
-        .map_err(|e| RpcError::internal(format!("listing tasks failed: {e}")))?;
-        mine.sort_by(|a, b| {
-            (a.created_at_ms, a.id.as_str()).cmp(&(b.created_at_ms, b.id.as_str()))
+        let key = crate::store::owner_key(&owner.tenant, &owner.principal);
+        let limit = limit.clamp(1, crate::store::MAX_PAGE - 1);
+        let mut cursor = after.map(|a| crate::store::OwnedCursor {
+            created_ms: a.created_at_ms,
+            id: a.id.clone(),
         });
+        let mut mine: Vec<TaskRecord> = Vec::with_capacity(limit + 1);
+        loop {
+            let want = limit + 1 - mine.len();
+            let page = self.shared.store.owned(&key, cursor.clone(), want).await?;
+            let last = page.last().map(|r| crate::store::OwnedCursor {
+                created_ms: r.created_ms,
+                id: r.id.clone(),
+            });
+            let ended = page.len() < want;
+            let owner = owner.clone();
+            let decoded: Vec<TaskRecord> = tokio::task::spawn_blocking(move || {
+                page.into_iter()
+                    .filter_map(|r| crate::persist::decode(&r.bytes).ok())
+                    .filter(|r| r.owner.same_as(&owner) && !r.is_expired(now))
+                    .collect()
+            })
+            .await
+            .map_err(|e| RpcError::internal(format!("listing tasks failed: {e}")))?;
+            mine.extend(decoded);
+            if ended || mine.len() > limit || last.is_none() {
+                break;
+            }
+            cursor = last;
+        }
         // A live task's freshest committed snapshot is its actor's.
         for record in &mut mine {
             if let Some(live) = self.shared.live.snapshot(&record.id)

@@ -293,10 +293,19 @@ impl Dispatcher {
         // Collected anew: the record keeps the arguments for the task's whole life, and a
         // cloned map carries the spare capacity of its source.
         let arguments = Value::Object(arguments.into_iter().collect());
+        let argument_bytes = crate::limits::json_len(&arguments) as u64;
+        if self.shared.quotas.limits_stored_bytes() {
+            // The disk quota: what the owner already stores, finished tasks included.
+            let key = crate::store::owner_key(&ctx.owner.tenant, &ctx.owner.principal);
+            let stored = self.shared.store.usage(&key).await?.bytes;
+            self.shared
+                .quotas
+                .check_stored(&ctx.owner, stored, argument_bytes)?;
+        }
         let permit = self.shared.quotas.admit_create(
             &ctx.owner,
             self.shared.live.usage_of(&ctx.owner),
-            crate::limits::json_len(&arguments) as u64,
+            argument_bytes,
             std::time::Instant::now(),
         )?;
         let record = TaskRecord::new(

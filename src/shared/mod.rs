@@ -78,6 +78,10 @@ impl Shared {
             due_ms,
             seq: Some(record.seq),
             expect,
+            owner: Some(crate::store::OwnerEntry {
+                owner: crate::store::owner_key(&record.owner.tenant, &record.owner.principal),
+                created_ms: record.created_at_ms,
+            }),
         })
     }
 

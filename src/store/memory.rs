@@ -8,7 +8,10 @@ use std::sync::{Mutex, MutexGuard};
 
 use futures::future::BoxFuture;
 
-use super::{Expect, StoreError, StoreFuture, StoreStats, TaskStore, WriteOp};
+use super::{
+    Expect, OwnedCursor, OwnedRecord, OwnerEntry, StoreError, StoreFuture, StoreStats, TaskStore,
+    Usage, WriteOp,
+};
 
 /// A store that keeps everything in memory: nothing survives the process.
 #[derive(Debug, Default)]
@@ -27,9 +30,40 @@ struct State {
     due: BTreeSet<(u64, String)>,
     due_by_id: HashMap<String, u64>,
     meta: HashMap<String, Vec<u8>>,
+    /// id → (owner, created_ms, stored bytes) of every indexed task.
+    owner_of: HashMap<String, (String, u64, u64)>,
+    /// (owner, created_ms, id): the owner index.
+    by_owner: BTreeSet<(String, u64, String)>,
+    usage: HashMap<String, Usage>,
 }
 
 impl State {
+    /// Takes task `id` out of the owner index and its owner's usage; returns its entry.
+    fn unindex(&mut self, id: &str) -> Option<OwnerEntry> {
+        let (owner, created_ms, size) = self.owner_of.remove(id)?;
+        self.by_owner
+            .remove(&(owner.clone(), created_ms, id.to_owned()));
+        if let Some(usage) = self.usage.get_mut(&owner) {
+            usage.add(size, -1);
+            if usage.tasks == 0 {
+                self.usage.remove(&owner);
+            }
+        }
+        Some(OwnerEntry { owner, created_ms })
+    }
+
+    /// Puts task `id` of `size` stored bytes into the owner index and its owner's usage.
+    fn index(&mut self, id: &str, entry: OwnerEntry, size: u64) {
+        self.by_owner
+            .insert((entry.owner.clone(), entry.created_ms, id.to_owned()));
+        self.usage
+            .entry(entry.owner.clone())
+            .or_default()
+            .add(size, 1);
+        self.owner_of
+            .insert(id.to_owned(), (entry.owner, entry.created_ms, size));
+    }
+
     fn set_due(&mut self, id: &str, due_ms: Option<u64>) {
         if let Some(old) = self.due_by_id.remove(id) {
             self.due.remove(&(old, id.to_owned()));
@@ -77,7 +111,13 @@ impl State {
                 due_ms,
                 seq,
                 expect: _,
+                owner,
             } => {
+                let size = (id.len() + bytes.len()) as u64;
+                let old = self.unindex(&id);
+                if let Some(entry) = owner.or(old) {
+                    self.index(&id, entry, size);
+                }
                 match seq {
                     Some(seq) => self.seq.insert(id.clone(), seq),
                     None => self.seq.remove(&id),
@@ -91,6 +131,7 @@ impl State {
                 self.tasks.insert(id, bytes);
             }
             WriteOp::Delete { id } => {
+                self.unindex(&id);
                 self.tasks.remove(&id);
                 self.live.remove(&id);
                 self.seq.remove(&id);
@@ -203,6 +244,47 @@ impl TaskStore for MemoryStore {
                 .map(|s| (s.tasks.len() as u64, s.live.len() as u64)),
         ))
     }
+    fn owned<'a>(
+        &'a self,
+        owner: &'a str,
+        after: Option<OwnedCursor>,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<OwnedRecord>> {
+        use std::ops::Bound;
+        let limit = limit.min(super::MAX_PAGE);
+        Box::pin(std::future::ready(self.state().map(|s| {
+            let from = match after {
+                Some(a) => Bound::Excluded((owner.to_owned(), a.created_ms, a.id)),
+                None => Bound::Included((owner.to_owned(), 0, String::new())),
+            };
+            s.by_owner
+                .range((from, Bound::Unbounded))
+                .take_while(|(o, _, _)| o == owner)
+                .take(limit)
+                .filter_map(|(_, created_ms, id)| {
+                    s.tasks.get(id).map(|bytes| OwnedRecord {
+                        id: id.clone(),
+                        created_ms: *created_ms,
+                        bytes: bytes.clone(),
+                    })
+                })
+                .collect()
+        })))
+    }
+    fn usage<'a>(&'a self, owner: &'a str) -> StoreFuture<'a, Usage> {
+        Box::pin(std::future::ready(
+            self.state()
+                .map(|s| s.usage.get(owner).copied().unwrap_or_default()),
+        ))
+    }
+    fn usage_by_owner(&self) -> StoreFuture<'_, Vec<(String, Usage)>> {
+        Box::pin(std::future::ready(self.state().map(|s| {
+            let mut all: Vec<(String, Usage)> =
+                s.usage.iter().map(|(k, v)| (k.clone(), *v)).collect();
+            all.sort_by(|a, b| a.0.cmp(&b.0));
+            all
+        })))
+    }
     fn stats(&self) -> StoreStats {
         StoreStats {
             commits: self.commits.load(Ordering::Relaxed),
@@ -240,6 +322,7 @@ mod tests {
             due_ms: due,
             seq: Some(seq),
             expect,
+            owner: None,
         }
     }
 

@@ -336,6 +336,11 @@ pub enum WriteOp {
         seq: Option<u64>,
         /// The precondition checked inside the write transaction.
         expect: Expect,
+        /// The task's owner and creation time, for the owner index and the per-owner usage
+        /// ([`TaskStore::owned`], [`TaskStore::usage`]). Never changes over a task's life;
+        /// `None` keeps whatever the store holds (a record written without one is in no
+        /// owner's index and counted for nobody).
+        owner: Option<OwnerEntry>,
     },
     /// Remove the task and all its index entries.
     Delete {
@@ -385,6 +390,91 @@ impl WriteOp {
         }
     }
 }
+
+/// Who a stored task belongs to, as the store indexes it: [`WriteOp::Put::owner`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct OwnerEntry {
+    /// The owner's key ([`owner_key`]): what the index and the usage counters are keyed by.
+    pub owner: String,
+    /// When the task was created (ms since the epoch): the owner index is ordered by it.
+    pub created_ms: u64,
+}
+
+/// The store key of the owner `(tenant, principal)`: the tenant's length in bytes, `:`, the
+/// tenant, then the principal. Unambiguous (`("a", "b:c")` and `("a:b", "c")` differ) and
+/// ordered by tenant length first, which only matters for the order of `store stats
+/// --by-owner`. [`parse_owner_key`] is its inverse.
+pub fn owner_key(tenant: &str, principal: &str) -> String {
+    format!("{}:{tenant}{principal}", tenant.len())
+}
+
+/// The `(tenant, principal)` of an [`owner_key`]; `None` for a malformed key.
+pub fn parse_owner_key(key: &str) -> Option<(&str, &str)> {
+    let (len, rest) = key.split_once(':')?;
+    let len: usize = len.parse().ok()?;
+    if !rest.is_char_boundary(len.min(rest.len())) || len > rest.len() {
+        return None;
+    }
+    Some(rest.split_at(len))
+}
+
+/// The owner entry of a snapshot, read from the snapshot itself (the conversion of a store
+/// written before the owner index, and administration commands that write records they
+/// did not get an owner entry for). `None` for a snapshot that does not decode.
+pub(crate) fn owner_of_snapshot(snapshot: &[u8]) -> Option<OwnerEntry> {
+    let record = crate::persist::decode(snapshot).ok()?;
+    Some(OwnerEntry {
+        owner: owner_key(&record.owner.tenant, &record.owner.principal),
+        created_ms: record.created_at_ms,
+    })
+}
+
+/// Where a page of [`TaskStore::owned`] starts: after this entry in (creation time, id)
+/// order.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct OwnedCursor {
+    /// The creation time of the last entry of the previous page.
+    pub created_ms: u64,
+    /// Its id.
+    pub id: String,
+}
+
+/// One entry of a [`TaskStore::owned`] page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedRecord {
+    /// The task id.
+    pub id: String,
+    /// When it was created (its place in the owner index).
+    pub created_ms: u64,
+    /// The snapshot bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// What one owner holds in a store: [`TaskStore::usage`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct Usage {
+    /// Stored tasks (live and finished, until the reaper deletes them).
+    pub tasks: u64,
+    /// Their stored bytes: each record's id and value as the backend stores it.
+    pub bytes: u64,
+}
+
+impl Usage {
+    /// `self` with one record of `bytes` added (`sign` > 0) or removed.
+    pub(crate) fn add(&mut self, bytes: u64, sign: i8) {
+        if sign > 0 {
+            self.tasks = self.tasks.saturating_add(1);
+            self.bytes = self.bytes.saturating_add(bytes);
+        } else {
+            self.tasks = self.tasks.saturating_sub(1);
+            self.bytes = self.bytes.saturating_sub(bytes);
+        }
+    }
+}
+
+/// The most entries one [`TaskStore::owned`] call returns,
+/// whatever its caller asks: a page is what a request may hold in memory at once.
+pub const MAX_PAGE: usize = 1000;
 
 /// Counters since open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -436,6 +526,38 @@ pub trait TaskStore: Send + Sync + 'static {
     fn tasks(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>>;
     /// Number of stored tasks and of live tasks.
     fn counts(&self) -> StoreFuture<'_, (u64, u64)>;
+    /// One page of the tasks of `owner` (an [`owner_key`]), in (creation time, id) order,
+    /// after `after`, at most `limit` (capped at [`MAX_PAGE`]). Reads the owner index and
+    /// the records of this page only: the cost does not depend on what other owners store.
+    ///
+    /// The default (a host's own backend written before the index) answers
+    /// [`StoreError::Read`]: such a store cannot serve the legacy `tasks/list`. Every backend
+    /// of this crate answers from its index.
+    fn owned<'a>(
+        &'a self,
+        owner: &'a str,
+        after: Option<OwnedCursor>,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<OwnedRecord>> {
+        let _ = (owner, after, limit);
+        Box::pin(async {
+            Err(StoreError::Read(Cause::message(
+                "this store has no owner index",
+            )))
+        })
+    }
+    /// What `owner` (an [`owner_key`]) holds: its stored tasks and their bytes, finished
+    /// ones included until the reaper deletes them. Kept with the records in the same
+    /// transaction, so it is exact after a crash and, on a shared store, for every replica.
+    /// The default (a host's own backend) answers nothing stored: no disk quota applies.
+    fn usage<'a>(&'a self, owner: &'a str) -> StoreFuture<'a, Usage> {
+        let _ = owner;
+        Box::pin(async { Ok(Usage::default()) })
+    }
+    /// The usage of every owner that holds something, by [`owner_key`].
+    fn usage_by_owner(&self) -> StoreFuture<'_, Vec<(String, Usage)>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
     /// Counters since open.
     fn stats(&self) -> StoreStats;
     /// Whether [`TaskStore::close`] was called.
@@ -743,6 +865,29 @@ impl Store {
     /// Number of stored tasks and of live tasks.
     pub async fn counts(&self) -> Result<(u64, u64), StoreError> {
         self.inner.counts().await
+    }
+
+    /// One page of an owner's tasks; see [`TaskStore::owned`].
+    pub async fn owned(
+        &self,
+        owner: &str,
+        after: Option<OwnedCursor>,
+        limit: usize,
+    ) -> Result<Vec<OwnedRecord>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.inner.owned(owner, after, limit.min(MAX_PAGE)).await
+    }
+
+    /// What an owner holds; see [`TaskStore::usage`].
+    pub async fn usage(&self, owner: &str) -> Result<Usage, StoreError> {
+        self.inner.usage(owner).await
+    }
+
+    /// The usage of every owner; see [`TaskStore::usage_by_owner`].
+    pub async fn usage_by_owner(&self) -> Result<Vec<(String, Usage)>, StoreError> {
+        self.inner.usage_by_owner().await
     }
 
     /// Counters since open.

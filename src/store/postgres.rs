@@ -41,7 +41,7 @@ use super::{
 };
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The migrations, in order: version `i + 1` is `MIGRATIONS[i]`.
 const MIGRATIONS: &[&str] = &[
@@ -84,7 +84,100 @@ const MIGRATIONS: &[&str] = &[
     END $$;
     CREATE TRIGGER mcp_tasks_changed AFTER INSERT OR UPDATE OF bytes ON mcp_tasks
         FOR EACH ROW EXECUTE FUNCTION mcp_tasks_notify();",
+    // 3: the owner index and the per-owner usage (the disk quota). `task_owner` and
+    // `created_ms` are set when a task is created (rows stored before are filled in by the
+    // migration from their snapshots: `backfill_owners`); `size` is what a row stores; a
+    // trigger keeps `mcp_usage` in the transaction that changes the rows, so every replica
+    // reads the same exact figures.
+    "ALTER TABLE mcp_tasks ADD COLUMN task_owner text, ADD COLUMN created_ms bigint,
+        ADD COLUMN size bigint GENERATED ALWAYS AS (octet_length(id) + octet_length(bytes)) STORED;
+    CREATE INDEX mcp_tasks_by_owner ON mcp_tasks (task_owner, created_ms, id)
+        WHERE task_owner IS NOT NULL;
+    CREATE TABLE mcp_usage (
+        owner text PRIMARY KEY,
+        tasks bigint NOT NULL,
+        bytes bigint NOT NULL
+    );
+    CREATE FUNCTION mcp_usage_track() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP = 'UPDATE' AND OLD.task_owner IS NOT DISTINCT FROM NEW.task_owner
+                AND OLD.size = NEW.size THEN
+            RETURN NULL;
+        END IF;
+        IF TG_OP IN ('UPDATE', 'DELETE') AND OLD.task_owner IS NOT NULL THEN
+            UPDATE mcp_usage SET tasks = tasks - 1, bytes = bytes - OLD.size
+                WHERE owner = OLD.task_owner;
+            DELETE FROM mcp_usage WHERE owner = OLD.task_owner AND tasks <= 0;
+        END IF;
+        IF TG_OP IN ('UPDATE', 'INSERT') AND NEW.task_owner IS NOT NULL THEN
+            INSERT INTO mcp_usage (owner, tasks, bytes) VALUES (NEW.task_owner, 1, NEW.size)
+                ON CONFLICT (owner) DO UPDATE
+                SET tasks = mcp_usage.tasks + 1, bytes = mcp_usage.bytes + EXCLUDED.bytes;
+        END IF;
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER mcp_tasks_usage AFTER INSERT OR DELETE OR UPDATE OF bytes, task_owner
+        ON mcp_tasks FOR EACH ROW EXECUTE FUNCTION mcp_usage_track();",
 ];
+
+/// Rows the owner backfill of migration 3 reads at a time (rows may be large).
+const BACKFILL_CHUNK: i64 = 64;
+
+/// Fills in `task_owner` and `created_ms` of the rows stored before migration 3, from their
+/// snapshots, inside the migration's transaction (the usage trigger counts each). A row
+/// whose snapshot does not decode stays without an owner: in no owner's index, counted for
+/// nobody. Returns the number of rows filled in.
+async fn backfill_owners(
+    tx: &deadpool_postgres::Transaction<'_>,
+) -> Result<u64, tokio_postgres::Error> {
+    let mut after = String::new();
+    let mut filled = 0;
+    loop {
+        let rows = tx
+            .query(
+                "SELECT id, bytes FROM mcp_tasks WHERE task_owner IS NULL AND id > $1
+                 ORDER BY id LIMIT $2",
+                &[&after, &BACKFILL_CHUNK],
+            )
+            .await?;
+        let Some(last) = rows.last() else { break };
+        after = last.get(0);
+        for row in &rows {
+            let id: String = row.get(0);
+            let bytes: Vec<u8> = row.get(1);
+            if let Some(owner) = super::owner_of_snapshot(&bytes) {
+                tx.execute(
+                    "UPDATE mcp_tasks SET task_owner = $2, created_ms = $3 WHERE id = $1",
+                    &[&id, &owner.owner, &to_i64(owner.created_ms)],
+                )
+                .await?;
+                filled += 1;
+            }
+        }
+        if (rows.len() as i64) < BACKFILL_CHUNK {
+            break;
+        }
+    }
+    Ok(filled)
+}
+
+/// Records the owner entry of task `id` in the transaction that creates it (the usage
+/// trigger counts the row from then on).
+async fn record_owner(
+    tx: &deadpool_postgres::Transaction<'_>,
+    id: &str,
+    owner: &super::OwnerEntry,
+) -> Result<(), tokio_postgres::Error> {
+    let st = tx
+        .prepare_cached(
+            "UPDATE mcp_tasks SET task_owner = $2, created_ms = $3
+             WHERE id = $1 AND task_owner IS DISTINCT FROM $2",
+        )
+        .await?;
+    tx.execute(&st, &[&id, &owner.owner, &to_i64(owner.created_ms)])
+        .await?;
+    Ok(())
+}
 
 /// The meta key of the boot epoch (u64, little endian), incremented by every open.
 const META_BOOT_EPOCH: &str = super::META_BOOT_EPOCH;
@@ -410,6 +503,7 @@ impl Inner {
                     due_ms,
                     seq,
                     expect,
+                    owner,
                 } => {
                     let due = due_ms.map(to_i64);
                     let seq = seq.map(to_i64);
@@ -494,6 +588,12 @@ impl Inner {
                                 leases.push((id.clone(), None));
                             }
                         }
+                    }
+                    // The owner entry is written with the row's creation (it never changes).
+                    if let Some(owner) = owner
+                        && !matches!(expect, Expect::Seq(_))
+                    {
+                        record_owner(&tx, id, owner).await?;
                     }
                 }
                 WriteOp::Delete { id } => {
@@ -1176,6 +1276,12 @@ async fn migrate(pool: &Pool, label: &str) -> Result<u64, StoreError> {
         tx.execute("INSERT INTO mcp_schema (version) VALUES ($1)", &[&version])
             .await
             .map_err(|e| err(pg_detail(&e)))?;
+        if version == 3 {
+            let filled = backfill_owners(&tx)
+                .await
+                .map_err(|e| err(format!("migration 3 (owners) failed: {}", pg_detail(&e))))?;
+            tracing::info!(store = %label, rows = filled, "filled in the owners of stored tasks");
+        }
         tracing::info!(store = %label, version, "applied schema migration");
     }
     let previous = tx
@@ -1324,6 +1430,82 @@ impl TaskStore for PostgresStore {
     }
     fn tasks(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
         self.rows("SELECT id, bytes FROM mcp_tasks ORDER BY id")
+    }
+    fn owned<'a>(
+        &'a self,
+        owner: &'a str,
+        after: Option<super::OwnedCursor>,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<super::OwnedRecord>> {
+        Box::pin(async move {
+            let limit = i64::try_from(limit.min(super::MAX_PAGE)).unwrap_or(0);
+            let (created, id) = match &after {
+                Some(a) => (to_i64(a.created_ms), a.id.clone()),
+                None => (-1, String::new()),
+            };
+            self.inner
+                .run(false, |client| async move {
+                    let st = client
+                        .prepare_cached(
+                            "SELECT id, created_ms, bytes FROM mcp_tasks
+                             WHERE task_owner = $1 AND (created_ms, id) > ($2, $3)
+                             ORDER BY created_ms, id LIMIT $4",
+                        )
+                        .await?;
+                    let rows = client.query(&st, &[&owner, &created, &id, &limit]).await?;
+                    Ok::<_, PgFailure>(
+                        rows.into_iter()
+                            .map(|r| super::OwnedRecord {
+                                id: r.get(0),
+                                created_ms: to_u64(r.get(1)),
+                                bytes: r.get(2),
+                            })
+                            .collect(),
+                    )
+                })
+                .await
+        })
+    }
+    fn usage<'a>(&'a self, owner: &'a str) -> StoreFuture<'a, super::Usage> {
+        Box::pin(async move {
+            self.inner
+                .run(false, |client| async move {
+                    let st = client
+                        .prepare_cached("SELECT tasks, bytes FROM mcp_usage WHERE owner = $1")
+                        .await?;
+                    let row = client.query_opt(&st, &[&owner]).await?;
+                    Ok::<_, PgFailure>(row.map_or_else(super::Usage::default, |r| super::Usage {
+                        tasks: to_u64(r.get(0)),
+                        bytes: to_u64(r.get(1)),
+                    }))
+                })
+                .await
+        })
+    }
+    fn usage_by_owner(&self) -> StoreFuture<'_, Vec<(String, super::Usage)>> {
+        Box::pin(async move {
+            self.inner
+                .run(false, |client| async move {
+                    let rows = client
+                        .query(
+                            "SELECT owner, tasks, bytes FROM mcp_usage ORDER BY owner",
+                            &[],
+                        )
+                        .await?;
+                    Ok::<_, PgFailure>(
+                        rows.into_iter()
+                            .map(|r| {
+                                let usage = super::Usage {
+                                    tasks: to_u64(r.get(1)),
+                                    bytes: to_u64(r.get(2)),
+                                };
+                                (r.get(0), usage)
+                            })
+                            .collect(),
+                    )
+                })
+                .await
+        })
     }
     fn counts(&self) -> StoreFuture<'_, (u64, u64)> {
         Box::pin(async move {

@@ -471,6 +471,20 @@ impl crate::store::TaskStore for RedbStore {
     fn tasks(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
         Box::pin(RedbStore::tasks(self))
     }
+    fn owned<'a>(
+        &'a self,
+        owner: &'a str,
+        after: Option<crate::store::OwnedCursor>,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<crate::store::OwnedRecord>> {
+        Box::pin(RedbStore::owned(self, owner, after, limit))
+    }
+    fn usage<'a>(&'a self, owner: &'a str) -> StoreFuture<'a, crate::store::Usage> {
+        Box::pin(RedbStore::usage(self, owner))
+    }
+    fn usage_by_owner(&self) -> StoreFuture<'_, Vec<(String, crate::store::Usage)>> {
+        Box::pin(RedbStore::usage_by_owner(self))
+    }
     fn counts(&self) -> StoreFuture<'_, (u64, u64)> {
         Box::pin(RedbStore::counts(self))
     }

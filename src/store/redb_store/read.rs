@@ -9,9 +9,11 @@ use tokio::sync::oneshot;
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 use super::reader::PointRead;
-use super::schema::{DUE, LIVE, META, TASKS, snapshot_of};
+use std::ops::Bound;
+
+use super::schema::{DUE, LIVE, META, OWNERS, TASKS, USAGE, snapshot_of};
 use super::{DbState, RedbStore, panic_message, redb_cause};
-use crate::store::{Cause, StoreError};
+use crate::store::{Cause, MAX_PAGE, OwnedCursor, OwnedRecord, StoreError, Usage};
 
 impl RedbStore {
     /// The snapshot bytes of task `id` (without the header its record is stored with).
@@ -154,6 +156,79 @@ impl RedbStore {
         .await
     }
 
+    /// One page of the tasks of `owner` (an owner key) in (creation time, id) order after
+    /// `after`, at most `limit` (capped at [`MAX_PAGE`]): a range of the owner index, then
+    /// the records of that page. Nothing of another owner is read.
+    pub async fn owned(
+        &self,
+        owner: &str,
+        after: Option<OwnedCursor>,
+        limit: usize,
+    ) -> Result<Vec<OwnedRecord>, StoreError> {
+        let owner = owner.to_owned();
+        let limit = limit.min(MAX_PAGE);
+        self.read(move |txn| {
+            let owners = match txn.open_table(OWNERS) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(e.into()),
+            };
+            let tasks = txn.open_table(TASKS)?;
+            let (created, id) = match &after {
+                Some(a) => (a.created_ms, a.id.as_str()),
+                None => (0, ""),
+            };
+            let from = (owner.as_str(), created, id);
+            let start = match &after {
+                Some(_) => Bound::Excluded(from),
+                None => Bound::Included(from),
+            };
+            let mut out = Vec::new();
+            for entry in owners.range::<(&str, u64, &str)>((start, Bound::Unbounded))? {
+                let (key, _) = entry?;
+                let (entry_owner, created_ms, id) = key.value();
+                if entry_owner != owner || out.len() >= limit {
+                    break;
+                }
+                match tasks.get(id)? {
+                    Some(value) => out.push(OwnedRecord {
+                        id: id.to_owned(),
+                        created_ms,
+                        bytes: snapshot_of(value.value()).to_vec(),
+                    }),
+                    None => tracing::warn!(id, "the owner index names a task that is not stored"),
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// What `owner` (an owner key) holds: stored tasks and their bytes.
+    pub async fn usage(&self, owner: &str) -> Result<Usage, StoreError> {
+        let owner = owner.to_owned();
+        self.read(move |txn| {
+            let usage = match txn.open_table(USAGE) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Usage::default()),
+                Err(e) => return Err(e.into()),
+            };
+            Ok(usage
+                .get(owner.as_str())?
+                .map(|v| {
+                    let (tasks, bytes) = v.value();
+                    Usage { tasks, bytes }
+                })
+                .unwrap_or_default())
+        })
+        .await
+    }
+
+    /// The usage of every owner that holds something, by owner key.
+    pub async fn usage_by_owner(&self) -> Result<Vec<(String, Usage)>, StoreError> {
+        self.read(|txn| usage_table(txn)).await
+    }
+
     /// Runs `f` in one read transaction on the blocking pool (store administration reads the
     /// running server's store through it: see `admin::socket`).
     pub(crate) async fn read_txn<T, F>(&self, f: F) -> Result<T, StoreError>
@@ -216,6 +291,25 @@ impl RedbStore {
         };
         Ok(db)
     }
+}
+
+/// Every entry of the [`USAGE`] table of `txn`, by owner key (none when the table does not
+/// exist: a file of an older layout).
+pub(crate) fn usage_table(
+    txn: &redb::ReadTransaction,
+) -> Result<Vec<(String, Usage)>, redb::Error> {
+    let usage = match txn.open_table(USAGE) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut out = Vec::new();
+    for entry in usage.iter()? {
+        let (owner, v) = entry?;
+        let (tasks, bytes) = v.value();
+        out.push((owner.value().to_owned(), Usage { tasks, bytes }));
+    }
+    Ok(out)
 }
 
 /// Why a read transaction failed.

@@ -12,20 +12,23 @@ use redb::{
 };
 
 use super::panic_message;
-use crate::store::{BackendFactory, META_BOOT_EPOCH, StoreError};
+use crate::store::{BackendFactory, META_BOOT_EPOCH, OwnerEntry, StoreError, Usage};
 
-/// id → record: a [`RecordHeader`] (sequence number and due time) followed by the snapshot
-/// bytes (layout 2; in layout 1 the value was the snapshot bytes alone). The header has
-/// [`RECORD_HEADER_LEN`] bytes:
+/// id → record: a [`RecordHeader`] (sequence number, due time, owner) followed by the
+/// snapshot bytes (layouts 2 and 3; in layout 1 the value was the snapshot bytes alone). The
+/// header has [`RECORD_HEADER_LEN`] bytes, then the owner when flag bit 2 is set:
 ///
 /// | offset | bytes | field                                                               |
 /// |--------|-------|---------------------------------------------------------------------|
-/// | 0      | 1     | flags: bit 0 = a sequence number is kept, bit 1 = a due time is set |
+/// | 0      | 1     | flags: bit 0 = a sequence number is kept, bit 1 = a due time is set, bit 2 = an owner follows (layout 3) |
 /// | 1      | 8     | sequence number, u64 little endian (0 when bit 0 is clear)          |
 /// | 9      | 8     | due time in ms since the Unix epoch, u64 little endian (0 when clear) |
-/// | 17     | …     | the snapshot bytes (`crate::persist`)                               |
+/// | 17     | 8     | bit 2 only: creation time in ms since the Unix epoch, u64 little endian |
+/// | 25     | 4     | bit 2 only: length `n` of the owner key, u32 little endian          |
+/// | 29     | n     | bit 2 only: the owner key (`crate::store::owner_key`), UTF-8        |
+/// | …      | …     | the snapshot bytes (`crate::persist`)                               |
 ///
-/// Other flag bits are reserved (zero). A value shorter than the header or with a reserved
+/// Other flag bits are reserved (zero). A value shorter than its header or with a reserved
 /// bit set is a damaged record: readers hand its bytes on whole, where they fail to decode as
 /// a snapshot, and the writer refuses to overwrite it conditionally.
 pub(crate) const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
@@ -36,6 +39,13 @@ pub(crate) const LIVE: TableDefinition<&str, ()> = TableDefinition::new("live");
 pub(crate) const DUE: TableDefinition<(u64, &str), ()> = TableDefinition::new("due");
 /// Free-form metadata.
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+/// (owner key, created_ms, id) of every record whose header names an owner (layout 3): the
+/// owner index that pages one owner's tasks without reading anyone else's.
+pub(crate) const OWNERS: TableDefinition<(&str, u64, &str), ()> = TableDefinition::new("owners");
+/// owner key → (stored tasks, stored bytes) of the records [`OWNERS`] holds, the bytes being
+/// each record's id plus its `tasks` value. Changed in the transaction that changes the
+/// records, so it is exact after a crash; the disk quota reads it.
+pub(crate) const USAGE: TableDefinition<&str, (u64, u64)> = TableDefinition::new("usage");
 
 /// Layout 1 only: id → due_ms, the reverse of [`DUE`] (now in the record header). Read by the
 /// migration and by the read-only administration of a layout-1 file.
@@ -52,32 +62,47 @@ pub(crate) const META_SCHEMA_VERSION: &str = "schema_version";
 /// `due_by_id`, `meta`) is converted by the first writable open ([`upgrade_layout`]) and
 /// still read by the read-only administration. A store with a larger version is refused,
 /// unchanged.
-pub(crate) const SCHEMA_VERSION: u64 = 2;
+///
+/// Layout 2 → 3 adds the owner to the record header and the tables [`OWNERS`] and [`USAGE`];
+/// the conversion reads each record's owner and creation time from its snapshot.
+pub(crate) const SCHEMA_VERSION: u64 = 3;
 
-/// The length of a [`RecordHeader`] before the snapshot bytes in a `tasks` value.
+/// The length of the fixed part of a [`RecordHeader`] in a `tasks` value.
 pub(crate) const RECORD_HEADER_LEN: usize = 17;
 const HAS_SEQ: u8 = 1;
 const HAS_DUE: u8 = 2;
+const HAS_OWNER: u8 = 4;
 
-/// What a `tasks` value (layout 2) holds beside the snapshot bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What a `tasks` value (layouts 2 and 3) holds beside the snapshot bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct RecordHeader {
     /// The sequence number of the snapshot, for conditional writes (`None`: stored before
     /// sequence numbers were kept, or written unconditionally without one).
     pub(crate) seq: Option<u64>,
     /// When the reaper must next look at the task (its [`DUE`] entry).
     pub(crate) due_ms: Option<u64>,
+    /// The task's owner and creation time (its [`OWNERS`] entry); `None` for a record of
+    /// layout 2, or one whose snapshot did not decode when it was converted.
+    pub(crate) owner: Option<OwnerEntry>,
 }
 
 impl RecordHeader {
     /// The `tasks` value of `snapshot` under this header.
-    pub(crate) fn encode(self, snapshot: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(RECORD_HEADER_LEN + snapshot.len());
+    pub(crate) fn encode(&self, snapshot: &[u8]) -> Vec<u8> {
+        let owner_len = self.owner.as_ref().map_or(0, |o| 12 + o.owner.len());
+        let mut out = Vec::with_capacity(RECORD_HEADER_LEN + owner_len + snapshot.len());
         let flags = if self.seq.is_some() { HAS_SEQ } else { 0 }
-            | if self.due_ms.is_some() { HAS_DUE } else { 0 };
+            | if self.due_ms.is_some() { HAS_DUE } else { 0 }
+            | if self.owner.is_some() { HAS_OWNER } else { 0 };
         out.push(flags);
         out.extend_from_slice(&self.seq.unwrap_or(0).to_le_bytes());
         out.extend_from_slice(&self.due_ms.unwrap_or(0).to_le_bytes());
+        if let Some(owner) = &self.owner {
+            out.extend_from_slice(&owner.created_ms.to_le_bytes());
+            let len = u32::try_from(owner.owner.len()).unwrap_or(u32::MAX);
+            out.extend_from_slice(&len.to_le_bytes());
+            out.extend_from_slice(&owner.owner.as_bytes()[..len as usize]);
+        }
         out.extend_from_slice(snapshot);
         out
     }
@@ -91,7 +116,7 @@ impl RecordHeader {
             ));
         };
         let flags = head[0];
-        if flags & !(HAS_SEQ | HAS_DUE) != 0 {
+        if flags & !(HAS_SEQ | HAS_DUE | HAS_OWNER) != 0 {
             return Err(format!("the record header has unknown flags {flags:#04x}"));
         }
         let field = |at: usize| {
@@ -99,11 +124,88 @@ impl RecordHeader {
             bytes.copy_from_slice(&head[at..at + 8]);
             u64::from_le_bytes(bytes)
         };
+        let (owner, snapshot) = if flags & HAS_OWNER != 0 {
+            let Some((fixed, rest)) = snapshot.split_first_chunk::<12>() else {
+                return Err("the record header's owner is cut short".to_owned());
+            };
+            let mut created = [0u8; 8];
+            created.copy_from_slice(&fixed[..8]);
+            let mut len = [0u8; 4];
+            len.copy_from_slice(&fixed[8..]);
+            let len = u32::from_le_bytes(len) as usize;
+            if rest.len() < len {
+                return Err("the record header's owner is cut short".to_owned());
+            }
+            let (key, snapshot) = rest.split_at(len);
+            let key = std::str::from_utf8(key)
+                .map_err(|_| "the record header's owner is not UTF-8".to_owned())?;
+            let owner = OwnerEntry {
+                owner: key.to_owned(),
+                created_ms: u64::from_le_bytes(created),
+            };
+            (Some(owner), snapshot)
+        } else {
+            (None, snapshot)
+        };
         let header = RecordHeader {
             seq: (flags & HAS_SEQ != 0).then(|| field(1)),
             due_ms: (flags & HAS_DUE != 0).then(|| field(9)),
+            owner,
         };
         Ok((header, snapshot))
+    }
+}
+
+pub(crate) use crate::store::owner_of_snapshot;
+
+/// The owner index and usage counters a write keeps beside the records.
+pub(crate) struct OwnerTables<'t> {
+    pub(crate) owners: redb::Table<'t, (&'static str, u64, &'static str), ()>,
+    pub(crate) usage: redb::Table<'t, &'static str, (u64, u64)>,
+}
+
+impl<'t> OwnerTables<'t> {
+    /// Opens both tables in `txn`.
+    pub(crate) fn open(txn: &'t WriteTransaction) -> Result<Self, redb::TableError> {
+        Ok(Self {
+            owners: txn.open_table(OWNERS)?,
+            usage: txn.open_table(USAGE)?,
+        })
+    }
+
+    /// Adds (`sign` > 0) or removes the `tasks` value `value` of `id` to or from its owner's
+    /// index entry and usage; nothing for a record without an owner or a damaged one.
+    pub(crate) fn account(&mut self, id: &str, value: &[u8], sign: i8) -> Result<(), redb::Error> {
+        let Ok((
+            RecordHeader {
+                owner: Some(owner), ..
+            },
+            _,
+        )) = RecordHeader::decode(value)
+        else {
+            return Ok(());
+        };
+        let key = owner.owner.as_str();
+        let size = (id.len() + value.len()) as u64;
+        let mut usage = match self.usage.get(key)? {
+            Some(v) => {
+                let (tasks, bytes) = v.value();
+                Usage { tasks, bytes }
+            }
+            None => Usage::default(),
+        };
+        usage.add(size, sign);
+        if sign > 0 {
+            self.owners.insert((key, owner.created_ms, id), ())?;
+        } else {
+            self.owners.remove((key, owner.created_ms, id))?;
+        }
+        if usage.tasks == 0 {
+            self.usage.remove(key)?;
+        } else {
+            self.usage.insert(key, (usage.tasks, usage.bytes))?;
+        }
+        Ok(())
     }
 }
 
@@ -248,12 +350,17 @@ const MIGRATION_CHUNK: usize = 1024;
 
 /// Brings the store of `txn` to layout [`SCHEMA_VERSION`] inside that transaction, creating
 /// the tables of a new store: the caller's commit makes the change, so a crash leaves the old
-/// layout whole. Returns the number of records converted from layout 1 (`None` when nothing
-/// was converted). A newer layout is refused before anything is written.
+/// layout whole. Returns the number of records converted (`None` when nothing was
+/// converted). A newer layout is refused before anything is written.
 ///
 /// Layout 1 → 2: every `tasks` value gets its [`RecordHeader`] from `seq` and `due_by_id`
 /// (a task without a `seq` entry, stored before sequence numbers were kept, gets none); the
 /// `due` entries of ids no longer stored are removed; `seq` and `due_by_id` are deleted.
+///
+/// Layout 2 → 3: every record gets its owner and creation time in its header, read from its
+/// snapshot, and its entry in [`OWNERS`] and [`USAGE`]. A record whose snapshot does not
+/// decode gets none (it is in no owner's index and counted for nobody; the reaper
+/// quarantines it).
 pub(crate) fn upgrade_layout(txn: &WriteTransaction) -> Result<Option<u64>, LayoutError> {
     let tables: std::collections::HashSet<String> =
         txn.list_tables()?.map(|t| t.name().to_owned()).collect();
@@ -269,17 +376,65 @@ pub(crate) fn upgrade_layout(txn: &WriteTransaction) -> Result<Option<u64>, Layo
     }
     // A file without the key and without tables is new (or an empty redb file): nothing to
     // convert.
-    let converted = if found < SCHEMA_VERSION && (recorded || tables.contains(TASKS.name())) {
-        Some(convert_v1(txn, &tables)?)
-    } else {
-        None
-    };
+    let existing = recorded || tables.contains(TASKS.name());
+    let mut converted = None;
+    if found < 2 && existing {
+        converted = Some(convert_v1(txn, &tables)?);
+    }
+    if found < 3 && existing {
+        converted = Some(convert_v2(txn)?);
+    }
     if found != SCHEMA_VERSION || !recorded {
         meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION.to_le_bytes().as_slice())?;
     }
     txn.open_table(TASKS)?;
     txn.open_table(LIVE)?;
     txn.open_table(DUE)?;
+    txn.open_table(OWNERS)?;
+    txn.open_table(USAGE)?;
+    Ok(converted)
+}
+
+/// The layout-2 → 3 conversion of [`upgrade_layout`]; returns the number of records. Reads
+/// and rewrites one record at a time (records may be large).
+fn convert_v2(txn: &WriteTransaction) -> Result<u64, LayoutError> {
+    let mut tasks = txn.open_table(TASKS)?;
+    let mut owners = OwnerTables::open(txn)?;
+    let mut converted = 0u64;
+    let mut after: Option<String> = None;
+    loop {
+        let next = {
+            let mut range = match &after {
+                Some(a) => tasks.range::<&str>((
+                    std::ops::Bound::Excluded(a.as_str()),
+                    std::ops::Bound::Unbounded,
+                ))?,
+                None => tasks.range::<&str>(..)?,
+            };
+            match range.next() {
+                Some(entry) => {
+                    let (k, v) = entry?;
+                    Some((k.value().to_owned(), v.value().to_vec()))
+                }
+                None => None,
+            }
+        };
+        let Some((id, value)) = next else { break };
+        if let Ok((mut header, snapshot)) = RecordHeader::decode(&value) {
+            if header.owner.is_none() {
+                header.owner = owner_of_snapshot(snapshot);
+            }
+            let rewritten = header.encode(snapshot);
+            if rewritten != value {
+                tasks.insert(id.as_str(), rewritten.as_slice())?;
+            }
+            owners
+                .account(&id, &rewritten, 1)
+                .map_err(LayoutError::Redb)?;
+        }
+        converted += 1;
+        after = Some(id);
+    }
     Ok(converted)
 }
 
@@ -324,6 +479,7 @@ fn convert_v1(
                         Some(t) => t.get(id.as_str())?.map(|v| v.value()),
                         None => None,
                     },
+                    owner: None,
                 };
                 tasks.insert(id.as_str(), header.encode(snapshot).as_slice())?;
                 converted += 1;
@@ -560,7 +716,7 @@ pub(super) fn init_tables_and_boot(
                     path = %path.display(),
                     records,
                     millis = started.elapsed().as_millis() as u64,
-                    "converted the task store from table layout 1 to {SCHEMA_VERSION}"
+                    "converted the task store to table layout {SCHEMA_VERSION}"
                 );
             }
             let mut meta = txn.open_table(META).map_err(|e| fail(&e))?;

@@ -20,6 +20,7 @@ fn put(id: &str, bytes: &[u8], live: bool, due_ms: Option<u64>) -> WriteOp {
         due_ms,
         seq: None,
         expect: Expect::Any,
+        owner: None,
     }
 }
 
@@ -620,6 +621,7 @@ fn cas(id: &str, bytes: &[u8], seq: u64, expect: Expect) -> WriteOp {
         due_ms: None,
         seq: Some(seq),
         expect,
+        owner: None,
     }
 }
 
@@ -1008,9 +1010,12 @@ async fn a_layout_1_store_is_converted_on_open() {
         );
         store.close().await;
 
-        // Layout 2 on disk: `seq` and `due_by_id` are gone, and a second open converts
-        // nothing (the data is as it was left).
-        assert_eq!(table_names(&path), vec!["due", "live", "meta", "tasks"]);
+        // The current layout on disk: `seq` and `due_by_id` are gone, and a second open
+        // converts nothing (the data is as it was left).
+        assert_eq!(
+            table_names(&path),
+            vec!["due", "live", "meta", "owners", "tasks", "usage"]
+        );
         {
             let db = redb::Database::open(&path).unwrap();
             let w = db.begin_write().unwrap();
@@ -1153,4 +1158,217 @@ async fn quick_repair_commits_in_two_phases() {
     // file grows).
     assert_eq!(per_commit[0], 10, "{per_commit:?}");
     assert!(per_commit[1] >= 20, "{per_commit:?}");
+}
+
+/// A snapshot of a real task record of `(tenant, principal)` created at `created_ms`, with
+/// `arguments` bytes of arguments.
+fn task_snapshot(
+    id: &str,
+    tenant: &str,
+    principal: &str,
+    created_ms: u64,
+    arguments: usize,
+) -> Vec<u8> {
+    let record = crate::task::TaskRecord::new(
+        crate::task::TaskId::parse(id).unwrap(),
+        crate::task::Owner::new(tenant, principal),
+        "echo".into(),
+        serde_json::json!({ "pad": "x".repeat(arguments) }),
+        serde_json::Value::Null,
+        created_ms,
+        Some(60_000),
+        None,
+        None,
+    );
+    crate::persist::encode(&record).unwrap()
+}
+
+fn task_id(n: u32) -> String {
+    format!("tsk_{n:032x}")
+}
+
+/// A put as the runtime writes it: with the owner entry.
+fn owned_put(id: &str, bytes: Vec<u8>, owner: &str, created_ms: u64) -> WriteOp {
+    WriteOp::Put {
+        id: id.to_owned(),
+        bytes,
+        live: true,
+        due_ms: None,
+        seq: Some(1),
+        expect: Expect::Any,
+        owner: Some(crate::store::OwnerEntry {
+            owner: owner.to_owned(),
+            created_ms,
+        }),
+    }
+}
+
+/// The owner index pages one owner's tasks in (creation time, id) order, every task exactly
+/// once, without reading another owner's records; the usage counters follow every put and
+/// delete and survive a reopen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_index_pages_one_owner_and_counts_its_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("owners.redb");
+    let store = open(&path).await;
+    let alice = crate::store::owner_key("acme", "alice");
+    let bob = crate::store::owner_key("acme", "bob");
+    let mut ops = Vec::new();
+    for n in 0..25u32 {
+        // Creation times out of id order, some equal.
+        let created = 1000 + u64::from(n % 7);
+        ops.push(owned_put(&task_id(n), vec![1; 10], &alice, created));
+        ops.push(owned_put(&task_id(100 + n), vec![2; 100], &bob, created));
+    }
+    store.commit(ops).await.unwrap();
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store.owned(&alice, after.clone(), 4).await.unwrap();
+        assert!(page.len() <= 4);
+        for r in &page {
+            assert_eq!(r.bytes, vec![1; 10], "only alice's records");
+        }
+        seen.extend(page.iter().map(|r| (r.created_ms, r.id.clone())));
+        match page.last() {
+            Some(last) if page.len() == 4 => {
+                after = Some(crate::store::OwnedCursor {
+                    created_ms: last.created_ms,
+                    id: last.id.clone(),
+                })
+            }
+            _ => break,
+        }
+    }
+    let mut expected: Vec<(u64, String)> = (0..25u32)
+        .map(|n| (1000 + u64::from(n % 7), task_id(n)))
+        .collect();
+    expected.sort();
+    assert_eq!(seen, expected, "every task once, in (created, id) order");
+    assert!(store.owned("nobody", None, 10).await.unwrap().is_empty());
+    let record_len = (task_id(0).len() + RECORD_HEADER_LEN + 12 + alice.len() + 10) as u64;
+    assert_eq!(
+        store.usage(&alice).await.unwrap(),
+        crate::store::Usage {
+            tasks: 25,
+            bytes: 25 * record_len
+        }
+    );
+    // A later put without an owner keeps it; a bigger one counts its new size.
+    store
+        .commit(vec![WriteOp::Put {
+            id: task_id(0),
+            bytes: vec![1; 20],
+            live: false,
+            due_ms: Some(5),
+            seq: Some(2),
+            expect: Expect::Seq(1),
+            owner: None,
+        }])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.usage(&alice).await.unwrap(),
+        crate::store::Usage {
+            tasks: 25,
+            bytes: 25 * record_len + 10
+        }
+    );
+    assert_eq!(store.owned(&alice, None, 1).await.unwrap().len(), 1);
+    // The reaper's delete frees the bytes.
+    store
+        .commit(vec![del(&task_id(0)), del(&task_id(1))])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.usage(&alice).await.unwrap(),
+        crate::store::Usage {
+            tasks: 23,
+            bytes: 23 * record_len
+        }
+    );
+    store.close().await;
+    let store = open(&path).await;
+    assert_eq!(store.usage(&alice).await.unwrap().tasks, 23);
+    let by_owner = store.usage_by_owner().await.unwrap();
+    assert_eq!(by_owner.len(), 2);
+    assert_eq!(by_owner[1].0, bob);
+    assert_eq!(by_owner[1].1.tasks, 25);
+    store.close().await;
+}
+
+/// A store of layout 2 (records without an owner in their header, no owner index) is
+/// converted by the first writable open: each record's owner and creation time are read
+/// from its snapshot, the index and the usage are built, and the records read as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_2_store_gets_its_owner_index_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v2.redb");
+    let mut snapshots = Vec::new();
+    {
+        let db = redb::Database::create(&path).unwrap();
+        let w = db.begin_write().unwrap();
+        {
+            let mut tasks = w.open_table(TASKS).unwrap();
+            let mut live = w.open_table(LIVE).unwrap();
+            w.open_table(DUE).unwrap();
+            let mut meta = w.open_table(META).unwrap();
+            for n in 0..6u32 {
+                let principal = if n % 2 == 0 { "alice" } else { "bob" };
+                let bytes = task_snapshot(&task_id(n), "acme", principal, 500 - u64::from(n), 1000);
+                // Exactly the layout-2 header: seq and due, no owner.
+                let mut value = vec![1u8];
+                value.extend_from_slice(&1u64.to_le_bytes());
+                value.extend_from_slice(&0u64.to_le_bytes());
+                value.extend_from_slice(&bytes);
+                tasks.insert(task_id(n).as_str(), value.as_slice()).unwrap();
+                live.insert(task_id(n).as_str(), ()).unwrap();
+                snapshots.push(bytes);
+            }
+            // A record whose snapshot does not decode stays, in nobody's index.
+            let mut value = vec![0u8];
+            value.extend_from_slice(&[0; 16]);
+            value.extend_from_slice(b"garbage");
+            tasks
+                .insert(task_id(99).as_str(), value.as_slice())
+                .unwrap();
+            meta.insert(META_BOOT_EPOCH, 3u64.to_le_bytes().as_slice())
+                .unwrap();
+            meta.insert(META_SCHEMA_VERSION, 2u64.to_le_bytes().as_slice())
+                .unwrap();
+        }
+        w.commit().unwrap();
+    }
+    assert_eq!(table_names(&path), vec!["due", "live", "meta", "tasks"]);
+    let store = open(&path).await;
+    assert_eq!(
+        store.meta_get(META_SCHEMA_VERSION).await.unwrap(),
+        Some(SCHEMA_VERSION.to_le_bytes().to_vec())
+    );
+    for n in 0..6u32 {
+        assert_eq!(
+            store.get(&task_id(n)).await.unwrap().as_deref(),
+            Some(snapshots[n as usize].as_slice())
+        );
+    }
+    let alice = store
+        .owned(&crate::store::owner_key("acme", "alice"), None, 100)
+        .await
+        .unwrap();
+    // Oldest first: task 4 was created at 496, task 2 at 498, task 0 at 500.
+    let ids: Vec<String> = alice.iter().map(|r| r.id.clone()).collect();
+    assert_eq!(ids, vec![task_id(4), task_id(2), task_id(0)]);
+    let usage = store
+        .usage(&crate::store::owner_key("acme", "bob"))
+        .await
+        .unwrap();
+    assert_eq!(usage.tasks, 3);
+    assert!(usage.bytes > 3 * 1000, "{usage:?}");
+    assert_eq!(store.usage_by_owner().await.unwrap().len(), 2);
+    assert_eq!(store.counts().await.unwrap(), (7, 6));
+    store.close().await;
+    assert_eq!(
+        table_names(&path),
+        vec!["due", "live", "meta", "owners", "tasks", "usage"]
+    );
 }

@@ -12,7 +12,8 @@ use redb::{Database, ReadableTable, WriteTransaction};
 use tokio::sync::oneshot;
 
 use super::schema::{
-    DUE, LIVE, META, OldDue, RecordHeader, SyncFailure, TASKS, Target, old_due, replace_due,
+    DUE, LIVE, META, OldDue, OwnerTables, RecordHeader, SyncFailure, TASKS, Target, old_due,
+    replace_due,
 };
 use super::{Counters, DbState, RecordCache, panic_message, redb_cause};
 use crate::store::{Cause, Durability, Expect, StoreError, WriteOp};
@@ -315,6 +316,7 @@ fn apply_jobs_to(
     let mut live = txn.open_table(LIVE)?;
     let mut due = txn.open_table(DUE)?;
     let mut meta = txn.open_table(META)?;
+    let mut owners = OwnerTables::open(txn)?;
     let mut results = Vec::with_capacity(jobs.len());
     'jobs: for job in jobs {
         for op in job {
@@ -353,15 +355,30 @@ fn apply_jobs_to(
                     due_ms,
                     seq,
                     expect: _,
+                    owner,
                 } => {
                     let id = id.as_str();
-                    // The old due time comes from the header of the record this put replaces.
-                    let old = old_due(tasks.get(id)?.as_ref().map(|v| v.value()));
+                    // The old due time and owner come from the header of the record this put
+                    // replaces (a put without an owner keeps the stored one).
+                    let (old, old_owner) = {
+                        let stored = tasks.get(id)?;
+                        let value = stored.as_ref().map(|v| v.value());
+                        if let Some(value) = value {
+                            owners.account(id, value, -1)?;
+                        }
+                        let old_owner = value
+                            .and_then(|v| RecordHeader::decode(v).ok())
+                            .and_then(|(h, _)| h.owner);
+                        (old_due(value), old_owner)
+                    };
                     let header = RecordHeader {
                         seq: *seq,
                         due_ms: *due_ms,
+                        owner: owner.clone().or(old_owner),
                     };
-                    tasks.insert(id, header.encode(bytes).as_slice())?;
+                    let value = header.encode(bytes);
+                    owners.account(id, &value, 1)?;
+                    tasks.insert(id, value.as_slice())?;
                     if *is_live {
                         if live.get(id)?.is_none() {
                             live.insert(id, ())?;
@@ -373,7 +390,11 @@ fn apply_jobs_to(
                 }
                 WriteOp::Delete { id } => {
                     let id = id.as_str();
-                    let old = old_due(tasks.remove(id)?.as_ref().map(|v| v.value()));
+                    let removed = tasks.remove(id)?;
+                    if let Some(value) = &removed {
+                        owners.account(id, value.value(), -1)?;
+                    }
+                    let old = old_due(removed.as_ref().map(|v| v.value()));
                     if live.get(id)?.is_some() {
                         live.remove(id)?;
                     }
@@ -389,17 +410,20 @@ fn apply_jobs_to(
                         None => None,
                         Some(value) => match RecordHeader::decode(value.value()) {
                             Ok((header, snapshot)) => (header.due_ms != *due_ms).then(|| {
+                                let old = header.due_ms;
                                 let new = RecordHeader {
                                     due_ms: *due_ms,
                                     ..header
                                 };
-                                (OldDue::Known(header.due_ms), Some(new.encode(snapshot)))
+                                (OldDue::Known(old), Some(new.encode(snapshot)))
                             }),
                             Err(_) => Some((OldDue::Damaged, None)),
                         },
                     };
                     if let Some((old, value)) = rewritten {
                         if let Some(value) = value {
+                            // The header's size does not change with the due time: the
+                            // owner's usage stays as it is.
                             tasks.insert(id, value.as_slice())?;
                         }
                         replace_due(&mut due, id, old, *due_ms)?;

@@ -1,0 +1,147 @@
+//! The owner index and the per-owner usage of the PostgreSQL store: one owner's tasks paged
+//! in (creation time, id) order without another owner's rows, usage kept by the commit's
+//! transaction and seen alike by two replicas, freed by deletes, and a schema of version 2
+//! (rows without owners) converted by the next open. Each test has a schema of its own
+//! (tests/pg); skipped without a server unless `MCP_TASKS_REQUIRE_POSTGRES` is set.
+#![cfg(feature = "postgres")]
+
+mod pg;
+
+use std::time::Duration;
+
+use mcp_tasks::persist;
+use mcp_tasks::store::{
+    Expect, OwnedCursor, OwnerEntry, PostgresStore, TaskStore, Usage, WriteOp, owner_key,
+};
+use mcp_tasks::task::{Owner, TaskId, TaskRecord};
+use serde_json::json;
+
+fn snapshot(n: u32, principal: &str, created_ms: u64, pad: usize) -> (String, Vec<u8>) {
+    let id = format!("tsk_{n:032x}");
+    let record = TaskRecord::new(
+        TaskId::parse(&id).unwrap(),
+        Owner::new("acme", principal),
+        "echo".into(),
+        json!({ "pad": "x".repeat(pad) }),
+        serde_json::Value::Null,
+        created_ms,
+        Some(60_000),
+        None,
+        None,
+    );
+    (id, persist::encode(&record).unwrap())
+}
+
+fn create(id: &str, bytes: Vec<u8>, principal: &str, created_ms: u64) -> WriteOp {
+    WriteOp::Put {
+        id: id.to_owned(),
+        bytes,
+        live: false,
+        due_ms: None,
+        seq: Some(1),
+        expect: Expect::Absent,
+        owner: Some(OwnerEntry {
+            owner: owner_key("acme", principal),
+            created_ms,
+        }),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owners_are_indexed_counted_and_converted() {
+    let Some(pg) = pg::fresh().await else { return };
+    let ttl = Duration::from_secs(5);
+    let a = PostgresStore::open(&pg.url, pg.options("a", ttl))
+        .await
+        .unwrap();
+    let b = PostgresStore::open(&pg.url, pg.options("b", ttl))
+        .await
+        .unwrap();
+    let alice = owner_key("acme", "alice");
+    let mut alice_ids = Vec::new();
+    let mut alice_bytes = 0u64;
+    for n in 0..12u32 {
+        let created = 1_000 + u64::from(n % 5);
+        let (id, bytes) = snapshot(n, "alice", created, 100);
+        alice_bytes += (id.len() + bytes.len()) as u64;
+        alice_ids.push((created, id.clone()));
+        a.commit(vec![create(&id, bytes, "alice", created)])
+            .await
+            .unwrap();
+        let (id, bytes) = snapshot(100 + n, "bob", created, 10_000);
+        b.commit(vec![create(&id, bytes, "bob", created)])
+            .await
+            .unwrap();
+    }
+    alice_ids.sort();
+    // Paging: every task of alice's once, in order, and nothing of bob's.
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = b.owned(&alice, after.clone(), 5).await.unwrap();
+        seen.extend(page.iter().map(|r| (r.created_ms, r.id.clone())));
+        match page.last() {
+            Some(last) if page.len() == 5 => {
+                after = Some(OwnedCursor {
+                    created_ms: last.created_ms,
+                    id: last.id.clone(),
+                })
+            }
+            _ => break,
+        }
+    }
+    assert_eq!(seen, alice_ids);
+    // Usage: exact, and the same on both replicas.
+    let expected = Usage {
+        tasks: 12,
+        bytes: alice_bytes,
+    };
+    assert_eq!(a.usage(&alice).await.unwrap(), expected);
+    assert_eq!(b.usage(&alice).await.unwrap(), expected);
+    // A later write (finishing the task: a bigger record) is counted at its new size.
+    let (id0, mut bytes0) = snapshot(0, "alice", 1_000, 100);
+    bytes0.extend_from_slice(&[0; 50]);
+    a.commit(vec![WriteOp::Put {
+        id: id0.clone(),
+        bytes: bytes0,
+        live: false,
+        due_ms: Some(1),
+        seq: Some(2),
+        expect: Expect::Any,
+        owner: None,
+    }])
+    .await
+    .unwrap();
+    assert_eq!(b.usage(&alice).await.unwrap().bytes, alice_bytes + 50);
+    // The reaper's delete frees it.
+    b.commit(vec![WriteOp::Delete { id: id0 }]).await.unwrap();
+    let usage = a.usage(&alice).await.unwrap();
+    assert_eq!(usage.tasks, 11);
+    let by_owner = a.usage_by_owner().await.unwrap();
+    assert_eq!(by_owner.len(), 2, "{by_owner:?}");
+    a.close().await;
+    b.close().await;
+
+    // A schema of version 2 holding rows (no owner columns, no usage): the next open
+    // converts it, filling the owners in from the snapshots.
+    let client = pg.client().await;
+    client
+        .batch_execute(
+            "DROP TRIGGER mcp_tasks_usage ON mcp_tasks;
+             DROP FUNCTION mcp_usage_track();
+             DROP TABLE mcp_usage;
+             ALTER TABLE mcp_tasks DROP COLUMN task_owner, DROP COLUMN created_ms,
+                 DROP COLUMN size;
+             DELETE FROM mcp_schema WHERE version = 3;",
+        )
+        .await
+        .unwrap();
+    let c = PostgresStore::open(&pg.url, pg.options("c", ttl))
+        .await
+        .unwrap();
+    assert_eq!(c.usage(&alice).await.unwrap(), usage);
+    assert_eq!(c.owned(&alice, None, 100).await.unwrap().len(), 11);
+    assert_eq!(c.usage(&owner_key("acme", "bob")).await.unwrap().tasks, 12);
+    c.close().await;
+    pg.drop().await;
+}

@@ -1,0 +1,408 @@
+//! One principal's stored tasks cannot cost another principal work, memory or disk, over
+//! real HTTP on 127.0.0.1:
+//!
+//! - the legacy `tasks/list` reads the caller's records only, through the store's owner
+//!   index, one page at a time (proved by a store wrapper that counts every record the
+//!   runtime reads, not by timing);
+//! - the disk quota (`Quotas::max_stored_bytes`) counts finished tasks until the reaper
+//!   deletes them, refuses with `429` / `-32010` naming the limit, and frees the bytes when
+//!   they are purged.
+
+#![cfg(feature = "client")]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use mcp_tasks::auth::{self, Identity};
+use mcp_tasks::quota::Quotas;
+use mcp_tasks::store::{
+    Durability, OwnedCursor, OwnedRecord, RedbStore, Store, StoreFuture, StoreOptions, StoreStats,
+    TaskStore, Usage, WriteOp,
+};
+use mcp_tasks::tool::{CallToolResult, TaskPolicy, Tool, ToolDescriptor, tool_fn};
+use mcp_tasks::transport::http::{self, HttpConfig};
+use mcp_tasks::{Owner, Runtime};
+use serde_json::{Value, json};
+use support::legacy::Client;
+use support::{post, request};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// Every record the runtime reads from the store, counted: calls of the whole-store read,
+/// and records (with their bytes) handed out by every other read.
+#[derive(Default)]
+struct Reads {
+    whole_store: AtomicU64,
+    records: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl Reads {
+    fn count(&self, bytes: usize) {
+        self.records.fetch_add(1, Ordering::SeqCst);
+        self.bytes.fetch_add(bytes as u64, Ordering::SeqCst);
+    }
+
+    fn snapshot(&self) -> (u64, u64, u64) {
+        (
+            self.whole_store.load(Ordering::SeqCst),
+            self.records.load(Ordering::SeqCst),
+            self.bytes.load(Ordering::SeqCst),
+        )
+    }
+}
+
+/// A redb store that counts what is read from it.
+struct Counting {
+    inner: RedbStore,
+    reads: Arc<Reads>,
+}
+
+impl TaskStore for Counting {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn boot_epoch(&self) -> u64 {
+        TaskStore::boot_epoch(&self.inner)
+    }
+    fn commit(&self, ops: Vec<WriteOp>) -> StoreFuture<'_, ()> {
+        TaskStore::commit(&self.inner, ops)
+    }
+    fn get<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
+        Box::pin(async move {
+            let got = TaskStore::get(&self.inner, id).await?;
+            if let Some(b) = &got {
+                self.reads.count(b.len());
+            }
+            Ok(got)
+        })
+    }
+    fn get_many(&self, ids: Vec<String>) -> StoreFuture<'_, Vec<Option<Vec<u8>>>> {
+        Box::pin(async move {
+            let got = TaskStore::get_many(&self.inner, ids).await?;
+            for b in got.iter().flatten() {
+                self.reads.count(b.len());
+            }
+            Ok(got)
+        })
+    }
+    fn live(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
+        Box::pin(async move {
+            let got = TaskStore::live(&self.inner).await?;
+            for (_, b) in &got {
+                self.reads.count(b.len());
+            }
+            Ok(got)
+        })
+    }
+    fn due(&self, now_ms: u64, limit: usize) -> StoreFuture<'_, Vec<String>> {
+        TaskStore::due(&self.inner, now_ms, limit)
+    }
+    fn next_due(&self) -> StoreFuture<'_, Option<u64>> {
+        TaskStore::next_due(&self.inner)
+    }
+    fn meta_get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
+        TaskStore::meta_get(&self.inner, key)
+    }
+    fn tasks(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
+        self.reads.whole_store.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            let got = TaskStore::tasks(&self.inner).await?;
+            for (_, b) in &got {
+                self.reads.count(b.len());
+            }
+            Ok(got)
+        })
+    }
+    fn counts(&self) -> StoreFuture<'_, (u64, u64)> {
+        TaskStore::counts(&self.inner)
+    }
+    fn owned<'a>(
+        &'a self,
+        owner: &'a str,
+        after: Option<OwnedCursor>,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<OwnedRecord>> {
+        Box::pin(async move {
+            let got = TaskStore::owned(&self.inner, owner, after, limit).await?;
+            for r in &got {
+                self.reads.count(r.bytes.len());
+            }
+            Ok(got)
+        })
+    }
+    fn usage<'a>(&'a self, owner: &'a str) -> StoreFuture<'a, Usage> {
+        TaskStore::usage(&self.inner, owner)
+    }
+    fn usage_by_owner(&self) -> StoreFuture<'_, Vec<(String, Usage)>> {
+        TaskStore::usage_by_owner(&self.inner)
+    }
+    fn stats(&self) -> StoreStats {
+        TaskStore::stats(&self.inner)
+    }
+    fn is_closed(&self) -> bool {
+        TaskStore::is_closed(&self.inner)
+    }
+    fn halted(&self) -> Option<String> {
+        TaskStore::halted(&self.inner)
+    }
+    fn wait_halted(&self) -> BoxFuture<'_, String> {
+        TaskStore::wait_halted(&self.inner)
+    }
+    fn unavailable(&self) -> Option<String> {
+        TaskStore::unavailable(&self.inner)
+    }
+    fn close(&self) -> BoxFuture<'_, ()> {
+        TaskStore::close(&self.inner)
+    }
+}
+
+/// A task tool that finishes at once (its record keeps the arguments until it is deleted).
+fn instant() -> Arc<dyn Tool> {
+    tool_fn(
+        ToolDescriptor::new("keep", "finishes at once").task_policy(TaskPolicy::Always),
+        |_ctx, _| async move { Ok(CallToolResult::text("kept")) },
+    )
+}
+
+/// The bearer token is the principal's name (tenant `t`).
+fn by_token() -> Arc<dyn auth::Authenticator> {
+    auth::from_fn(|parts| {
+        let token = auth::bearer_token(&parts.headers)
+            .ok()
+            .flatten()
+            .map(str::to_owned);
+        async move {
+            match token {
+                Some(name) => Ok(Identity::new(Owner::new("t", name))),
+                None => Err(auth::AuthError::Missing),
+            }
+        }
+    })
+}
+
+struct Server {
+    addr: SocketAddr,
+    rt: Runtime,
+    stop: oneshot::Sender<()>,
+    serving: tokio::task::JoinHandle<std::io::Result<()>>,
+    reads: Arc<Reads>,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    async fn start(quotas: Quotas, retention: Option<Duration>) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = RedbStore::open_async(
+            dir.path().join("tasks.redb"),
+            StoreOptions {
+                durability: Durability::None,
+                ..StoreOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let reads = Arc::new(Reads::default());
+        let store = Store::from_backend(Arc::new(Counting {
+            inner,
+            reads: reads.clone(),
+        }));
+        let mut builder = Runtime::builder_with_store(store)
+            .tool(instant())
+            .quotas(quotas);
+        if let Some(retention) = retention {
+            builder = builder
+                .default_ttl(Some(retention))
+                .expired_retention(retention);
+        }
+        let rt = builder.start().await.unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, rx) = oneshot::channel::<()>();
+        let router = http::router(rt.handle(), HttpConfig::default().authenticator(by_token()));
+        let serving = tokio::spawn(http::serve(listener, router, async {
+            let _ = rx.await;
+        }));
+        Server {
+            addr,
+            rt,
+            stop,
+            serving,
+            reads,
+            _dir: dir,
+        }
+    }
+
+    async fn stop(self) {
+        self.rt.begin_shutdown();
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(support::WAIT, self.serving).await;
+        self.rt.shutdown().await;
+    }
+
+    async fn create(&self, who: &str, pad: usize) -> support::Response {
+        let body = request(
+            json!(1),
+            "tools/call",
+            json!({ "name": "keep", "arguments": { "pad": "x".repeat(pad) } }),
+        );
+        post(self.addr, Some(who), &body).await
+    }
+
+    async fn create_ok(&self, who: &str, pad: usize) -> String {
+        let r = self.create(who, pad).await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        r.json()["result"]["taskId"].as_str().unwrap().to_owned()
+    }
+
+    async fn legacy(&self, who: &str) -> Client {
+        let mut client = Client::new(&format!("http://{}/mcp", self.addr)).with_token(who);
+        client
+            .initialize(json!({ "tasks": { "list": {}, "cancel": {} } }))
+            .await;
+        client
+    }
+}
+
+/// Defect 2 of the review, scaled for CI: a principal with no tasks lists against a store
+/// full of another principal's large tasks; the list reads none of them (not one record of
+/// theirs leaves the store) and never the whole store. A principal with 120 tasks gets each
+/// exactly once over pages of at most 50, each page reading at most 51 records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_tasks_list_reads_only_the_callers_records_a_page_at_a_time() {
+    let server = Server::start(Quotas::unlimited(), None).await;
+    const LARGE: usize = 256 * 1024;
+    for _ in 0..24 {
+        server.create_ok("bob", LARGE).await;
+    }
+    let mut alices = BTreeSet::new();
+    for _ in 0..120 {
+        alices.insert(server.create_ok("alice", 10).await);
+    }
+
+    let carol = server.legacy("carol").await;
+    let before = server.reads.snapshot();
+    let list = carol.result(2, "tasks/list", json!({})).await;
+    let after = server.reads.snapshot();
+    assert_eq!(list["tasks"], json!([]), "{list}");
+    assert!(list.get("nextCursor").is_none(), "{list}");
+    assert_eq!(after.0, before.0, "the whole store is never read");
+    assert!(
+        after.2 - before.2 < LARGE as u64,
+        "none of bob's records is read: {} bytes read",
+        after.2 - before.2
+    );
+
+    let alice = server.legacy("alice").await;
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let params = match &cursor {
+            Some(c) => json!({ "cursor": c }),
+            None => json!({}),
+        };
+        let before = server.reads.snapshot();
+        let page = alice.result(3 + pages, "tasks/list", params).await;
+        let after = server.reads.snapshot();
+        pages += 1;
+        let tasks = page["tasks"].as_array().unwrap();
+        assert!(tasks.len() <= 50, "{}", tasks.len());
+        assert!(
+            after.1 - before.1 <= 51,
+            "a page reads at most its size plus one: {}",
+            after.1 - before.1
+        );
+        assert!(after.2 - before.2 < LARGE as u64, "no record of bob's");
+        seen.extend(
+            tasks
+                .iter()
+                .map(|t| t["taskId"].as_str().unwrap().to_owned()),
+        );
+        match page.get("nextCursor").and_then(Value::as_str) {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+        assert!(pages < 10, "the pages never end");
+    }
+    assert_eq!(pages, 3);
+    let unique: BTreeSet<String> = seen.iter().cloned().collect();
+    assert_eq!(unique.len(), seen.len(), "no task is listed twice");
+    assert_eq!(unique, alices, "every own task is listed");
+    assert_eq!(
+        server.reads.snapshot().0,
+        0,
+        "the whole store is never read"
+    );
+    server.stop().await;
+}
+
+/// Defect 3 of the review, scaled for CI: tasks that finish at once still hold their
+/// arguments in the store until the reaper deletes them; the disk quota counts them, refuses
+/// the next creation with `429` / `-32010` naming `storedBytes` and its limit (another
+/// principal is unaffected), and lets the principal create again once the reaper purged them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_disk_quota_counts_finished_tasks_until_they_are_purged() {
+    const LIMIT: u64 = 1024 * 1024;
+    const PAD: usize = 100 * 1024;
+    let mut quotas = Quotas::unlimited();
+    quotas.max_stored_bytes = LIMIT;
+    // Short lives: a finished task is deleted 2 × 1.5 s after its creation.
+    let server = Server::start(quotas, Some(Duration::from_millis(1500))).await;
+    let key = mcp_tasks::store::owner_key("t", "alice");
+    let mut created = 0;
+    let refused = loop {
+        let r = server.create("alice", PAD).await;
+        if r.status != 200 {
+            break r;
+        }
+        created += 1;
+        assert!(created <= 11, "the quota never refuses");
+    };
+    assert!(created >= 8, "refused too early: after {created}");
+    assert_eq!(
+        refused.status,
+        429,
+        "{}",
+        String::from_utf8_lossy(&refused.body)
+    );
+    assert!(refused.header("retry-after").is_some());
+    let body = refused.json();
+    assert_eq!(body["error"]["code"], -32010, "{body}");
+    assert_eq!(body["error"]["data"]["quota"], "storedBytes", "{body}");
+    assert_eq!(body["error"]["data"]["limit"], LIMIT, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&LIMIT.to_string()),
+        "{body}"
+    );
+    let usage = server.rt.store().usage(&key).await.unwrap();
+    assert_eq!(usage.tasks, created);
+    assert!(usage.bytes <= LIMIT, "{usage:?}");
+    assert!(usage.bytes > created * PAD as u64, "{usage:?}");
+    // The tasks are finished: only the disk quota holds them back.
+    assert_eq!(server.rt.live_tasks(), 0);
+    // Another principal has its own allowance.
+    server.create_ok("bob", PAD).await;
+
+    // Once the reaper deleted them, the bytes are free again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let usage = server.rt.store().usage(&key).await.unwrap();
+        if usage == Usage::default() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never purged: {usage:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.create_ok("alice", PAD).await;
+    server.stop().await;
+}
