@@ -181,6 +181,13 @@ struct LimitArgs {
     /// Open HTTP connections at most (keep below the file-descriptor limit).
     #[arg(long, value_name = "N", default_value_t = 1024)]
     max_connections: usize,
+    /// HTTP connections one peer address (IPv6: its /64) may hold before a request on them
+    /// authenticates; behind a reverse proxy, raise it.
+    #[arg(long, value_name = "N", default_value_t = http::ServeOptions::default().max_unauthenticated_per_address)]
+    max_unauthenticated_per_address: usize,
+    /// HTTP connections one principal may hold.
+    #[arg(long, value_name = "N", default_value_t = http::ServeOptions::default().max_connections_per_principal)]
+    max_connections_per_principal: usize,
     /// Seconds to receive a request head (also the keep-alive idle time).
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     header_read_timeout: f64,
@@ -221,9 +228,13 @@ impl LimitArgs {
         if !(self.create_rate.is_finite() && self.create_rate > 0.0) {
             return Err("--create-rate must be a positive number".into());
         }
-        if self.max_connections == 0 || self.max_requests_per_principal == 0 {
+        if self.max_connections == 0
+            || self.max_requests_per_principal == 0
+            || self.max_unauthenticated_per_address == 0
+            || self.max_connections_per_principal == 0
+        {
             return Err(
-                "--max-connections and --max-requests-per-principal must be positive".into(),
+                "--max-connections, --max-requests-per-principal, --max-unauthenticated-per-address and --max-connections-per-principal must be positive".into(),
             );
         }
         Ok(())
@@ -232,6 +243,8 @@ impl LimitArgs {
     fn serve_options(&self) -> http::ServeOptions {
         http::ServeOptions::default()
             .max_connections(self.max_connections)
+            .max_unauthenticated_per_address(self.max_unauthenticated_per_address)
+            .max_connections_per_principal(self.max_connections_per_principal)
             .header_read_timeout(Duration::from_secs_f64(self.header_read_timeout))
             .idle_timeout(Duration::from_secs_f64(self.idle_timeout))
     }

@@ -89,6 +89,8 @@ pub enum QuotaKind {
     ListenTaskIds,
     /// The HTTP transport's limit of requests one principal may have in flight at once.
     ConcurrentRequests,
+    /// The HTTP server's limit of connections one principal may hold at once.
+    Connections,
 }
 
 impl QuotaKind {
@@ -101,6 +103,7 @@ impl QuotaKind {
             Self::Listens => "listens",
             Self::ListenTaskIds => "listenTaskIds",
             Self::ConcurrentRequests => "concurrentRequests",
+            Self::Connections => "connections",
         }
     }
 }
@@ -142,6 +145,10 @@ impl QuotaError {
             ),
             QuotaKind::ConcurrentRequests => format!(
                 "you already have {} requests in progress, the most allowed",
+                self.limit
+            ),
+            QuotaKind::Connections => format!(
+                "you already hold {} open connections, the most allowed; reuse one (keep-alive) or close one",
                 self.limit
             ),
         }

@@ -386,6 +386,9 @@ async fn respond(endpoint: &Arc<Endpoint>, request: Request) -> (Response, &'sta
             Ok(identity) => identity,
             Err(refusal) => return (refusal, "unauthorized"),
         };
+        if let Some(refusal) = bind_connection(&parts, &identity) {
+            return (refusal, "too-many-connections");
+        }
         let Some(in_flight) = endpoint.begin_request(&identity.owner) else {
             return (too_many(config), "too-many");
         };
@@ -419,7 +422,10 @@ async fn respond(endpoint: &Arc<Endpoint>, request: Request) -> (Response, &'sta
         Err(refusal) => return (refusal, "unauthorized"),
     };
 
-    // (3) This caller's requests in progress, bounded.
+    // (3) This caller's connections and requests in progress, bounded.
+    if let Some(refusal) = bind_connection(&parts, &identity) {
+        return (refusal, "too-many-connections");
+    }
     let Some(in_flight) = endpoint.begin_request(&identity.owner) else {
         return (too_many(config), "too-many");
     };
@@ -532,9 +538,30 @@ async fn respond(endpoint: &Arc<Endpoint>, request: Request) -> (Response, &'sta
 
 /// `429` for a caller with too many requests in progress.
 fn too_many(config: &HttpConfig) -> Response {
-    let limit = config.max_requests_per_principal;
+    quota_refusal(
+        crate::quota::QuotaKind::ConcurrentRequests,
+        config.max_requests_per_principal,
+    )
+}
+
+/// Counts the request's connection (when [`serve_with`] serves it) for the caller's
+/// principal; the `429` to send (quota `connections`, the connection closed after the answer)
+/// when the principal already holds its most connections.
+fn bind_connection(parts: &axum::http::request::Parts, identity: &Identity) -> Option<Response> {
+    let slot = parts.extensions.get::<super::server::ConnectionSlot>()?;
+    let refused = slot.authenticated(&identity.owner).err()?;
+    tracing::info!("request refused: the principal holds its most connections");
+    let mut response = quota_refusal(crate::quota::QuotaKind::Connections, refused.limit);
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    Some(response)
+}
+
+/// `429` with `Retry-After: 1` for a transport-level quota.
+fn quota_refusal(kind: crate::quota::QuotaKind, limit: usize) -> Response {
     let error = RpcError::from(crate::quota::QuotaError {
-        kind: crate::quota::QuotaKind::ConcurrentRequests,
+        kind,
         limit: limit as u64,
         retry_after: Duration::from_secs(1),
     });
