@@ -316,6 +316,7 @@ const WELL_KNOWN: &str = "/.well-known/oauth-protected-resource";
 async fn resource_metadata(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Response {
     let config = &endpoint.config;
     if let Err(why) = check_host(request.headers(), request.uri().authority(), config) {
+        crate::telemetry::refused(StatusCode::FORBIDDEN.as_u16());
         return transport_error(StatusCode::FORBIDDEN, None, &why);
     }
     match &config.resource {
@@ -358,6 +359,8 @@ async fn endpoint(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Re
         .map(|s| s.trim().to_owned())
         .unwrap_or_default();
     let (response, kind) = respond(&endpoint, request).await;
+    // 429s are counted where quota refusals are made (every transport); the others here.
+    crate::telemetry::refused(response.status().as_u16());
     tracing::debug!(
         method = %method_header,
         status = response.status().as_u16(),
