@@ -284,6 +284,13 @@ struct LimitArgs {
         default_value_t = 1024
     )]
     max_connections: usize,
+    /// HTTP connections one peer address (IPv6: its /64) may hold before a request on them
+    /// authenticates; behind a reverse proxy, raise it.
+    #[arg(long, env = "MCP_TASKS_MAX_UNAUTHENTICATED_PER_ADDRESS", value_name = "N", default_value_t = http::ServeOptions::default().max_unauthenticated_per_address)]
+    max_unauthenticated_per_address: usize,
+    /// HTTP connections one principal may hold.
+    #[arg(long, env = "MCP_TASKS_MAX_CONNECTIONS_PER_PRINCIPAL", value_name = "N", default_value_t = http::ServeOptions::default().max_connections_per_principal)]
+    max_connections_per_principal: usize,
     /// How long to receive a request head (also the keep-alive idle time); a duration (10s,
     /// 500ms) or bare seconds.
     #[arg(long, env = "MCP_TASKS_HEADER_READ_TIMEOUT", value_name = "DURATION", default_value = "10s", value_parser = units::parse_duration_or_seconds)]
@@ -328,9 +335,13 @@ impl LimitArgs {
         if !(self.create_rate.is_finite() && self.create_rate > 0.0) {
             return Err("--create-rate must be a positive number".into());
         }
-        if self.max_connections == 0 || self.max_requests_per_principal == 0 {
+        if self.max_connections == 0
+            || self.max_requests_per_principal == 0
+            || self.max_unauthenticated_per_address == 0
+            || self.max_connections_per_principal == 0
+        {
             return Err(
-                "--max-connections and --max-requests-per-principal must be positive".into(),
+                "--max-connections, --max-requests-per-principal, --max-unauthenticated-per-address and --max-connections-per-principal must be positive".into(),
             );
         }
         Ok(())
@@ -339,6 +350,8 @@ impl LimitArgs {
     fn serve_options(&self) -> http::ServeOptions {
         http::ServeOptions::default()
             .max_connections(self.max_connections)
+            .max_unauthenticated_per_address(self.max_unauthenticated_per_address)
+            .max_connections_per_principal(self.max_connections_per_principal)
             .header_read_timeout(self.header_read_timeout)
             .idle_timeout(self.idle_timeout)
     }

@@ -123,6 +123,8 @@ pub enum QuotaKind {
     /// [`Quotas::max_stored_bytes`]: the owner's stored tasks, finished ones included, would
     /// exceed it.
     StoredBytes,
+    /// The HTTP server's limit of connections one principal may hold at once.
+    Connections,
 }
 
 impl QuotaKind {
@@ -138,6 +140,7 @@ impl QuotaKind {
             Self::Sessions => "sessions",
             Self::SessionRecords => "sessionRecords",
             Self::StoredBytes => "storedBytes",
+            Self::Connections => "connections",
         }
     }
 }
@@ -191,6 +194,10 @@ impl QuotaError {
             ),
             QuotaKind::StoredBytes => format!(
                 "your stored tasks (finished ones included, until their retention ends) would exceed {} bytes; wait for finished tasks to be deleted",
+                self.limit
+            ),
+            QuotaKind::Connections => format!(
+                "you already hold {} open connections, the most allowed; reuse one (keep-alive) or close one",
                 self.limit
             ),
         }

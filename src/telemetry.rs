@@ -18,6 +18,7 @@
 //! | `mcp_tasks_recovered_tasks` | gauge | | live tasks rehydrated at the last start |
 //! | `mcp_tasks_subscriptions` | gauge | | open `subscriptions/listen` streams |
 //! | `mcp_tasks_subscription_dropped_total` | counter | | committed snapshots of a followed task a listener never got, a newer one sent instead (latest wins: replaced while the stream was full, or superseded before its follower read it) |
+//! | `mcp_tasks_refusals_total` | counter | `reason`, `quota` | requests refused before any work: `reason` `401` (no or a bad credential), `403` (a foreign or repeated `Host`/`Origin`, a missing scope, a read-only credential asking for a write), `408` (body too slow), `413` (body too large) on HTTP; `429` for a quota refusal (`-32010`) on any transport, with the quota's name in `quota` |
 
 use std::time::Duration;
 
@@ -46,6 +47,9 @@ pub const RECOVERED_TASKS: &str = "mcp_tasks_recovered_tasks";
 pub const SUBSCRIPTIONS: &str = "mcp_tasks_subscriptions";
 /// `mcp_tasks_subscription_dropped_total`.
 pub const SUBSCRIPTION_DROPPED: &str = "mcp_tasks_subscription_dropped_total";
+
+/// `mcp_tasks_refusals_total`.
+pub const REFUSALS: &str = "mcp_tasks_refusals_total";
 
 /// Registers the descriptions and units of every series with the installed recorder; call it
 /// once after installing one (exporters show them as `# HELP`).
@@ -77,6 +81,10 @@ pub fn describe() {
     );
     describe_gauge!(RECOVERED_TASKS, "Live tasks rehydrated at the last start.");
     describe_gauge!(SUBSCRIPTIONS, "Open subscriptions/listen streams.");
+    describe_counter!(
+        REFUSALS,
+        "Requests refused before any work, by reason (HTTP status) and, for 429, quota."
+    );
     describe_counter!(
         SUBSCRIPTION_DROPPED,
         "Task snapshots replaced by a newer one before a slow listener read them."
@@ -150,6 +158,23 @@ pub(crate) fn operation(method: &'static str, error_code: Option<i64>, elapsed: 
         )
         .record(seconds),
     }
+}
+
+/// An HTTP request refused with `status` (401, 403, 408 or 413) before any work.
+pub(crate) fn refused(status: u16) {
+    let reason = match status {
+        401 => "401",
+        403 => "403",
+        408 => "408",
+        413 => "413",
+        _ => return,
+    };
+    counter!(REFUSALS, "reason" => reason).increment(1);
+}
+
+/// A request refused by quota `quota` (`-32010`, HTTP `429`).
+pub(crate) fn refused_by_quota(quota: &'static str) {
+    counter!(REFUSALS, "reason" => "429", "quota" => quota).increment(1);
 }
 
 /// A committed status change (or a creation) to `to`.

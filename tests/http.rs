@@ -537,6 +537,30 @@ async fn status_codes() {
             );
         }
     }
+    // 403 for a Host or an Origin sent twice (even with equal, allowed values) and for a Host
+    // whose port is not a port number.
+    for (name, first, second) in [
+        ("Host", "localhost", "localhost"),
+        ("Host", "localhost", "evil.example.com"),
+        ("Origin", "http://localhost", "http://localhost"),
+        ("Origin", "https://app.example", "https://evil.example"),
+    ] {
+        let mut h = with(mcp_headers(&discover), name, first);
+        h.push((name.to_owned(), second.to_owned()));
+        let (status, r) = post_with(addr, h, &discover).await;
+        assert_eq!(status, 403, "{name} twice: {r}");
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("appears more than once"),
+            "{r}"
+        );
+    }
+    for host in ["localhost:http", "localhost:65536", "127.0.0.1:1:2"] {
+        let h = with(mcp_headers(&discover), "Host", host);
+        assert_eq!(post_with(addr, h, &discover).await.0, 403, "Host {host}");
+    }
     // The conformance DNS-rebinding probe: foreign Host with a matching Origin.
     let h = with(
         with(mcp_headers(&discover), "Host", "evil.example.com"),

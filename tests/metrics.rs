@@ -37,7 +37,11 @@ impl Drop for Serve {
 }
 
 fn serve() -> Serve {
-    let dir = tempfile::tempdir().unwrap();
+    serve_with(tempfile::tempdir().unwrap(), &["--no-quotas"])
+}
+
+/// `serve` with the bench fixtures, a store in `dir` and `extra` arguments.
+fn serve_with(dir: tempfile::TempDir, extra: &[&str]) -> Serve {
     let mut child = Command::new(BIN)
         .args([
             "serve",
@@ -47,8 +51,8 @@ fn serve() -> Serve {
             "127.0.0.1:0",
             "--fixtures",
             "bench",
-            "--no-quotas",
         ])
+        .args(extra)
         .arg("--store")
         .arg(dir.path().join("tasks.redb"))
         .env("RUST_LOG", "info")
@@ -295,4 +299,126 @@ async fn a_lagging_listener_counts_the_snapshots_it_skipped() {
         "received {received} + dropped {dropped} exceeds the task's commits"
     );
     assert_eq!(sample(&text, "mcp_tasks_subscriptions"), Some(0.0));
+}
+
+/// Every refusal is counted under its reason (the HTTP status), a quota refusal also under
+/// the quota's name: two 401s, two 403s, one 413, one 408 and one 429 of `liveTasks`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_counted_by_reason() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        support::token_entry("alice-token", "acme", "alice", &[]),
+    )
+    .unwrap();
+    let tokens = tokens.to_str().unwrap().to_owned();
+    let server = serve_with(
+        dir,
+        &[
+            "--auth-tokens",
+            &tokens,
+            "--max-live-tasks",
+            "1",
+            "--max-body-bytes",
+            "2048",
+            "--body-timeout",
+            "1",
+        ],
+    );
+    let addr: std::net::SocketAddr = server
+        .mcp
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .parse()
+        .unwrap();
+    let discover = support::request(json!(1), "server/discover", json!({}));
+    let bytes = serde_json::to_vec(&discover).unwrap();
+    let post = |headers: Vec<(String, String)>, body: Vec<u8>| async move {
+        support::send(addr, "POST", "/mcp", &headers, &body)
+            .await
+            .status
+    };
+    let with = |mut h: Vec<(String, String)>, name: &str, value: &str| {
+        h.push((name.to_owned(), value.to_owned()));
+        h
+    };
+
+    // 401: no token, an unknown token.
+    assert_eq!(
+        post(support::headers_for(&discover, None), bytes.clone()).await,
+        401
+    );
+    assert_eq!(
+        post(support::headers_for(&discover, Some("nope")), bytes.clone()).await,
+        401
+    );
+    // 403: a foreign Origin, an Origin sent twice.
+    let alice = support::headers_for(&discover, Some("alice-token"));
+    assert_eq!(
+        post(
+            with(alice.clone(), "Origin", "https://evil.example"),
+            bytes.clone()
+        )
+        .await,
+        403
+    );
+    let twice = with(
+        with(alice.clone(), "Origin", "http://localhost"),
+        "Origin",
+        "http://localhost",
+    );
+    assert_eq!(post(twice, bytes.clone()).await, 403);
+    // 413: a body over 2 KiB.
+    assert_eq!(post(alice.clone(), vec![b' '; 4096]).await, 413);
+    // 408: a body that does not arrive within a second.
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n",
+        addr.port()
+    );
+    for (n, v) in &alice {
+        head.push_str(&format!("{n}: {v}\r\n"));
+    }
+    head.push_str("\r\n{");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let r = tokio::time::timeout(
+        Duration::from_secs(30),
+        support::read_response(tokio::io::BufReader::new(stream)),
+    )
+    .await
+    .expect("a 408 once the body timeout passes");
+    assert_eq!(r.status, 408);
+    // 429: a second live task over --max-live-tasks 1.
+    let create = support::request(
+        json!(2),
+        "tools/call",
+        json!({ "name": "sleep_task", "arguments": { "ms": 60000 } }),
+    );
+    let create_bytes = serde_json::to_vec(&create).unwrap();
+    let headers = support::headers_for(&create, Some("alice-token"));
+    assert_eq!(post(headers.clone(), create_bytes.clone()).await, 200);
+    assert_eq!(post(headers, create_bytes).await, 429);
+    // Served requests are not refusals.
+    assert_eq!(post(alice, bytes).await, 200);
+
+    let text = reqwest::get(&server.metrics)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let get = |series: &str| {
+        sample(&text, series).unwrap_or_else(|| panic!("no sample {series} in:\n{text}"))
+    };
+    assert_eq!(get(r#"mcp_tasks_refusals_total{reason="401"}"#), 2.0);
+    assert_eq!(get(r#"mcp_tasks_refusals_total{reason="403"}"#), 2.0);
+    assert_eq!(get(r#"mcp_tasks_refusals_total{reason="413"}"#), 1.0);
+    assert_eq!(get(r#"mcp_tasks_refusals_total{reason="408"}"#), 1.0);
+    assert_eq!(
+        get(r#"mcp_tasks_refusals_total{reason="429",quota="liveTasks"}"#),
+        1.0
+    );
+    assert!(text.contains("# HELP mcp_tasks_refusals_total "));
 }

@@ -405,14 +405,15 @@ async fn slow_loris_connections_time_out_and_a_real_client_gets_through() {
     let mut idle = TcpStream::connect(addr).await.unwrap();
     assert!(closed_by_server(&mut idle, Duration::from_secs(10)).await);
 
-    // A connection over the limit is closed at once, and the server stays usable.
+    // A connection over the limit closes the oldest idle unauthenticated one to make room,
+    // and the server stays usable.
     let mut holders = Vec::new();
     for _ in 0..8 {
         holders.push(half_open(addr).await);
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let mut extra = TcpStream::connect(addr).await.unwrap();
-    assert!(closed_by_server(&mut extra, Duration::from_millis(400)).await);
+    let _extra = TcpStream::connect(addr).await.unwrap();
+    assert!(closed_by_server(&mut holders[0], Duration::from_millis(400)).await);
     drop(holders);
     let deadline = Instant::now() + support::WAIT;
     loop {
@@ -438,6 +439,187 @@ async fn slow_loris_connections_time_out_and_a_real_client_gets_through() {
             }
         }
         assert!(Instant::now() < deadline, "the server never recovers");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.stop().await;
+}
+
+/// A connection from `ip` (a loopback address: 127.0.0.0/8 is all local on Linux).
+async fn connect_from(ip: &str, addr: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(format!("{ip}:0").parse().unwrap())
+        .expect("binding a loopback source address");
+    socket.connect(addr).await.unwrap()
+}
+
+/// Sends `body` as `who` on `stream` (kept alive) and reads the answer.
+async fn post_on(
+    stream: &mut TcpStream,
+    addr: SocketAddr,
+    who: &str,
+    body: &Value,
+) -> (u16, Value, bool) {
+    use tokio::io::AsyncBufReadExt;
+    let bytes = serde_json::to_vec(body).unwrap();
+    let mut head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n",
+        addr.port(),
+        bytes.len()
+    );
+    for (n, v) in support::headers_for(body, Some(who)) {
+        head.push_str(&format!("{n}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&bytes).await.unwrap();
+    let mut reader = tokio::io::BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).await.unwrap();
+    let status: u16 = line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    let (mut length, mut close) = (0usize, false);
+    loop {
+        line.clear();
+        reader.read_line(&mut line).await.unwrap();
+        if line == "\r\n" {
+            break;
+        }
+        let (name, value) = line.split_once(':').unwrap();
+        if name.eq_ignore_ascii_case("content-length") {
+            length = value.trim().parse().unwrap();
+        }
+        if name.eq_ignore_ascii_case("connection") && value.trim().eq_ignore_ascii_case("close") {
+            close = true;
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).await.unwrap();
+    (status, serde_json::from_slice(&body).unwrap(), close)
+}
+
+/// How many of `streams` the server still holds open (not closed within a short while).
+async fn still_open(streams: &mut [TcpStream]) -> usize {
+    let checks = streams
+        .iter_mut()
+        .map(|s| closed_by_server(s, Duration::from_millis(300)));
+    futures::future::join_all(checks)
+        .await
+        .into_iter()
+        .filter(|closed| !closed)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_connections_cannot_take_every_slot() {
+    let options = ServeOptions::default()
+        .max_connections(16)
+        .max_unauthenticated_per_address(4)
+        .header_read_timeout(Duration::from_secs(60));
+    let server = start(quotas(), HttpConfig::default(), options).await;
+    let addr = server.addr;
+    let discover = request(json!(1), "server/discover", json!({}));
+
+    // One address opens 40 connections and never authenticates: it keeps 4.
+    let mut attacker = Vec::new();
+    for i in 0..40 {
+        let mut s = connect_from("127.0.0.2", addr).await;
+        if i % 2 == 0 {
+            // Half of them trickle a request head, half send nothing.
+            s.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                .await
+                .unwrap();
+        }
+        attacker.push(s);
+    }
+    // Meanwhile an authenticated client from another address is served, every time.
+    for _ in 0..20 {
+        let r = post(addr, Some("alice"), &discover).await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    assert_eq!(still_open(&mut attacker).await, 4);
+
+    // Eight addresses with 4 idle connections each fill every slot (16) and more: the
+    // oldest idle unauthenticated connections make room for the authenticated client.
+    let mut many = Vec::new();
+    for a in 0..8 {
+        for _ in 0..4 {
+            many.push(connect_from(&format!("127.0.1.{}", a + 1), addr).await);
+        }
+    }
+    for _ in 0..20 {
+        let r = post(addr, Some("alice"), &discover).await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    assert!(still_open(&mut many).await <= 16);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_per_principal() {
+    let options = ServeOptions::default()
+        .max_connections(3)
+        .max_connections_per_principal(2)
+        .header_read_timeout(Duration::from_secs(60));
+    let server = start(quotas(), HttpConfig::default(), options).await;
+    let addr = server.addr;
+    let discover = request(json!(1), "server/discover", json!({}));
+
+    // alice holds two keep-alive connections; each serves several requests.
+    let mut alice = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        for _ in 0..2 {
+            let (status, body, _) = post_on(&mut s, addr, "alice", &discover).await;
+            assert_eq!(status, 200, "{body}");
+        }
+        alice.push(s);
+    }
+    // A third is refused with 429 (quota `connections`) and closed after the answer.
+    let mut third = TcpStream::connect(addr).await.unwrap();
+    let (status, body, close) = post_on(&mut third, addr, "alice", &discover).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], QUOTA_EXCEEDED, "{body}");
+    assert_eq!(body["error"]["data"]["quota"], "connections", "{body}");
+    assert!(close, "the refused connection is closed");
+    assert!(closed_by_server(&mut third, Duration::from_secs(5)).await);
+
+    // Another principal is served meanwhile.
+    let mut bob = TcpStream::connect(addr).await.unwrap();
+    let (status, body, _) = post_on(&mut bob, addr, "bob", &discover).await;
+    assert_eq!(status, 200, "{body}");
+
+    // Every slot is now held by an authenticated connection: one more is closed at once
+    // (authenticated connections are never closed to make room).
+    let mut extra = TcpStream::connect(addr).await.unwrap();
+    assert!(closed_by_server(&mut extra, Duration::from_secs(5)).await);
+    let (status, _, _) = post_on(&mut alice[0], addr, "alice", &discover).await;
+    assert_eq!(status, 200);
+
+    // Once alice closes one, she may open another.
+    drop(alice.pop());
+    let deadline = Instant::now() + support::WAIT;
+    loop {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let (status, _, _) = match tokio::time::timeout(
+            Duration::from_secs(2),
+            post_on(&mut s, addr, "alice", &discover),
+        )
+        .await
+        {
+            Ok(answer) => answer,
+            Err(_) => (0, Value::Null, true),
+        };
+        if status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "alice never gets her connection back"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     server.stop().await;

@@ -19,6 +19,7 @@ impl From<crate::quota::QuotaError> for RpcError {
             limit = e.limit,
             "request refused by a quota"
         );
+        crate::telemetry::refused_by_quota(e.kind.name());
         Self::new(code::QUOTA_EXCEEDED, format!("Quota exceeded: {e}")).with_data(json!({
             "quota": e.kind.name(),
             "limit": e.limit,

@@ -5,7 +5,8 @@
 //! validates the envelope, compares the routing headers with the body and chooses the HTTP
 //! status of every JSON-RPC answer. What happens here, in order:
 //!
-//! 1. `Host` not allowed, or `Origin` present and not allowed (DNS rebinding) → `403`;
+//! 1. `Host` not allowed, or `Origin` present and not allowed (DNS rebinding), either sent
+//!    twice, or a `Host` port that is not a port number → `403`;
 //! 2. the [`HttpConfig::authenticator`] runs on the request head, before any of the body is
 //!    read: no or a bad credential → `401`, a credential without a scope that
 //!    [`HttpConfig::resource`] requires → `403`, both with `WWW-Authenticate: Bearer
@@ -367,6 +368,7 @@ fn probe(status: StatusCode, body: String) -> Response {
 async fn resource_metadata(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Response {
     let config = &endpoint.config;
     if let Err(why) = check_host(request.headers(), request.uri().authority(), config) {
+        crate::telemetry::refused(StatusCode::FORBIDDEN.as_u16());
         return transport_error(StatusCode::FORBIDDEN, None, &why);
     }
     match &config.resource {
@@ -409,6 +411,8 @@ async fn endpoint(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Re
         .map(|s| s.trim().to_owned())
         .unwrap_or_default();
     let (response, kind) = respond(&endpoint, request).await;
+    // 429s are counted where quota refusals are made (every transport); the others here.
+    crate::telemetry::refused(response.status().as_u16());
     tracing::debug!(
         method = %method_header,
         status = response.status().as_u16(),
@@ -438,6 +442,9 @@ async fn respond(endpoint: &Arc<Endpoint>, request: Request) -> (Response, &'sta
             Ok(identity) => identity,
             Err(refusal) => return (refusal, "unauthorized"),
         };
+        if let Some(refusal) = bind_connection(&parts, &identity) {
+            return (refusal, "too-many-connections");
+        }
         let Some(in_flight) = endpoint.begin_request(&identity.owner) else {
             return (too_many(config), "too-many");
         };
@@ -471,7 +478,10 @@ async fn respond(endpoint: &Arc<Endpoint>, request: Request) -> (Response, &'sta
         Err(refusal) => return (refusal, "unauthorized"),
     };
 
-    // (3) This caller's requests in progress, bounded.
+    // (3) This caller's connections and requests in progress, bounded.
+    if let Some(refusal) = bind_connection(&parts, &identity) {
+        return (refusal, "too-many-connections");
+    }
     let Some(in_flight) = endpoint.begin_request(&identity.owner) else {
         return (too_many(config), "too-many");
     };
@@ -584,9 +594,30 @@ async fn respond(endpoint: &Arc<Endpoint>, request: Request) -> (Response, &'sta
 
 /// `429` for a caller with too many requests in progress.
 fn too_many(config: &HttpConfig) -> Response {
-    let limit = config.max_requests_per_principal;
+    quota_refusal(
+        crate::quota::QuotaKind::ConcurrentRequests,
+        config.max_requests_per_principal,
+    )
+}
+
+/// Counts the request's connection (when [`serve_with`] serves it) for the caller's
+/// principal; the `429` to send (quota `connections`, the connection closed after the answer)
+/// when the principal already holds its most connections.
+fn bind_connection(parts: &axum::http::request::Parts, identity: &Identity) -> Option<Response> {
+    let slot = parts.extensions.get::<super::server::ConnectionSlot>()?;
+    let refused = slot.authenticated(&identity.owner).err()?;
+    tracing::info!("request refused: the principal holds its most connections");
+    let mut response = quota_refusal(crate::quota::QuotaKind::Connections, refused.limit);
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    Some(response)
+}
+
+/// `429` with `Retry-After: 1` for a transport-level quota.
+fn quota_refusal(kind: crate::quota::QuotaKind, limit: usize) -> Response {
     let error = RpcError::from(crate::quota::QuotaError {
-        kind: crate::quota::QuotaKind::ConcurrentRequests,
+        kind,
         limit: limit as u64,
         retry_after: Duration::from_secs(1),
     });
@@ -684,10 +715,11 @@ fn check_host(
     authority: Option<&axum::http::uri::Authority>,
     config: &HttpConfig,
 ) -> Result<(), String> {
+    let value = single(headers, &header::HOST, "Host")?;
     if config.allowed_hosts.iter().any(|h| h == "*") {
         return Ok(());
     }
-    let host = match headers.get(header::HOST) {
+    let host = match value {
         Some(value) => value
             .to_str()
             .map_err(|_| "Forbidden: the Host header is malformed".to_owned())?
@@ -698,6 +730,11 @@ fn check_host(
             None => return Err("Forbidden: the Host header is missing".to_owned()),
         },
     };
+    if !valid_port(&host) {
+        return Err(format!(
+            "Forbidden: Host `{host}` has a port that is not a number from 0 to 65535"
+        ));
+    }
     let name = host_part(&host);
     let allowed = is_local_host(name)
         || config
@@ -711,8 +748,54 @@ fn check_host(
     }
 }
 
+/// The only value of header `name`: a header sent twice is refused, as proxies and this
+/// server could otherwise read different ones (RFC 9110 §5.3 allows repeating only
+/// list-valued fields, which `Host` and `Origin` are not).
+fn single<'a>(
+    headers: &'a HeaderMap,
+    name: &HeaderName,
+    display: &str,
+) -> Result<Option<&'a HeaderValue>, String> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(format!(
+            "Forbidden: the {display} header appears more than once"
+        ));
+    }
+    Ok(first)
+}
+
+/// Whether the port of an authority `host[:port]`, if it has one, is a decimal number a TCP
+/// port can be (RFC 3986 §3.2.3 allows an empty port; a browser never sends one).
+fn valid_port(authority: &str) -> bool {
+    let after_host = if authority.starts_with('[') {
+        match authority.find(']') {
+            Some(end) => &authority[end + 1..],
+            None => return false,
+        }
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, port)) if !host.contains(':') => return port_number(port),
+            Some(_) => return false,
+            None => "",
+        }
+    };
+    match after_host.strip_prefix(':') {
+        Some(port) => port_number(port),
+        None => after_host.is_empty(),
+    }
+}
+
+fn port_number(port: &str) -> bool {
+    !port.is_empty()
+        && port.len() <= 5
+        && port.bytes().all(|b| b.is_ascii_digit())
+        && port.parse::<u32>().is_ok_and(|p| p <= 65_535)
+}
+
 fn check_origin(headers: &HeaderMap, config: &HttpConfig) -> Result<(), String> {
-    let Some(value) = headers.get(header::ORIGIN) else {
+    let Some(value) = single(headers, &header::ORIGIN, "Origin")? else {
         return Ok(());
     };
     let origin = value
@@ -723,6 +806,7 @@ fn check_origin(headers: &HeaderMap, config: &HttpConfig) -> Result<(), String> 
     let local = origin.split_once("://").is_some_and(|(scheme, authority)| {
         (scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https"))
             && !authority.contains(['/', '@'])
+            && valid_port(authority)
             && is_local_host(host_part(authority))
     });
     let allowed = local
@@ -979,6 +1063,24 @@ mod tests {
         assert!(!host("evil.example.com"));
         assert!(!host("localhost.evil.example"));
         assert!(!host("127.0.0.1.evil.example:80"));
+        // The port part must be a port number.
+        assert!(!host("localhost:"));
+        assert!(!host("localhost:http"));
+        assert!(!host("localhost:65536"));
+        assert!(!host("localhost:80:80"));
+        assert!(!host("[::1]x"));
+        assert!(!host("[::1]:8080x"));
+        assert!(!host("mcp.example.com:+443"));
+        assert!(host("localhost:65535"));
+        // A Host or Origin header sent twice is refused, whatever the values.
+        let mut twice = HeaderMap::new();
+        twice.append(header::HOST, HeaderValue::from_static("localhost"));
+        twice.append(header::HOST, HeaderValue::from_static("localhost"));
+        assert!(check_host(&twice, None, &config).is_err());
+        let mut twice = HeaderMap::new();
+        twice.append(header::ORIGIN, HeaderValue::from_static("http://localhost"));
+        twice.append(header::ORIGIN, HeaderValue::from_static("http://localhost"));
+        assert!(check_origin(&twice, &config).is_err());
         let origin = |v: &'static str| {
             let mut h = HeaderMap::new();
             h.insert(header::ORIGIN, HeaderValue::from_static(v));
@@ -993,6 +1095,8 @@ mod tests {
         assert!(!origin("null"));
         assert!(!origin("http://localhost@evil.example"));
         assert!(!origin("file://localhost"));
+        assert!(!origin("http://localhost:99999"));
+        assert!(!origin("http://localhost:"));
         assert!(check_origin(&HeaderMap::new(), &config).is_ok());
     }
 }
