@@ -166,6 +166,11 @@ impl Dispatcher {
     /// Whether this node's actor for the task is behind `record` (read from the store): another
     /// node changed the task since the actor last committed.
     fn is_behind(&self, record: &TaskRecord) -> bool {
+        #[cfg(feature = "failpoints")]
+        if crate::failpoints::breaker("break::skip_is_behind") {
+            // Deliberately broken (test-only): the check-then-act window taken every time.
+            return false;
+        }
         self.shared
             .live
             .snapshot(&record.id)
