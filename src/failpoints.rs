@@ -12,6 +12,7 @@
 //! | `supervisor::rehydrate`    | start-up rehydration, before each live task's actor is spawned |
 //! | `break::reply_before_commit` | breaker (`return`): a task actor publishes a transition before committing it |
 //! | `break::skip_step_journal` | breaker (`return`): `step` ignores recorded results and runs again |
+//! | `break::skip_is_behind`    | breaker (`return`): a request for a task reaches this node's actor without the check that the actor is not behind the stored record (as if the record moved right after the check) |
 //!
 //! Failpoint names and actions are process-global (the `fail` crate's registry): tests that
 //! configure them must not run in parallel with each other (`fail::FailScenario` serialises).

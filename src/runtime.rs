@@ -618,11 +618,23 @@ async fn take_over(
     let Some(every) = shared.store.claim_interval() else {
         return;
     };
+    let early = shared.store.watch_reconcile();
     loop {
+        let reconcile_early = async {
+            match &early {
+                Some(wake) => wake.notified().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
+            _ = reconcile_early => {
+                // Soon, not at once: the failure that asked for it is often an outage.
+                tokio::time::sleep(every.min(Duration::from_millis(100))).await;
+            }
             _ = stop.changed() => return,
         }
+        reconcile(&shared, &supervisor).await;
         loop {
             let claimed = match shared.store.claim_orphans(CLAIM_BATCH).await {
                 Ok(claimed) => claimed,
@@ -656,6 +668,41 @@ async fn take_over(
             if !full || *stop.borrow() {
                 break;
             }
+        }
+    }
+}
+
+/// On a store shared by replicas: compares the leases this node believes it holds with the
+/// rows (see `TaskStore::reconcile`). The actors of tasks whose lease this node lost stop
+/// (even one waiting for input, which would never write and so never be fenced), and their
+/// followers move to the stored record; live tasks leased to this node that it did not know
+/// of (a creation whose commit acknowledgement was lost) are claimed anew and run.
+async fn reconcile(shared: &Arc<Shared>, supervisor: &ActorRef<SupervisorMsg>) {
+    let found = match shared.store.reconcile().await {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!(error = %e, "comparing this node's leases with the store failed; retrying");
+            return;
+        }
+    };
+    for raw in found.lost {
+        let Ok(id) = crate::task::TaskId::parse(&raw) else {
+            continue;
+        };
+        let _ = supervisor.call(|port| SupervisorMsg::LeaseLost(id, port), None).await;
+    }
+    for (raw, _) in found.forgotten {
+        let Ok(id) = crate::task::TaskId::parse(&raw) else {
+            tracing::warn!(id = %raw, "a reclaimed task has an invalid id; skipped");
+            continue;
+        };
+        let task = id.clone();
+        match supervisor
+            .call(|port| SupervisorMsg::Claimed(task, port), None)
+            .await
+        {
+            Ok(ractor::rpc::CallResult::Success(Ok(()))) => {}
+            _ => tracing::warn!(task = %id, "could not start a reclaimed task"),
         }
     }
 }

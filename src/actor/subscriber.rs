@@ -138,10 +138,33 @@ impl Subscriber {
     }
 }
 
+/// Whether a follower follows the task's local actor. On a store shared by replicas, only
+/// while the actor is not behind the stored record: an actor left from a lease this node
+/// lost (another node changed the task since; its actor here stops once the node notices)
+/// would otherwise hold a listen at a state older than what `tasks/get` on this node
+/// answers. On a store owned by one process, always.
+async fn follows_actor(
+    shared: &Shared,
+    id: &TaskId,
+    snapshots: &tokio::sync::watch::Receiver<Arc<TaskRecord>>,
+) -> bool {
+    if !shared.store.is_shared() {
+        return true;
+    }
+    let local = snapshots.borrow().seq;
+    match shared.load_stored(id).await {
+        Ok(Some(stored)) => stored.seq <= local,
+        Ok(None) => true,
+        Err(_) => true,
+    }
+}
+
 /// Follows one task's committed snapshots across actor restarts, until it is terminal.
 async fn follow(shared: Arc<Shared>, id: TaskId, me: ActorRef<SubscriberMsg>) {
     loop {
-        if let Some(live) = shared.live.get(&id) {
+        if let Some(live) = shared.live.get(&id)
+            && follows_actor(&shared, &id, &live.snapshots).await
+        {
             let mut rx = live.snapshots;
             loop {
                 let snapshot = rx.borrow_and_update().clone();

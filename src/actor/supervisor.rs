@@ -37,6 +37,10 @@ pub(crate) enum SupervisorMsg {
     /// record, replacing an actor left from an earlier lease of this node (its record may be
     /// older than the stored one).
     Claimed(TaskId, RpcReplyPort<Result<(), RpcError>>),
+    /// On a shared store: this node no longer holds the task's lease (found by reconciling
+    /// its leases with the store): its actor stops, without writing, if the lease was not
+    /// taken back meanwhile.
+    LeaseLost(TaskId, RpcReplyPort<()>),
     /// Restart a failed task actor (sent by the backoff timer).
     Restart(TaskId),
     /// Answers once the supervisor handles messages, i.e. after start-up rehydration.
@@ -291,6 +295,17 @@ impl Actor for Supervisor {
                 let _ = port.send(r.map_err(RpcError::from));
             }
             SupervisorMsg::Ready(port) => {
+                let _ = port.send(());
+            }
+            SupervisorMsg::LeaseLost(id, port) => {
+                if !self.shared.store.holds(id.as_str())
+                    && let Some(stale) = self.shared.live.actor_of(&id)
+                {
+                    tracing::info!(task = %id, "task actor stops: this node lost the task's lease");
+                    stale.actor.stop(Some("lease lost".into()));
+                    self.shared.live.remove_if(&id, stale.actor.get_id());
+                    state.pending.remove(&id);
+                }
                 let _ = port.send(());
             }
             SupervisorMsg::Restart(id) => match self.rehydrate(&myself, state, &id, false).await {

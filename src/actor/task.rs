@@ -132,6 +132,44 @@ impl TaskActor {
         Ok(true)
     }
 
+    /// A client's request that changed nothing (`Ok(false)`: an answer for a key not
+    /// pending, a second cancel) is acknowledged without a write, so no fencing refuses it.
+    /// On a shared store the acknowledgement is first confirmed against the task's lease in
+    /// the database (this node, the epoch it holds, the actor's sequence number): an actor
+    /// left from a lease this node lost, still waiting for input, would otherwise acknowledge
+    /// an answer for a key the new owner issued and drop it. Refused as fenced (the actor
+    /// stops; the request goes to the node that holds the task) or, when the record moved
+    /// under this node's own lease, as a conflict (the actor is rebuilt from the store).
+    /// A store owned by one process confirms without any work.
+    async fn confirm_unchanged(
+        &self,
+        myself: &ActorRef<TaskMsg>,
+        state: &mut TaskState,
+        result: Result<bool, RuntimeError>,
+    ) -> Result<bool, RuntimeError> {
+        if !matches!(result, Ok(false)) || !self.shared.store.is_shared() {
+            return result;
+        }
+        let record = &state.record;
+        match self
+            .shared
+            .store
+            .confirm_lease(record.id.as_str(), record.seq)
+            .await
+        {
+            Ok(()) => Ok(false),
+            Err(e) => {
+                if matches!(e, StoreError::Fenced { .. }) {
+                    tracing::warn!(task = %record.id,
+                        "this node lost the task's lease (found by an acknowledgement that writes nothing): its actor stops without writing");
+                    state.tool = None;
+                    myself.stop(Some("fenced".into()));
+                }
+                Err(RuntimeError::Store(e))
+            }
+        }
+    }
+
     fn arm_cancel_grace(&self, myself: &ActorRef<TaskMsg>) {
         myself.send_after(self.shared.config.cancel_grace, || {
             TaskMsg::CancelGraceElapsed
@@ -422,10 +460,12 @@ impl TaskActor {
                 let r = self
                     .transition(&myself, state, Event::ProvideInputs { responses })
                     .await;
+                let r = self.confirm_unchanged(&myself, state, r).await;
                 reply(port, r)?;
             }
             TaskMsg::Cancel(port) => {
                 let r = self.transition(&myself, state, Event::RequestCancel).await;
+                let r = self.confirm_unchanged(&myself, state, r).await;
                 if matches!(r, Ok(true)) && !state.record.status.is_terminal() {
                     self.arm_cancel_grace(&myself);
                 }

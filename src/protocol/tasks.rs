@@ -91,14 +91,38 @@ impl Dispatcher {
     /// notification (or finds it at its next poll), applies it through its actor and records
     /// the answer; this request acknowledges once that answer is there, so the ack follows the
     /// durable write of the task, as on one node.
+    ///
+    /// A local actor that refuses the command because this node lost the task's lease, or
+    /// because the record moved under it (see `TaskActor::confirm_unchanged`), leaves it
+    /// unapplied: the command is then given once more, from a fresh read of the record, to
+    /// the node holding the task (or to a takeover here).
     async fn command(&self, record: &TaskRecord, command: Command) -> Result<(), RpcError> {
+        self.command_once(record, &command, true).await
+    }
+
+    /// [`Dispatcher::command`]; `retry` = a refusal by a stale local actor is retried once.
+    fn command_once<'a>(
+        &'a self,
+        record: &'a TaskRecord,
+        command: &'a Command,
+        retry: bool,
+    ) -> futures::future::BoxFuture<'a, Result<(), RpcError>> {
+        Box::pin(self.command_inner(record, command, retry))
+    }
+
+    async fn command_inner(
+        &self,
+        record: &TaskRecord,
+        command: &Command,
+        retry: bool,
+    ) -> Result<(), RpcError> {
         if record.status.is_terminal() {
             return Ok(());
         }
         let store = &self.shared.store;
         if let Some(cluster) = store.cluster()
             && !store.holds(record.id.as_str())
-            && let Some(answer) = self.send_to_owner(cluster, &record.id, &command).await?
+            && let Some(answer) = self.send_to_owner(cluster, &record.id, command).await?
         {
             return answer;
         }
@@ -109,7 +133,27 @@ impl Dispatcher {
         // never saw issued, and acknowledge it.)
         let take_over =
             store.is_shared() && (!store.holds(record.id.as_str()) || self.is_behind(record));
-        if let Some(answer) = self.deliver(&record.id, &command, take_over).await {
+        if let Some(answer) = self.deliver(&record.id, command, take_over).await {
+            if let Err(e) = &answer
+                && retry
+                && store.is_shared()
+                && let Some(fresh) = self.shared.load_stored(&record.id).await?
+            {
+                let stale = !store.holds(record.id.as_str())
+                    || self
+                        .shared
+                        .live
+                        .snapshot(&record.id)
+                        .is_none_or(|local| local.seq < fresh.seq);
+                if fresh.status.is_terminal() {
+                    return Ok(());
+                }
+                if stale {
+                    tracing::info!(task = %record.id, error = %e.message,
+                        "a request refused by a stale local actor goes to the task's current holder");
+                    return self.command_once(&fresh, command, false).await;
+                }
+            }
             return answer;
         }
         // No actor answered: the task may have just finished, which acknowledges.
@@ -122,6 +166,11 @@ impl Dispatcher {
     /// Whether this node's actor for the task is behind `record` (read from the store): another
     /// node changed the task since the actor last committed.
     fn is_behind(&self, record: &TaskRecord) -> bool {
+        #[cfg(feature = "failpoints")]
+        if crate::failpoints::breaker("break::skip_is_behind") {
+            // Deliberately broken (test-only): the check-then-act window taken every time.
+            return false;
+        }
         self.shared
             .live
             .snapshot(&record.id)
@@ -212,16 +261,41 @@ impl Dispatcher {
                 }
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(RpcError::internal(format!(
-                    "the node running task {id} did not apply this request within {} s; the request stays recorded and is applied when that node, or one taking the task over, gets to it",
-                    limit.as_secs()
-                )));
+                return self.give_up_waiting(cluster, id, seq, limit).await;
             }
             tokio::select! {
                 _ = wake.notified() => {}
                 _ = tokio::time::sleep(poll) => {}
                 _ = tokio::time::sleep_until(deadline) => {}
             }
+        }
+    }
+
+    /// The sender of command `seq` stops waiting: a definite answer when there can be one.
+    /// A command no node has taken yet is withdrawn (no node will ever apply it); one a node
+    /// took but did not answer in time may or may not have been applied, and the node holding
+    /// the task still applies it (at its next poll) if it was not.
+    async fn give_up_waiting(
+        &self,
+        cluster: &dyn Cluster,
+        id: &TaskId,
+        seq: u64,
+        limit: std::time::Duration,
+    ) -> Result<Option<Result<(), RpcError>>, RpcError> {
+        let secs = limit.as_secs();
+        match cluster.withdraw_command(seq).await {
+            Ok(true) => Err(RpcError::internal(format!(
+                "no node running task {id} took this request within {secs} s; it was withdrawn and not applied: send it again"
+            ))),
+            Ok(false) => match cluster.take_answer(seq).await {
+                Ok(Some(answer)) => Ok(Some(decode_answer(&answer))),
+                _ => Err(RpcError::internal(format!(
+                    "the node running task {id} took this request but did not answer within {secs} s: it may have been applied (read the task before sending it again); if it was not, the node holding the task applies it"
+                ))),
+            },
+            Err(e) => Err(RpcError::internal(format!(
+                "the node running task {id} did not answer this request within {secs} s, and withdrawing it failed ({e}): it may still be applied (read the task before sending it again)"
+            ))),
         }
     }
 
@@ -259,6 +333,12 @@ impl Dispatcher {
         // Not (or no longer) this node's: the node holding the task answers it.
         if !self.shared.store.holds(&c.task_id) {
             return;
+        }
+        // Taken first: a command its sender withdrew (it stopped waiting) is never applied.
+        match cluster.take_command(c.seq).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(_) => return, // asked again at the next poll
         }
         let answer = match (TaskId::parse(&c.task_id), Command::decode(&c.body)) {
             (Ok(id), Ok(command)) => {

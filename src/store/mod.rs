@@ -644,6 +644,40 @@ pub trait TaskStore: Send + Sync + 'static {
     fn cluster(&self) -> Option<&dyn Cluster> {
         None
     }
+    /// Confirms that this process still holds the lease of task `id` and that the stored
+    /// record is at sequence number `seq`, without writing: an actor acknowledging a request
+    /// that changes nothing checks it first, since only a write is fenced. A shared store
+    /// answers [`StoreError::Fenced`] when the lease moved (or
+    /// [`StoreError::Conflict`] when the record moved under this process's own lease); a
+    /// store owned by one process always confirms, at no cost.
+    fn confirm_lease<'a>(&'a self, id: &'a str, seq: u64) -> StoreFuture<'a, ()> {
+        let _ = (id, seq);
+        Box::pin(async { Ok(()) })
+    }
+    /// Compares the leases this process believes it holds with the ones the store records for
+    /// it: see [`Reconciled`]. Always empty for a store owned by one process.
+    fn reconcile(&self) -> StoreFuture<'_, Reconciled> {
+        Box::pin(async { Ok(Reconciled::default()) })
+    }
+    /// Wakes when a reconciliation is due sooner than the next claim interval (a commit
+    /// whose outcome is unknown failed); `None` for a store owned by one process.
+    fn watch_reconcile(&self) -> Option<Wakeup> {
+        None
+    }
+}
+
+/// What [`TaskStore::reconcile`] found (a store shared by replicas).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Reconciled {
+    /// Tasks this process held whose lease the store no longer gives it (another node took
+    /// them over, or finished them): they are no longer held, and their local actors must
+    /// stop, even if they never write again (an actor waiting for input).
+    pub lost: Vec<String>,
+    /// Live tasks the store leases to this node that this process did not know it held (a
+    /// creation whose commit succeeded but whose acknowledgement was lost): claimed anew for
+    /// this process (lease epoch + 1), with their bytes, to be run from the stored record.
+    pub forgotten: Vec<(String, Vec<u8>)>,
 }
 
 /// A wake-up hint from a shared store: [`Wakeup::notified`] completes when something it
@@ -720,6 +754,12 @@ pub trait Cluster: Send + Sync {
     fn forget_command(&self, seq: u64) -> StoreFuture<'_, ()>;
     /// Unanswered commands for tasks this node holds, oldest first.
     fn inbox(&self) -> StoreFuture<'_, Vec<RemoteCommand>>;
+    /// Marks command `seq` as taken by this node before it applies it; `false` when it was
+    /// withdrawn by its sender (or answered) meanwhile: it must not be applied.
+    fn take_command(&self, seq: u64) -> StoreFuture<'_, bool>;
+    /// Withdraws command `seq` if no node has taken it yet (its sender gives up waiting);
+    /// `true` = withdrawn: no node applies it, ever.
+    fn withdraw_command(&self, seq: u64) -> StoreFuture<'_, bool>;
     /// Records the answer of command `seq` (for task `task_id`) and wakes its sender.
     fn answer_command<'a>(
         &'a self,
@@ -974,6 +1014,21 @@ impl Store {
     /// The cross-node signalling of a shared store; see [`TaskStore::cluster`].
     pub fn cluster(&self) -> Option<&dyn Cluster> {
         self.inner.cluster()
+    }
+
+    /// Confirms a lease without writing; see [`TaskStore::confirm_lease`].
+    pub async fn confirm_lease(&self, id: &str, seq: u64) -> Result<(), StoreError> {
+        self.inner.confirm_lease(id, seq).await
+    }
+
+    /// Compares held leases with the stored ones; see [`TaskStore::reconcile`].
+    pub async fn reconcile(&self) -> Result<Reconciled, StoreError> {
+        self.inner.reconcile().await
+    }
+
+    /// Wakes when a reconciliation is due early; see [`TaskStore::watch_reconcile`].
+    pub fn watch_reconcile(&self) -> Option<Wakeup> {
+        self.inner.watch_reconcile()
     }
 
     /// Opens a PostgreSQL store shared by replicas; see [`PostgresStore::open`].

@@ -36,8 +36,8 @@ use tokio_postgres::NoTls;
 
 use super::postgres_notify::{self, Hub};
 use super::{
-    Cause, Cluster, Expect, RemoteCommand, StoreError, StoreFuture, StoreStats, TaskStore, Wakeup,
-    WriteOp,
+    Cause, Cluster, Expect, Reconciled, RemoteCommand, StoreError, StoreFuture, StoreStats,
+    TaskStore, Wakeup, WriteOp,
 };
 
 /// The newest schema version this build knows.
@@ -282,6 +282,13 @@ struct Inner {
     deleted: AtomicU64,
     /// Tasks claimed from a node that stopped without releasing them, until the runtime asks.
     lapsed: Mutex<HashSet<String>>,
+    /// Tasks whose creation commit is in flight (a reconciliation must not take their rows
+    /// for forgotten ones), with the number of commits creating each.
+    creating: Mutex<HashMap<String, u32>>,
+    /// Wakes the runtime's reconciliation early (a commit whose outcome is unknown failed).
+    reconcile_now: Arc<tokio::sync::Notify>,
+    /// Test only: commits still to report failed although they committed (a lost ack).
+    lose_commit_acks: AtomicU64,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -860,6 +867,9 @@ impl PostgresStore {
             poll_interval: options.poll_interval,
             deleted: AtomicU64::new(0),
             lapsed: Mutex::new(HashSet::new()),
+            creating: Mutex::new(HashMap::new()),
+            reconcile_now: Arc::new(tokio::sync::Notify::new()),
+            lose_commit_acks: AtomicU64::new(0),
         });
         // Start-up waits for the first heartbeat: the node is registered before it claims.
         let started = inner.started_at_registration().await;
@@ -935,6 +945,14 @@ impl PostgresStore {
     pub fn pause_heartbeat(&self, paused: bool) {
         self.inner.heartbeat_paused.store(paused, Ordering::SeqCst);
     }
+
+    /// **Test only.** The next `n` commits are applied and committed, but reported failed
+    /// (as if the answer to `COMMIT` were lost on the network): their outcome is unknown to
+    /// the runtime.
+    #[doc(hidden)]
+    pub fn lose_commit_acks(&self, n: u64) {
+        self.inner.lose_commit_acks.store(n, Ordering::SeqCst);
+    }
 }
 
 /// The notification channel of the connection's schema (the trigger of migration 2 names it
@@ -952,7 +970,10 @@ async fn channel_of(pool: &Pool) -> Result<String, String> {
 }
 
 /// Commands whose answer nobody took, or whose task finished without answering them, are
-/// forgotten after this long.
+/// forgotten after this long. No sender waits that long: a sender that stops waiting
+/// withdraws its command if no node took it (`Cluster::withdraw_command`), so what is left
+/// here is a command a node took (applied or being applied; its sender was told it may have
+/// been) or one whose sender died.
 const COMMAND_RETENTION_SECS: f64 = 600.0;
 
 impl Cluster for PostgresStore {
@@ -1055,6 +1076,40 @@ impl Cluster for PostgresStore {
                             })
                             .collect(),
                     )
+                })
+                .await
+        })
+    }
+    fn take_command(&self, seq: u64) -> StoreFuture<'_, bool> {
+        Box::pin(async move {
+            self.inner
+                .run(true, |client| async move {
+                    // `answered_at` without an answer: taken (a withdrawal no longer applies).
+                    let st = client
+                        .prepare_cached(
+                            "UPDATE mcp_commands SET answered_at = now()
+                             WHERE seq = $1 AND answer IS NULL RETURNING seq",
+                        )
+                        .await?;
+                    let row = client.query_opt(&st, &[&to_i64(seq)]).await?;
+                    Ok::<_, PgFailure>(row.is_some())
+                })
+                .await
+        })
+    }
+    fn withdraw_command(&self, seq: u64) -> StoreFuture<'_, bool> {
+        Box::pin(async move {
+            self.inner
+                .run(true, |client| async move {
+                    let st = client
+                        .prepare_cached(
+                            "DELETE FROM mcp_commands
+                             WHERE seq = $1 AND answer IS NULL AND answered_at IS NULL
+                             RETURNING seq",
+                        )
+                        .await?;
+                    let row = client.query_opt(&st, &[&to_i64(seq)]).await?;
+                    Ok::<_, PgFailure>(row.is_some())
                 })
                 .await
         })
@@ -1323,7 +1378,17 @@ impl TaskStore for PostgresStore {
             self.inner.check_open()?;
             let n = ops.len() as u64;
             let started = std::time::Instant::now();
-            match self.inner.commit_job(&ops).await {
+            let _creating = Creating::register(&self.inner, &ops);
+            let outcome = self.inner.commit_job(&ops).await;
+            let outcome = self.inner.maybe_lose_ack(outcome);
+            if let Err(e) = &outcome
+                && outcome_unknown(e)
+            {
+                // Committed or not, nobody knows: the leases this node holds are compared
+                // with the rows soon, so that a task created or changed here anyway is run.
+                self.inner.reconcile_now.notify_one();
+            }
+            match outcome {
                 Ok((leases, deleted)) => {
                     crate::telemetry::commit(started.elapsed(), ops.len());
                     self.inner.deleted.fetch_add(deleted, Ordering::Relaxed);
@@ -1699,6 +1764,27 @@ impl TaskStore for PostgresStore {
             .unwrap_or_else(|e| e.into_inner())
             .remove(id)
     }
+    fn confirm_lease<'a>(&'a self, id: &'a str, seq: u64) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            self.inner
+                .confirm_lease(id, seq)
+                .await
+                .map_err(|e| self.inner.fail(e, false))
+        })
+    }
+    fn reconcile(&self) -> StoreFuture<'_, Reconciled> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            self.inner
+                .reconcile()
+                .await
+                .map_err(|e| self.inner.fail(e, true))
+        })
+    }
+    fn watch_reconcile(&self) -> Option<Wakeup> {
+        Some(Wakeup::new(self.inner.reconcile_now.clone(), None))
+    }
     fn claim_one<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
         Box::pin(async move {
             self.inner
@@ -1748,5 +1834,199 @@ impl Drop for Inner {
                 task.abort();
             }
         }
+    }
+}
+
+/// Registers the tasks a commit creates as in flight (see `Inner::creating`) until dropped.
+struct Creating<'a> {
+    inner: &'a Inner,
+    ids: Vec<String>,
+}
+
+impl<'a> Creating<'a> {
+    fn register(inner: &'a Inner, ops: &[WriteOp]) -> Creating<'a> {
+        let ids: Vec<String> = ops
+            .iter()
+            .filter_map(|op| match op {
+                WriteOp::Put {
+                    id,
+                    expect: Expect::Absent,
+                    ..
+                } => Some(id.clone()),
+                _ => None,
+            })
+            .collect();
+        if !ids.is_empty() {
+            let mut creating = inner.creating.lock().unwrap_or_else(|e| e.into_inner());
+            for id in &ids {
+                *creating.entry(id.clone()).or_default() += 1;
+            }
+        }
+        Creating { inner, ids }
+    }
+}
+
+impl Drop for Creating<'_> {
+    fn drop(&mut self) {
+        if self.ids.is_empty() {
+            return;
+        }
+        let mut creating = self
+            .inner
+            .creating
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for id in &self.ids {
+            if let Some(n) = creating.get_mut(id) {
+                *n -= 1;
+                if *n == 0 {
+                    creating.remove(id);
+                }
+            }
+        }
+    }
+}
+
+/// Whether a failed commit may have committed anyway (the connection broke around `COMMIT`,
+/// a statement failed after others): refusals and a pool that gave no connection did not.
+fn outcome_unknown(e: &PgFailure) -> bool {
+    !matches!(
+        e,
+        PgFailure::Pool(_)
+            | PgFailure::Store(
+                StoreError::Conflict { .. } | StoreError::Fenced { .. } | StoreError::Closed
+            )
+    )
+}
+
+impl Inner {
+    /// The test hook of [`PostgresStore::lose_commit_acks`]: a committed job reported failed.
+    fn maybe_lose_ack<T>(&self, outcome: Result<T, PgFailure>) -> Result<T, PgFailure> {
+        if outcome.is_ok()
+            && self
+                .lose_commit_acks
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            return Err(PgFailure::Store(StoreError::Commit(Cause::message(
+                "the connection was lost before the commit was acknowledged (test hook)",
+            ))));
+        }
+        outcome
+    }
+
+    /// See [`TaskStore::confirm_lease`]: one read of the task's lease columns.
+    async fn confirm_lease(&self, id: &str, seq: u64) -> Result<(), PgFailure> {
+        if self.skip_fencing {
+            return Ok(());
+        }
+        let Some(held) = self.held().get(id).copied() else {
+            return Err(StoreError::Fenced { id: id.to_owned() }.into());
+        };
+        let client = self.client().await?;
+        let st = client
+            .prepare_cached(
+                "SELECT seq, owner_node, lease_epoch, live FROM mcp_tasks WHERE id = $1",
+            )
+            .await?;
+        let Some(row) = client.query_opt(&st, &[&id]).await? else {
+            return Err(StoreError::Conflict {
+                id: id.to_owned(),
+                expected: Some(seq),
+                found: None,
+            }
+            .into());
+        };
+        let found = row.get::<_, Option<i64>>(0).map(to_u64);
+        let owner: Option<String> = row.get(1);
+        let epoch: i64 = row.get(2);
+        let live: bool = row.get(3);
+        if owner.as_deref() == Some(self.node.as_str()) && epoch == held && live {
+            if found.is_none_or(|f| f == seq) {
+                return Ok(());
+            }
+            return Err(StoreError::Conflict {
+                id: id.to_owned(),
+                expected: Some(seq),
+                found,
+            }
+            .into());
+        }
+        let mut map = self.held();
+        if map.get(id) == Some(&held) {
+            map.remove(id);
+        }
+        drop(map);
+        tracing::warn!(task = id, node = %self.node, held, owner = ?owner, epoch, live,
+            "an acknowledgement that writes nothing was refused: another node holds the task's lease (fenced)");
+        Err(StoreError::Fenced { id: id.to_owned() }.into())
+    }
+
+    /// See [`TaskStore::reconcile`]: reads the live rows leased to this node id, drops the
+    /// leases this process believes it holds that the store no longer gives it, and claims
+    /// (epoch + 1) the rows at this node id that it does not hold, except those whose
+    /// creation commit is still in flight.
+    async fn reconcile(&self) -> Result<Reconciled, PgFailure> {
+        let before: HashMap<String, i64> = self.held().clone();
+        let client = self.client().await?;
+        let st = client
+            .prepare_cached("SELECT id, lease_epoch FROM mcp_tasks WHERE live AND owner_node = $1")
+            .await?;
+        let stored: HashMap<String, i64> = client
+            .query(&st, &[&self.node])
+            .await?
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let mut out = Reconciled::default();
+        let mut candidates = Vec::new();
+        {
+            let mut held = self.held();
+            let creating = self.creating.lock().unwrap_or_else(|e| e.into_inner());
+            for (id, epoch) in &before {
+                // Unchanged since the read began (a claim meanwhile bumped it: left alone).
+                if stored.get(id) != Some(epoch) && held.get(id) == Some(epoch) {
+                    held.remove(id);
+                    out.lost.push(id.clone());
+                }
+            }
+            for (id, epoch) in &stored {
+                if !before.contains_key(id) && !held.contains_key(id) && !creating.contains_key(id)
+                {
+                    candidates.push((id.clone(), *epoch));
+                }
+            }
+        }
+        for (id, epoch) in candidates {
+            let st = client
+                .prepare_cached(
+                    "UPDATE mcp_tasks SET lease_epoch = lease_epoch + 1
+                     WHERE id = $1 AND live AND owner_node = $2 AND lease_epoch = $3
+                     RETURNING bytes, lease_epoch",
+                )
+                .await?;
+            if let Some(row) = client.query_opt(&st, &[&id, &self.node, &epoch]).await? {
+                let new: i64 = row.get(1);
+                let mut held = self.held();
+                if held.get(&id).is_some_and(|e| *e >= new) {
+                    continue;
+                }
+                held.insert(id.clone(), new);
+                out.forgotten.push((id, row.get(0)));
+            }
+        }
+        out.lost.sort();
+        out.forgotten.sort_by(|a, b| a.0.cmp(&b.0));
+        if !out.lost.is_empty() {
+            tracing::warn!(node = %self.node, tasks = out.lost.len(), ids = ?out.lost,
+                "this node no longer holds the leases of tasks it ran (another node took them over or finished them): their actors stop");
+        }
+        if !out.forgotten.is_empty() {
+            let ids: Vec<&str> = out.forgotten.iter().map(|(id, _)| id.as_str()).collect();
+            tracing::warn!(node = %self.node, tasks = ids.len(), ?ids,
+                "live tasks leased to this node had no lease here (a lost commit acknowledgement): claimed anew and run");
+            self.hub.inbox.notify_one();
+        }
+        Ok(out)
     }
 }

@@ -1,0 +1,115 @@
+//! Schedules over two PostgreSQL nodes in process that need a failpoint or a breaker to be
+//! exact (feature `failpoints`; run with
+//! `cargo test --features failpoints --test postgres_failpoints`). Failpoints are
+//! process-global: every test here holds `fail::FailScenario` (one at a time).
+#![cfg(all(feature = "postgres", feature = "failpoints"))]
+
+mod pg;
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fail::FailScenario;
+use mcp_tasks::store::{PostgresStore, Store, TaskStore};
+use mcp_tasks::tool::{CallToolResult, InputRequest, TaskPolicy, ToolDescriptor, tool_fn};
+use mcp_tasks::{Runtime, RuntimeConfig};
+use serde_json::{Value, json};
+use support::embedded::{call, create, get, wait_status};
+
+/// `two_questions`: asks for `k0`, then for `k1`, then completes with both answers.
+fn two_questions() -> Arc<dyn mcp_tasks::tool::Tool> {
+    tool_fn(
+        ToolDescriptor::new("two_questions", "two questions, one after the other")
+            .task_policy(TaskPolicy::Always),
+        move |ctx, _| async move {
+            let schema = json!({
+                "type": "object",
+                "properties": { "ok": { "type": "boolean" } },
+                "required": ["ok"]
+            });
+            let k0 = ctx
+                .input("k0", InputRequest::elicit_form("First?", schema.clone()))
+                .await?;
+            let k1 = ctx
+                .input("k1", InputRequest::elicit_form("Second?", schema))
+                .await?;
+            Ok(CallToolResult::text(format!("k0 {k0}; k1 {k1}")))
+        },
+    )
+}
+
+fn answer(task: &str, key: &str) -> Value {
+    json!({ "taskId": task, "inputResponses": { key: { "action": "accept", "content": { "ok": true } } } })
+}
+
+async fn node(pg: &pg::Pg, name: &str, ttl: Duration) -> (Runtime, Arc<PostgresStore>) {
+    let mut options = pg.options(name, ttl);
+    options.poll_interval = Duration::from_millis(200);
+    let store = Arc::new(PostgresStore::open(&pg.url, options).await.unwrap());
+    let mut config = RuntimeConfig::default();
+    config.restart_backoff = Duration::from_millis(10);
+    let rt = Runtime::builder_with_store(Store::from_backend(store.clone()))
+        .config(config)
+        .tool(two_questions())
+        .start()
+        .await
+        .unwrap();
+    (rt, store)
+}
+
+/// X3b of the scale-out review (the `LostUpdate`), in process and exact. Node a runs a task
+/// waiting for `k0`; node b takes its lease (as its claim does once a's lease lapsed), and
+/// the answer to `k0` goes through b, which then asks for `k1`. a's actor, left from the lease
+/// it lost, still waits for `k0`: it never wrote, so it was never fenced, and a still
+/// believes it holds the task. The answer to `k1` then reaches a's actor with the breaker
+/// `break::skip_is_behind` on, as a request does when the record moves right after the
+/// dispatcher compared it with the actor (the check-then-act window). The actor knows no
+/// `k1`, so the update changes nothing there; acknowledging it would lose it (the row stays
+/// `input_required` with `k1` pending). The acknowledgement that writes nothing is checked
+/// against the lease in the database instead, refused as fenced, and the request goes to b,
+/// which applies it: acknowledged means applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_reaching_an_actor_from_a_lost_lease_is_applied_not_dropped() {
+    let Some(pg) = pg::fresh().await else { return };
+    let scenario = FailScenario::setup();
+    // A minute: no periodic reconciliation (every 20 s) stops a's actor during the test.
+    let ttl = Duration::from_secs(60);
+    let (a, a_store) = node(&pg, "a", ttl).await;
+    let (b, b_store) = node(&pg, "b", ttl).await;
+    let task = create(&a, "two_questions", json!({})).await;
+    wait_status(&a, &task, "input_required").await;
+
+    assert!(b_store.claim_one(&task).await.unwrap().is_some());
+    let r = call(&b, "tasks/update", answer(&task, "k0")).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let waiting = wait_status(&b, &task, "input_required").await;
+    assert!(waiting["inputRequests"].get("k1").is_some(), "{waiting}");
+    assert!(
+        a_store.holds(&task),
+        "a never learnt that it lost the lease"
+    );
+
+    fail::cfg("break::skip_is_behind", "return").unwrap();
+    let r = call(&a, "tasks/update", answer(&task, "k1")).await;
+    fail::remove("break::skip_is_behind");
+    assert!(r.get("result").is_some(), "{r}");
+    // Acknowledged: so applied, at once (b's durable write came before the ack).
+    let started = Instant::now();
+    let state = get(&b, &task).await["result"].clone();
+    assert_ne!(
+        state["status"], "input_required",
+        "the acknowledged answer to k1 was dropped: {state}"
+    );
+    let done = wait_status(&b, &task, "completed").await;
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(
+        done["result"]["content"][0]["text"],
+        r#"k0 {"action":"accept","content":{"ok":true}}; k1 {"action":"accept","content":{"ok":true}}"#
+    );
+    assert!(!a_store.holds(&task), "a learnt that it lost the lease");
+    scenario.teardown();
+    a.shutdown().await;
+    b.shutdown().await;
+    pg.drop().await;
+}
