@@ -192,3 +192,49 @@ impl Clock for StoreClock {
         reference
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn the_reference_is_carried_forward_and_the_most_precise_sample_kept() {
+        let reference = ReferenceClock::new();
+        assert_eq!(reference.now(), None);
+        let sent = Instant::now();
+        reference.record(1_000_000, sent, sent + Duration::from_millis(10));
+        let (ms, uncertainty) = reference.now().unwrap();
+        // Taken at the middle of the round trip, carried forward since.
+        assert!((1_000_000..1_000_000 + 1_000).contains(&ms), "{ms}");
+        assert!((5..=6).contains(&uncertainty), "{uncertainty}");
+        // A slower read does not replace it.
+        reference.record(9_000_000, sent, sent + Duration::from_millis(400));
+        assert!(reference.now().unwrap().0 < 1_001_000);
+        // A faster one does.
+        reference.record(2_000_000, sent, sent + Duration::from_millis(2));
+        let (ms, uncertainty) = reference.now().unwrap();
+        assert!((2_000_000..2_001_000).contains(&ms), "{ms}");
+        assert!(uncertainty <= 2, "{uncertainty}");
+    }
+
+    #[test]
+    fn a_store_clock_reads_the_reference_and_measures_the_local_offset() {
+        let local = ManualClock::new(5_000_000);
+        let reference = Arc::new(ReferenceClock::new());
+        let clock = StoreClock::new(Arc::new(local.clone()), reference.clone());
+        // No sample yet: the local clock.
+        assert_eq!(clock.now_ms(), 5_000_000);
+        let sent = Instant::now();
+        reference.record(3_800_000, sent, sent);
+        let now = clock.now_ms();
+        assert!((3_800_000..3_801_000).contains(&now), "{now}");
+        let offset = clock.offset_ms();
+        assert!((1_199_000..=1_200_000).contains(&offset), "{offset}");
+        // The local clock jumping changes the offset, never the time decided by.
+        local.advance(3_600_000);
+        let later = clock.now_ms();
+        assert!((now..now + 1_000).contains(&later), "{later}");
+        assert!(clock.offset_ms() > 4_790_000);
+    }
+}

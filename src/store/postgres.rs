@@ -21,7 +21,17 @@
 //! lease_epoch = $held AND seq = $expected`: zero rows means that another node took the task
 //! over (the write is refused with [`StoreError::Fenced`] and the actor stops without side
 //! effects on the record) or that the sequence number moved ([`StoreError::Conflict`]).
-//! Timestamps are the database's (`now()`), so the nodes' clocks do not matter.
+//! Leases are judged by the database's clock (`now()`), and the runtime decides every other
+//! matter of time by it too: the heartbeat samples it ([`crate::clock::ReferenceClock`]).
+//!
+//! **What the replicas must share, and bounds.** The lease TTL is stored in `mcp_meta`: a
+//! replica started with another one while a node is live is refused
+//! ([`StoreError::LeaseTtlMismatch`]); a second live process with a node id is refused
+//! ([`StoreError::NodeIdInUse`], an instance token per process in `mcp_nodes`). Every session
+//! runs under [`SessionBounds`] derived from the TTL, and a request's takeover never waits
+//! for a locked row ([`StoreError::Busy`]). A takeover of a lapsed lease counts against the
+//! task's restart budget unless this node itself saw the database unreachable after the
+//! owner's last heartbeat (an outage, not a crash). See docs/SCALE-OUT.md.
 
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
@@ -1796,5 +1806,36 @@ impl Drop for Inner {
                 task.abort();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod bounds_tests {
+    use super::*;
+
+    #[test]
+    fn session_bounds_follow_the_lease_ttl_with_floors() {
+        let b = SessionBounds::for_lease_ttl(Duration::from_secs(15));
+        assert_eq!(
+            (b.statement, b.lock, b.idle),
+            (
+                Duration::from_secs(15),
+                Duration::from_secs(5),
+                Duration::from_secs(15)
+            )
+        );
+        let b = SessionBounds::for_lease_ttl(Duration::from_millis(600));
+        assert_eq!(
+            (b.statement, b.lock, b.idle),
+            (
+                Duration::from_secs(5),
+                Duration::from_secs(1),
+                Duration::from_secs(5)
+            )
+        );
+        assert_eq!(
+            session_timeouts(Duration::from_secs(15)),
+            "-c statement_timeout=15000 -c lock_timeout=5000 -c idle_in_transaction_session_timeout=15000"
+        );
     }
 }
