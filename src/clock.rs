@@ -50,3 +50,191 @@ impl Clock for ManualClock {
         self.0.load(Ordering::SeqCst)
     }
 }
+
+/// How far a replica's clock may be from the shared store's before it is logged as a
+/// warning. Decisions never depend on it: on a shared store they use the store's clock.
+pub const CLOCK_SKEW_WARNING: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How much the monotonic clock is assumed to drift from the reference between two samples
+/// (100 ppm, far above what a real oscillator does): the uncertainty of a sample grows by it.
+const DRIFT_PER_MS: f64 = 1e-4;
+
+/// The clock of a store shared by replicas (the database's `now()`), sampled by the store at
+/// each heartbeat and carried forward between samples with this process's monotonic clock.
+///
+/// Every replica reading it gets the database's time within the uncertainty of its best
+/// sample (half the round trip of the statement that read it, plus the drift since), whatever
+/// its own wall clock says: expiry, the reaper's due query and retention then agree across
+/// replicas.
+#[derive(Debug, Default)]
+pub struct ReferenceClock {
+    sample: std::sync::Mutex<Option<Sample>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    /// The reference's time, in ms since the Unix epoch, at `at`.
+    ms: u64,
+    at: std::time::Instant,
+    /// Half the round trip of the read.
+    half_rtt: std::time::Duration,
+}
+
+impl Sample {
+    fn uncertainty_ms(&self, now: std::time::Instant) -> f64 {
+        let age = now.saturating_duration_since(self.at).as_secs_f64() * 1000.0;
+        self.half_rtt.as_secs_f64() * 1000.0 + age * DRIFT_PER_MS
+    }
+}
+
+impl ReferenceClock {
+    /// A reference clock with no sample yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records a reading `ms` of the reference taken by a request sent at `sent` whose answer
+    /// came at `received`. Kept if it is more precise than the sample held (a slow round trip
+    /// does not replace a recent fast one).
+    pub fn record(&self, ms: u64, sent: std::time::Instant, received: std::time::Instant) {
+        let rtt = received.saturating_duration_since(sent);
+        let new = Sample {
+            ms,
+            at: sent + rtt / 2,
+            half_rtt: rtt / 2,
+        };
+        let mut slot = self.sample.lock().unwrap_or_else(|e| e.into_inner());
+        let keep_old =
+            slot.is_some_and(|old| old.uncertainty_ms(received) < new.uncertainty_ms(received));
+        if !keep_old {
+            *slot = Some(new);
+        }
+    }
+
+    /// The reference's time now, in ms since the Unix epoch, with its uncertainty in ms;
+    /// `None` before the first sample.
+    pub fn now(&self) -> Option<(u64, u64)> {
+        let sample = (*self.sample.lock().unwrap_or_else(|e| e.into_inner()))?;
+        let now = std::time::Instant::now();
+        let elapsed = now.saturating_duration_since(sample.at);
+        let ms = sample
+            .ms
+            .saturating_add(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX));
+        Some((ms, sample.uncertainty_ms(now).ceil() as u64))
+    }
+}
+
+/// The runtime's clock on a store shared by replicas: the store's [`ReferenceClock`], so that
+/// every replica decides about time (expiry, retention, the reaper) on one clock. The
+/// replica's own clock is read beside it only to tell how far off it is: beyond
+/// [`CLOCK_SKEW_WARNING`] a warning is logged (once, and again once it is back within the
+/// bound), and decisions still use the store's time. Before the store's first sample (there
+/// always is one once a PostgreSQL store is open) it reads the local clock.
+pub struct StoreClock {
+    local: Arc<dyn Clock>,
+    reference: Arc<ReferenceClock>,
+    /// The local clock minus the reference's, in ms, as last read.
+    offset_ms: std::sync::atomic::AtomicI64,
+    warned: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for StoreClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreClock")
+            .field("offset_ms", &self.offset_ms())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StoreClock {
+    /// The store's clock `reference`, beside this replica's `local` one.
+    pub fn new(local: Arc<dyn Clock>, reference: Arc<ReferenceClock>) -> Self {
+        Self {
+            local,
+            reference,
+            offset_ms: std::sync::atomic::AtomicI64::new(0),
+            warned: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// How far this replica's clock is ahead of the store's (negative: behind), in ms, as
+    /// last read.
+    pub fn offset_ms(&self) -> i64 {
+        self.offset_ms.load(Ordering::Relaxed)
+    }
+}
+
+impl Clock for StoreClock {
+    fn now_ms(&self) -> u64 {
+        let local = self.local.now_ms();
+        let Some((reference, uncertainty)) = self.reference.now() else {
+            return local;
+        };
+        let offset = i64::try_from(i128::from(local) - i128::from(reference)).unwrap_or(i64::MAX);
+        self.offset_ms.store(offset, Ordering::Relaxed);
+        let bound = CLOCK_SKEW_WARNING.as_millis() as u64;
+        let off = offset.unsigned_abs().saturating_sub(uncertainty);
+        if off > bound {
+            if !self.warned.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    offset_ms = offset,
+                    uncertainty_ms = uncertainty,
+                    "this replica's clock is off from the shared store's by more than {} ms; expiry, retention and timestamps use the store's clock",
+                    bound
+                );
+            }
+        } else if offset.unsigned_abs() < bound / 2 && self.warned.swap(false, Ordering::Relaxed) {
+            tracing::info!(
+                offset_ms = offset,
+                "this replica's clock agrees with the shared store's again"
+            );
+        }
+        reference
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn the_reference_is_carried_forward_and_the_most_precise_sample_kept() {
+        let reference = ReferenceClock::new();
+        assert_eq!(reference.now(), None);
+        let sent = Instant::now();
+        reference.record(1_000_000, sent, sent + Duration::from_millis(10));
+        let (ms, uncertainty) = reference.now().unwrap();
+        // Taken at the middle of the round trip, carried forward since.
+        assert!((1_000_000..1_000_000 + 1_000).contains(&ms), "{ms}");
+        assert!((5..=6).contains(&uncertainty), "{uncertainty}");
+        // A slower read does not replace it.
+        reference.record(9_000_000, sent, sent + Duration::from_millis(400));
+        assert!(reference.now().unwrap().0 < 1_001_000);
+        // A faster one does.
+        reference.record(2_000_000, sent, sent + Duration::from_millis(2));
+        let (ms, uncertainty) = reference.now().unwrap();
+        assert!((2_000_000..2_001_000).contains(&ms), "{ms}");
+        assert!(uncertainty <= 2, "{uncertainty}");
+    }
+
+    #[test]
+    fn a_store_clock_reads_the_reference_and_measures_the_local_offset() {
+        let local = ManualClock::new(5_000_000);
+        let reference = Arc::new(ReferenceClock::new());
+        let clock = StoreClock::new(Arc::new(local.clone()), reference.clone());
+        // No sample yet: the local clock.
+        assert_eq!(clock.now_ms(), 5_000_000);
+        let sent = Instant::now();
+        reference.record(3_800_000, sent, sent);
+        let now = clock.now_ms();
+        assert!((3_800_000..3_801_000).contains(&now), "{now}");
+        let offset = clock.offset_ms();
+        assert!((1_199_000..=1_200_000).contains(&offset), "{offset}");
+        // The local clock jumping changes the offset, never the time decided by.
+        local.advance(3_600_000);
+        let later = clock.now_ms();
+        assert!((now..now + 1_000).contains(&later), "{later}");
+        assert!(clock.offset_ms() > 4_790_000);
+    }
+}

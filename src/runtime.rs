@@ -104,6 +104,8 @@ pub struct RuntimeBuilder {
     /// A store opened by the caller (in memory, PostgreSQL, a host's own backend).
     store: Option<Store>,
     clock: Arc<dyn Clock>,
+    /// Whether `clock` is used as is, also on a shared store ([`RuntimeBuilder::clock`]).
+    clock_as_is: bool,
 }
 
 impl RuntimeBuilder {
@@ -199,9 +201,25 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Replaces the wall clock (tests and simulations).
+    /// Replaces the wall clock (tests and simulations). It is used as is, also on a store
+    /// shared by replicas: the runtime then does not use the store's clock (see
+    /// [`RuntimeBuilder::local_clock`]).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self.clock_as_is = true;
+        self
+    }
+
+    /// Replaces this replica's local wall clock (tests of clock skew) and keeps what the
+    /// runtime does with the system clock: on a store shared by replicas, every decision
+    /// about time (timestamps, expiry, the reaper, retention) uses the store's clock (the
+    /// database's, measured at each heartbeat), and the local clock only tells how far off
+    /// it is ([`crate::clock::StoreClock`]: a warning beyond
+    /// [`crate::clock::CLOCK_SKEW_WARNING`]). On a store owned by one process it is the
+    /// clock.
+    pub fn local_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self.clock_as_is = false;
         self
     }
 
@@ -240,10 +258,24 @@ impl RuntimeBuilder {
             }
         };
         let (stop_tx, stop_rx) = watch::channel(false);
+        let store_clock = match store.cluster().and_then(|c| c.reference_clock()) {
+            Some(reference) if !self.clock_as_is => Some(Arc::new(
+                crate::clock::StoreClock::new(self.clock.clone(), reference),
+            )),
+            _ => None,
+        };
+        let clock: Arc<dyn Clock> = match &store_clock {
+            Some(c) => {
+                // Read once now: a replica whose clock is off says so at start.
+                let _ = c.now_ms();
+                c.clone()
+            }
+            None => self.clock,
+        };
         let shared = Arc::new(Shared {
             store: store.clone(),
             tools,
-            clock: self.clock,
+            clock,
             config: self.config.clone(),
             live: LiveTasks::default(),
             capabilities: Default::default(),
@@ -287,6 +319,7 @@ impl RuntimeBuilder {
         let inbox = tokio::spawn(dispatcher.clone().serve_inbox(stop_rx));
         Ok(Runtime {
             dispatcher,
+            store_clock,
             parts: Some(Parts {
                 supervisor,
                 supervisor_task,
@@ -340,6 +373,8 @@ impl RuntimeBuilder {
 /// they are gone.
 pub struct Runtime {
     dispatcher: Arc<Dispatcher>,
+    /// The store's clock the runtime decides by, on a shared store.
+    store_clock: Option<Arc<crate::clock::StoreClock>>,
     parts: Option<Parts>,
 }
 
@@ -380,6 +415,7 @@ impl Runtime {
             store_options: StoreOptions::default(),
             backend: None,
             clock: Arc::new(SystemClock),
+            clock_as_is: false,
         }
     }
 
@@ -436,6 +472,13 @@ impl Runtime {
     /// read-only commands from it).
     pub(crate) fn shared_store(&self) -> &Store {
         &self.dispatcher.shared.store
+    }
+
+    /// How far this replica's clock is ahead of the shared store's (negative: behind), in
+    /// milliseconds, as last read; `None` when the runtime decides by its own clock (a store
+    /// owned by one process, or a clock set with [`RuntimeBuilder::clock`]).
+    pub fn clock_offset_ms(&self) -> Option<i64> {
+        self.store_clock.as_ref().map(|c| c.offset_ms())
     }
 
     /// The raw store, which can break every invariant of the runtime (delete a live task,

@@ -199,7 +199,7 @@ impl Dispatcher {
                 None if attempt == 0 => {
                     // A stored live task without an actor (restarting, or its spawn failed).
                     let id = id.clone();
-                    let _ = if take_over {
+                    let started = if take_over {
                         self.supervisor
                             .call(|port| SupervisorMsg::TakeOver(id, port), None)
                             .await
@@ -208,6 +208,11 @@ impl Dispatcher {
                             .call(|port| SupervisorMsg::Ensure(id, port), None)
                             .await
                     };
+                    // A takeover refused by the store (the row is locked by a paused
+                    // replica's transaction: busy) is the answer: nothing was taken over.
+                    if take_over && let Ok(CallResult::Success(Err(e))) = started {
+                        return Some(Err(e));
+                    }
                     continue;
                 }
                 None => break,

@@ -128,6 +128,41 @@ pub enum StoreError {
         /// The task id.
         id: String,
     },
+    /// A statement waited for a row lock held by another session longer than allowed (or
+    /// would have, with `NOWAIT`): typically a replica paused inside a transaction. Nothing was
+    /// changed; the same request can succeed later (the server ends such a transaction once it
+    /// idles past its timeout).
+    #[error("the task store is busy: {detail}; nothing was changed, retry later")]
+    Busy {
+        /// What was locked.
+        detail: String,
+    },
+    /// Another live process runs with this node id (its heartbeat is renewed): two processes
+    /// must never share one. Nothing was changed.
+    #[error(
+        "node id `{node}` is in use by another live process on {store} (its heartbeat is renewed); give every replica its own --node-id"
+    )]
+    NodeIdInUse {
+        /// The store (a redacted URL).
+        store: String,
+        /// The node id.
+        node: String,
+    },
+    /// The lease TTL differs from the one the live replicas of the cluster share (stored in
+    /// the database). Nothing was changed.
+    #[error(
+        "the replicas on {store} share a lease TTL of {stored:?} but this one was started with {requested:?} (live nodes: {live}); start it with the same --lease-ttl, or stop every replica to change it"
+    )]
+    LeaseTtlMismatch {
+        /// The store (a redacted URL).
+        store: String,
+        /// The TTL the cluster uses.
+        stored: std::time::Duration,
+        /// The TTL this replica was given.
+        requested: std::time::Duration,
+        /// The live nodes, comma-separated.
+        live: String,
+    },
     /// The store's schema was written by a newer version of mcp-tasks; nothing was changed.
     #[error(
         "the task store {store} has schema version {found}, newer than the {supported} this build supports; upgrade mcp-tasks (nothing was changed)"
@@ -767,6 +802,11 @@ pub trait Cluster: Send + Sync {
         task_id: &'a str,
         answer: Vec<u8>,
     ) -> StoreFuture<'a, ()>;
+    /// The store's own clock (a database's `now()`), which every replica's decisions about
+    /// time use instead of its local clock; `None`: the local clocks are trusted.
+    fn reference_clock(&self) -> Option<Arc<crate::clock::ReferenceClock>> {
+        None
+    }
 }
 
 /// The store the runtime persists through: a cheap-to-clone handle on a [`TaskStore`].

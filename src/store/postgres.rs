@@ -21,7 +21,17 @@
 //! lease_epoch = $held AND seq = $expected`: zero rows means that another node took the task
 //! over (the write is refused with [`StoreError::Fenced`] and the actor stops without side
 //! effects on the record) or that the sequence number moved ([`StoreError::Conflict`]).
-//! Timestamps are the database's (`now()`), so the nodes' clocks do not matter.
+//! Leases are judged by the database's clock (`now()`), and the runtime decides every other
+//! matter of time by it too: the heartbeat samples it ([`crate::clock::ReferenceClock`]).
+//!
+//! **What the replicas must share, and bounds.** The lease TTL is stored in `mcp_meta`: a
+//! replica started with another one while a node is live is refused
+//! ([`StoreError::LeaseTtlMismatch`]); a second live process with a node id is refused
+//! ([`StoreError::NodeIdInUse`], an instance token per process in `mcp_nodes`). Every session
+//! runs under [`SessionBounds`] derived from the TTL, and a request's takeover never waits
+//! for a locked row ([`StoreError::Busy`]). A takeover of a lapsed lease counts against the
+//! task's restart budget unless this node itself saw the database unreachable after the
+//! owner's last heartbeat (an outage, not a crash). See docs/SCALE-OUT.md.
 
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
@@ -118,6 +128,9 @@ const MIGRATIONS: &[&str] = &[
     END $$;
     CREATE TRIGGER mcp_tasks_usage AFTER INSERT OR DELETE OR UPDATE OF bytes, task_owner
         ON mcp_tasks FOR EACH ROW EXECUTE FUNCTION mcp_usage_track();",
+    // 4: the instance token of the process running as each node id (a random value per
+    // process), so that a second live process with the same id is refused at start.
+    "ALTER TABLE mcp_nodes ADD COLUMN instance text;",
 ];
 
 /// Rows the owner backfill of migration 3 reads at a time (rows may be large).
@@ -178,6 +191,9 @@ async fn record_owner(
         .await?;
     Ok(())
 }
+
+/// The meta key of the lease TTL the cluster shares (milliseconds, u64 little endian).
+const META_LEASE_TTL: &str = "lease_ttl_ms";
 
 /// The meta key of the boot epoch (u64, little endian), incremented by every open.
 const META_BOOT_EPOCH: &str = super::META_BOOT_EPOCH;
@@ -289,6 +305,15 @@ struct Inner {
     reconcile_now: Arc<tokio::sync::Notify>,
     /// Test only: commits still to report failed although they committed (a lost ack).
     lose_commit_acks: AtomicU64,
+    /// This process's instance token (random), renewed with the heartbeat.
+    instance: String,
+    /// The database's clock, sampled at every heartbeat.
+    reference: Arc<crate::clock::ReferenceClock>,
+    /// When this node last found the database unreachable (the database's time in ms,
+    /// estimated; 0: never).
+    last_outage_ms: AtomicU64,
+    /// **Test only**: every statement fails as if the database could not be reached.
+    outage: AtomicBool,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -429,11 +454,17 @@ impl Inner {
             PgFailure::Pool(detail) => (true, detail, None),
             PgFailure::Pg(e) => (is_connection_error(&e), pg_detail(&e), Some(e)),
         };
+        if let Some(e) = &error
+            && e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)
+        {
+            return StoreError::Busy { detail };
+        }
         let cause = |detail: String| match error {
             Some(e) => Cause::context(detail, e),
             None => Cause::message(detail),
         };
         if unreachable {
+            self.note_outage();
             tracing::warn!(store = %self.label, %detail, "the PostgreSQL store is unreachable");
             *self.unavailable.lock().unwrap_or_else(|e| e.into_inner()) = Some(detail.clone());
             StoreError::Unavailable {
@@ -467,7 +498,22 @@ impl Inner {
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, PgFailure> {
+        if self.outage.load(Ordering::SeqCst) {
+            return Err(PgFailure::Pool(
+                "the database cannot be reached (simulated outage)".to_owned(),
+            ));
+        }
         Ok(self.pool.get().await?)
+    }
+
+    /// Notes that this node found the database unreachable now.
+    fn note_outage(&self) {
+        let now = self
+            .reference
+            .now()
+            .map(|(ms, _)| ms)
+            .unwrap_or_else(|| crate::clock::Clock::now_ms(&crate::clock::SystemClock));
+        self.last_outage_ms.fetch_max(now, Ordering::SeqCst);
     }
 
     /// Runs `query` on a pooled client of an open store. A failure becomes a [`StoreError`]
@@ -714,13 +760,16 @@ impl Inner {
         let ttl = self.lease_ttl.as_secs_f64();
         // The last column: whether the lease lapsed (its node stopped without releasing it;
         // a task this node id still holds at start was not released by its previous process).
+        // The fifth: the lapsed owner's last heartbeat (ms since the epoch, database time).
         let sql = if own {
             "UPDATE mcp_tasks t SET owner_node = $1, lease_epoch = t.lease_epoch + 1
              WHERE t.live AND t.owner_node = $1
-             RETURNING t.id, t.bytes, t.lease_epoch, true"
+             RETURNING t.id, t.bytes, t.lease_epoch, true, NULL::bigint"
         } else {
             "WITH c AS (
-                SELECT t.id, t.owner_node IS NOT NULL AS lapsed FROM mcp_tasks t
+                SELECT t.id, t.owner_node IS NOT NULL AS lapsed,
+                       (extract(epoch FROM n.heartbeat_at) * 1000)::bigint AS beat
+                FROM mcp_tasks t
                 LEFT JOIN mcp_nodes n ON n.node_id = t.owner_node
                 WHERE t.live
                   AND (t.owner_node IS NULL
@@ -732,7 +781,7 @@ impl Inner {
                 FOR UPDATE OF t SKIP LOCKED)
              UPDATE mcp_tasks t SET owner_node = $1, lease_epoch = t.lease_epoch + 1
              FROM c WHERE t.id = c.id
-             RETURNING t.id, t.bytes, t.lease_epoch, c.lapsed"
+             RETURNING t.id, t.bytes, t.lease_epoch, c.lapsed, c.beat"
         };
         let st = client.prepare_cached(sql).await?;
         let rows = if own {
@@ -747,7 +796,8 @@ impl Inner {
             let id: String = row.get(0);
             let bytes: Vec<u8> = row.get(1);
             let epoch: i64 = row.get(2);
-            if row.get::<_, bool>(3) {
+            let beat: Option<i64> = row.get(4);
+            if row.get::<_, bool>(3) && !self.outage_since(&id, beat) {
                 lapsed.insert(id.clone());
             } else {
                 lapsed.remove(&id);
@@ -765,16 +815,29 @@ impl Inner {
         Ok(out)
     }
 
-    async fn heartbeat_once(&self) -> Result<(), PgFailure> {
+    /// Renews this node's heartbeat, and samples the database's clock. `Ok(false)`: another
+    /// process runs as this node id now (its start took this node's tasks over).
+    async fn heartbeat_once(&self) -> Result<bool, PgFailure> {
         let client = self.client().await?;
         let st = client
             .prepare_cached(
-                "INSERT INTO mcp_nodes (node_id, started_at, heartbeat_at) VALUES ($1, now(), now())
-                 ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = now()",
+                "INSERT INTO mcp_nodes (node_id, started_at, heartbeat_at, instance)
+                 VALUES ($1, now(), now(), $2)
+                 ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = now()
+                    WHERE mcp_nodes.instance IS NOT DISTINCT FROM $2
+                 RETURNING (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
             )
             .await?;
-        client.execute(&st, &[&self.node]).await?;
-        Ok(())
+        let sent = std::time::Instant::now();
+        let row = client.query_opt(&st, &[&self.node, &self.instance]).await?;
+        let received = std::time::Instant::now();
+        match row {
+            Some(row) => {
+                self.reference.record(to_u64(row.get(0)), sent, received);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 }
 
@@ -825,6 +888,14 @@ impl PostgresStore {
                 .map_err(|e| open_err(&label, e))?;
             config.options(format!("-c search_path={schema}"));
         }
+        // Every session (the pool's and the listening one) is bounded by the server.
+        let bounded = match config.get_options() {
+            Some(given) if !given.is_empty() => {
+                format!("{given} {}", session_timeouts(options.lease_ttl))
+            }
+            _ => session_timeouts(options.lease_ttl),
+        };
+        config.options(bounded);
         // The listening connection names itself apart (operators see it in pg_stat_activity).
         let mut listen_config = config.clone();
         let name = format!(
@@ -870,10 +941,13 @@ impl PostgresStore {
             creating: Mutex::new(HashMap::new()),
             reconcile_now: Arc::new(tokio::sync::Notify::new()),
             lose_commit_acks: AtomicU64::new(0),
+            instance: random_instance(),
+            reference: Arc::new(crate::clock::ReferenceClock::new()),
+            last_outage_ms: AtomicU64::new(0),
+            outage: AtomicBool::new(false),
         });
         // Start-up waits for the first heartbeat: the node is registered before it claims.
-        let started = inner.started_at_registration().await;
-        started.map_err(|e| inner.fail(e, true))?;
+        inner.register().await?;
         let task = tokio::spawn(heartbeat(Arc::downgrade(&inner)));
         *inner.heartbeat.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
         let listener = tokio::spawn(postgres_notify::listen(Arc::downgrade(&hub), listen_config));
@@ -952,6 +1026,12 @@ impl PostgresStore {
     #[doc(hidden)]
     pub fn lose_commit_acks(&self, n: u64) {
         self.inner.lose_commit_acks.store(n, Ordering::SeqCst);
+    /// **Test only.** Makes every statement of this node fail (or stops doing so) as if the
+    /// database could not be reached: heartbeats, claims and requests fail as in an outage
+    /// (the listening connection is left alone).
+    #[doc(hidden)]
+    pub fn simulate_outage(&self, down: bool) {
+        self.inner.outage.store(down, Ordering::SeqCst);
     }
 }
 
@@ -977,6 +1057,9 @@ async fn channel_of(pool: &Pool) -> Result<String, String> {
 const COMMAND_RETENTION_SECS: f64 = 600.0;
 
 impl Cluster for PostgresStore {
+    fn reference_clock(&self) -> Option<Arc<crate::clock::ReferenceClock>> {
+        Some(self.inner.reference.clone())
+    }
     fn poll_interval(&self) -> Duration {
         self.inner.poll_interval
     }
@@ -1155,18 +1238,6 @@ impl Inner {
             .await?;
         Ok(client.execute(&st, &[&COMMAND_RETENTION_SECS]).await?)
     }
-
-    async fn started_at_registration(&self) -> Result<(), PgFailure> {
-        let client = self.client().await?;
-        client
-            .execute(
-                "INSERT INTO mcp_nodes (node_id, started_at, heartbeat_at) VALUES ($1, now(), now())
-                 ON CONFLICT (node_id) DO UPDATE SET started_at = now(), heartbeat_at = now()",
-                &[&self.node],
-            )
-            .await?;
-        Ok(())
-    }
 }
 
 /// Renews the node's lease every third of the TTL until the store is dropped or closed.
@@ -1187,7 +1258,12 @@ async fn heartbeat(inner: std::sync::Weak<Inner>) {
             continue;
         }
         match inner.heartbeat_once().await {
-            Ok(()) => {
+            Ok(false) => {
+                tracing::error!(node = %inner.node,
+                    "another process started with this node id and took its tasks over: this process's writes are refused (fenced) from now on and it no longer renews the node's heartbeat; stop it");
+                return;
+            }
+            Ok(true) => {
                 inner.reachable();
                 *inner.renewed.lock().unwrap_or_else(|e| e.into_inner()) =
                     tokio::time::Instant::now();
@@ -1294,8 +1370,11 @@ async fn migrate(pool: &Pool, label: &str) -> Result<u64, StoreError> {
         .await
         .map_err(|e| err(format!("cannot connect: {}", with_causes(&e))))?;
     let tx = client.transaction().await.map_err(|e| err(pg_detail(&e)))?;
+    // Migrations (and waiting for another replica's) are not bounded by the session's
+    // timeouts (see `session_timeouts`).
     tx.batch_execute(
-        "SELECT pg_advisory_xact_lock(727301, hashtext(coalesce(current_schema(), '')));
+        "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0;
+         SELECT pg_advisory_xact_lock(727301, hashtext(coalesce(current_schema(), '')));
          CREATE TABLE IF NOT EXISTS mcp_schema (
             version    bigint PRIMARY KEY,
             applied_at timestamptz NOT NULL DEFAULT now()
@@ -1789,14 +1868,32 @@ impl TaskStore for PostgresStore {
         Box::pin(async move {
             self.inner
                 .run(true, |client| async move {
+                    // NOWAIT: a row locked by another session (a replica paused inside its
+                    // write) is not waited for; the request is answered "busy, retry".
                     let st = client
                         .prepare_cached(
-                            "UPDATE mcp_tasks SET owner_node = $2, lease_epoch = lease_epoch + 1
-                         WHERE id = $1 AND live
-                         RETURNING bytes, lease_epoch",
+                            "WITH c AS (SELECT id FROM mcp_tasks WHERE id = $1 AND live
+                                        FOR UPDATE NOWAIT)
+                         UPDATE mcp_tasks t SET owner_node = $2, lease_epoch = t.lease_epoch + 1
+                         FROM c WHERE t.id = c.id
+                         RETURNING t.bytes, t.lease_epoch",
                         )
                         .await?;
-                    let row = client.query_opt(&st, &[&id, &self.inner.node]).await?;
+                    let row = match client.query_opt(&st, &[&id, &self.inner.node]).await {
+                        Err(e)
+                            if e.code()
+                                == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
+                        {
+                            tracing::warn!(task = id, node = %self.inner.node,
+                                "not taking the task over now: its row is locked by another session (a replica paused inside a write?)");
+                            return Err(PgFailure::Store(StoreError::Busy {
+                                detail: format!(
+                                    "task {id} is locked by another session's open transaction"
+                                ),
+                            }));
+                        }
+                        other => other?,
+                    };
                     Ok::<_, PgFailure>(row.map(|r| {
                         let epoch: i64 = r.get(1);
                         self.inner.held().insert(id.to_owned(), epoch);
@@ -1823,6 +1920,215 @@ impl PostgresStore {
                 })
                 .await
         })
+    }
+}
+
+/// The server-side bounds of every session, derived from the lease TTL: no statement runs
+/// longer than `statement` (max(TTL, 5 s)); none waits for a lock longer than `lock`
+/// (max(TTL / 3, 1 s)); a transaction left idle for `idle` (max(TTL, 5 s): its process was
+/// paused or cut off in the middle of it) is ended by the server, which releases its row
+/// locks. A statement past a bound fails (a lock wait as [`StoreError::Busy`]); nothing is
+/// changed by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionBounds {
+    /// `statement_timeout`.
+    pub statement: Duration,
+    /// `lock_timeout`.
+    pub lock: Duration,
+    /// `idle_in_transaction_session_timeout`.
+    pub idle: Duration,
+}
+
+impl SessionBounds {
+    /// The bounds for lease TTL `ttl`.
+    pub fn for_lease_ttl(ttl: Duration) -> Self {
+        SessionBounds {
+            statement: ttl.max(Duration::from_secs(5)),
+            lock: (ttl / 3).max(Duration::from_secs(1)),
+            idle: ttl.max(Duration::from_secs(5)),
+        }
+    }
+}
+
+/// The `-c` options that set [`SessionBounds`] on a connection.
+fn session_timeouts(ttl: Duration) -> String {
+    let b = SessionBounds::for_lease_ttl(ttl);
+    format!(
+        "-c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={}",
+        b.statement.as_millis(),
+        b.lock.as_millis(),
+        b.idle.as_millis()
+    )
+}
+
+/// A random instance token: 64 bits in hex, one per process.
+fn random_instance() -> String {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).unwrap_or_default();
+    format!("{:016x}", u64::from_le_bytes(bytes))
+}
+
+/// Reads the lease TTL stored for the cluster.
+const SELECT_LEASE_TTL: &str = "SELECT value FROM mcp_meta WHERE key = 'lease_ttl_ms'";
+
+/// The lease TTL stored for the cluster, from the row of [`SELECT_LEASE_TTL`].
+fn lease_ttl_of(row: Option<tokio_postgres::Row>) -> Option<Duration> {
+    row.and_then(|r| <[u8; 8]>::try_from(r.get::<_, Vec<u8>>(0).as_slice()).ok())
+        .map(|b| Duration::from_millis(u64::from_le_bytes(b)))
+}
+
+impl Inner {
+    /// Registers this process as its node id, under the rules the replicas share:
+    ///
+    /// * **One process per node id.** If the node id's row shows a heartbeat younger than two
+    ///   thirds of the lease TTL, start-up watches it: a live process renews it every third of
+    ///   the TTL, so if it changes, another process runs as this node id and the start is
+    ///   refused ([`StoreError::NodeIdInUse`]); once it is older, the process that wrote it is
+    ///   gone (a restart after a crash or a kill, which waits at most that long).
+    /// * **One lease TTL per cluster**, stored in the database: a replica started with another
+    ///   TTL while any other node is live is refused ([`StoreError::LeaseTtlMismatch`]); when
+    ///   no other node is live, its TTL replaces the stored one (logged).
+    ///
+    /// The row then carries this process's instance token: a paused process of the same id
+    /// that wakes up finds it replaced and stops renewing (its tasks were claimed by this one).
+    async fn register(&self) -> Result<(), StoreError> {
+        let stored = self
+            .run(false, |client| async move {
+                Ok::<_, PgFailure>(lease_ttl_of(client.query_opt(SELECT_LEASE_TTL, &[]).await?))
+            })
+            .await?;
+        let observed = self
+            .wait_for_previous_instance(stored.unwrap_or(self.lease_ttl))
+            .await?;
+        let label = self.label.clone();
+        self.run(true, |mut client| async move {
+            let tx = client.transaction().await?;
+            tx.batch_execute(
+                "SET LOCAL lock_timeout = 0;
+                 SELECT pg_advisory_xact_lock(727303, hashtext(coalesce(current_schema(), '')))",
+            )
+            .await?;
+            let now: Option<String> = tx
+                .query_opt(
+                    "SELECT heartbeat_at::text FROM mcp_nodes WHERE node_id = $1",
+                    &[&self.node],
+                )
+                .await?
+                .map(|r| r.get(0));
+            if now.is_some() && now != observed {
+                return Err(PgFailure::Store(StoreError::NodeIdInUse {
+                    store: label,
+                    node: self.node.clone(),
+                }));
+            }
+            let stored = lease_ttl_of(tx.query_opt(SELECT_LEASE_TTL, &[]).await?);
+            if stored != Some(self.lease_ttl) {
+                if let Some(stored) = stored {
+                    let live: Option<String> = tx
+                        .query_one(
+                            "SELECT string_agg(node_id, ', ' ORDER BY node_id) FROM mcp_nodes
+                             WHERE node_id <> $1
+                               AND heartbeat_at >= now() - make_interval(secs => $2)",
+                            &[&self.node, &stored.as_secs_f64()],
+                        )
+                        .await?
+                        .get(0);
+                    if let Some(live) = live {
+                        return Err(PgFailure::Store(StoreError::LeaseTtlMismatch {
+                            store: label,
+                            stored,
+                            requested: self.lease_ttl,
+                            live,
+                        }));
+                    }
+                    tracing::warn!(store = %label, from = ?stored, to = ?self.lease_ttl,
+                        "no other node is live: the cluster's lease TTL changes to this replica's");
+                }
+                let ms = u64::try_from(self.lease_ttl.as_millis()).unwrap_or(u64::MAX);
+                tx.execute(
+                    "INSERT INTO mcp_meta (key, value) VALUES ($1, $2)
+                     ON CONFLICT (key) DO UPDATE SET value = $2",
+                    &[&META_LEASE_TTL, &ms.to_le_bytes().to_vec()],
+                )
+                .await?;
+            }
+            let sent = std::time::Instant::now();
+            let row = tx
+                .query_one(
+                    "INSERT INTO mcp_nodes (node_id, started_at, heartbeat_at, instance)
+                     VALUES ($1, now(), now(), $2)
+                     ON CONFLICT (node_id) DO UPDATE
+                        SET started_at = now(), heartbeat_at = now(), instance = $2
+                     RETURNING (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+                    &[&self.node, &self.instance],
+                )
+                .await?;
+            let received = std::time::Instant::now();
+            self.reference.record(to_u64(row.get(0)), sent, received);
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// See [`Inner::register`]: waits until the node id's row (if any) shows no live
+    /// process. Returns its heartbeat (as text) as last seen, which registration checks did
+    /// not move since.
+    async fn wait_for_previous_instance(
+        &self,
+        ttl: Duration,
+    ) -> Result<Option<String>, StoreError> {
+        let stale_after = i64::try_from((ttl * 2 / 3).as_millis()).unwrap_or(i64::MAX);
+        let mut first: Option<String> = None;
+        loop {
+            let row = self
+                .run(false, |client| async move {
+                    Ok::<_, PgFailure>(
+                        client
+                            .query_opt(
+                                "SELECT heartbeat_at::text,
+                                        (extract(epoch FROM now() - heartbeat_at) * 1000)::bigint
+                                 FROM mcp_nodes WHERE node_id = $1",
+                                &[&self.node],
+                            )
+                            .await?,
+                    )
+                })
+                .await?;
+            let Some(row) = row else { return Ok(None) };
+            let beat: String = row.get(0);
+            let age_ms: i64 = row.get(1);
+            if first.as_ref().is_some_and(|first| *first != beat) {
+                return Err(StoreError::NodeIdInUse {
+                    store: self.label.clone(),
+                    node: self.node.clone(),
+                });
+            }
+            if age_ms > stale_after {
+                return Ok(Some(beat));
+            }
+            if first.is_none() {
+                tracing::info!(node = %self.node, age_ms,
+                    "this node id's heartbeat is recent: waiting to see whether another process still renews it");
+                first = Some(beat);
+            }
+            tokio::time::sleep((ttl / 20).max(Duration::from_millis(20))).await;
+        }
+    }
+
+    /// Whether this node itself found the database unreachable after a lapsed owner's last
+    /// heartbeat `beat` (ms, database time): then the lapse was a database outage (or a
+    /// partition) this node saw too, not evidence that the owner's process ended, and the
+    /// takeover does not count against the task's restart budget.
+    fn outage_since(&self, id: &str, beat: Option<i64>) -> bool {
+        let Some(beat) = beat else { return false };
+        let outage = self.last_outage_ms.load(Ordering::SeqCst);
+        let since = outage != 0 && outage >= to_u64(beat);
+        if since {
+            tracing::info!(task = id, node = %self.node,
+                "took over a task whose owner's heartbeat lapsed during a database outage this node saw too: not counted against its restart budget");
+        }
+        since
     }
 }
 
@@ -2028,5 +2334,33 @@ impl Inner {
             self.hub.inbox.notify_one();
         }
         Ok(out)
+#[cfg(test)]
+mod bounds_tests {
+    use super::*;
+
+    #[test]
+    fn session_bounds_follow_the_lease_ttl_with_floors() {
+        let b = SessionBounds::for_lease_ttl(Duration::from_secs(15));
+        assert_eq!(
+            (b.statement, b.lock, b.idle),
+            (
+                Duration::from_secs(15),
+                Duration::from_secs(5),
+                Duration::from_secs(15)
+            )
+        );
+        let b = SessionBounds::for_lease_ttl(Duration::from_millis(600));
+        assert_eq!(
+            (b.statement, b.lock, b.idle),
+            (
+                Duration::from_secs(5),
+                Duration::from_secs(1),
+                Duration::from_secs(5)
+            )
+        );
+        assert_eq!(
+            session_timeouts(Duration::from_secs(15)),
+            "-c statement_timeout=15000 -c lock_timeout=5000 -c idle_in_transaction_session_timeout=15000"
+        );
     }
 }
