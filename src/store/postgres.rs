@@ -1026,6 +1026,8 @@ impl PostgresStore {
     #[doc(hidden)]
     pub fn lose_commit_acks(&self, n: u64) {
         self.inner.lose_commit_acks.store(n, Ordering::SeqCst);
+    }
+
     /// **Test only.** Makes every statement of this node fail (or stops doing so) as if the
     /// database could not be reached: heartbeats, claims and requests fail as in an outage
     /// (the listening connection is left alone).
@@ -2334,6 +2336,9 @@ impl Inner {
             self.hub.inbox.notify_one();
         }
         Ok(out)
+    }
+}
+
 #[cfg(test)]
 mod bounds_tests {
     use super::*;
