@@ -504,7 +504,7 @@ fn main() -> ExitCode {
                 // Installed before the runtime starts, so that recovery is measured too.
                 let metrics = match &args.metrics_listen {
                     Some(addr) => match serve_metrics(addr, started.clone()).await {
-                        Ok(task) => Some(task),
+                        Ok((task, _)) => Some(task),
                         Err(e) => {
                             eprintln!("error: {e}");
                             return ExitCode::FAILURE;
@@ -728,11 +728,13 @@ async fn start(
     }
 }
 
-/// Installs the Prometheus recorder and serves `GET /metrics` on `addr` (until aborted).
+/// Installs the Prometheus recorder and serves `GET /metrics`, `/healthz` and `/readyz` on
+/// `addr` (until aborted); `/readyz` answers 503 until `started` holds the runtime. Returns
+/// the task and the address bound.
 async fn serve_metrics(
     addr: &str,
     started: Arc<OnceLock<mcp_tasks::RuntimeHandle>>,
-) -> Result<tokio::task::JoinHandle<()>, String> {
+) -> Result<(tokio::task::JoinHandle<()>, String), String> {
     use mcp_tasks::telemetry;
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
     let listener = tokio::net::TcpListener::bind(addr)
@@ -787,7 +789,7 @@ async fn serve_metrics(
             }),
         );
     tracing::info!("metrics on http://{local}/metrics");
-    Ok(tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         // The exporter's periodic housekeeping (draining histogram buffers), beside the server.
         let upkeep = async {
             let mut tick = tokio::time::interval(Duration::from_secs(5));
@@ -804,7 +806,8 @@ async fn serve_metrics(
                 }
             }
         }
-    }))
+    });
+    Ok((task, local))
 }
 
 async fn serve_http(args: ServeArgs, started: &OnceLock<mcp_tasks::RuntimeHandle>) -> ExitCode {
@@ -1089,6 +1092,38 @@ async fn reload_on_hangup(tokens: Option<Arc<auth::StaticTokens>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The metrics address answers `/readyz` with 503 until the runtime started (recovery
+    /// done), then 200; `/healthz` with 200 throughout.
+    #[tokio::test]
+    async fn the_metrics_address_is_ready_once_the_runtime_started() {
+        let started = Arc::new(OnceLock::new());
+        let (task, addr) = serve_metrics("127.0.0.1:0", started.clone()).await.unwrap();
+        let get = |path: &str| {
+            let url = format!("http://{addr}{path}");
+            async move {
+                let r = reqwest::get(url).await.unwrap();
+                (r.status().as_u16(), r.text().await.unwrap())
+            }
+        };
+        assert_eq!(get("/healthz").await, (200, "ok\n".to_owned()));
+        assert_eq!(
+            get("/readyz").await,
+            (
+                503,
+                "not ready: starting: the store is opening or recovering\n".to_owned()
+            )
+        );
+        let runtime = Runtime::builder_with_store(mcp_tasks::store::Store::memory())
+            .start()
+            .await
+            .unwrap();
+        started.set(runtime.handle()).ok().unwrap();
+        assert_eq!(get("/readyz").await, (200, "ready\n".to_owned()));
+        assert_eq!(get("/metrics").await.0, 200);
+        task.abort();
+        runtime.shutdown().await;
+    }
 
     /// Every serve option (but the hidden test-only ones) has its environment variable,
     /// `MCP_TASKS_` and its long name (`--max-body-bytes`: `MCP_TASKS_MAX_BODY_BYTES`).
