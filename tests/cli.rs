@@ -852,6 +852,18 @@ fn completions_for_each_shell() {
         for word in ["serve", "watch", "ls", "--detach", "--token-file"] {
             assert!(r.stdout.contains(word), "{shell} lacks {word}");
         }
+        // Where the shell is installed, it parses the script.
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("completion");
+        std::fs::write(&script, &r.stdout).unwrap();
+        if let Ok(status) = Command::new(shell)
+            .arg("-n")
+            .arg(&script)
+            .stdin(Stdio::null())
+            .status()
+        {
+            assert!(status.success(), "{shell} -n rejects the script");
+        }
     }
     let r = run("http://127.0.0.1:9/mcp", &["completions", "tcsh"]);
     assert_eq!(r.code, 2);

@@ -140,8 +140,9 @@ pub enum ClientCommand {
     /// see --handle-store), oldest first, with their last known status.
     #[command(after_help = EXIT_CODES)]
     Ls {
-        /// Ask the server for each task's status first (a task it no longer knows is shown
-        /// as `gone`, an expired one as `expired`).
+        /// Ask --url's server for the status of each of its tasks first (a task it no longer
+        /// knows is shown as `gone`, an expired one as `expired`; with --all, the other
+        /// servers' tasks keep their last known status).
         #[arg(long)]
         refresh: bool,
         /// The tasks created on every server, not only on --url's.
