@@ -113,3 +113,52 @@ async fn an_answer_reaching_an_actor_from_a_lost_lease_is_applied_not_dropped() 
     b.shutdown().await;
     pg.drop().await;
 }
+
+/// The same window on the other path: the answer is recorded in the database by a third node
+/// for the node the row names, and that node's inbox gives it to a stale actor. Node a lost
+/// the task's lease to b (which then asked for `k1`) and claimed it back, but its actor is
+/// still the one from its first lease, waiting for `k0` (the replacement a claim starts had
+/// not happened yet). The answer to `k1`, sent to node c, goes through a's inbox to that
+/// actor with the breaker `break::skip_is_behind` on. The confirmation of the acknowledgement
+/// finds the record moved under a's own lease (a conflict): a's actor is rebuilt from the
+/// record, the command stays recorded and is applied at a's next poll, and only then does c
+/// acknowledge. Without the confirmation c acknowledges an answer that was dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_recorded_for_a_node_whose_actor_is_stale_is_applied_not_dropped() {
+    let Some(pg) = pg::fresh().await else { return };
+    let scenario = FailScenario::setup();
+    let ttl = Duration::from_secs(60);
+    let (a, a_store) = node(&pg, "a", ttl).await;
+    let (b, b_store) = node(&pg, "b", ttl).await;
+    let (c, _c_store) = node(&pg, "c", ttl).await;
+    let task = create(&a, "two_questions", json!({})).await;
+    wait_status(&a, &task, "input_required").await;
+
+    assert!(b_store.claim_one(&task).await.unwrap().is_some());
+    let r = call(&b, "tasks/update", answer(&task, "k0")).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let waiting = wait_status(&b, &task, "input_required").await;
+    assert!(waiting["inputRequests"].get("k1").is_some(), "{waiting}");
+    // a claims the task back; its actor from the first lease still waits for k0.
+    assert!(a_store.claim_one(&task).await.unwrap().is_some());
+
+    fail::cfg("break::skip_is_behind", "return").unwrap();
+    let r = call(&c, "tasks/update", answer(&task, "k1")).await;
+    fail::remove("break::skip_is_behind");
+    assert!(r.get("result").is_some(), "{r}");
+    let state = get(&c, &task).await["result"].clone();
+    assert_ne!(
+        state["status"], "input_required",
+        "the acknowledged answer to k1 was dropped: {state}"
+    );
+    let done = wait_status(&c, &task, "completed").await;
+    assert_eq!(
+        done["result"]["content"][0]["text"],
+        r#"k0 {"action":"accept","content":{"ok":true}}; k1 {"action":"accept","content":{"ok":true}}"#
+    );
+    scenario.teardown();
+    a.shutdown().await;
+    b.shutdown().await;
+    c.shutdown().await;
+    pg.drop().await;
+}

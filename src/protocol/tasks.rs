@@ -384,6 +384,24 @@ impl Dispatcher {
         take_over: bool,
     ) -> Option<Result<(), RpcError>> {
         match self.deliver(id, command, take_over).await {
+            // Refused by a stale actor (fenced, or behind the record under this node's own
+            // lease; see `TaskActor::confirm_unchanged`): not answered now. The command is
+            // asked again at the next poll, of the node holding the task then (this node's
+            // actor rebuilt from the store, or another node).
+            Some(Err(e)) => match self.shared.load_stored(id).await {
+                Ok(Some(stored)) if stored.status.is_terminal() => Some(Ok(())),
+                Ok(Some(stored))
+                    if !self.shared.store.holds(id.as_str())
+                        || self
+                            .shared
+                            .live
+                            .snapshot(id)
+                            .is_none_or(|local| local.seq < stored.seq) =>
+                {
+                    None
+                }
+                _ => Some(Err(e)),
+            },
             Some(answer) => Some(answer),
             None => match self.shared.load_stored(id).await {
                 Ok(Some(stored)) if !stored.status.is_terminal() => None, // restarting

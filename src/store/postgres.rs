@@ -2275,6 +2275,10 @@ impl Inner {
     /// (epoch + 1) the rows at this node id that it does not hold, except those whose
     /// creation commit is still in flight.
     async fn reconcile(&self) -> Result<Reconciled, PgFailure> {
+        if self.skip_fencing {
+            // The test-only unsafe mode stands for a node without lease checks at all.
+            return Ok(Reconciled::default());
+        }
         let before: HashMap<String, i64> = self.held().clone();
         let client = self.client().await?;
         let st = client
