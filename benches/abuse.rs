@@ -6,7 +6,8 @@
 //!
 //! - `--pad BYTES`: size of a padding argument in every creation (default: both 0 and
 //!   1,000,000, one fresh server each);
-//! - `--clients N`: concurrent connections creating tasks (default 8).
+//! - `--clients N`: concurrent connections creating tasks (default 8);
+//! - `--legacy`: only the legacy-era scenario (see [`run_legacy`]).
 //!
 //! Nothing here asserts a figure; `docs/BENCHMARKS.md` records them.
 
@@ -21,6 +22,8 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 const TOKEN: &str = "mallory-bench-token";
+/// Another principal's token, whose latency the legacy scenario measures.
+const VICTIM: &str = "carol-bench-token";
 
 fn rss_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -70,10 +73,17 @@ fn start() -> Server {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
+    let victim: String = Sha256::digest(VICTIM.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     let tokens = dir.path().join("tokens.toml");
     std::fs::write(
         &tokens,
-        format!("[[tokens]]\nsha256 = \"{digest}\"\ntenant = \"bench\"\nprincipal = \"mallory\"\n"),
+        format!(
+            "[[tokens]]\nsha256 = \"{digest}\"\ntenant = \"bench\"\nprincipal = \"mallory\"\n\
+                 [[tokens]]\nsha256 = \"{victim}\"\ntenant = \"bench\"\nprincipal = \"carol\"\n"
+        ),
     )
     .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-tasks"))
@@ -243,6 +253,238 @@ async fn run(pad: usize, clients: usize) -> Outcome {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Legacy era (2025-11-25 sessions)
+
+const LEGACY: &str = "2025-11-25";
+
+async fn legacy_post(
+    client: &reqwest::Client,
+    addr: SocketAddr,
+    session: Option<&str>,
+    body: &Value,
+) -> reqwest::Response {
+    let mut request = client
+        .post(format!("http://{addr}/mcp"))
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .bearer_auth(TOKEN)
+        .body(serde_json::to_vec(body).unwrap());
+    if let Some(s) = session {
+        request = request
+            .header("Mcp-Session-Id", s)
+            .header("MCP-Protocol-Version", LEGACY);
+    }
+    request.send().await.expect("a response")
+}
+
+/// A new legacy session's id, or the quota that refused it.
+async fn legacy_session(client: &reqwest::Client, addr: SocketAddr) -> Result<String, String> {
+    let init = json!({ "jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": { "protocolVersion": LEGACY, "capabilities": {} } });
+    let response = legacy_post(client, addr, None, &init).await;
+    if response.status().as_u16() == 429 {
+        let reply: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        return Err(reply["error"]["data"]["quota"]
+            .as_str()
+            .unwrap_or("?")
+            .to_owned());
+    }
+    assert_eq!(response.status().as_u16(), 200);
+    Ok(response.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned())
+}
+
+/// CPU seconds the process used so far (user + system).
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // Fields 14 and 15 of stat(5), counted after the command name.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+struct LegacyOutcome {
+    tasks: usize,
+    abandoned: usize,
+    sessions: usize,
+    refused: String,
+    gets: usize,
+    cpu_idle: f64,
+    victim_ms: f64,
+    rss_start: u64,
+    rss_after: u64,
+    hwm: u64,
+}
+
+/// The review's legacy reproduction at the default quotas: one principal makes `tasks` live
+/// tasks, abandons `abandoned` `tasks/result` requests (each client gives up after 200 ms),
+/// then opens up to `attempts` sessions, each with its standing GET stream held open and
+/// never read, and calls `tasks/get` on every task in every session. Then, with the attacker
+/// idle, the server's CPU use over 3 s and another principal's `tools/list` latency.
+async fn run_legacy(tasks: usize, abandoned: usize, attempts: usize) -> LegacyOutcome {
+    let server = start();
+    let pid = server.child.id();
+    let addr = server.addr;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rss_start = rss_kib(pid, "VmRSS:");
+    let client = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for i in 0..tasks {
+        let body = json!({ "jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {
+            "name": "sleep_task", "arguments": { "ms": 3_600_000u64 }, "_meta": meta() } });
+        let reply: Value =
+            serde_json::from_slice(&post(&client, addr, &body).await.bytes().await.unwrap())
+                .unwrap();
+        ids.push(reply["result"]["taskId"].as_str().unwrap().to_owned());
+    }
+
+    // Abandoned tasks/result requests.
+    let first = legacy_session(&client, addr).await.expect("a session");
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let waits = (0..abandoned).map(|i| {
+        let (impatient, first, task) =
+            (impatient.clone(), first.clone(), ids[i % ids.len()].clone());
+        async move {
+            let body = json!({ "jsonrpc": "2.0", "id": i, "method": "tasks/result",
+                "params": { "taskId": task } });
+            let request = impatient
+                .post(format!("http://{addr}/mcp"))
+                .header("Content-Type", "application/json")
+                .header("Accept", "application/json, text/event-stream")
+                .header("Mcp-Session-Id", &first)
+                .header("MCP-Protocol-Version", LEGACY)
+                .bearer_auth(TOKEN)
+                .body(serde_json::to_vec(&body).unwrap());
+            let _ = request.send().await;
+        }
+    });
+    // At most 32 at once (the principal may have 64 requests in progress).
+    let mut waits: Vec<_> = waits.map(Box::pin).collect();
+    while !waits.is_empty() {
+        let rest = waits.split_off(waits.len().min(32));
+        futures::future::join_all(waits).await;
+        waits = rest;
+    }
+
+    // Sessions with an open, unread stream, each following every task.
+    let mut streams = Vec::new();
+    let mut gets = 0;
+    let mut refused = "none".to_owned();
+    for _ in 0..attempts {
+        let session = match legacy_session(&client, addr).await {
+            Ok(s) => s,
+            Err(quota) => {
+                refused = quota;
+                break;
+            }
+        };
+        let get = client
+            .get(format!("http://{addr}/mcp"))
+            .header("Accept", "text/event-stream")
+            .header("Mcp-Session-Id", &session)
+            .header("MCP-Protocol-Version", LEGACY)
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("a response");
+        if get.status().as_u16() == 429 {
+            let reply: Value = serde_json::from_slice(&get.bytes().await.unwrap()).unwrap();
+            refused = reply["error"]["data"]["quota"]
+                .as_str()
+                .unwrap_or("?")
+                .to_owned();
+            break;
+        }
+        streams.push(get);
+        for task in &ids {
+            let body = json!({ "jsonrpc": "2.0", "id": 1, "method": "tasks/get",
+                "params": { "taskId": task } });
+            let r = legacy_post(&client, addr, Some(&session), &body).await;
+            if r.status().as_u16() == 200 {
+                gets += 1;
+            }
+        }
+    }
+    let sessions = streams.len();
+
+    // The attacker is idle: what does the server still do?
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = cpu_secs(pid);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let cpu_idle = (cpu_secs(pid) - before) / 3.0;
+    let victim = reqwest::Client::new();
+    let mut times = Vec::new();
+    for i in 0..50 {
+        let body = json!({ "jsonrpc": "2.0", "id": i, "method": "tools/list", "params": { "_meta": meta() } });
+        let started = Instant::now();
+        let response = victim
+            .post(format!("http://{addr}/mcp"))
+            .header("Content-Type", "application/json")
+            .header("Accept", "application/json, text/event-stream")
+            .header("MCP-Protocol-Version", "2026-07-28")
+            .header("Mcp-Method", "tools/list")
+            .bearer_auth(VICTIM)
+            .body(serde_json::to_vec(&body).unwrap())
+            .send()
+            .await
+            .expect("a response");
+        assert_eq!(response.status().as_u16(), 200);
+        let _ = response.bytes().await;
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    times.sort_by(f64::total_cmp);
+    let rss_after = rss_kib(pid, "VmRSS:");
+    let hwm = rss_kib(pid, "VmHWM:");
+    drop(streams);
+    LegacyOutcome {
+        tasks,
+        abandoned,
+        sessions,
+        refused,
+        gets,
+        cpu_idle,
+        victim_ms: times[times.len() / 2],
+        rss_start,
+        rss_after,
+        hwm,
+    }
+}
+
+fn print_legacy(rt: &tokio::runtime::Runtime) {
+    println!();
+    println!(
+        "| live tasks | abandoned tasks/result | sessions held (tasks/get) | refused by | server CPU, attacker idle | victim tools/list median | RSS start | after | peak (VmHWM) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let o = rt.block_on(run_legacy(20, 200, 640));
+    println!(
+        "| {} | {} | {} ({}) | {} | {:.1} % | {:.2} ms | {:.1} MiB | {:.1} MiB | {:.1} MiB |",
+        o.tasks,
+        o.abandoned,
+        o.sessions,
+        o.gets,
+        o.refused,
+        o.cpu_idle * 100.0,
+        o.victim_ms,
+        o.rss_start as f64 / 1024.0,
+        o.rss_after as f64 / 1024.0,
+        o.hwm as f64 / 1024.0,
+    );
+}
+
 fn arg(name: &str) -> Option<usize> {
     let args: Vec<String> = std::env::args().collect();
     args.iter()
@@ -258,6 +500,10 @@ fn main() {
         None => vec![0, 1_000_000],
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
+    if std::env::args().any(|a| a == "--legacy") {
+        print_legacy(&rt);
+        return;
+    }
     println!(
         "| pad (bytes) | tasks created | refused by | rate refusals | seconds | listens open (ids) | listen refused by | RSS start | after creates | with listens | peak (VmHWM) |"
     );
@@ -279,4 +525,5 @@ fn main() {
             o.hwm as f64 / 1024.0,
         );
     }
+    print_legacy(&rt);
 }

@@ -600,6 +600,31 @@ mod tests {
         assert_eq!(rx.await.unwrap(), json!({"ok": true}));
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_is_abandoned_only_after_the_grace_without_a_reader() {
+        let live = Live::new(Owner::anonymous(), V);
+        let log = live.open_stream();
+        let grace = Duration::from_secs(30);
+        let reader = log.read(Some(1));
+        let mut abandoned = Box::pin(log.unread_for(grace));
+        let long = Duration::from_secs(120);
+        assert!(
+            tokio::time::timeout(long, &mut abandoned).await.is_err(),
+            "read"
+        );
+        drop(reader);
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        let resumed = log.read(Some(1));
+        assert!(
+            tokio::time::timeout(long, &mut abandoned).await.is_err(),
+            "resumed"
+        );
+        drop(resumed);
+        tokio::time::timeout(grace + Duration::from_secs(1), abandoned)
+            .await
+            .expect("abandoned after the grace");
+    }
+
     #[test]
     fn event_ids_parse() {
         assert_eq!(parse_event_id("3-17"), Some((3, 17)));
