@@ -85,11 +85,13 @@ struct ServeArgs {
     /// crash redb repairs the file whatever this says.
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     verify_on_open: bool,
-    /// With a PostgreSQL store: this replica's node id (default: a random one, logged).
+    /// With a PostgreSQL store: this replica's node id (default: a random one, logged). A
+    /// second live process with the same id is refused at start.
     #[arg(long, value_name = "NAME")]
     node_id: Option<String>,
     /// With a PostgreSQL store: how long a replica's lease lasts without a heartbeat before
-    /// the other replicas take its tasks over (heartbeats run every third of it).
+    /// the other replicas take its tasks over (heartbeats run every third of it). The
+    /// cluster's: a replica started with another value while another one runs is refused.
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
     lease_ttl: Duration,
     /// With a PostgreSQL store: how often a replica reads the database for other replicas'
