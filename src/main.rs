@@ -144,11 +144,13 @@ struct ServeArgs {
     /// crash redb repairs the file whatever this says.
     #[arg(long, env = "MCP_TASKS_VERIFY_ON_OPEN", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     verify_on_open: bool,
-    /// With a PostgreSQL store: this replica's node id (default: a random one, logged).
+    /// With a PostgreSQL store: this replica's node id (default: a random one, logged). A
+    /// second live process with the same id is refused at start.
     #[arg(long, env = "MCP_TASKS_NODE_ID", value_name = "NAME")]
     node_id: Option<String>,
     /// With a PostgreSQL store: how long a replica's lease lasts without a heartbeat before
-    /// the other replicas take its tasks over (heartbeats run every third of it).
+    /// the other replicas take its tasks over (heartbeats run every third of it). The
+    /// cluster's: a replica started with another value while another one runs is refused.
     #[arg(long, env = "MCP_TASKS_LEASE_TTL", value_name = "DURATION", default_value = "15s", value_parser = units::parse_duration)]
     lease_ttl: Duration,
     /// With a PostgreSQL store: how often a replica reads the database for other replicas'

@@ -1970,8 +1970,8 @@ fn random_instance() -> String {
     format!("{:016x}", u64::from_le_bytes(bytes))
 }
 
-/// Reads the lease TTL stored for the cluster.
-const SELECT_LEASE_TTL: &str = "SELECT value FROM mcp_meta WHERE key = 'lease_ttl_ms'";
+/// Reads the lease TTL stored for the cluster (`$1`: [`META_LEASE_TTL`]).
+const SELECT_LEASE_TTL: &str = "SELECT value FROM mcp_meta WHERE key = $1";
 
 /// The lease TTL stored for the cluster, from the row of [`SELECT_LEASE_TTL`].
 fn lease_ttl_of(row: Option<tokio_postgres::Row>) -> Option<Duration> {
@@ -1996,7 +1996,11 @@ impl Inner {
     async fn register(&self) -> Result<(), StoreError> {
         let stored = self
             .run(false, |client| async move {
-                Ok::<_, PgFailure>(lease_ttl_of(client.query_opt(SELECT_LEASE_TTL, &[]).await?))
+                Ok::<_, PgFailure>(lease_ttl_of(
+                    client
+                        .query_opt(SELECT_LEASE_TTL, &[&META_LEASE_TTL])
+                        .await?,
+                ))
             })
             .await?;
         let observed = self
@@ -2023,7 +2027,7 @@ impl Inner {
                     node: self.node.clone(),
                 }));
             }
-            let stored = lease_ttl_of(tx.query_opt(SELECT_LEASE_TTL, &[]).await?);
+            let stored = lease_ttl_of(tx.query_opt(SELECT_LEASE_TTL, &[&META_LEASE_TTL]).await?);
             if stored != Some(self.lease_ttl) {
                 if let Some(stored) = stored {
                     let live: Option<String> = tx
