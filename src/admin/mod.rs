@@ -347,6 +347,34 @@ pub struct StatsReport {
     pub nodes: Vec<NodeInfo>,
 }
 
+/// `store stats --by-owner`: what each principal keeps in the store, from the usage counters
+/// the store keeps with its records (no record is read). These are the figures the disk
+/// quota (`serve --max-stored-bytes`) compares with its limit.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct OwnerUsageReport {
+    /// `redb` or `postgres`.
+    pub backend: String,
+    /// The location (a URL without password).
+    pub location: String,
+    /// Whether the figures came from a running server (its admin socket).
+    pub via_server: bool,
+    /// Each owner holding something, largest first (ties by tenant, then principal).
+    pub owners: Vec<OwnerUsage>,
+}
+
+/// One line of [`OwnerUsageReport`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct OwnerUsage {
+    /// The tenant.
+    pub tenant: String,
+    /// The principal within the tenant.
+    pub principal: String,
+    /// Stored tasks, live and finished (until the reaper deletes them).
+    pub tasks: u64,
+    /// Their stored bytes.
+    pub bytes: u64,
+}
+
 /// The oldest live task.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct OldestLive {
@@ -623,6 +651,53 @@ pub(crate) async fn stats_of(reader: &Reader, now_ms: u64) -> Result<StatsReport
         }
     }
     Ok(report)
+}
+
+/// `store stats --by-owner`.
+pub async fn usage_by_owner(location: &Location) -> Result<OwnerUsageReport, AdminError> {
+    match open_reader(location).await? {
+        Some(reader) => usage_of(&reader).await,
+        None => socket::ask(location, socket::Request::UsageByOwner).await,
+    }
+}
+
+pub(crate) async fn usage_of(reader: &Reader) -> Result<OwnerUsageReport, AdminError> {
+    let facts = reader.facts(now_ms()).await?;
+    let usage = match reader {
+        Reader::Redb(r) => r.usage_by_owner().await?,
+        #[cfg(feature = "postgres")]
+        Reader::Postgres(r) => r.usage_by_owner().await?,
+    };
+    let Some(usage) = usage else {
+        return Err(AdminError::Invalid(format!(
+            "{} has schema version {}, which keeps no usage per owner; it is converted when a server (or a writing store command) next opens it",
+            facts.location, facts.schema_version
+        )));
+    };
+    let mut owners: Vec<OwnerUsage> = usage
+        .into_iter()
+        .map(|(key, usage)| {
+            let (tenant, principal) =
+                crate::store::parse_owner_key(&key).unwrap_or((key.as_str(), ""));
+            OwnerUsage {
+                tenant: tenant.to_owned(),
+                principal: principal.to_owned(),
+                tasks: usage.tasks,
+                bytes: usage.bytes,
+            }
+        })
+        .collect();
+    owners.sort_by(|a, b| {
+        b.bytes
+            .cmp(&a.bytes)
+            .then_with(|| (&a.tenant, &a.principal).cmp(&(&b.tenant, &b.principal)))
+    });
+    Ok(OwnerUsageReport {
+        backend: facts.backend,
+        location: facts.location,
+        via_server: facts.via_server,
+        owners,
+    })
 }
 
 /// `store list`.

@@ -171,7 +171,10 @@ impl PgReader {
             .client
             .query(
                 "SELECT t, pg_total_relation_size(t::regclass)
-                 FROM unnest(ARRAY['mcp_tasks', 'mcp_meta', 'mcp_nodes', 'mcp_schema']) AS t",
+                 FROM unnest(ARRAY['mcp_tasks', 'mcp_meta', 'mcp_nodes', 'mcp_schema']) AS t
+                 UNION ALL
+                 SELECT 'mcp_usage', pg_total_relation_size(to_regclass('mcp_usage'))
+                 WHERE to_regclass('mcp_usage') IS NOT NULL",
                 &[],
             )
             .await
@@ -192,6 +195,35 @@ impl PgReader {
             nodes: self.nodes().await?,
             ..StatsReport::default()
         })
+    }
+
+    /// The per-owner usage table, by owner key; `None` for a schema before version 3
+    /// (converted by the next server's open).
+    pub(crate) async fn usage_by_owner(
+        &self,
+    ) -> Result<Option<Vec<(String, crate::store::Usage)>>, AdminError> {
+        if self.schema_version().await? < 3 {
+            return Ok(None);
+        }
+        let rows = self
+            .client
+            .query(
+                "SELECT owner, tasks, bytes FROM mcp_usage ORDER BY owner",
+                &[],
+            )
+            .await
+            .map_err(|e| pg_err(&self.label, &e))?;
+        Ok(Some(
+            rows.iter()
+                .map(|r| {
+                    let usage = crate::store::Usage {
+                        tasks: u64::try_from(r.get::<_, i64>(1)).unwrap_or(0),
+                        bytes: u64::try_from(r.get::<_, i64>(2)).unwrap_or(0),
+                    };
+                    (r.get(0), usage)
+                })
+                .collect(),
+        ))
     }
 
     /// Refuses when a node heartbeat within the last minute.
