@@ -487,8 +487,15 @@ pub struct PurgeReport {
 
 /// The default page of `store list`.
 pub const DEFAULT_LIST_LIMIT: usize = 100;
-/// Records read per batch when scanning.
+/// The largest page of `store list` (a larger `--limit` is lowered to it; page on with
+/// `--after`): what one answer holds in memory, also in a running server's.
+pub const MAX_LIST_LIMIT: usize = 1000;
+/// Records read per batch when scanning (at most; see [`SCAN_BYTES`]). A scan ends with an
+/// empty batch.
 const SCAN_BATCH: usize = 1024;
+/// Bytes of records one scan batch holds at most (at least one record): records may be
+/// megabytes each, and a running server answers `stats` and `list` in its own memory.
+pub(crate) const SCAN_BYTES: usize = 16 * 1024 * 1024;
 
 /// A store opened for reading.
 pub(crate) enum Reader {
@@ -646,9 +653,6 @@ pub(crate) async fn stats_of(reader: &Reader, now_ms: u64) -> Result<StatsReport
                 }
             }
         }
-        if rows.len() < SCAN_BATCH {
-            break;
-        }
     }
     Ok(report)
 }
@@ -713,7 +717,10 @@ pub(crate) async fn list_of(
     filter: &Filter,
     now_ms: u64,
 ) -> Result<ListPage, AdminError> {
-    let limit = filter.limit.unwrap_or(DEFAULT_LIST_LIMIT).max(1);
+    let limit = filter
+        .limit
+        .unwrap_or(DEFAULT_LIST_LIMIT)
+        .clamp(1, MAX_LIST_LIMIT);
     let mut page = ListPage::default();
     let mut after = filter.after.clone();
     loop {
@@ -722,7 +729,6 @@ pub(crate) async fn list_of(
             return Ok(page);
         };
         after = Some(last.id.clone());
-        let full = rows.len() == SCAN_BATCH;
         for row in rows {
             match decode(&row) {
                 Ok(record) if filter.matches(&record, now_ms) => {
@@ -735,9 +741,6 @@ pub(crate) async fn list_of(
                 Ok(_) => {}
                 Err(_) => page.undecodable.push(row.id),
             }
-        }
-        if !full {
-            return Ok(page);
         }
     }
 }
@@ -827,9 +830,6 @@ pub(crate) async fn verify_of(reader: &Reader) -> Result<VerifyReport, AdminErro
                     report.undecodable.insert(row.id.clone(), e);
                 }
             }
-        }
-        if rows.len() < SCAN_BATCH {
-            break;
         }
     }
     report.index_problems = reader.index_problems().await?;
@@ -953,9 +953,6 @@ pub(crate) async fn select(
                     return Ok(out);
                 }
             }
-        }
-        if rows.len() < SCAN_BATCH {
-            break;
         }
     }
     Ok(out)

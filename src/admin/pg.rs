@@ -110,11 +110,15 @@ impl PgReader {
         let rows = self
             .client
             .query(
+                // At most `limit` rows and, past the first, `SCAN_BYTES` of snapshots.
                 &format!(
-                    "SELECT {COLUMNS} FROM mcp_tasks
-                     WHERE $1::text IS NULL OR id > $1 ORDER BY id LIMIT $2"
+                    "SELECT {COLUMNS} FROM (
+                        SELECT {COLUMNS}, sum(octet_length(bytes)) OVER (ORDER BY id) AS running
+                        FROM mcp_tasks WHERE $1::text IS NULL OR id > $1 ORDER BY id LIMIT $2
+                     ) AS page
+                     WHERE running - octet_length(bytes) < $3 ORDER BY id"
                 ),
-                &[&after, &limit],
+                &[&after, &limit, &(super::SCAN_BYTES as i64)],
             )
             .await
             .map_err(|e| pg_err(&self.label, &e))?;

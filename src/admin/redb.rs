@@ -264,9 +264,14 @@ impl RedbReader {
             }
             .map_err(|e| err(&e))?;
             let mut out = Vec::new();
+            let mut held = 0;
             for entry in range.take(limit) {
                 let (id, bytes) = entry.map_err(|e| err(&e))?;
+                held += bytes.value().len();
                 out.push(indexes.row(path, id.value(), bytes.value())?);
+                if held >= super::SCAN_BYTES {
+                    break;
+                }
             }
             Ok(out)
         })
@@ -500,12 +505,9 @@ impl RedbReader {
         let mut after = None;
         loop {
             let batch = self.scan(after.clone(), super::SCAN_BATCH).await?;
-            let full = batch.len() == super::SCAN_BATCH;
-            after = batch.last().map(|r| r.id.clone());
+            let Some(last) = batch.last() else { break };
+            after = Some(last.id.clone());
             rows.extend(batch);
-            if !full {
-                break;
-            }
         }
         Ok(Dump { rows, meta })
     }
