@@ -8,6 +8,11 @@
 //!   1,000,000, one fresh server each);
 //! - `--clients N`: concurrent connections creating tasks (default 8);
 //! - `--legacy`: only the legacy-era scenario (see [`run_legacy`]).
+//! - `--disk-only`: only the disk-quota scenario.
+//!
+//! The disk-quota scenario ([`disk_quota`]): tasks that finish at once, with 1,000,000-byte
+//! arguments, created at the allowed rate until `storedBytes` refuses them; it prints the
+//! tasks stored, the principal's stored bytes as the quota counts them, and the store file.
 //!
 //! Nothing here asserts a figure; `docs/BENCHMARKS.md` records them.
 
@@ -493,7 +498,75 @@ fn arg(name: &str) -> Option<usize> {
         .map(|v| v.parse().expect("a number"))
 }
 
+/// What one principal can store at the default quotas.
+struct DiskOutcome {
+    created: usize,
+    refused_by: String,
+    seconds: f64,
+    file_bytes: u64,
+}
+
+/// The disk-quota scenario: one client creates finished tasks (`sleep_task` of 0 ms) with
+/// `pad` bytes of arguments, waiting out `createRate` refusals, until another quota refuses.
+async fn disk_quota(pad: usize) -> DiskOutcome {
+    let server = start();
+    let addr = server.addr;
+    let client = reqwest::Client::new();
+    let body = json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "sleep_task", "arguments": { "ms": 0, "pad": "x".repeat(pad) },
+        "_meta": meta() } });
+    let started = Instant::now();
+    let mut created = 0;
+    let refused_by = loop {
+        let response = post(&client, addr, &body).await;
+        let status = response.status().as_u16();
+        let reply: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        match status {
+            200 => created += 1,
+            429 if reply["error"]["data"]["quota"] == "createRate" => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            429 => break reply["error"]["data"]["quota"].as_str().unwrap().to_owned(),
+            other => panic!("unexpected status {other}: {reply}"),
+        }
+        if created > 100_000 {
+            break "none".to_owned();
+        }
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let file_bytes = std::fs::metadata(server._dir.path().join("abuse.redb"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    DiskOutcome {
+        created,
+        refused_by,
+        seconds,
+        file_bytes,
+    }
+}
+
+/// Prints the disk-quota scenario's table.
+fn disk_quota_section(rt: &tokio::runtime::Runtime) {
+    println!();
+    println!("| pad (bytes) | finished tasks stored | refused by | seconds | store file |");
+    println!("|---|---|---|---|---|");
+    let pad = 1_000_000;
+    let o = rt.block_on(disk_quota(pad));
+    println!(
+        "| {pad} | {} | {} | {:.1} | {:.1} MiB |",
+        o.created,
+        o.refused_by,
+        o.seconds,
+        o.file_bytes as f64 / (1024.0 * 1024.0),
+    );
+}
+
 fn main() {
+    if std::env::args().any(|a| a == "--disk-only") {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        disk_quota_section(&rt);
+        return;
+    }
     let clients = arg("--clients").unwrap_or(8);
     let pads = match arg("--pad") {
         Some(p) => vec![p],
@@ -526,4 +599,5 @@ fn main() {
         );
     }
     print_legacy(&rt);
+    disk_quota_section(&rt);
 }

@@ -17,6 +17,11 @@ pub enum StoreCommand {
     Stats {
         #[command(flatten)]
         common: Common,
+        /// Instead: what each principal keeps in the store (tasks and bytes, finished tasks
+        /// included), largest first: the figures the disk quota (`serve --max-stored-bytes`)
+        /// compares with its limit. Reads the store's usage counters, no record.
+        #[arg(long)]
+        by_owner: bool,
     },
     /// Tasks matching filters, a page at a time (`--after` the last id for the next page).
     List {
@@ -187,7 +192,38 @@ fn bytes(n: u64) -> String {
 
 async fn execute(command: StoreCommand) -> Result<ExitCode, AdminError> {
     match command {
-        StoreCommand::Stats { common } => {
+        StoreCommand::Stats {
+            common,
+            by_owner: true,
+        } => {
+            let r = admin::usage_by_owner(&Location::parse(&common.store)).await?;
+            if common.json {
+                print_json(&r);
+                return Ok(ExitCode::SUCCESS);
+            }
+            println!(
+                "store      {} ({}{})",
+                r.location,
+                r.backend,
+                if r.via_server {
+                    ", read through the running server"
+                } else {
+                    ""
+                }
+            );
+            println!(
+                "{:<20} {:<24} {:>8} {:>12}",
+                "TENANT", "PRINCIPAL", "TASKS", "BYTES"
+            );
+            for o in &r.owners {
+                println!(
+                    "{:<20} {:<24} {:>8} {:>12}",
+                    o.tenant, o.principal, o.tasks, o.bytes
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        StoreCommand::Stats { common, .. } => {
             let r = admin::stats(&Location::parse(&common.store)).await?;
             if common.json {
                 print_json(&r);

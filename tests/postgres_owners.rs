@@ -143,5 +143,14 @@ async fn owners_are_indexed_counted_and_converted() {
     assert_eq!(c.owned(&alice, None, 100).await.unwrap().len(), 11);
     assert_eq!(c.usage(&owner_key("acme", "bob")).await.unwrap().tasks, 12);
     c.close().await;
+    // `store stats --by-owner` on PostgreSQL: the same figures, largest first.
+    let location = mcp_tasks::admin::Location::parse(&pg.url_with_schema());
+    let report = mcp_tasks::admin::usage_by_owner(&location).await.unwrap();
+    assert_eq!(report.backend, "postgres");
+    assert_eq!(report.owners.len(), 2, "{report:?}");
+    assert_eq!(report.owners[0].principal, "bob");
+    assert_eq!(report.owners[1].principal, "alice");
+    assert_eq!(report.owners[1].tasks, usage.tasks);
+    assert_eq!(report.owners[1].bytes, usage.bytes);
     pg.drop().await;
 }

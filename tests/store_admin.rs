@@ -434,6 +434,16 @@ async fn verify_names_a_corrupted_record() {
 
 /// The snapshot bytes of every task of a redb store (table layout 2: each `tasks` value is a
 /// 17-byte record header, then the snapshot).
+/// The snapshot bytes of a `tasks` value of layout 2 or 3: after the 17-byte header and, when
+/// flag bit 2 is set (layout 3), the owner (creation time, length, owner key).
+fn snapshot_in(value: &[u8]) -> &[u8] {
+    if value[0] & 4 == 0 {
+        return &value[17..];
+    }
+    let len = u32::from_le_bytes(value[25..29].try_into().unwrap()) as usize;
+    &value[29 + len..]
+}
+
 fn redb_snapshots(path: &Path) -> BTreeMap<String, Vec<u8>> {
     const TASKS: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("tasks");
     use redb::{ReadableDatabase, ReadableTable};
@@ -444,7 +454,7 @@ fn redb_snapshots(path: &Path) -> BTreeMap<String, Vec<u8>> {
         .unwrap()
         .map(|e| {
             let (k, v) = e.unwrap();
-            (k.value().to_owned(), v.value()[17..].to_vec())
+            (k.value().to_owned(), snapshot_in(v.value()).to_vec())
         })
         .collect()
 }
@@ -581,14 +591,14 @@ async fn a_newer_redb_schema_is_a_one_line_error_and_changes_nothing() {
     let (code, stdout, stderr) = run(&["store", "stats", "--store", p, "--json"]);
     assert_eq!(code, 0, "{stderr}");
     let stats: Value = serde_json::from_str(&stdout).unwrap();
-    assert_eq!(stats["schema_version"], 2);
+    assert_eq!(stats["schema_version"], 3);
     {
         use redb::ReadableDatabase;
         let db = redb::Database::open(&path).unwrap();
         let r = db.begin_read().unwrap();
         let meta = r.open_table(META).unwrap();
         let v = meta.get("schema_version").unwrap().unwrap();
-        assert_eq!(v.value(), 2u64.to_le_bytes().as_slice());
+        assert_eq!(v.value(), 3u64.to_le_bytes().as_slice());
         drop((v, meta, r));
         let w = db.begin_write().unwrap();
         w.open_table(META)
@@ -609,7 +619,7 @@ async fn a_newer_redb_schema_is_a_one_line_error_and_changes_nothing() {
     ] {
         run_fails(
             &args,
-            "schema version 99, newer than the 2 this build supports",
+            "schema version 99, newer than the 3 this build supports",
         );
         assert!(
             std::fs::read(&path).unwrap() == before,
@@ -837,10 +847,10 @@ fn write_as_layout_1(from: &Path, to: &Path, without_seq: &str) {
         for entry in r.open_table(TASKS).unwrap().iter().unwrap() {
             let (id, value) = entry.unwrap();
             let (id, value) = (id.value(), value.value());
-            // The layout-2 header: flags, seq, due_ms (see the store's schema).
+            // The header: flags, seq, due_ms, then the owner (see the store's schema).
             let flags = value[0];
             let field = |at: usize| u64::from_le_bytes(value[at..at + 8].try_into().unwrap());
-            tasks.insert(id, &value[17..]).unwrap();
+            tasks.insert(id, snapshot_in(value)).unwrap();
             if flags & 1 != 0 && id != without_seq {
                 seq.insert(id, field(1)).unwrap();
             }
@@ -948,7 +958,10 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
     .unwrap();
     assert_eq!((report.tasks, report.live), (3, 2));
     assert_eq!(redb_tables(&path), v1_tables, "the source is not converted");
-    assert_eq!(redb_tables(&migrated), vec!["due", "live", "meta", "tasks"]);
+    assert_eq!(
+        redb_tables(&migrated),
+        vec!["due", "live", "meta", "owners", "tasks", "usage"]
+    );
     let report = admin::verify(&Location::Redb(migrated)).await.unwrap();
     assert!(report.is_clean(), "{report:?}");
     // `store purge` writes: it converts a copy in the transaction of its deletion.
@@ -963,9 +976,12 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
         "completed",
     ]);
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(redb_tables(&purged), vec!["due", "live", "meta", "tasks"]);
+    assert_eq!(
+        redb_tables(&purged),
+        vec!["due", "live", "meta", "owners", "tasks", "usage"]
+    );
     let stats = admin::stats(&Location::Redb(purged.clone())).await.unwrap();
-    assert_eq!((stats.schema_version, stats.tasks, stats.live), (2, 2, 2));
+    assert_eq!((stats.schema_version, stats.tasks, stats.live), (3, 2, 2));
     let report = admin::verify(&Location::Redb(purged)).await.unwrap();
     assert!(report.is_clean(), "{report:?}");
 
@@ -989,14 +1005,20 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     rt.shutdown().await;
-    assert_eq!(redb_tables(&path), vec!["due", "live", "meta", "tasks"]);
+    assert_eq!(
+        redb_tables(&path),
+        vec!["due", "live", "meta", "owners", "tasks", "usage"]
+    );
     let stats = admin::stats(&Location::Redb(path.clone())).await.unwrap();
-    assert_eq!((stats.schema_version, stats.tasks, stats.live), (2, 2, 0));
+    assert_eq!((stats.schema_version, stats.tasks, stats.live), (3, 2, 0));
     let report = admin::verify(&Location::Redb(path.clone())).await.unwrap();
     assert!(report.is_clean(), "{report:?}");
     // The layout-1 backup converts the same way.
     let rt = tools(Runtime::builder(&backup)).start().await.unwrap();
     wait_status(&rt, &working, "working").await;
     rt.shutdown().await;
-    assert_eq!(redb_tables(&backup), vec!["due", "live", "meta", "tasks"]);
+    assert_eq!(
+        redb_tables(&backup),
+        vec!["due", "live", "meta", "owners", "tasks", "usage"]
+    );
 }

@@ -198,6 +198,12 @@ struct Server {
 
 impl Server {
     async fn start(quotas: Quotas, retention: Option<Duration>) -> Server {
+        Self::start_on(quotas, retention, true).await
+    }
+
+    /// `counting`: through the [`Counting`] wrapper (else the plain redb store, which has
+    /// an admin socket).
+    async fn start_on(quotas: Quotas, retention: Option<Duration>, counting: bool) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let inner = RedbStore::open_async(
             dir.path().join("tasks.redb"),
@@ -209,10 +215,14 @@ impl Server {
         .await
         .unwrap();
         let reads = Arc::new(Reads::default());
-        let store = Store::from_backend(Arc::new(Counting {
-            inner,
-            reads: reads.clone(),
-        }));
+        let store = if counting {
+            Store::from_backend(Arc::new(Counting {
+                inner,
+                reads: reads.clone(),
+            }))
+        } else {
+            Store::from_backend(Arc::new(inner))
+        };
         let mut builder = Runtime::builder_with_store(store)
             .tool(instant())
             .quotas(quotas);
@@ -405,4 +415,80 @@ async fn the_disk_quota_counts_finished_tasks_until_they_are_purged() {
     }
     server.create_ok("alice", PAD).await;
     server.stop().await;
+}
+
+const BIN: &str = env!("CARGO_BIN_EXE_mcp-tasks");
+
+fn store_stats_by_owner(path: &std::path::Path, json: bool) -> String {
+    let mut args = vec![
+        "store",
+        "stats",
+        "--by-owner",
+        "--store",
+        path.to_str().unwrap(),
+    ];
+    if json {
+        args.push("--json");
+    }
+    let out = std::process::Command::new(BIN)
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `mcp-tasks store stats --by-owner` shows what each principal stores (finished tasks
+/// included), largest first, through the running server's admin socket and offline, with
+/// the figures the disk quota uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_stats_by_owner_online_and_offline() {
+    let server = Server::start_on(Quotas::unlimited(), None, false).await;
+    let path = server._dir.path().join("tasks.redb");
+    for _ in 0..3 {
+        server.create_ok("alice", 10_000).await;
+    }
+    server.create_ok("bob", 100).await;
+    let alice = server
+        .rt
+        .store()
+        .usage(&mcp_tasks::store::owner_key("t", "alice"))
+        .await
+        .unwrap();
+    assert_eq!(alice.tasks, 3);
+    let socket = server.rt.admin_socket().unwrap().unwrap();
+    let online: Value = serde_json::from_str(&store_stats_by_owner(&path, true)).unwrap();
+    assert_eq!(online["via_server"], true, "{online}");
+    assert_eq!(online["owners"][0]["tenant"], "t", "{online}");
+    assert_eq!(online["owners"][0]["principal"], "alice", "{online}");
+    assert_eq!(online["owners"][0]["tasks"], 3, "{online}");
+    assert_eq!(online["owners"][0]["bytes"], alice.bytes, "{online}");
+    assert_eq!(online["owners"][1]["principal"], "bob", "{online}");
+    assert_eq!(online["owners"].as_array().unwrap().len(), 2);
+    drop(socket);
+    let Server {
+        rt,
+        stop,
+        serving,
+        _dir: dir,
+        ..
+    } = server;
+    rt.begin_shutdown();
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(support::WAIT, serving).await;
+    rt.shutdown().await;
+    // Offline: the same figures, read from the file.
+    let text = store_stats_by_owner(&path, false);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[1].starts_with("TENANT"), "{text}");
+    assert!(
+        lines[2].contains("alice") && lines[2].contains(&alice.bytes.to_string()),
+        "{text}"
+    );
+    assert!(lines[3].contains("bob"), "{text}");
+    drop(dir);
 }

@@ -347,6 +347,34 @@ pub struct StatsReport {
     pub nodes: Vec<NodeInfo>,
 }
 
+/// `store stats --by-owner`: what each principal keeps in the store, from the usage counters
+/// the store keeps with its records (no record is read). These are the figures the disk
+/// quota (`serve --max-stored-bytes`) compares with its limit.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct OwnerUsageReport {
+    /// `redb` or `postgres`.
+    pub backend: String,
+    /// The location (a URL without password).
+    pub location: String,
+    /// Whether the figures came from a running server (its admin socket).
+    pub via_server: bool,
+    /// Each owner holding something, largest first (ties by tenant, then principal).
+    pub owners: Vec<OwnerUsage>,
+}
+
+/// One line of [`OwnerUsageReport`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct OwnerUsage {
+    /// The tenant.
+    pub tenant: String,
+    /// The principal within the tenant.
+    pub principal: String,
+    /// Stored tasks, live and finished (until the reaper deletes them).
+    pub tasks: u64,
+    /// Their stored bytes.
+    pub bytes: u64,
+}
+
 /// The oldest live task.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct OldestLive {
@@ -459,8 +487,15 @@ pub struct PurgeReport {
 
 /// The default page of `store list`.
 pub const DEFAULT_LIST_LIMIT: usize = 100;
-/// Records read per batch when scanning.
+/// The largest page of `store list` (a larger `--limit` is lowered to it; page on with
+/// `--after`): what one answer holds in memory, also in a running server's.
+pub const MAX_LIST_LIMIT: usize = 1000;
+/// Records read per batch when scanning (at most; see [`SCAN_BYTES`]). A scan ends with an
+/// empty batch.
 const SCAN_BATCH: usize = 1024;
+/// Bytes of records one scan batch holds at most (at least one record): records may be
+/// megabytes each, and a running server answers `stats` and `list` in its own memory.
+pub(crate) const SCAN_BYTES: usize = 16 * 1024 * 1024;
 
 /// A store opened for reading.
 pub(crate) enum Reader {
@@ -618,11 +653,55 @@ pub(crate) async fn stats_of(reader: &Reader, now_ms: u64) -> Result<StatsReport
                 }
             }
         }
-        if rows.len() < SCAN_BATCH {
-            break;
-        }
     }
     Ok(report)
+}
+
+/// `store stats --by-owner`.
+pub async fn usage_by_owner(location: &Location) -> Result<OwnerUsageReport, AdminError> {
+    match open_reader(location).await? {
+        Some(reader) => usage_of(&reader).await,
+        None => socket::ask(location, socket::Request::UsageByOwner).await,
+    }
+}
+
+pub(crate) async fn usage_of(reader: &Reader) -> Result<OwnerUsageReport, AdminError> {
+    let facts = reader.facts(now_ms()).await?;
+    let usage = match reader {
+        Reader::Redb(r) => r.usage_by_owner().await?,
+        #[cfg(feature = "postgres")]
+        Reader::Postgres(r) => r.usage_by_owner().await?,
+    };
+    let Some(usage) = usage else {
+        return Err(AdminError::Invalid(format!(
+            "{} has schema version {}, which keeps no usage per owner; it is converted when a server (or a writing store command) next opens it",
+            facts.location, facts.schema_version
+        )));
+    };
+    let mut owners: Vec<OwnerUsage> = usage
+        .into_iter()
+        .map(|(key, usage)| {
+            let (tenant, principal) =
+                crate::store::parse_owner_key(&key).unwrap_or((key.as_str(), ""));
+            OwnerUsage {
+                tenant: tenant.to_owned(),
+                principal: principal.to_owned(),
+                tasks: usage.tasks,
+                bytes: usage.bytes,
+            }
+        })
+        .collect();
+    owners.sort_by(|a, b| {
+        b.bytes
+            .cmp(&a.bytes)
+            .then_with(|| (&a.tenant, &a.principal).cmp(&(&b.tenant, &b.principal)))
+    });
+    Ok(OwnerUsageReport {
+        backend: facts.backend,
+        location: facts.location,
+        via_server: facts.via_server,
+        owners,
+    })
 }
 
 /// `store list`.
@@ -638,7 +717,10 @@ pub(crate) async fn list_of(
     filter: &Filter,
     now_ms: u64,
 ) -> Result<ListPage, AdminError> {
-    let limit = filter.limit.unwrap_or(DEFAULT_LIST_LIMIT).max(1);
+    let limit = filter
+        .limit
+        .unwrap_or(DEFAULT_LIST_LIMIT)
+        .clamp(1, MAX_LIST_LIMIT);
     let mut page = ListPage::default();
     let mut after = filter.after.clone();
     loop {
@@ -647,7 +729,6 @@ pub(crate) async fn list_of(
             return Ok(page);
         };
         after = Some(last.id.clone());
-        let full = rows.len() == SCAN_BATCH;
         for row in rows {
             match decode(&row) {
                 Ok(record) if filter.matches(&record, now_ms) => {
@@ -660,9 +741,6 @@ pub(crate) async fn list_of(
                 Ok(_) => {}
                 Err(_) => page.undecodable.push(row.id),
             }
-        }
-        if !full {
-            return Ok(page);
         }
     }
 }
@@ -752,9 +830,6 @@ pub(crate) async fn verify_of(reader: &Reader) -> Result<VerifyReport, AdminErro
                     report.undecodable.insert(row.id.clone(), e);
                 }
             }
-        }
-        if rows.len() < SCAN_BATCH {
-            break;
         }
     }
     report.index_problems = reader.index_problems().await?;
@@ -878,9 +953,6 @@ pub(crate) async fn select(
                     return Ok(out);
                 }
             }
-        }
-        if rows.len() < SCAN_BATCH {
-            break;
         }
     }
     Ok(out)

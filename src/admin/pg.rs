@@ -110,11 +110,15 @@ impl PgReader {
         let rows = self
             .client
             .query(
+                // At most `limit` rows and, past the first, `SCAN_BYTES` of snapshots.
                 &format!(
-                    "SELECT {COLUMNS} FROM mcp_tasks
-                     WHERE $1::text IS NULL OR id > $1 ORDER BY id LIMIT $2"
+                    "SELECT {COLUMNS} FROM (
+                        SELECT {COLUMNS}, sum(octet_length(bytes)) OVER (ORDER BY id) AS running
+                        FROM mcp_tasks WHERE $1::text IS NULL OR id > $1 ORDER BY id LIMIT $2
+                     ) AS page
+                     WHERE running - octet_length(bytes) < $3 ORDER BY id"
                 ),
-                &[&after, &limit],
+                &[&after, &limit, &(super::SCAN_BYTES as i64)],
             )
             .await
             .map_err(|e| pg_err(&self.label, &e))?;
@@ -171,7 +175,10 @@ impl PgReader {
             .client
             .query(
                 "SELECT t, pg_total_relation_size(t::regclass)
-                 FROM unnest(ARRAY['mcp_tasks', 'mcp_meta', 'mcp_nodes', 'mcp_schema']) AS t",
+                 FROM unnest(ARRAY['mcp_tasks', 'mcp_meta', 'mcp_nodes', 'mcp_schema']) AS t
+                 UNION ALL
+                 SELECT 'mcp_usage', pg_total_relation_size(to_regclass('mcp_usage'))
+                 WHERE to_regclass('mcp_usage') IS NOT NULL",
                 &[],
             )
             .await
@@ -192,6 +199,35 @@ impl PgReader {
             nodes: self.nodes().await?,
             ..StatsReport::default()
         })
+    }
+
+    /// The per-owner usage table, by owner key; `None` for a schema before version 3
+    /// (converted by the next server's open).
+    pub(crate) async fn usage_by_owner(
+        &self,
+    ) -> Result<Option<Vec<(String, crate::store::Usage)>>, AdminError> {
+        if self.schema_version().await? < 3 {
+            return Ok(None);
+        }
+        let rows = self
+            .client
+            .query(
+                "SELECT owner, tasks, bytes FROM mcp_usage ORDER BY owner",
+                &[],
+            )
+            .await
+            .map_err(|e| pg_err(&self.label, &e))?;
+        Ok(Some(
+            rows.iter()
+                .map(|r| {
+                    let usage = crate::store::Usage {
+                        tasks: u64::try_from(r.get::<_, i64>(1)).unwrap_or(0),
+                        bytes: u64::try_from(r.get::<_, i64>(2)).unwrap_or(0),
+                    };
+                    (r.get(0), usage)
+                })
+                .collect(),
+        ))
     }
 
     /// Refuses when a node heartbeat within the last minute.

@@ -16,8 +16,8 @@ use super::{AdminError, BackupReport, CompactReport, Dump, Row, Space, StatsRepo
 use crate::store::META_BOOT_EPOCH;
 use crate::store::RedbStore;
 use crate::store::redb_schema::{
-    DUE, LIVE, META, META_SCHEMA_VERSION, OwnerTables, RecordHeader, SCHEMA_VERSION, TASKS,
-    V1_DUE_BY_ID, V1_SEQ, create_private_file, old_due, owner_of_snapshot, replace_due,
+    DUE, LIVE, META, META_SCHEMA_VERSION, OWNERS, OwnerTables, RecordHeader, SCHEMA_VERSION, TASKS,
+    USAGE, V1_DUE_BY_ID, V1_SEQ, create_private_file, old_due, owner_of_snapshot, replace_due,
     stored_schema_version, upgrade_layout,
 };
 /// redb's default page size, used to turn page counts into bytes.
@@ -264,9 +264,14 @@ impl RedbReader {
             }
             .map_err(|e| err(&e))?;
             let mut out = Vec::new();
+            let mut held = 0;
             for entry in range.take(limit) {
                 let (id, bytes) = entry.map_err(|e| err(&e))?;
+                held += bytes.value().len();
                 out.push(indexes.row(path, id.value(), bytes.value())?);
+                if held >= super::SCAN_BYTES {
+                    break;
+                }
             }
             Ok(out)
         })
@@ -317,6 +322,8 @@ impl RedbReader {
                 add!(META);
                 add!(V1_DUE_BY_ID);
                 add!(V1_SEQ);
+                add!(OWNERS);
+                add!(USAGE);
                 Ok((epoch, pages * PAGE_SIZE, schema))
             })
             .await?;
@@ -334,6 +341,30 @@ impl RedbReader {
             },
             ..StatsReport::default()
         })
+    }
+
+    /// The per-owner usage table, by owner key; `None` for a file of a layout before it
+    /// (converted by the next writable open).
+    pub(crate) async fn usage_by_owner(
+        &self,
+    ) -> Result<Option<Vec<(String, crate::store::Usage)>>, AdminError> {
+        self.read(|path, txn| {
+            let err = |e: &dyn std::fmt::Display| redb_err(path, e);
+            let Some(table) = open_optional(path, txn, USAGE)? else {
+                return Ok(None);
+            };
+            let mut out = Vec::new();
+            for entry in table.iter().map_err(|e| err(&e))? {
+                let (owner, v) = entry.map_err(|e| err(&e))?;
+                let (tasks, bytes) = v.value();
+                out.push((
+                    owner.value().to_owned(),
+                    crate::store::Usage { tasks, bytes },
+                ));
+            }
+            Ok(Some(out))
+        })
+        .await
     }
 
     /// Index entries that name no stored task.
@@ -474,12 +505,9 @@ impl RedbReader {
         let mut after = None;
         loop {
             let batch = self.scan(after.clone(), super::SCAN_BATCH).await?;
-            let full = batch.len() == super::SCAN_BATCH;
-            after = batch.last().map(|r| r.id.clone());
+            let Some(last) = batch.last() else { break };
+            after = Some(last.id.clone());
             rows.extend(batch);
-            if !full {
-                break;
-            }
         }
         Ok(Dump { rows, meta })
     }

@@ -31,6 +31,7 @@ pub(crate) enum Request {
     Verify,
     Backup(PathBuf),
     PurgeDryRun(Filter),
+    UsageByOwner,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -249,6 +250,10 @@ async fn answer(reader: &Reader, request: Request) -> Response {
                 "a backup target must be an absolute path".into(),
             )),
         },
+        Request::UsageByOwner => super::usage_of(reader).await.map(|mut r| {
+            r.via_server = true;
+            to_value(&r)
+        }),
         Request::PurgeDryRun(filter) => super::select(reader, &filter, now).await.map(|tasks| {
             to_value(&super::PurgeReport {
                 tasks,

@@ -226,7 +226,7 @@ impl RedbStore {
 
     /// The usage of every owner that holds something, by owner key.
     pub async fn usage_by_owner(&self) -> Result<Vec<(String, Usage)>, StoreError> {
-        self.read(|txn| usage_table(txn)).await
+        self.read(usage_table).await
     }
 
     /// Runs `f` in one read transaction on the blocking pool (store administration reads the

@@ -173,6 +173,41 @@ impl<'t> OwnerTables<'t> {
         })
     }
 
+    /// Replaces the record of `id` whose `tasks` value had the owner entry and length `old`
+    /// (`None`: not stored) by the value `new`, in the index and the usage. The common case —
+    /// the same owner entry, another size — writes only the usage (every table a transaction
+    /// writes costs its commit pages), and nothing when the size is the same.
+    pub(crate) fn replace(
+        &mut self,
+        id: &str,
+        old: Option<(Option<OwnerEntry>, usize)>,
+        new: &[u8],
+    ) -> Result<(), redb::Error> {
+        let new_owner = RecordHeader::decode(new).ok().and_then(|(h, _)| h.owner);
+        let Some((old_owner, old_len)) = old else {
+            return self.account(id, new, 1);
+        };
+        if old_owner != new_owner {
+            if let Some(owner) = old_owner {
+                self.change(id, &owner, (id.len() + old_len) as u64, -1)?;
+            }
+            return self.account(id, new, 1);
+        }
+        let Some(owner) = new_owner else {
+            return Ok(());
+        };
+        if old_len == new.len() {
+            return Ok(());
+        }
+        let key = owner.owner.as_str();
+        let (tasks, bytes) = self.usage.get(key)?.map_or((0, 0), |v| v.value());
+        let bytes = bytes
+            .saturating_sub(old_len as u64)
+            .saturating_add(new.len() as u64);
+        self.usage.insert(key, (tasks.max(1), bytes))?;
+        Ok(())
+    }
+
     /// Adds (`sign` > 0) or removes the `tasks` value `value` of `id` to or from its owner's
     /// index entry and usage; nothing for a record without an owner or a damaged one.
     pub(crate) fn account(&mut self, id: &str, value: &[u8], sign: i8) -> Result<(), redb::Error> {
@@ -185,8 +220,18 @@ impl<'t> OwnerTables<'t> {
         else {
             return Ok(());
         };
+        self.change(id, &owner, (id.len() + value.len()) as u64, sign)
+    }
+
+    /// Adds (`sign` > 0) or removes the record of `id`, `size` bytes, of `owner`.
+    fn change(
+        &mut self,
+        id: &str,
+        owner: &OwnerEntry,
+        size: u64,
+        sign: i8,
+    ) -> Result<(), redb::Error> {
         let key = owner.owner.as_str();
-        let size = (id.len() + value.len()) as u64;
         let mut usage = match self.usage.get(key)? {
             Some(v) => {
                 let (tasks, bytes) = v.value();

@@ -360,24 +360,24 @@ fn apply_jobs_to(
                     let id = id.as_str();
                     // The old due time and owner come from the header of the record this put
                     // replaces (a put without an owner keeps the stored one).
-                    let (old, old_owner) = {
+                    let (old, previous) = {
                         let stored = tasks.get(id)?;
                         let value = stored.as_ref().map(|v| v.value());
-                        if let Some(value) = value {
-                            owners.account(id, value, -1)?;
-                        }
-                        let old_owner = value
-                            .and_then(|v| RecordHeader::decode(v).ok())
-                            .and_then(|(h, _)| h.owner);
-                        (old_due(value), old_owner)
+                        let previous = value.map(|v| {
+                            let owner = RecordHeader::decode(v).ok().and_then(|(h, _)| h.owner);
+                            (owner, v.len())
+                        });
+                        (old_due(value), previous)
                     };
                     let header = RecordHeader {
                         seq: *seq,
                         due_ms: *due_ms,
-                        owner: owner.clone().or(old_owner),
+                        owner: owner
+                            .clone()
+                            .or_else(|| previous.as_ref().and_then(|(o, _)| o.clone())),
                     };
                     let value = header.encode(bytes);
-                    owners.account(id, &value, 1)?;
+                    owners.replace(id, previous, &value)?;
                     tasks.insert(id, value.as_slice())?;
                     if *is_live {
                         if live.get(id)?.is_none() {
