@@ -51,11 +51,12 @@ pub struct ServeOptions {
     /// Connections open at once (default 1,024); keep it below the process's file limit.
     pub max_connections: usize,
     /// Connections one peer address (an IPv6 peer: its /64 prefix) may hold before a request
-    /// on them has authenticated (default 64). Behind a reverse proxy every connection comes
-    /// from the proxy's address: raise it there (`usize::MAX` disables the cap).
+    /// on them has authenticated. Unlimited by default (an embedder decides; `mcp-tasks
+    /// serve` uses 64). Behind a reverse proxy every connection comes from the proxy's
+    /// address: leave it unlimited or high there.
     pub max_unauthenticated_per_address: usize,
-    /// Connections one principal may hold once a request on them has authenticated
-    /// (default 256).
+    /// Connections one principal may hold once a request on them has authenticated.
+    /// Unlimited by default (an embedder decides; `mcp-tasks serve` uses 256).
     pub max_connections_per_principal: usize,
     /// Time to receive a request's head (default 10 s); also how long an idle keep-alive
     /// connection stays open.
@@ -69,8 +70,8 @@ impl Default for ServeOptions {
     fn default() -> Self {
         Self {
             max_connections: 1024,
-            max_unauthenticated_per_address: 64,
-            max_connections_per_principal: 256,
+            max_unauthenticated_per_address: usize::MAX,
+            max_connections_per_principal: usize::MAX,
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
         }
