@@ -515,3 +515,51 @@ impl AsyncWrite for StallTimeout {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_are_counted_by_ipv4_address_or_ipv6_prefix() {
+        let key = |s: &str| address_key(s.parse().unwrap());
+        assert_eq!(key("192.0.2.7"), key("192.0.2.7"));
+        assert_ne!(key("192.0.2.7"), key("192.0.2.8"));
+        // An IPv4-mapped IPv6 peer is its IPv4 address.
+        assert_eq!(key("::ffff:192.0.2.7"), key("192.0.2.7"));
+        // One /64 is one peer.
+        assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff::9"));
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
+    }
+
+    #[test]
+    fn the_oldest_idle_unauthenticated_connection_makes_room() {
+        let registry = Arc::new(Registry::new(
+            &ServeOptions::default()
+                .max_connections(3)
+                .max_unauthenticated_per_address(2),
+        ));
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let b: IpAddr = "192.0.2.2".parse().unwrap();
+        let (first, mut first_closed) = registry.admit(a).unwrap();
+        let (second, mut second_closed) = registry.admit(a).unwrap();
+        // A third from `a` closes `a`'s oldest idle one.
+        let _busy = second.busy();
+        let (_third, _) = registry.admit(a).unwrap();
+        assert!(first_closed.try_recv().is_ok());
+        drop(first);
+        // `second` is busy, the third idle: a fourth from `a` closes the third.
+        let (fourth, _) = registry.admit(a).unwrap();
+        assert!(second_closed.try_recv().is_err());
+        // Authenticated connections are never closed to make room.
+        second.authenticated(&Owner::new("t", "p")).unwrap();
+        fourth.authenticated(&Owner::new("t", "q")).unwrap();
+        let (fifth, _) = registry.admit(b).unwrap();
+        // Full, and the only unauthenticated one is busy: a new connection is refused.
+        let busy = fifth.busy();
+        assert!(matches!(registry.admit(b), Err(Refusal::Full(3))));
+        // Idle again, it makes room.
+        drop(busy);
+        assert!(registry.admit(b).is_ok());
+    }
+}
