@@ -73,6 +73,8 @@ const TOKENS: &[(&str, &str, &str, &[&str])] = &[
     // Same principal name as acme's alice, in another tenant.
     ("alice-at-globex-token", "globex", "alice", &["tasks"]),
     ("unscoped-token", "acme", "dave", &[]),
+    // acme's alice again, read-only.
+    ("alice-reader-token", "acme", "alice", &["tasks:read"]),
 ];
 
 async fn start() -> Server {
@@ -530,4 +532,105 @@ async fn a_new_store_file_is_readable_by_its_owner_only() {
     rt.shutdown().await;
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "mode {mode:o}");
+}
+
+/// A `tasks:read` credential reads and follows its principal's tasks but cannot create,
+/// answer or cancel one: `403 insufficient_scope`, in both protocol eras, static tokens and
+/// JWTs alike, and the task is left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_credential_reads_but_never_writes() {
+    let server = start().await;
+    let addr = server.addr;
+    let task = create(addr, "alice-token").await;
+    let reader = "alice-reader-token";
+
+    // Reads: tasks/get, subscriptions/listen, discovery.
+    let r = post(addr, Some(reader), &get(&task)).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["result"]["taskId"], task);
+    assert_eq!(r.json()["result"]["status"], "input_required");
+    let r = post(addr, Some(reader), &listen(&[&task])).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        first_event(&r)["params"]["notifications"]["taskIds"],
+        json!([task])
+    );
+    assert_eq!(post(addr, Some(reader), &discover()).await.status, 200);
+
+    // Writes: 403 insufficient_scope, nothing done.
+    let call = request(
+        json!(3),
+        "tools/call",
+        json!({ "name": "confirm", "arguments": {} }),
+    );
+    let jwt_reader = {
+        let mut c = claims(&server, "erin");
+        c["scope"] = json!("tasks:read profile");
+        jwt(c)
+    };
+    for (token, body) in [
+        (reader, call.clone()),
+        (reader, update(&task)),
+        (reader, cancel(&task)),
+        (jwt_reader.as_str(), call.clone()),
+    ] {
+        let r = post(addr, Some(token), &body).await;
+        assert_eq!(
+            r.status,
+            403,
+            "{}: {}",
+            body["method"],
+            String::from_utf8_lossy(&r.body)
+        );
+        assert!(
+            challenge(&r).contains("error=\"insufficient_scope\""),
+            "{}",
+            challenge(&r)
+        );
+        assert!(
+            r.json()["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("tasks:read"),
+            "{}",
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    // The JWT reader reads (its own, empty, view).
+    assert_eq!(post(addr, Some(&jwt_reader), &discover()).await.status, 200);
+    let r = post(addr, Some("alice-token"), &get(&task)).await;
+    assert_eq!(r.json()["result"]["status"], "input_required");
+    assert_eq!(
+        server
+            .rt
+            .as_ref()
+            .unwrap()
+            .store()
+            .tasks()
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // The legacy era: a session, a legacy tasks/get, and the same refusals.
+    let url = format!("http://{addr}/mcp");
+    let mut legacy = support::legacy::Client::new(&url).with_token(reader);
+    legacy.initialize(json!({})).await;
+    let got = legacy
+        .result(1, "tasks/get", json!({ "taskId": task }))
+        .await;
+    assert_eq!(got["taskId"], task, "{got}");
+    for body in [
+        json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": { "name": "confirm", "arguments": {}, "task": {} } }),
+        json!({ "jsonrpc": "2.0", "id": 3, "method": "tasks/cancel", "params": { "taskId": task } }),
+        json!({ "jsonrpc": "2.0", "id": 4, "result": { "action": "accept", "content": { "ok": true } } }),
+    ] {
+        let status = legacy.post(&body).await.status();
+        assert_eq!(status, 403, "{body}");
+    }
+    let r = post(addr, Some("alice-token"), &get(&task)).await;
+    assert_eq!(r.json()["result"]["status"], "input_required");
+    server.stop().await;
 }

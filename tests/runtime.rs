@@ -930,3 +930,91 @@ async fn a_step_gets_a_stable_idempotency_key_and_its_attempt(backend: Backend) 
     place.finish().await;
 }
 }
+
+/// A live task of another owner answers like an unknown id (`-32602`, the same message)
+/// after the same work: one store read each, for `tasks/get`, `tasks/cancel`,
+/// `tasks/update` and a listen's task ids, so the time of the answer cannot tell the two
+/// apart. The owner of a live task is served from memory.
+#[tokio::test]
+async fn a_foreign_task_costs_the_store_read_an_unknown_id_costs() {
+    let memory = Arc::new(mcp_tasks::store::MemoryStore::new());
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let waits = {
+        let gate = gate.clone();
+        tool_fn(
+            ToolDescriptor::new("waits", "runs until released").task_policy(TaskPolicy::Always),
+            move |_ctx, _args| {
+                let gate = gate.clone();
+                async move {
+                    gate.notified().await;
+                    Ok(CallToolResult::text("done"))
+                }
+            },
+        )
+    };
+    let rt = Runtime::builder_with_store(mcp_tasks::store::Store::from_backend(memory.clone()))
+        .tool(waits)
+        .start()
+        .await
+        .unwrap();
+    let task = create(&rt, "waits", json!({})).await;
+    wait_status(&rt, &task, "working").await;
+    let unknown = format!("tsk_{}", "0".repeat(32));
+    let mallory = Owner::new("other", "mallory");
+    let as_mallory = |method: &str, id: &str| {
+        let params = match method {
+            "subscriptions/listen" => json!({ "notifications": { "taskIds": [id] } }),
+            "tasks/update" => json!({ "taskId": id, "inputResponses": {} }),
+            _ => json!({ "taskId": id }),
+        };
+        req(1, method, params, true)
+    };
+    for method in [
+        "tasks/get",
+        "tasks/cancel",
+        "tasks/update",
+        "subscriptions/listen",
+    ] {
+        let mut answers = Vec::new();
+        let mut reads = Vec::new();
+        for id in [task.as_str(), unknown.as_str()] {
+            let before = memory.reads();
+            let answer = match rt
+                .handle()
+                .dispatch_json(
+                    as_mallory(method, id),
+                    &mcp_tasks::RequestContext::new(mallory.clone()),
+                )
+                .await
+            {
+                mcp_tasks::Dispatched::Reply(reply) => reply.body().into_owned(),
+                mcp_tasks::Dispatched::Stream(mut stream) => {
+                    use futures::StreamExt;
+                    stream.next().await.expect("the acknowledgement")
+                }
+                mcp_tasks::Dispatched::Accepted => panic!("{method} is a request"),
+            };
+            reads.push(memory.reads() - before);
+            answers.push(answer);
+        }
+        assert_eq!(
+            answers[0], answers[1],
+            "{method}: a foreign task reads like an unknown id"
+        );
+        assert_eq!(
+            reads[0], reads[1],
+            "{method}: the same store reads for both"
+        );
+        assert!(
+            reads[0] >= 1,
+            "{method}: an unknown id is looked up in the store"
+        );
+    }
+    // The owner's own live task is served from memory.
+    let before = memory.reads();
+    assert_eq!(get(&rt, &task).await["result"]["status"], "working");
+    assert_eq!(memory.reads(), before);
+    gate.notify_one();
+    wait_status(&rt, &task, "completed").await;
+    rt.shutdown().await;
+}

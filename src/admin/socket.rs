@@ -1,8 +1,9 @@
 //! The admin socket: how `mcp-tasks store …` reads a redb store that a running server holds.
 //!
 //! redb lets one process open a file, so a server that runs on `tasks.redb` listens on the
-//! Unix socket `tasks.redb.admin.sock` beside it (created `0600`: only the store's owner can
-//! connect, as only they can read the file). A command connects, writes one JSON request
+//! Unix socket `tasks.redb.admin.sock` beside it (`0600`: only the store's owner can
+//! connect, as only they can read the file; bound in a private `0700` directory and renamed
+//! into place, so it never exists with wider permissions, whatever the umask). A command connects, writes one JSON request
 //! line, and reads one JSON response line. The server answers from read transactions of its
 //! own — the same code the command runs on a file no server holds — so an answer never blocks
 //! the server's writer and never changes the store. Only reading commands are served (and
@@ -161,7 +162,6 @@ impl crate::runtime::Runtime {
 /// lock, so no other server can be using it.
 #[cfg(unix)]
 pub(crate) fn bind(store: RedbStore, store_path: &Path) -> Result<AdminSocket, AdminError> {
-    use std::os::unix::fs::PermissionsExt;
     let path = socket_path(store_path);
     let sock_err = |detail: String| AdminError::Socket {
         path: path.clone(),
@@ -172,9 +172,7 @@ pub(crate) fn bind(store: RedbStore, store_path: &Path) -> Result<AdminSocket, A
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(sock_err(format!("cannot remove the old socket: {e}"))),
     }
-    let listener = tokio::net::UnixListener::bind(&path).map_err(|e| sock_err(e.to_string()))?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| sock_err(format!("cannot restrict it to its owner: {e}")))?;
+    let listener = bind_owner_only(&path, |_| {}).map_err(|e| sock_err(e.to_string()))?;
     let store_path = store_path.to_path_buf();
     let task = tokio::spawn(async move {
         loop {
@@ -196,6 +194,55 @@ pub(crate) fn bind(store: RedbStore, store_path: &Path) -> Result<AdminSocket, A
     });
     tracing::info!(path = %path.display(), "admin socket listening (mcp-tasks store … reads the live store through it)");
     Ok(AdminSocket { path, task })
+}
+
+/// Binds a Unix socket at `path` that is never reachable by anyone but this user, whatever the
+/// process's umask: it is bound inside a new directory beside `path` created `0700` (a umask
+/// can only narrow that), set `0600` there, and then renamed to `path` (an atomic rename in
+/// the same directory), so `path` appears with its final mode. Binding at `path` and then
+/// changing the mode would leave a window in which a socket made with a permissive umask
+/// accepts anyone's connection. A umask set around the bind would be process-wide (racing
+/// every other thread that creates files), and a peer-credential check would need a
+/// platform-specific call on each connection; the private directory needs neither.
+/// `before_publish` sees the bound socket inside its directory, before the rename (tests).
+#[cfg(unix)]
+fn bind_owner_only(
+    path: &Path,
+    before_publish: impl FnOnce(&Path),
+) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static STAGINGS: AtomicU32 = AtomicU32::new(0);
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    // Short, so that a path that fits a socket address fits here too.
+    let staging = parent.join(format!(
+        ".adm{:x}-{:x}",
+        std::process::id(),
+        STAGINGS.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut builder = std::fs::DirBuilder::new();
+    builder.mode(0o700);
+    if let Err(e) = builder.create(&staging) {
+        if e.kind() != std::io::ErrorKind::AlreadyExists {
+            return Err(e);
+        }
+        // Left by an earlier process with this id that crashed: never reuse it, replace it.
+        std::fs::remove_dir_all(&staging)?;
+        builder.create(&staging)?;
+    }
+    let bound = (|| {
+        let staged = staging.join("s");
+        let listener = tokio::net::UnixListener::bind(&staged)?;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
+        before_publish(&staged);
+        std::fs::rename(&staged, path)?;
+        Ok(listener)
+    })();
+    let _ = std::fs::remove_dir_all(&staging);
+    bound
 }
 
 #[cfg(not(unix))]
@@ -270,4 +317,52 @@ async fn answer(reader: &Reader, request: Request) -> Response {
 
 fn to_value<T: Serialize>(v: &T) -> serde_json::Value {
     serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+
+    use super::*;
+
+    /// The socket is bound and restricted where nobody else can reach it, and appears at its
+    /// path already `0600`: there is no moment at which its path accepts anyone else's
+    /// connection, whatever the umask.
+    #[tokio::test]
+    async fn the_admin_socket_appears_with_its_final_permissions() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.redb.admin.sock");
+        let mut seen = false;
+        let listener = bind_owner_only(&path, |staged| {
+            assert!(
+                !path.exists(),
+                "nothing at the final path before the rename"
+            );
+            let parent = staged.parent().unwrap();
+            assert!(parent.starts_with(dir.path()) && parent != dir.path());
+            let dir_mode = std::fs::metadata(parent).unwrap().permissions().mode();
+            assert_eq!(dir_mode & 0o077, 0, "a private directory: {dir_mode:o}");
+            let mode = std::fs::symlink_metadata(staged)
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600);
+            seen = true;
+        })
+        .unwrap();
+        assert!(seen);
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        // The renamed socket still listens, and the staging directory is gone.
+        let (connected, accepted) =
+            tokio::join!(tokio::net::UnixStream::connect(&path), listener.accept());
+        connected.unwrap();
+        accepted.unwrap();
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("t.redb.admin.sock")]);
+    }
 }

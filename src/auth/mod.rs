@@ -61,7 +61,41 @@ impl Identity {
         self.scopes.extend(scopes.into_iter().map(Into::into));
         self
     }
+
+    /// Whether this caller may only read ([`READ_ONLY_SCOPE`]), on a server that requires
+    /// `required` scopes for full access.
+    pub fn is_read_only(&self, required: &[String]) -> bool {
+        self.scopes.contains(READ_ONLY_SCOPE)
+            && (required.is_empty() || required.iter().any(|s| !self.scopes.contains(s)))
+    }
 }
+
+/// Whether the JSON-RPC message `message` changes something (a [`WRITE_METHODS`] call, or a
+/// response to one of the server's requests, which answers a task's input request).
+pub(crate) fn is_write(message: &Value) -> bool {
+    match message.get("method") {
+        Some(method) => method.as_str().is_some_and(|m| WRITE_METHODS.contains(&m)),
+        None => message.get("result").is_some() || message.get("error").is_some(),
+    }
+}
+
+/// The read-only scope. A credential that carries it may read tasks and follow them
+/// (`tasks/get`, `subscriptions/listen`, listings, `server/discover`, legacy `tasks/get`,
+/// `tasks/result` and `tasks/list`, ...) but not change anything: `tools/call`,
+/// `tasks/update`, `tasks/cancel`, `notifications/cancelled` and a legacy client's answers to
+/// the server's input requests are `403` with `error="insufficient_scope"`. It is read-only
+/// unless the server requires scopes ([`ProtectedResource::scopes`]) and it carries all of
+/// them too; with required scopes, a credential that lacks one of them but carries
+/// `tasks:read` is admitted read-only instead of refused.
+pub const READ_ONLY_SCOPE: &str = "tasks:read";
+
+/// Methods a read-only credential may not call (they create, answer or cancel work).
+pub(crate) const WRITE_METHODS: &[&str] = &[
+    "tools/call",
+    "tasks/update",
+    "tasks/cancel",
+    "notifications/cancelled",
+];
 
 /// Why a request is not authenticated or not authorized.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -430,6 +464,44 @@ mod tests {
             root.metadata_path(),
             "/.well-known/oauth-protected-resource"
         );
+    }
+
+    #[test]
+    fn read_only_credentials() {
+        let owner = Owner::new("t", "p");
+        let reader = Identity::new(owner.clone()).with_scopes([READ_ONLY_SCOPE]);
+        let full = Identity::new(owner.clone()).with_scopes(["mcp:tasks"]);
+        let both = Identity::new(owner.clone()).with_scopes(["mcp:tasks", READ_ONLY_SCOPE]);
+        let none = Identity::new(owner);
+        assert!(reader.is_read_only(&[]));
+        assert!(both.is_read_only(&[]));
+        assert!(!full.is_read_only(&[]));
+        assert!(!none.is_read_only(&[]));
+        let required = ["mcp:tasks".to_owned()];
+        assert!(reader.is_read_only(&required));
+        assert!(!both.is_read_only(&required));
+        assert!(!full.is_read_only(&required));
+        assert!(!none.is_read_only(&required));
+
+        for write in [
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call"}),
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tasks/update"}),
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tasks/cancel"}),
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled"}),
+            json!({"jsonrpc": "2.0", "id": 1, "result": {}}),
+            json!({"jsonrpc": "2.0", "id": 1, "error": {"code": 1, "message": "no"}}),
+        ] {
+            assert!(is_write(&write), "{write}");
+        }
+        for read in [
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tasks/get"}),
+            json!({"jsonrpc": "2.0", "id": 1, "method": "subscriptions/listen"}),
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tasks/result"}),
+            json!({"jsonrpc": "2.0", "id": 1, "method": "initialize"}),
+            json!([1, 2]),
+        ] {
+            assert!(!is_write(&read), "{read}");
+        }
     }
 
     #[test]

@@ -78,7 +78,7 @@ impl Dispatcher {
             if !seen.insert(task.clone()) {
                 continue;
             }
-            if let Some(record) = self.shared.load(&task).await?
+            if let Some(record) = self.shared.load_for(&task, &ctx.owner).await?
                 && record.owner.same_as(&ctx.owner)
                 && !record.is_expired(now)
             {

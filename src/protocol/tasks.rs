@@ -24,9 +24,9 @@ enum Command {
 
 impl Dispatcher {
     /// Resolves a task id for `ctx`'s owner: malformed, unknown, foreign and expired ids are
-    /// all `-32602`; a foreign task reads exactly like an unknown one. The owner check comes
-    /// after the store read on one code path for every well-formed id, and compares in
-    /// constant time; only the owner learns that a task expired.
+    /// all `-32602`; a foreign task reads exactly like an unknown one, after the same work (a
+    /// store read, also for another owner's live task: [`crate::shared::Shared::load_for`]).
+    /// The owner check compares in constant time; only the owner learns that a task expired.
     async fn resolve(
         &self,
         raw_id: &str,
@@ -35,7 +35,7 @@ impl Dispatcher {
         let id = TaskId::parse(raw_id).map_err(RpcError::invalid_params)?;
         let record = self
             .shared
-            .load(&id)
+            .load_for(&id, &ctx.owner)
             .await?
             .ok_or_else(RpcError::task_not_found)?;
         if !record.owner.same_as(&ctx.owner) {

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use crate::clock::Clock;
 use crate::persist;
 use crate::store::{Expect, Store, WriteOp};
-use crate::task::{TaskId, TaskRecord};
+use crate::task::{Owner, TaskId, TaskRecord};
 use crate::tool::ToolRegistry;
 
 /// What every actor and the dispatcher of one runtime share. Nothing here is global: two
@@ -119,6 +119,31 @@ impl Shared {
             return Ok(Some(snapshot));
         }
         Ok(stored)
+    }
+
+    /// The task `id` as [`Shared::load`] serves it, when `owner` owns it; `None` for an
+    /// unknown id and for another owner's task alike, after the same work. A live task is
+    /// served from memory, which an unknown id cannot be; so a live task of another owner is
+    /// read from the store as well, exactly as an unknown id is, and the time of the answer
+    /// does not tell the two apart. Test:
+    /// `tests/runtime.rs` `a_foreign_task_costs_the_store_read_an_unknown_id_costs`.
+    pub(crate) async fn load_for(
+        &self,
+        id: &TaskId,
+        owner: &Owner,
+    ) -> Result<Option<Arc<TaskRecord>>, RuntimeError> {
+        if !self.store.is_shared()
+            && let Some(snapshot) = self.live.snapshot(id)
+        {
+            if snapshot.owner.same_as(owner) {
+                return Ok(Some(snapshot));
+            }
+            let _ = self.load_stored(id).await?;
+            let _ = self.live.snapshot(id);
+            return Ok(None);
+        }
+        let record = self.load(id).await?;
+        Ok(record.filter(|r| r.owner.same_as(owner)))
     }
 
     /// The task as the store has it.

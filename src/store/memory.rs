@@ -20,6 +20,8 @@ pub struct MemoryStore {
     closed: AtomicBool,
     commits: AtomicU64,
     ops: AtomicU64,
+    /// Task records looked up by id (`get`, and each id of `get_many`).
+    reads: AtomicU64,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -160,6 +162,12 @@ impl MemoryStore {
         MemoryStore::default()
     }
 
+    /// Task records looked up by id since creation (`get`, and each id of `get_many`): what
+    /// a request cost in store reads, for tests.
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
+    }
+
     fn state(&self) -> Result<MutexGuard<'_, State>, StoreError> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(StoreError::Closed);
@@ -193,11 +201,13 @@ impl TaskStore for MemoryStore {
         Box::pin(std::future::ready(self.commit_now(ops)))
     }
     fn get<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
         Box::pin(std::future::ready(
             self.state().map(|s| s.tasks.get(id).cloned()),
         ))
     }
     fn get_many(&self, ids: Vec<String>) -> StoreFuture<'_, Vec<Option<Vec<u8>>>> {
+        self.reads.fetch_add(ids.len() as u64, Ordering::Relaxed);
         Box::pin(std::future::ready(self.state().map(|s| {
             ids.iter().map(|id| s.tasks.get(id).cloned()).collect()
         })))

@@ -9,12 +9,15 @@
 //!    twice, or a `Host` port that is not a port number → `403`;
 //! 2. the [`HttpConfig::authenticator`] runs on the request head, before any of the body is
 //!    read: no or a bad credential → `401`, a credential without a scope that
-//!    [`HttpConfig::resource`] requires → `403`, both with `WWW-Authenticate: Bearer
+//!    [`HttpConfig::resource`] requires (and not the read-only [`crate::auth::READ_ONLY_SCOPE`])
+//!    → `403`, both with `WWW-Authenticate: Bearer
 //!    resource_metadata="…"` (RFC 6750 §3, RFC 9728 §5.1); the verifier unavailable → `503`;
 //! 3. more than [`HttpConfig::max_requests_per_principal`] requests of this caller in progress
 //!    (an open SSE stream counts until it closes) → `429` with `Retry-After`;
 //! 4. body larger than [`HttpConfig::max_body_bytes`] → `413`; not received within
-//!    [`HttpConfig::body_timeout`] → `408`;
+//!    [`HttpConfig::body_timeout`] → `408`; a read-only credential's message that changes
+//!    something (`tools/call`, `tasks/update`, `tasks/cancel`, ...) → `403`
+//!    `insufficient_scope`;
 //! 5. `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` are trimmed and `=?base64?…?=`-decoded
 //!    into [`RoutingHeaders`] and the message is dispatched;
 //! 6. [`Dispatched::Accepted`] → `202` (no body), [`Dispatched::Reply`] → its status with one compact
@@ -523,6 +526,11 @@ async fn respond(endpoint: &Arc<Endpoint>, request: Request) -> (Response, &'sta
         }
     };
 
+    // A read-only credential (`tasks:read`) reads, in both eras.
+    if let Some(refusal) = refuse_write(config, &identity, &body) {
+        return (refusal, "read-only");
+    }
+
     // A legacy session's message (or initialize) goes to the legacy adapter.
     if let Some(message) = legacy::is_legacy_post(&parts.headers, &body) {
         return legacy::post(endpoint, &parts.headers, identity.owner, message, in_flight).await;
@@ -643,7 +651,9 @@ async fn authenticate(
     let result = result.and_then(|identity| match &config.resource {
         Some(resource) => {
             let missing = resource.missing_scopes(&identity);
-            if missing.is_empty() {
+            // A read-only credential is admitted; what it asks for is checked once the
+            // message is read.
+            if missing.is_empty() || identity.scopes.contains(crate::auth::READ_ONLY_SCOPE) {
                 Ok(identity)
             } else {
                 Err(AuthError::InsufficientScope(missing))
@@ -656,7 +666,52 @@ async fn authenticate(
         Err(error) => error,
     };
     tracing::info!(reason = %error, "request refused by authentication");
-    let (status, message) = match &error {
+    Err(auth_refusal(config, &error, None))
+}
+
+/// Whether `identity` may only read on this server.
+fn read_only(config: &HttpConfig, identity: &Identity) -> bool {
+    let required = config.resource.as_ref().map_or(&[][..], |r| &r.scopes[..]);
+    identity.is_read_only(required)
+}
+
+/// `403 insufficient_scope` for a read-only caller whose message `body` changes something;
+/// `None` when it only reads.
+fn refuse_write(config: &HttpConfig, identity: &Identity, body: &[u8]) -> Option<Response> {
+    if !read_only(config, identity) {
+        return None;
+    }
+    let message: Value = serde_json::from_slice(body).ok()?;
+    if !crate::auth::is_write(&message) {
+        return None;
+    }
+    let what = message
+        .get("method")
+        .and_then(Value::as_str)
+        .unwrap_or("an answer to the server's request");
+    tracing::info!(
+        method = %crate::telemetry::method_label(what),
+        "request refused: a read-only credential asked for a write"
+    );
+    let required = config
+        .resource
+        .as_ref()
+        .map(|r| r.scopes.clone())
+        .unwrap_or_default();
+    let message = format!(
+        "Forbidden: the bearer token grants `{}` only, and {what} changes a task",
+        crate::auth::READ_ONLY_SCOPE
+    );
+    Some(auth_refusal(
+        config,
+        &AuthError::InsufficientScope(required),
+        Some(message),
+    ))
+}
+
+/// The `401`/`403`/`503` response for `error` (`message` replaces the default text).
+fn auth_refusal(config: &HttpConfig, error: &AuthError, message: Option<String>) -> Response {
+    let (status, default_message) = match error {
         AuthError::InsufficientScope(_) => (StatusCode::FORBIDDEN, format!("Forbidden: {error}")),
         AuthError::Unavailable(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -664,10 +719,11 @@ async fn authenticate(
         ),
         _ => (StatusCode::UNAUTHORIZED, format!("Unauthorized: {error}")),
     };
+    let message = message.unwrap_or(default_message);
     let mut response = transport_error(status, None, &message);
     let challenge = match &config.resource {
-        Some(resource) => resource.challenge(&error),
-        None => match &error {
+        Some(resource) => resource.challenge(error),
+        None => match error {
             AuthError::InvalidToken(_) => "Bearer error=\"invalid_token\"".to_owned(),
             AuthError::InsufficientScope(_) => "Bearer error=\"insufficient_scope\"".to_owned(),
             _ => "Bearer".to_owned(),
@@ -685,7 +741,7 @@ async fn authenticate(
             .headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
     }
-    Err(response)
+    response
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -51,11 +51,12 @@ pub struct ServeOptions {
     /// Connections open at once (default 1,024); keep it below the process's file limit.
     pub max_connections: usize,
     /// Connections one peer address (an IPv6 peer: its /64 prefix) may hold before a request
-    /// on them has authenticated (default 64). Behind a reverse proxy every connection comes
-    /// from the proxy's address: raise it there (`usize::MAX` disables the cap).
+    /// on them has authenticated. Unlimited by default (an embedder decides; `mcp-tasks
+    /// serve` uses 64). Behind a reverse proxy every connection comes from the proxy's
+    /// address: leave it unlimited or high there.
     pub max_unauthenticated_per_address: usize,
-    /// Connections one principal may hold once a request on them has authenticated
-    /// (default 256).
+    /// Connections one principal may hold once a request on them has authenticated.
+    /// Unlimited by default (an embedder decides; `mcp-tasks serve` uses 256).
     pub max_connections_per_principal: usize,
     /// Time to receive a request's head (default 10 s); also how long an idle keep-alive
     /// connection stays open.
@@ -69,8 +70,8 @@ impl Default for ServeOptions {
     fn default() -> Self {
         Self {
             max_connections: 1024,
-            max_unauthenticated_per_address: 64,
-            max_connections_per_principal: 256,
+            max_unauthenticated_per_address: usize::MAX,
+            max_connections_per_principal: usize::MAX,
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
         }
@@ -512,5 +513,53 @@ impl AsyncWrite for StallTimeout {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_are_counted_by_ipv4_address_or_ipv6_prefix() {
+        let key = |s: &str| address_key(s.parse().unwrap());
+        assert_eq!(key("192.0.2.7"), key("192.0.2.7"));
+        assert_ne!(key("192.0.2.7"), key("192.0.2.8"));
+        // An IPv4-mapped IPv6 peer is its IPv4 address.
+        assert_eq!(key("::ffff:192.0.2.7"), key("192.0.2.7"));
+        // One /64 is one peer.
+        assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff::9"));
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
+    }
+
+    #[test]
+    fn the_oldest_idle_unauthenticated_connection_makes_room() {
+        let registry = Arc::new(Registry::new(
+            &ServeOptions::default()
+                .max_connections(3)
+                .max_unauthenticated_per_address(2),
+        ));
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let b: IpAddr = "192.0.2.2".parse().unwrap();
+        let (first, mut first_closed) = registry.admit(a).unwrap();
+        let (second, mut second_closed) = registry.admit(a).unwrap();
+        // A third from `a` closes `a`'s oldest idle one.
+        let _busy = second.busy();
+        let (_third, _) = registry.admit(a).unwrap();
+        assert!(first_closed.try_recv().is_ok());
+        drop(first);
+        // `second` is busy, the third idle: a fourth from `a` closes the third.
+        let (fourth, _) = registry.admit(a).unwrap();
+        assert!(second_closed.try_recv().is_err());
+        // Authenticated connections are never closed to make room.
+        second.authenticated(&Owner::new("t", "p")).unwrap();
+        fourth.authenticated(&Owner::new("t", "q")).unwrap();
+        let (fifth, _) = registry.admit(b).unwrap();
+        // Full, and the only unauthenticated one is busy: a new connection is refused.
+        let busy = fifth.busy();
+        assert!(matches!(registry.admit(b), Err(Refusal::Full(3))));
+        // Idle again, it makes room.
+        drop(busy);
+        assert!(registry.admit(b).is_ok());
     }
 }
