@@ -391,6 +391,68 @@ mod tests {
         assert!(matches!(store.get("a").await, Err(StoreError::Closed)));
     }
 
+    /// The owner index pages one owner in (creation time, id) order; the usage follows puts
+    /// (a put without an owner keeps it) and deletes.
+    #[tokio::test]
+    async fn the_owner_index_and_usage() {
+        let store = MemoryStore::new();
+        let owned = |id: &str, owner: &str, created_ms: u64| WriteOp::Put {
+            id: id.to_owned(),
+            bytes: vec![0; 10],
+            live: true,
+            due_ms: None,
+            seq: Some(1),
+            expect: Expect::Absent,
+            owner: Some(OwnerEntry {
+                owner: owner.to_owned(),
+                created_ms,
+            }),
+        };
+        store
+            .commit(vec![
+                owned("c", "alice", 1),
+                owned("a", "alice", 2),
+                owned("b", "alice", 1),
+                owned("z", "bob", 0),
+            ])
+            .await
+            .unwrap();
+        let page = store.owned("alice", None, 2).await.unwrap();
+        let ids: Vec<&str> = page.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, vec!["b", "c"]);
+        let after = OwnedCursor {
+            created_ms: 1,
+            id: "c".into(),
+        };
+        let rest = store.owned("alice", Some(after), 2).await.unwrap();
+        assert_eq!(rest.len(), 1);
+        assert_eq!(rest[0].id, "a");
+        assert_eq!(
+            store.usage("alice").await.unwrap(),
+            Usage {
+                tasks: 3,
+                bytes: 33
+            }
+        );
+        store
+            .commit(vec![put("a", 2, Expect::Seq(1), false, None)])
+            .await
+            .unwrap();
+        assert_eq!(
+            store.usage("alice").await.unwrap(),
+            Usage {
+                tasks: 3,
+                bytes: 24
+            }
+        );
+        store
+            .commit(vec![WriteOp::Delete { id: "a".into() }])
+            .await
+            .unwrap();
+        assert_eq!(store.usage("alice").await.unwrap().tasks, 2);
+        assert_eq!(store.usage_by_owner().await.unwrap().len(), 2);
+    }
+
     #[tokio::test]
     async fn a_conflicting_job_stores_nothing() {
         let store = MemoryStore::new();
