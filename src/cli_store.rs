@@ -29,6 +29,9 @@ pub enum StoreCommand {
         common: Common,
         #[command(flatten)]
         filter: FilterArgs,
+        /// Print the ids only, one a line, without the header (for scripts).
+        #[arg(short, long, conflicts_with = "json")]
+        quiet: bool,
     },
     /// One task in full: snapshot, journal of steps, input keys issued and answered, owner,
     /// lease and epoch on a shared store.
@@ -292,13 +295,28 @@ async fn execute(command: StoreCommand) -> Result<ExitCode, AdminError> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        StoreCommand::List { common, filter } => {
+        StoreCommand::List {
+            common,
+            filter,
+            quiet,
+        } => {
             let page = admin::list(&Location::parse(&common.store), &filter.filter()).await?;
             if common.json {
                 print_json(&page);
                 return Ok(ExitCode::SUCCESS);
             }
-            for t in &page.tasks {
+            if quiet {
+                for t in &page.tasks {
+                    println!("{}", t.id);
+                }
+            } else if !page.tasks.is_empty() {
+                // As wide as the rows: an id is `tsk_` and 32 hex digits, a time 20 characters.
+                println!(
+                    "{:<36}  {:<14} {:<20} {:<12} {:<20}  MESSAGE",
+                    "ID", "STATUS", "TOOL", "TENANT", "CREATED"
+                );
+            }
+            for t in page.tasks.iter().filter(|_| !quiet) {
                 println!(
                     "{}  {:<14} {:<20} {:<12} {}{}",
                     t.id,

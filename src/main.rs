@@ -288,10 +288,20 @@ struct LimitArgs {
     max_connections: usize,
     /// HTTP connections one peer address (IPv6: its /64) may hold before a request on them
     /// authenticates; behind a reverse proxy, raise it.
-    #[arg(long, env = "MCP_TASKS_MAX_UNAUTHENTICATED_PER_ADDRESS", value_name = "N", default_value_t = 64)]
+    #[arg(
+        long,
+        env = "MCP_TASKS_MAX_UNAUTHENTICATED_PER_ADDRESS",
+        value_name = "N",
+        default_value_t = 64
+    )]
     max_unauthenticated_per_address: usize,
     /// HTTP connections one principal may hold.
-    #[arg(long, env = "MCP_TASKS_MAX_CONNECTIONS_PER_PRINCIPAL", value_name = "N", default_value_t = 256)]
+    #[arg(
+        long,
+        env = "MCP_TASKS_MAX_CONNECTIONS_PER_PRINCIPAL",
+        value_name = "N",
+        default_value_t = 256
+    )]
     max_connections_per_principal: usize,
     /// How long to receive a request head (also the keep-alive idle time); a duration (10s,
     /// 500ms) or bare seconds.

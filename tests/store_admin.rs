@@ -928,6 +928,18 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
     for id in [&expiring, &ask, &working] {
         assert!(stdout.contains(id.as_str()), "{stdout}");
     }
+    // A header names the columns; `-q` prints the ids alone, one a line, without it.
+    let header = stdout.lines().next().unwrap();
+    for column in ["ID", "STATUS", "TOOL", "TENANT", "CREATED", "MESSAGE"] {
+        assert!(header.contains(column), "{header}");
+    }
+    let (code, quiet, stderr) = run(&["store", "list", "--store", p, "-q"]);
+    assert_eq!(code, 0, "{stderr}");
+    let mut listed: Vec<&str> = quiet.lines().collect();
+    listed.sort_unstable();
+    let mut expected = vec![expiring.as_str(), ask.as_str(), working.as_str()];
+    expected.sort_unstable();
+    assert_eq!(listed, expected, "{quiet}");
     // The due time comes from `due_by_id`.
     let shown = admin::show(&Location::Redb(path.clone()), &expiring)
         .await
