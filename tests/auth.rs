@@ -175,7 +175,17 @@ async fn create(addr: SocketAddr, token: &str) -> String {
     )
     .await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    r.json()["result"]["taskId"].as_str().unwrap().to_owned()
+    let task = r.json()["result"]["taskId"].as_str().unwrap().to_owned();
+    // The tool asks for its input at once; the tests start from there (on a loaded machine a
+    // read right after the handle may still see `working`).
+    for _ in 0..500 {
+        let r = post(addr, Some(token), &get(&task)).await;
+        if r.json()["result"]["status"] == "input_required" {
+            return task;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("task {task} did not reach input_required within 10 s");
 }
 
 fn get(task: &str) -> Value {
