@@ -193,6 +193,16 @@ fn bytes(n: u64) -> String {
     }
 }
 
+/// The first line of `stats`: which store was read, and how.
+fn print_store_line(location: &str, backend: &str, via_server: bool) {
+    let how = if via_server {
+        ", read through the running server"
+    } else {
+        ""
+    };
+    println!("store      {location} ({backend}{how})");
+}
+
 async fn execute(command: StoreCommand) -> Result<ExitCode, AdminError> {
     match command {
         StoreCommand::Stats {
@@ -204,16 +214,7 @@ async fn execute(command: StoreCommand) -> Result<ExitCode, AdminError> {
                 print_json(&r);
                 return Ok(ExitCode::SUCCESS);
             }
-            println!(
-                "store      {} ({}{})",
-                r.location,
-                r.backend,
-                if r.via_server {
-                    ", read through the running server"
-                } else {
-                    ""
-                }
-            );
+            print_store_line(&r.location, &r.backend, r.via_server);
             println!(
                 "{:<20} {:<24} {:>8} {:>12}",
                 "TENANT", "PRINCIPAL", "TASKS", "BYTES"
@@ -232,16 +233,7 @@ async fn execute(command: StoreCommand) -> Result<ExitCode, AdminError> {
                 print_json(&r);
                 return Ok(ExitCode::SUCCESS);
             }
-            println!(
-                "store      {} ({}{})",
-                r.location,
-                r.backend,
-                if r.via_server {
-                    ", read through the running server"
-                } else {
-                    ""
-                }
-            );
+            print_store_line(&r.location, &r.backend, r.via_server);
             println!(
                 "schema     {}   boot epoch {}",
                 r.schema_version,
