@@ -122,8 +122,8 @@ async fn owners_are_indexed_counted_and_converted() {
     a.close().await;
     b.close().await;
 
-    // A schema of version 2 holding rows (no owner columns, no usage): the next open
-    // converts it, filling the owners in from the snapshots.
+    // A schema of version 2 holding rows (no owner columns, no usage, no instance tokens):
+    // the next open converts it, filling the owners in from the snapshots.
     let client = pg.client().await;
     client
         .batch_execute(
@@ -132,7 +132,8 @@ async fn owners_are_indexed_counted_and_converted() {
              DROP TABLE mcp_usage;
              ALTER TABLE mcp_tasks DROP COLUMN task_owner, DROP COLUMN created_ms,
                  DROP COLUMN size;
-             DELETE FROM mcp_schema WHERE version = 3;",
+             ALTER TABLE mcp_nodes DROP COLUMN instance;
+             DELETE FROM mcp_schema WHERE version >= 3;",
         )
         .await
         .unwrap();

@@ -51,7 +51,11 @@ use super::{
 };
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
+
+// One migration per version: a migration added without raising the version (or the other way
+// round) does not build.
+const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
 
 /// The migrations, in order: version `i + 1` is `MIGRATIONS[i]`.
 const MIGRATIONS: &[&str] = &[
