@@ -361,7 +361,9 @@ async fn expired_session_records_of_an_owner_who_never_returns_are_swept() {
     // keeps no session record at all.
     clock.advance(SESSION_LIFETIME.as_millis() as u64);
     tokio::time::pause();
-    for _ in 0..10 {
+    // Each turn lets a sweep start (virtual time) and run (the store's reads and writes take
+    // real time): bounded turns, no real sleep.
+    for _ in 0..500 {
         if keys(&rt, session::STATE_PREFIX).await.is_empty()
             && keys(&rt, session::INDEX_PREFIX).await.is_empty()
         {
