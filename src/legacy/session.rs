@@ -456,6 +456,19 @@ mod tests {
     }
 
     #[test]
+    fn expiring_an_index_drops_expired_sessions_only() {
+        let mut index = RecordIndex::default();
+        index.admit("open", 100, false, 0, 8).unwrap();
+        index.admit("ended", 100, true, 0, 8).unwrap();
+        index.admit("later", 200, false, 0, 8).unwrap();
+        assert!(index.expire(99).is_empty());
+        assert_eq!(index.expire(100), ["ended", "open"]);
+        assert!(!index.is_empty());
+        assert_eq!(index.expire(200), ["later"]);
+        assert!(index.is_empty());
+    }
+
+    #[test]
     fn state_round_trips() {
         let st = SessionState {
             ended: false,
