@@ -829,6 +829,33 @@ async fn the_lease_epoch_refuses_a_write_the_sequence_number_would_let_through()
         .await
         .unwrap();
         assert_eq!(b.meta_get(&format!("k_{skip}")).await.unwrap(), None);
+        // Meta keys are listed by prefix, a page at a time, for every replica.
+        let prefix = format!("p_{skip}/");
+        let ops = ["3", "1", "2"]
+            .iter()
+            .map(|k| mcp_tasks::store::WriteOp::PutMeta {
+                key: format!("{prefix}{k}"),
+                value: k.as_bytes().to_vec(),
+            })
+            .chain([mcp_tasks::store::WriteOp::PutMeta {
+                key: format!("p_{skip}"),
+                value: Vec::new(),
+            }])
+            .collect();
+        a.commit(ops).await.unwrap();
+        let first = b.meta_page(&prefix, None, 2).await.unwrap();
+        let want = |ks: &[&str]| -> Vec<(String, Vec<u8>)> {
+            ks.iter()
+                .map(|k| (format!("{prefix}{k}"), k.as_bytes().to_vec()))
+                .collect()
+        };
+        assert_eq!(first, want(&["1", "2"]));
+        let rest = b.meta_page(&prefix, Some(&first[1].0), 2).await.unwrap();
+        assert_eq!(rest, want(&["3"]));
+        assert_eq!(
+            b.meta_page(&prefix, Some(&rest[0].0), 2).await.unwrap(),
+            Vec::new()
+        );
         b.close().await;
         a.close().await;
     }

@@ -18,6 +18,7 @@
 
 pub(crate) mod hub;
 pub(crate) mod session;
+pub(crate) mod sweep;
 mod tasks;
 pub(crate) mod watch;
 
@@ -94,6 +95,8 @@ pub(crate) struct Legacy {
     watchers: Arc<watch::Watchers>,
     /// Writers of session records, one per owner at a time (striped by owner).
     record_locks: Vec<tokio::sync::Mutex<()>>,
+    /// Where the sweep of expired session records stopped; one sweep at a time.
+    sweep: tokio::sync::Mutex<sweep::Cursors>,
 }
 
 impl Legacy {
@@ -102,14 +105,20 @@ impl Legacy {
         let key = shared
             .request_state
             .derive_key("mcp-tasks legacy session v1");
-        Arc::new(Self {
+        let legacy = Arc::new(Self {
             handle,
             codec: session::SessionCodec::new(key),
             hub: hub::Hub::new(shared.quotas.quotas().max_sessions),
             shared,
             watchers: Arc::default(),
             record_locks: (0..32).map(|_| tokio::sync::Mutex::new(())).collect(),
-        })
+            sweep: tokio::sync::Mutex::default(),
+        });
+        // Records of sessions whose owner never writes again are deleted by this sweep.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(sweep::sweep_periodically(Arc::downgrade(&legacy)));
+        }
+        legacy
     }
 
     /// The in-process state of `owner`'s session, made on first use; refused when the owner

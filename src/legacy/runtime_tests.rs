@@ -279,3 +279,100 @@ async fn session_records_are_bounded_deleted_on_delete_and_at_expiry() {
     assert_eq!(index.len(), 1, "only d is listed");
     rt.shutdown().await;
 }
+
+/// The meta keys under `prefix`, all of them (the test stores are small).
+async fn keys(rt: &Runtime, prefix: &str) -> Vec<String> {
+    let handle = rt.handle();
+    let page = handle.shared().store.meta_page(prefix, None, 1000);
+    page.await.unwrap().into_iter().map(|(k, _)| k).collect()
+}
+
+#[tokio::test]
+async fn expired_session_records_of_an_owner_who_never_returns_are_swept() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START_MS);
+    let quotas = crate::quota::Quotas {
+        max_session_records: 4,
+        ..crate::quota::Quotas::unlimited()
+    };
+    let rt = runtime_at(dir.path(), quotas, clock.clone()).await;
+    let legacy = Legacy::new(rt.handle());
+    // Bob opens sessions that store records, ends one (a tombstone), and never returns.
+    let bob = Owner::new("acme", "bob");
+    let bobs: Vec<Session> = (0..3).map(|_| session(&legacy, &bob)).collect();
+    for (i, s) in bobs.iter().enumerate() {
+        let r = request(
+            &legacy,
+            s,
+            &bob,
+            "resources/subscribe",
+            json!({ "uri": format!("test://{i}/{}", "x".repeat(1000)) }),
+        )
+        .await;
+        assert!(r.get("result").is_some(), "{r}");
+    }
+    legacy.end(&bobs[0]).await.unwrap();
+    // Alice's session, opened later, outlives Bob's.
+    clock.advance(SESSION_LIFETIME.as_millis() as u64 / 2);
+    let alice = Owner::new("acme", "alice");
+    let a = session(&legacy, &alice);
+    let r = request(
+        &legacy,
+        &a,
+        &alice,
+        "logging/setLevel",
+        json!({ "level": "info" }),
+    )
+    .await;
+    assert!(r.get("result").is_some(), "{r}");
+    assert_eq!(keys(&rt, session::STATE_PREFIX).await.len(), 4);
+    assert_eq!(keys(&rt, session::INDEX_PREFIX).await.len(), 2);
+
+    // Before any id expired, a sweep deletes nothing.
+    let swept = legacy.sweep_records(1000).await.unwrap();
+    assert_eq!((swept.records, swept.indexes, swept.complete), (0, 0, true));
+    assert_eq!(keys(&rt, session::STATE_PREFIX).await.len(), 4);
+
+    // Once Bob's ids expired, sweeps of two keys each (a walk over several sweeps) delete
+    // every record of his, the tombstone and his index, and nothing of Alice's.
+    clock.advance(SESSION_LIFETIME.as_millis() as u64 / 2 + 1_000);
+    let mut sweeps = 0;
+    loop {
+        let swept = legacy.sweep_records(2).await.unwrap();
+        assert!(swept.read <= 2, "{swept:?}");
+        sweeps += 1;
+        if swept.complete {
+            break;
+        }
+        assert!(sweeps < 20, "the walk ends");
+    }
+    assert!(sweeps > 1, "a budget of two keys takes several sweeps");
+    // A full walk after the one that went past the deletions leaves nothing of Bob's.
+    legacy.sweep_records(1000).await.unwrap();
+    for s in &bobs {
+        assert_eq!(record(&rt, &s.state_key()).await, None);
+    }
+    assert_eq!(record(&rt, &bobs[0].index_key()).await, None, "Bob's index");
+    assert_eq!(keys(&rt, session::STATE_PREFIX).await, vec![a.state_key()]);
+    assert_eq!(keys(&rt, session::INDEX_PREFIX).await, vec![a.index_key()]);
+    assert_eq!(legacy.state(&a).await.log_level.as_deref(), Some("info"));
+
+    // The adapter sweeps on its own, on a timer: once Alice's id expired too, the store
+    // keeps no session record at all.
+    clock.advance(SESSION_LIFETIME.as_millis() as u64);
+    tokio::time::pause();
+    // Each turn lets a sweep start (virtual time) and run (the store's reads and writes take
+    // real time): bounded turns, no real sleep.
+    for _ in 0..500 {
+        if keys(&rt, session::STATE_PREFIX).await.is_empty()
+            && keys(&rt, session::INDEX_PREFIX).await.is_empty()
+        {
+            break;
+        }
+        tokio::time::sleep(sweep::SWEEP_EVERY).await;
+    }
+    assert_eq!(keys(&rt, session::STATE_PREFIX).await, Vec::<String>::new());
+    assert_eq!(keys(&rt, session::INDEX_PREFIX).await, Vec::<String>::new());
+    tokio::time::resume();
+    rt.shutdown().await;
+}

@@ -17,7 +17,9 @@
 //! the owner's deletes the records of its expired sessions, and admits a session new to the
 //! index only within [`crate::quota::Quotas::max_session_records`] (tombstones apart, at most
 //! [`MAX_ENDED_RECORDS`], the earliest to expire giving way). Records of an owner that never
-//! writes again stay until it does.
+//! writes again, their tombstones and the owner's index are deleted once expired by the
+//! adapter's periodic sweep ([`super::sweep`]; test
+//! `expired_session_records_of_an_owner_who_never_returns_are_swept`).
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
@@ -39,9 +41,9 @@ const MAX_CAPABILITIES_BYTES: usize = 2048;
 /// Longest accepted session id.
 pub(crate) const MAX_SESSION_ID_LEN: usize = 8192;
 /// The meta-table key prefix of a session's mutable state.
-const STATE_PREFIX: &str = "legacy_session/";
+pub(crate) const STATE_PREFIX: &str = "legacy_session/";
 /// The meta-table key prefix of an owner's index of session records.
-const INDEX_PREFIX: &str = "legacy_sessions_of/";
+pub(crate) const INDEX_PREFIX: &str = "legacy_sessions_of/";
 /// Largest stored state of one session (its log level and subscriptions).
 pub(crate) const MAX_RECORD_BYTES: usize = 16 * 1024;
 /// Most tombstones of ended, unexpired sessions kept per owner; past it the earliest to
@@ -214,6 +216,26 @@ impl RecordIndex {
             }
         }
         Ok(gone)
+    }
+
+    /// Drops the sessions whose ids expired at `now_ms`: their nonces (their records are to
+    /// be deleted).
+    pub(crate) fn expire(&mut self, now_ms: u64) -> Vec<String> {
+        let gone: Vec<String> = self
+            .0
+            .iter()
+            .filter(|(_, (x, _))| *x <= now_ms)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in &gone {
+            self.0.remove(n);
+        }
+        gone
+    }
+
+    /// Whether no session is listed.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 
     /// Sessions listed.
@@ -431,6 +453,19 @@ mod tests {
         assert_eq!(gone.len(), 3 + MAX_ENDED_RECORDS);
         assert_eq!(index.len(), 1);
         assert_eq!(RecordIndex::decode(&index.encode()), index);
+    }
+
+    #[test]
+    fn expiring_an_index_drops_expired_sessions_only() {
+        let mut index = RecordIndex::default();
+        index.admit("open", 100, false, 0, 8).unwrap();
+        index.admit("ended", 100, true, 0, 8).unwrap();
+        index.admit("later", 200, false, 0, 8).unwrap();
+        assert!(index.expire(99).is_empty());
+        assert_eq!(index.expire(100), ["ended", "open"]);
+        assert!(!index.is_empty());
+        assert_eq!(index.expire(200), ["later"]);
+        assert!(index.is_empty());
     }
 
     #[test]

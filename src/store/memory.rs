@@ -31,7 +31,7 @@ struct State {
     live: BTreeSet<String>,
     due: BTreeSet<(u64, String)>,
     due_by_id: HashMap<String, u64>,
-    meta: HashMap<String, Vec<u8>>,
+    meta: BTreeMap<String, Vec<u8>>,
     /// id → (owner, created_ms, stored bytes) of every indexed task.
     owner_of: HashMap<String, (String, u64, u64)>,
     /// (owner, created_ms, id): the owner index.
@@ -240,6 +240,26 @@ impl TaskStore for MemoryStore {
             self.state().map(|s| s.meta.get(key).cloned()),
         ))
     }
+    fn meta_page<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<(String, Vec<u8>)>> {
+        use std::ops::Bound;
+        let start = match after {
+            Some(a) if a >= prefix => Bound::Excluded(a),
+            _ => Bound::Included(prefix),
+        };
+        Box::pin(std::future::ready(self.state().map(|s| {
+            s.meta
+                .range::<str, _>((start, Bound::Unbounded))
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .take(limit.min(super::MAX_PAGE))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })))
+    }
     fn tasks(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
         Box::pin(std::future::ready(self.state().map(|s| {
             s.tasks
@@ -323,6 +343,37 @@ impl TaskStore for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn meta_pages_walk_one_prefix_in_key_order() {
+        let store = MemoryStore::new();
+        let keys = ["a", "a/3", "a/1", "ab", "b/1", "a/2"];
+        let ops = keys
+            .iter()
+            .map(|k| WriteOp::PutMeta {
+                key: (*k).into(),
+                value: k.as_bytes().to_vec(),
+            })
+            .collect();
+        store.commit(ops).await.unwrap();
+        let page = |after: Option<&'static str>, limit| {
+            let store = &store;
+            async move {
+                let page = store.meta_page("a/", after, limit).await.unwrap();
+                page.into_iter()
+                    .map(|(k, v)| {
+                        assert_eq!(k.as_bytes(), v.as_slice());
+                        k
+                    })
+                    .collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(page(None, 2).await, ["a/1", "a/2"]);
+        assert_eq!(page(Some("a/2"), 2).await, ["a/3"]);
+        assert_eq!(page(Some("a/3"), 2).await, Vec::<String>::new());
+        assert_eq!(page(Some("0"), 9).await, ["a/1", "a/2", "a/3"]);
+        assert_eq!(page(None, usize::MAX).await.len(), 3);
+    }
 
     fn put(id: &str, seq: u64, expect: Expect, live: bool, due: Option<u64>) -> WriteOp {
         WriteOp::Put {

@@ -557,6 +557,25 @@ pub trait TaskStore: Send + Sync + 'static {
     fn next_due(&self) -> StoreFuture<'_, Option<u64>>;
     /// A value of the meta table.
     fn meta_get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Vec<u8>>>;
+    /// One page of the meta table: the (key, value) pairs whose key starts with `prefix`, in
+    /// key order, after `after` (exclusive), at most `limit` (capped at [`MAX_PAGE`]). Reads
+    /// this page only; a caller walks a prefix page by page with the last key as `after`.
+    ///
+    /// The default (a host's own backend written before it) answers [`StoreError::Read`]:
+    /// the records such a store keeps under a prefix are not swept.
+    fn meta_page<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<(String, Vec<u8>)>> {
+        let _ = (prefix, after, limit);
+        Box::pin(async {
+            Err(StoreError::Read(Cause::message(
+                "this store cannot list its meta table",
+            )))
+        })
+    }
     /// Every stored task (id, bytes), ordered by id: for checks and tools, not for serving.
     fn tasks(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>>;
     /// Number of stored tasks and of live tasks.
@@ -934,6 +953,21 @@ impl Store {
     /// A value of the meta table.
     pub async fn meta_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.meta_get(key).await
+    }
+
+    /// One page of the meta keys under `prefix`; see [`TaskStore::meta_page`].
+    pub async fn meta_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.inner
+            .meta_page(prefix, after, limit.min(MAX_PAGE))
+            .await
     }
 
     /// Every stored task (id, bytes), ordered by id. Reads the whole table: for checks and

@@ -1578,6 +1578,32 @@ impl TaskStore for PostgresStore {
                 .await
         })
     }
+    fn meta_page<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<(String, Vec<u8>)>> {
+        // The key order is the column's collation; `>` and `ORDER BY` share it, so a walk
+        // page by page sees every key once whatever the collation. The prefix is a filter,
+        // not a range, for the same reason.
+        Box::pin(async move {
+            let limit = i64::try_from(limit.min(super::MAX_PAGE)).unwrap_or(0);
+            self.inner
+                .run(false, |client| async move {
+                    let st = client
+                        .prepare_cached(
+                            "SELECT key, value FROM mcp_meta
+                             WHERE starts_with(key, $1) AND ($2::text IS NULL OR key > $2)
+                             ORDER BY key LIMIT $3",
+                        )
+                        .await?;
+                    let rows = client.query(&st, &[&prefix, &after, &limit]).await?;
+                    Ok::<_, PgFailure>(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
+                })
+                .await
+        })
+    }
     fn tasks(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
         self.rows("SELECT id, bytes FROM mcp_tasks ORDER BY id")
     }

@@ -468,6 +468,14 @@ impl crate::store::TaskStore for RedbStore {
     fn meta_get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
         Box::pin(RedbStore::meta_get(self, key))
     }
+    fn meta_page<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<(String, Vec<u8>)>> {
+        Box::pin(RedbStore::meta_page(self, prefix, after, limit))
+    }
     fn tasks(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
         Box::pin(RedbStore::tasks(self))
     }

@@ -131,6 +131,38 @@ impl RedbStore {
         .await
     }
 
+    /// One page of the meta table under `prefix`, in key order after `after`, at most
+    /// `limit` (capped at [`MAX_PAGE`]): a range of the table, nothing past the page.
+    pub async fn meta_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let prefix = prefix.to_owned();
+        let after = after.filter(|a| *a >= prefix.as_str()).map(str::to_owned);
+        let limit = limit.min(MAX_PAGE);
+        self.read(move |txn| {
+            use std::ops::Bound;
+            let meta = txn.open_table(META)?;
+            let start = match &after {
+                Some(a) => Bound::Excluded(a.as_str()),
+                None => Bound::Included(prefix.as_str()),
+            };
+            let mut out = Vec::new();
+            for entry in meta.range::<&str>((start, Bound::Unbounded))? {
+                let (key, value) = entry?;
+                let key = key.value();
+                if !key.starts_with(prefix.as_str()) || out.len() >= limit {
+                    break;
+                }
+                out.push((key.to_owned(), value.value().to_vec()));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     /// Every stored task (id, bytes), ordered by id. Reads the whole table: for checks and
     /// tools, not for serving requests.
     pub async fn tasks(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {

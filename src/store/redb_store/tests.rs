@@ -271,6 +271,35 @@ async fn meta_and_boot_epoch_across_reopen() {
 }
 
 #[tokio::test]
+async fn meta_pages_walk_one_prefix_in_key_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir.path().join("t.redb")).await;
+    let ops = ["a", "a/3", "a/1", "ab", "b/1", "a/2"]
+        .iter()
+        .map(|k| WriteOp::PutMeta {
+            key: (*k).into(),
+            value: k.as_bytes().to_vec(),
+        })
+        .collect();
+    store.commit(ops).await.unwrap();
+    let page = async |after: Option<&str>, limit: usize| -> Vec<String> {
+        let page = store.meta_page("a/", after, limit).await.unwrap();
+        page.into_iter()
+            .map(|(k, v)| {
+                assert_eq!(k.as_bytes(), v.as_slice());
+                k
+            })
+            .collect()
+    };
+    assert_eq!(page(None, 2).await, ["a/1", "a/2"]);
+    assert_eq!(page(Some("a/2"), 2).await, ["a/3"]);
+    assert_eq!(page(Some("a/3"), 2).await, Vec::<String>::new());
+    assert_eq!(page(Some("0"), 9).await, ["a/1", "a/2", "a/3"]);
+    assert_eq!(page(None, usize::MAX).await.len(), 3);
+    store.close().await;
+}
+
+#[tokio::test]
 async fn second_open_is_already_open() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db.redb");
