@@ -121,10 +121,14 @@ async fn sustained_creation_with_a_short_ttl_levels_off() {
         "stored tasks must level off below {bound}: {stored:?}"
     );
     assert!(deleted > 5_000, "the reaper deleted {deleted}");
-    // The file stops growing once deletions free as many pages as creations use.
+    // The file stops growing once deletions free as many pages as creations use. redb grows a
+    // file by doubling a region, and with the owner index a record takes more pages: one more
+    // doubling after the third second may come while the freed pages settle (seen on a loaded
+    // machine), but no more. Without page reuse the writes of seconds 4 to 8 (more than all
+    // those before) would double the file at least twice.
     let (mid, end) = (sizes[3], sizes[7]);
     assert!(
-        end <= mid + mid / 4,
+        end <= 2 * mid + mid / 4,
         "the store file must level off: {sizes:?}"
     );
     rt.shutdown().await;
