@@ -772,16 +772,7 @@ async fn serve_metrics(
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     telemetry::describe();
     let render = handle.clone();
-    let ready = move || {
-        let started = started.clone();
-        async move {
-            let ready = match started.get() {
-                Some(runtime) => runtime.ready().await,
-                None => Err("starting: the store is opening or recovering".to_owned()),
-            };
-            http::readiness_response(ready)
-        }
-    };
+    let ready = move || ready_once_started(started.clone());
     let app = axum::Router::new()
         .route(http::HEALTHZ, axum::routing::get(http::healthz))
         .route(http::READYZ, axum::routing::get(ready))
@@ -822,7 +813,10 @@ async fn serve_metrics(
     Ok((task, local))
 }
 
-async fn serve_http(args: ServeArgs, started: &OnceLock<mcp_tasks::RuntimeHandle>) -> ExitCode {
+async fn serve_http(
+    args: ServeArgs,
+    started: &Arc<OnceLock<mcp_tasks::RuntimeHandle>>,
+) -> ExitCode {
     if let Err(e) = args.limits.check() {
         eprintln!("error: {e}");
         return ExitCode::FAILURE;
@@ -838,7 +832,24 @@ async fn serve_http(args: ServeArgs, started: &OnceLock<mcp_tasks::RuntimeHandle
         Ok(addr) => addr.to_string(),
         Err(_) => args.listen.clone(),
     };
+    // The address serves from now on: the probes answer while the store opens and recovers
+    // (`/readyz` 503), and the MCP requests of early clients wait for the router.
+    let (router_tx, router_rx) = tokio::sync::watch::channel(None);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(http::serve_with(
+        listener,
+        front_router(started.clone(), router_rx),
+        args.limits.serve_options(),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let stop_serving = |stop_tx: tokio::sync::oneshot::Sender<()>, serving| async move {
+        let _ = stop_tx.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(5), serving).await;
+    };
     let Some((runtime, _admin)) = start(&args, started).await else {
+        stop_serving(stop_tx, serving).await;
         return ExitCode::FAILURE;
     };
     let mut config = http::HttpConfig::default();
@@ -852,17 +863,19 @@ async fn serve_http(args: ServeArgs, started: &OnceLock<mcp_tasks::RuntimeHandle
         Ok(tokens) => tokens,
         Err(e) => {
             eprintln!("error: {e}");
+            stop_serving(stop_tx, serving).await;
             runtime.shutdown().await;
             return ExitCode::FAILURE;
         }
     };
-    let router = http::router(runtime.handle(), config);
+    let _ = router_tx.send(Some(http::router(runtime.handle(), config)));
     tracing::info!("listening on http://{addr}/mcp");
 
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let serving = http::serve_with(listener, router, args.limits.serve_options(), async move {
-        let _ = stop_rx.await;
-    });
+    let serving = async move {
+        serving
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
+    };
     let reloader = tokio::spawn(reload_on_hangup(tokens));
     let served = until_signal(&runtime, serving, stop_tx).await;
     reloader.abort();
@@ -878,6 +891,49 @@ async fn serve_http(args: ServeArgs, started: &OnceLock<mcp_tasks::RuntimeHandle
             ExitCode::FAILURE
         }
     }
+}
+
+/// `GET /readyz` before the runtime started (503) and after (the runtime's readiness).
+async fn ready_once_started(
+    started: Arc<OnceLock<mcp_tasks::RuntimeHandle>>,
+) -> axum::response::Response {
+    let ready = match started.get() {
+        Some(runtime) => runtime.ready().await,
+        None => Err("starting: the store is opening or recovering".to_owned()),
+    };
+    http::readiness_response(ready)
+}
+
+/// What the MCP address serves from the moment it is bound: `/healthz`, `/readyz` (503 until
+/// `started` holds the runtime, then the runtime's readiness), and every other request handed to
+/// the MCP router once `router` holds it (a request that arrives while the store opens or
+/// recovers waits for it, as it would in the listen backlog).
+fn front_router(
+    started: Arc<OnceLock<mcp_tasks::RuntimeHandle>>,
+    router: tokio::sync::watch::Receiver<Option<axum::Router>>,
+) -> axum::Router {
+    use tower_service::Service as _;
+    let ready = move || ready_once_started(started.clone());
+    let forward = move |request: axum::extract::Request| {
+        let mut router = router.clone();
+        async move {
+            let mcp = match router.wait_for(Option::is_some).await {
+                Ok(mcp) => mcp.clone(),
+                Err(_) => None,
+            };
+            match mcp {
+                Some(mut mcp) => match mcp.call(request).await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                },
+                None => http::readiness_response(Err("shutting down".to_owned())),
+            }
+        }
+    };
+    axum::Router::new()
+        .route(http::HEALTHZ, axum::routing::get(http::healthz))
+        .route(http::READYZ, axum::routing::get(ready))
+        .fallback(forward)
 }
 
 async fn serve_stdio(args: ServeArgs, started: &OnceLock<mcp_tasks::RuntimeHandle>) -> ExitCode {

@@ -1,5 +1,5 @@
-//! The client commands of the binary against `mcp-tasks serve --fixtures conformance` on
-//! 127.0.0.1: output and exit codes without a terminal, errors a person can act on, and the
+//! The client commands of the binary against `mcp-tasks serve --fixtures conformance` (and
+//! the README's against a default `mcp-tasks serve`) on 127.0.0.1: output and exit codes without a terminal, errors a person can act on, and the
 //! interactive path under a pseudo-terminal.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -26,15 +26,16 @@ impl Serve {
     }
 
     fn start_with(extra: &[&str]) -> Self {
+        let mut args = vec!["--fixtures", "conformance"];
+        args.extend_from_slice(extra);
+        Self::start_plain(&args)
+    }
+
+    /// `mcp-tasks serve` with the demo's default tool (no fixtures) and `extra`.
+    fn start_plain(extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(BIN)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--fixtures",
-                "conformance",
-            ])
+            .args(["serve", "--listen", "127.0.0.1:0"])
             .args(extra)
             .arg("--store")
             .arg(dir.path().join("tasks.redb"))
@@ -1024,4 +1025,119 @@ fn ctrl_c_stops_following_and_leaves_the_task_running() {
         .to_owned();
     let r = run(&server.url, &["get", &id]);
     assert_eq!(r.code, 6, "the task goes on: {}", r.stdout);
+}
+
+/// The `sh` block that follows `marker` in the README.
+fn readme_block(marker: &str) -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let at = readme
+        .find(marker)
+        .unwrap_or_else(|| panic!("README has {marker:?}"));
+    let start = readme[at..].find("```sh\n").unwrap() + at + "```sh\n".len();
+    let end = readme[start..].find("```").unwrap() + start;
+    readme[start..end].to_owned()
+}
+
+/// Runs `script` with bash, `mcp-tasks` on the PATH and `MCP_TASKS_URL` set to `url`; the
+/// README's own `--url http://127.0.0.1:8080/mcp` is pointed at `url` too.
+fn run_script(url: &str, script: &str, handles: &std::path::Path) -> Run {
+    let bin_dir = std::path::Path::new(BIN).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let script = script.replace("http://127.0.0.1:8080/mcp", url);
+    let out = Command::new("bash")
+        .args(["-c", &script])
+        .env("PATH", path)
+        .env("MCP_TASKS_URL", url)
+        .env_remove("MCP_TASKS_TOKEN")
+        .env_remove("MCP_TASKS_TOKEN_FILE")
+        .env("MCP_TASKS_HANDLE_STORE", handles)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let run = Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    eprintln!(
+        "$ bash -c <<{script}\n[exit {}]\n{}{}",
+        run.code, run.stdout, run.stderr
+    );
+    run
+}
+
+/// The README's client commands and its script, exactly as the README writes them, against a
+/// default `mcp-tasks serve` (the demo's `generate_report`, no fixtures): each command's exit
+/// code is the one its comment promises, and the script ends with the report.
+#[test]
+fn the_readme_client_commands_run_as_written() {
+    let server = Serve::start_plain(&[]);
+    let url = server.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let handles = dir.path().join("tasks.redb");
+
+    // Each command of the block, followed by a line that prints its exit code.
+    let block = readme_block("## Command line client");
+    let commands: Vec<&str> = block.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(commands.len(), 9, "{block}");
+    let mut script = String::from("set -u\n");
+    for command in &commands {
+        script.push_str(command);
+        script.push_str("\necho \"[exit $?]\"\n");
+    }
+    let r = run_script(url, &script, &handles);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let codes: Vec<i32> = r
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("[exit ")?.strip_suffix(']')?.parse().ok())
+        .collect();
+    assert_eq!(codes.len(), commands.len(), "{}", r.stdout);
+    // tools, call (input needed, no terminal), call --detach.
+    assert_eq!(codes[..3], [0, 5, 0], "{}", r.stdout);
+    assert!(r.stdout.contains("generate_report"), "{}", r.stdout);
+    // get: still working (the outline takes 1.5 s), or already waiting on a slow machine.
+    assert!(matches!(codes[3], 5 | 6), "{}", r.stdout);
+    // watch until it waits, answer, watch to the end, ls, cancel of a new task.
+    assert_eq!(codes[4..], [5, 0, 0, 0, 0], "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("Generated small report with approved outline."),
+        "{}",
+        r.stdout
+    );
+    // `ls` lists the tasks created here under its header, the answered one completed.
+    let ls = r
+        .stdout
+        .lines()
+        .position(|l| l.starts_with("TASK "))
+        .expect("ls header");
+    let rows: Vec<&str> = r
+        .stdout
+        .lines()
+        .skip(ls + 1)
+        .take_while(|l| !l.starts_with("[exit"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{}", r.stdout);
+    assert!(
+        rows.iter().any(|l| l.contains(" completed ")),
+        "{}",
+        r.stdout
+    );
+
+    // The script: it answers the outline and watches the task to its report.
+    let script = readme_block("A script against `mcp-tasks serve`:");
+    let r = run_script(url, &script, &handles);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout
+            .contains("Generated small report with approved outline."),
+        "{}",
+        r.stdout
+    );
 }

@@ -331,7 +331,7 @@ async fn readyz_is_503_once_the_store_halted() {
 
 /// On PostgreSQL `/readyz` needs this node's heartbeat to be current: a node whose heartbeat
 /// stops (as a paused process) answers 503 once its lease TTL passed, and 200 again once it
-/// renews.
+/// renews; and the database must answer: 503 naming it while it does not.
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_on_postgres_needs_a_current_heartbeat() {
@@ -370,6 +370,40 @@ async fn readyz_on_postgres_needs_a_current_heartbeat() {
         assert!(
             Instant::now() < deadline,
             "not ready again after heartbeats resumed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The database stops answering (the store's simulated outage: every connection it asks
+    // for fails) while the heartbeat is still current: 503 with the database's reason. On a
+    // loaded machine the heartbeat may already be older than the TTL when the probe runs
+    // (then the answer names the lease instead): try again from a ready node.
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        handle.simulate_outage(true);
+        let (status, body) = get(&readyz, None).await;
+        handle.simulate_outage(false);
+        assert_eq!(status, 503, "{body}");
+        if body.starts_with("not ready: the database is unreachable") {
+            seen.clear();
+            break;
+        }
+        seen.push(body);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while get(&readyz, None).await.0 != 200 {
+            assert!(
+                Instant::now() < deadline,
+                "not ready again after the outage"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert!(seen.is_empty(), "never the database's reason: {seen:#?}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get(&readyz, None).await.0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "not ready again after the outage"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -461,4 +495,104 @@ fn serve_probes_healthcheck_and_json_logs() {
         stderr.starts_with(&format!("error: http://{mcp}/readyz: ")),
         "{stderr}"
     );
+}
+
+/// The MCP address answers the probes while the store is still opening: `/healthz` 200 and
+/// `/readyz` 503 (not a connection that hangs), while an MCP request that arrives then waits and
+/// is answered once the runtime started. A restart on PostgreSQL under a node id whose previous
+/// process was killed waits for that process's heartbeat to go stale (two thirds of the lease
+/// TTL): the window this test probes.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mcp_address_answers_the_probes_while_the_store_opens() {
+    let Some(pg) = pg::fresh().await else { return };
+    let store = pg.url_with_schema();
+    let serve = |listen: &str| {
+        bin(&[
+            "serve",
+            "--listen",
+            listen,
+            "--no-admin-socket",
+            "--store",
+            &store,
+            "--node-id",
+            "probe-node",
+            "--lease-ttl",
+            "6s",
+        ])
+    };
+    // The first process runs, then is killed with its heartbeat fresh.
+    let (first, _) = start_until(serve("127.0.0.1:0"), "listening on http://");
+    drop(first);
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut cmd = serve(&format!("127.0.0.1:{port}"));
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let second = Server(cmd.spawn().unwrap(), std::sync::mpsc::channel().1);
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    // Until the address is bound: connection refused.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (status, body) = loop {
+        match client.get(format!("{base}/readyz")).send().await {
+            Ok(r) => break (r.status().as_u16(), r.text().await.unwrap()),
+            Err(e) => {
+                assert!(Instant::now() < deadline, "never bound: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert_eq!(
+        (status, body.as_str()),
+        (
+            503,
+            "not ready: starting: the store is opening or recovering\n"
+        )
+    );
+    assert_eq!(
+        get(&format!("{base}/healthz"), None).await,
+        (200, "ok\n".into())
+    );
+    // An MCP request now waits for the runtime, then is answered.
+    let early = tokio::spawn({
+        let client = client.clone();
+        let url = format!("{base}/mcp");
+        async move {
+            client
+                .post(url)
+                .header("Content-Type", "application/json")
+                .header("Accept", "application/json, text/event-stream")
+                .header("MCP-Protocol-Version", "2026-07-28")
+                .header("Mcp-Method", "tools/list")
+                .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"t","version":"1"},"io.modelcontextprotocol/clientCapabilities":{}}}}"#)
+                .send()
+                .await
+                .unwrap()
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = get(&format!("{base}/readyz"), None).await;
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 503, "{body}");
+        assert!(Instant::now() < deadline, "never ready: {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let answer = early.await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let body = answer.text().await.unwrap();
+    assert!(body.contains("generate_report"), "{body}");
+    drop(second);
+    pg.drop().await;
 }
