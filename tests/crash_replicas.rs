@@ -29,12 +29,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use mcp_tasks::sim::FileSideEffects;
 use serde_json::Value;
 use sim::checker::{Allow, History, Kind, Report, check};
-use sim::driver::{Alive, Conn, Driver, DriverConfig, always_alive};
+use sim::driver::{Alive, Conn, Driver, DriverConfig, always_alive, tag_replica};
 use sim::http::Http;
 use sim::process::{record_durable, signal};
 use sim::{Rng, env_u64, seeds, soak};
@@ -56,7 +57,10 @@ impl Drop for Replica {
 }
 
 fn spawn(store: &str, node: &str, effects: &Path, unfenced: bool) -> Replica {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-tasks"));
+    // MCP_TASKS_BIN: run a copy of the binary (a long soak while the crate is rebuilt).
+    let bin = std::env::var("MCP_TASKS_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_mcp-tasks").to_owned());
+    let mut cmd = Command::new(bin);
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--fixtures", "crash"])
         .args([
             "--store",
@@ -130,10 +134,14 @@ impl Spread {
     }
 }
 
+/// Each answer and streamed message is tagged with the replica that sent it, for the history.
 impl Conn for Spread {
     fn call(&self, message: Value) -> BoxFuture<'static, Result<Value, String>> {
         match self.pick() {
-            Some(addr) => Http { addr }.call(message),
+            Some(addr) => {
+                let call = Http { addr }.call(message);
+                Box::pin(async move { call.await.map(|v| tag_replica(v, &addr.to_string())) })
+            }
             None => Box::pin(async { Err("no replica is up".to_owned()) }),
         }
     }
@@ -143,7 +151,15 @@ impl Conn for Spread {
         message: Value,
     ) -> BoxFuture<'static, Result<BoxStream<'static, Value>, String>> {
         match self.pick() {
-            Some(addr) => Http { addr }.listen(message),
+            Some(addr) => {
+                let listen = Http { addr }.listen(message);
+                Box::pin(async move {
+                    let replica = addr.to_string();
+                    listen
+                        .await
+                        .map(|stream| stream.map(move |m| tag_replica(m, &replica)).boxed())
+                })
+            }
             None => Box::pin(async { Err("no replica is up".to_owned()) }),
         }
     }

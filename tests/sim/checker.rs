@@ -22,6 +22,11 @@
 //!   step in the side-effect log (nothing ran it again afterwards), and a completed task's
 //!   result carries exactly its journal.
 //!
+//! - **real time** ([`super::linear`]): per task, the acknowledged operations fit one linear
+//!   history of its record — no read returns an older state than an operation that completed
+//!   before it was sent, and no read sent after an acknowledged answer shows its key still
+//!   waiting.
+//!
 //! Liveness (reported apart): after faults stop, every acknowledged task reached a terminal
 //! state within the bound.
 
@@ -35,6 +40,8 @@ use mcp_tasks::task::json::detailed_task;
 use mcp_tasks::task::{TaskRecord, TaskStatus};
 use mcp_tasks::wire::ServerInfo;
 use serde_json::{Map, Value, json};
+
+use super::linear::{self, Op, OpSpan, TimedOp};
 
 /// Where an observation came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,6 +107,13 @@ pub enum Ev {
         task: String,
         last: Value,
     },
+    /// An acknowledged operation with its real-time interval and the replica that answered,
+    /// for the linearizability check ([`super::linear`]).
+    Timed {
+        task: String,
+        span: OpSpan,
+        op: Op,
+    },
 }
 
 /// A shared, append-only history.
@@ -163,6 +177,10 @@ pub enum Kind {
     ObservedNotDurable,
     IllegalTransition,
     TerminalChanged,
+    /// A read returned an older state than an operation that completed before it was sent.
+    StaleRead,
+    /// A read sent after an acknowledged answer still shows its key waiting for input.
+    UpdateNotVisible,
     StepReExecuted,
     Journal,
     Reopen,
@@ -191,6 +209,8 @@ pub struct Report {
     pub observations: usize,
     pub durable_snapshots: usize,
     pub step_executions: usize,
+    /// Acknowledged operations with their real-time interval (the linearizability check's).
+    pub timed_operations: usize,
 }
 
 impl Report {
@@ -213,11 +233,12 @@ impl Report {
     /// A printable summary (at most `max` violations).
     pub fn summary(&self, max: usize) -> String {
         let mut out = format!(
-            "{} safety and {} liveness violation(s) over {} tasks, {} observations, {} durable snapshots, {} step executions",
+            "{} safety and {} liveness violation(s) over {} tasks, {} observations, {} timed operations, {} durable snapshots, {} step executions",
             self.safety().count(),
             self.liveness().count(),
             self.tasks,
             self.observations,
+            self.timed_operations,
             self.durable_snapshots,
             self.step_executions
         );
@@ -679,6 +700,17 @@ pub fn check(events: &[Ev], effects: &[SideEffect], allow: &Allow) -> Report {
         }
         previous = Some((epoch, records));
     }
+
+    // Real time: the acknowledged operations of each task fit one linear history.
+    let timed: Vec<TimedOp<'_>> = events
+        .iter()
+        .filter_map(|ev| match ev {
+            Ev::Timed { task, span, op } => Some(TimedOp { task, span, op }),
+            _ => None,
+        })
+        .collect();
+    linear::check(&timed, &mut v);
+    r.timed_operations = timed.len();
 
     if allow.cross_node_step_reexecution {
         r.violations.retain(|x| x.kind != Kind::StepReExecuted);

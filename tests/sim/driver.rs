@@ -16,6 +16,27 @@ use tokio::task::JoinHandle;
 
 use super::Rng;
 use super::checker::{Ev, History, Source, answer_for};
+use super::linear::{Op, OpSpan};
+
+/// The member of a response (or of a streamed message) naming the replica that sent it, when
+/// the connection spreads requests over several ([`tag_replica`]).
+pub const REPLICA: &str = "_replica";
+
+/// Marks a response or a streamed message as sent by `replica` (read back by the driver for
+/// the history).
+pub fn tag_replica(mut message: Value, replica: &str) -> Value {
+    if let Some(m) = message.as_object_mut() {
+        m.insert(REPLICA.to_owned(), Value::String(replica.to_owned()));
+    }
+    message
+}
+
+fn replica_of(message: &Value) -> Option<String> {
+    message
+        .get(REPLICA)
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
 
 /// How a driver reaches a server. `Err` is a transport failure (no answer: unknown outcome).
 pub trait Conn: Send + Sync + 'static {
@@ -148,6 +169,8 @@ pub struct Driver {
     listeners: Vec<JoinHandle<()>>,
     pub counts: Counts,
     notifications: Arc<std::sync::atomic::AtomicU64>,
+    /// The interval and replica of the last request answered.
+    last_span: Option<OpSpan>,
 }
 
 pub fn request(id: u64, method: &str, mut params: Value) -> Value {
@@ -182,6 +205,7 @@ impl Driver {
             listeners: Vec::new(),
             counts: Counts::default(),
             notifications: Arc::default(),
+            last_span: None,
         }
     }
 
@@ -199,6 +223,8 @@ impl Driver {
         let id = self.next_id;
         self.next_id += 1;
         self.counts.requests += 1;
+        self.last_span = None;
+        let invoked = Instant::now();
         let call = conn.call(request(id, method, params));
         let answer = match tokio::time::timeout(self.cfg.request_timeout, call).await {
             Ok(Ok(v)) => v,
@@ -207,6 +233,11 @@ impl Driver {
         if !alive() {
             return Answer::Nothing;
         }
+        self.last_span = Some(OpSpan {
+            invoked,
+            completed: Instant::now(),
+            replica: replica_of(&answer),
+        });
         if let Some(r) = answer.get("result") {
             self.counts.acked += 1;
             Answer::Result(r.clone())
@@ -228,6 +259,13 @@ impl Driver {
             if newer {
                 k.last = Some(object.clone());
             }
+        }
+        if let Some(span) = self.last_span.take() {
+            self.history.push(Ev::Timed {
+                task: task.to_owned(),
+                span,
+                op: Op::Read(object.clone()),
+            });
         }
         self.history.push(Ev::Observed {
             task: task.to_owned(),
@@ -327,6 +365,13 @@ impl Driver {
         });
         let params = json!({ "taskId": task, "inputResponses": responses });
         if let Answer::Result(_) = self.send(conn, "tasks/update", params, alive).await {
+            if let Some(span) = self.last_span.take() {
+                self.history.push(Ev::Timed {
+                    task: task.to_owned(),
+                    span,
+                    op: Op::Update(keys.clone()),
+                });
+            }
             self.history.push(Ev::UpdateAcked {
                 task: task.to_owned(),
                 epoch,
@@ -388,6 +433,11 @@ impl Driver {
                     && let Some(task) = m["params"]["taskId"].as_str()
                 {
                     count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    history.push(Ev::Timed {
+                        task: task.to_owned(),
+                        span: OpSpan::received(replica_of(&m)),
+                        op: Op::Notified(m["params"].clone()),
+                    });
                     history.push(Ev::Observed {
                         task: task.to_owned(),
                         epoch,

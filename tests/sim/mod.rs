@@ -7,6 +7,7 @@ pub mod checker;
 pub mod disk;
 pub mod driver;
 pub mod http;
+pub mod linear;
 pub mod power;
 pub mod process;
 

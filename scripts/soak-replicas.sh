@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# A soak of the replica crash suite: RUNS runs (default 100) of its two fenced tests, each on a
+# fresh random MCP_TASKS_BASE_SEED, against copies of the test executable and of the binary (so
+# the crate can be rebuilt meanwhile). Prints one line per run and, at the end, the failure
+# rate; the full output of every failing run is kept in OUT (default a temporary directory).
+#
+#   scripts/soak-replicas.sh [RUNS] [OUT]
+#
+# Needs PostgreSQL (scripts/postgres.sh) and the root of the repository as working directory.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-100}
+out=${2:-$(mktemp -d -t mcp-tasks-soak.XXXXXX)}
+mkdir -p "$out"
+target=${CARGO_TARGET_DIR:-target}
+
+echo "== building the replica crash suite"
+exe=$(cargo test --test crash_replicas --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "crash_replicas":
+        print(m["executable"])')
+cargo build --bin mcp-tasks
+cp "$exe" "$out/crash_replicas"
+cp "$target/debug/mcp-tasks" "$out/mcp-tasks"
+echo "== $runs runs; failures kept in $out (commit $(git rev-parse --short HEAD))"
+
+failed=0
+started=$(date +%s)
+for ((i = 1; i <= runs; i++)); do
+  seed=$(od -An -N8 -tu8 /dev/urandom | tr -d ' ')
+  log="$out/run-$i.log"
+  t0=$(date +%s)
+  if MCP_TASKS_REQUIRE_POSTGRES=1 MCP_TASKS_BIN="$out/mcp-tasks" MCP_TASKS_BASE_SEED=$seed \
+    "$out/crash_replicas" --exact replicas_killed_and_paused_past_their_lease_keep_every_invariant \
+    replicas_and_postgres_restarts_keep_every_invariant >"$log" 2>&1; then
+    echo "run $i: ok ($(($(date +%s) - t0)) s, base seed $seed)"
+    rm -f "$log"
+  else
+    failed=$((failed + 1))
+    echo "run $i: FAILED ($(($(date +%s) - t0)) s, base seed $seed): $log"
+    grep -E "^\s+\[|violation" "$log" | head -5 || true
+  fi
+done
+echo "== $failed of $runs runs failed, in $(($(date +%s) - started)) s"
+(( failed == 0 ))
