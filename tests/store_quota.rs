@@ -3,7 +3,8 @@
 //!
 //! - the legacy `tasks/list` reads the caller's records only, through the store's owner
 //!   index, one page at a time (proved by a store wrapper that counts every record the
-//!   runtime reads, not by timing);
+//!   runtime reads, not by timing), and each page is bounded in record bytes as well as in
+//!   count;
 //! - the disk quota (`Quotas::max_stored_bytes`) counts finished tasks until the reaper
 //!   deletes them, refuses with `429` / `-32010` naming the limit, and frees the bytes when
 //!   they are purged.
@@ -350,6 +351,67 @@ async fn legacy_tasks_list_reads_only_the_callers_records_a_page_at_a_time() {
         0,
         "the whole store is never read"
     );
+    server.stop().await;
+}
+
+/// A page of the legacy `tasks/list` is bounded in bytes as well as in count: with tasks of
+/// 1 MB arguments, a page stops once it holds `MAX_PAGE_BYTES` of records (far fewer than
+/// 50 tasks), reads about that much from the store, and following the cursor still lists
+/// every task exactly once (the small ones after the large ones included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_tasks_list_pages_are_bounded_in_bytes() {
+    let server = Server::start(Quotas::unlimited(), None).await;
+    // Under the default 1 MiB argument limit.
+    const LARGE: usize = 1000 * 1024;
+    const BUDGET: u64 = mcp_tasks::store::MAX_PAGE_BYTES as u64;
+    let mut alices = BTreeSet::new();
+    for _ in 0..12 {
+        alices.insert(server.create_ok("alice", LARGE).await);
+    }
+    for _ in 0..3 {
+        alices.insert(server.create_ok("alice", 10).await);
+    }
+    let alice = server.legacy("alice").await;
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let params = match &cursor {
+            Some(c) => json!({ "cursor": c }),
+            None => json!({}),
+        };
+        let before = server.reads.snapshot();
+        let page = alice.result(3 + pages, "tasks/list", params).await;
+        let after = server.reads.snapshot();
+        pages += 1;
+        let tasks = page["tasks"].as_array().unwrap();
+        if pages == 1 {
+            assert!(
+                (1..alices.len()).contains(&tasks.len()),
+                "the first page holds what fits its byte budget: {} tasks",
+                tasks.len()
+            );
+        }
+        let read = after.2 - before.2;
+        assert!(
+            read < BUDGET + 2 * LARGE as u64,
+            "a page reads at most its byte budget and a record more: {read} bytes"
+        );
+        seen.extend(
+            tasks
+                .iter()
+                .map(|t| t["taskId"].as_str().unwrap().to_owned()),
+        );
+        match page.get("nextCursor").and_then(Value::as_str) {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+        assert!(pages < 20, "the pages never end");
+    }
+    assert!(pages >= 3, "12 MB of records over pages of 4 MiB: {pages}");
+    let unique: BTreeSet<String> = seen.iter().cloned().collect();
+    assert_eq!(unique.len(), seen.len(), "no task is listed twice");
+    assert_eq!(unique, alices, "every own task is listed");
     server.stop().await;
 }
 
