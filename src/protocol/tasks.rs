@@ -472,9 +472,9 @@ pub(crate) struct TaskCursor {
 impl Dispatcher {
     /// One page of `owner`'s unexpired tasks, oldest first, after `after`; and where the
     /// next page starts, when more may follow. Pages through the store's owner index
-    /// ([`crate::store::Store::owned`]): only this owner's records are read, at most `limit
-    /// + 1` of them and, past the first, none once [`crate::store::MAX_PAGE_BYTES`] of
-    /// record bytes are held, so neither the cost nor the memory depends on what other
+    /// ([`crate::store::Store::owned`]): only this owner's records are read, at most
+    /// `limit + 1` of them and, past the first, none once [`crate::store::MAX_PAGE_BYTES`]
+    /// of record bytes are held, so neither the cost nor the memory depends on what other
     /// owners store or on how large the records are. A page cut by bytes may be shorter
     /// than `limit` (even empty, when every record read was expired), its cursor is the
     /// last record read, and the page after it may be empty. Records that do not decode
