@@ -12,7 +12,8 @@
 //!
 //! The disk-quota scenario ([`disk_quota`]): tasks that finish at once, with 1,000,000-byte
 //! arguments, created at the allowed rate until `storedBytes` refuses them; it prints the
-//! tasks stored, the principal's stored bytes as the quota counts them, and the store file.
+//! tasks stored, the principal's stored bytes as the quota counts them, the store file and
+//! the server's peak resident set (`VmHWM`). The legacy scenario prints the store file too.
 //!
 //! Nothing here asserts a figure; `docs/BENCHMARKS.md` records them.
 
@@ -69,6 +70,15 @@ impl Drop for Server {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    /// The size of the store file, bytes.
+    fn store_bytes(&self) -> u64 {
+        std::fs::metadata(self._dir.path().join("abuse.redb"))
+            .map(|m| m.len())
+            .unwrap_or(0)
     }
 }
 
@@ -329,6 +339,7 @@ struct LegacyOutcome {
     rss_start: u64,
     rss_after: u64,
     hwm: u64,
+    store_bytes: u64,
 }
 
 /// The review's legacy reproduction at the default quotas: one principal makes `tasks` live
@@ -453,6 +464,7 @@ async fn run_legacy(tasks: usize, abandoned: usize, attempts: usize) -> LegacyOu
     times.sort_by(f64::total_cmp);
     let rss_after = rss_kib(pid, "VmRSS:");
     let hwm = rss_kib(pid, "VmHWM:");
+    let store_bytes = server.store_bytes();
     drop(streams);
     LegacyOutcome {
         tasks,
@@ -465,18 +477,19 @@ async fn run_legacy(tasks: usize, abandoned: usize, attempts: usize) -> LegacyOu
         rss_start,
         rss_after,
         hwm,
+        store_bytes,
     }
 }
 
 fn print_legacy(rt: &tokio::runtime::Runtime) {
     println!();
     println!(
-        "| live tasks | abandoned tasks/result | sessions held (tasks/get) | refused by | server CPU, attacker idle | victim tools/list median | RSS start | after | peak (VmHWM) |"
+        "| live tasks | abandoned tasks/result | sessions held (tasks/get) | refused by | server CPU, attacker idle | victim tools/list median | RSS start | after | peak (VmHWM) | store file |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let o = rt.block_on(run_legacy(20, 200, 640));
     println!(
-        "| {} | {} | {} ({}) | {} | {:.1} % | {:.2} ms | {:.1} MiB | {:.1} MiB | {:.1} MiB |",
+        "| {} | {} | {} ({}) | {} | {:.1} % | {:.2} ms | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.1} MiB |",
         o.tasks,
         o.abandoned,
         o.sessions,
@@ -487,6 +500,7 @@ fn print_legacy(rt: &tokio::runtime::Runtime) {
         o.rss_start as f64 / 1024.0,
         o.rss_after as f64 / 1024.0,
         o.hwm as f64 / 1024.0,
+        o.store_bytes as f64 / (1024.0 * 1024.0),
     );
 }
 
@@ -504,6 +518,8 @@ struct DiskOutcome {
     refused_by: String,
     seconds: f64,
     file_bytes: u64,
+    /// The server's peak resident set (`VmHWM`), KiB.
+    hwm: u64,
 }
 
 /// The disk-quota scenario: one client creates finished tasks (`sleep_task` of 0 ms) with
@@ -534,30 +550,33 @@ async fn disk_quota(pad: usize) -> DiskOutcome {
         }
     };
     let seconds = started.elapsed().as_secs_f64();
-    let file_bytes = std::fs::metadata(server._dir.path().join("abuse.redb"))
-        .map(|m| m.len())
-        .unwrap_or(0);
+    let file_bytes = server.store_bytes();
+    let hwm = rss_kib(server.child.id(), "VmHWM:");
     DiskOutcome {
         created,
         refused_by,
         seconds,
         file_bytes,
+        hwm,
     }
 }
 
 /// Prints the disk-quota scenario's table.
 fn disk_quota_section(rt: &tokio::runtime::Runtime) {
     println!();
-    println!("| pad (bytes) | finished tasks stored | refused by | seconds | store file |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| pad (bytes) | finished tasks stored | refused by | seconds | store file | peak (VmHWM) |"
+    );
+    println!("|---|---|---|---|---|---|");
     let pad = 1_000_000;
     let o = rt.block_on(disk_quota(pad));
     println!(
-        "| {pad} | {} | {} | {:.1} | {:.1} MiB |",
+        "| {pad} | {} | {} | {:.1} | {:.1} MiB | {:.1} MiB |",
         o.created,
         o.refused_by,
         o.seconds,
         o.file_bytes as f64 / (1024.0 * 1024.0),
+        o.hwm as f64 / 1024.0,
     );
 }
 

@@ -1,7 +1,8 @@
 //! The owner index and the per-owner usage of the PostgreSQL store: one owner's tasks paged
 //! in (creation time, id) order without another owner's rows, usage kept by the commit's
 //! transaction and seen alike by two replicas, freed by deletes, and a schema of version 2
-//! (rows without owners) converted by the next open. Each test has a schema of its own
+//! (rows without owners) converted by the next open; and a page of the owner index bounded
+//! in record bytes, alike in the PostgreSQL, redb and memory stores. Each test has a schema of its own
 //! (tests/pg); skipped without a server unless `MCP_TASKS_REQUIRE_POSTGRES` is set.
 #![cfg(feature = "postgres")]
 
@@ -11,7 +12,8 @@ use std::time::Duration;
 
 use mcp_tasks::persist;
 use mcp_tasks::store::{
-    Expect, OwnedCursor, OwnerEntry, PostgresStore, TaskStore, Usage, WriteOp, owner_key,
+    Expect, MAX_PAGE_BYTES, MemoryStore, OwnedCursor, OwnerEntry, PostgresStore, RedbStore,
+    StoreOptions, TaskStore, Usage, WriteOp, owner_key,
 };
 use mcp_tasks::task::{Owner, TaskId, TaskRecord};
 use serde_json::json;
@@ -154,4 +156,86 @@ async fn owners_are_indexed_counted_and_converted() {
     assert_eq!(report.owners[1].tasks, usage.tasks);
     assert_eq!(report.owners[1].bytes, usage.bytes);
     pg.drop().await;
+}
+
+/// Pages `alice`'s tasks in `store` with a count cap of 100, as the runtime does: on after
+/// the last record until a page is empty. The sizes of each page's records.
+async fn owned_pages(store: &dyn TaskStore) -> Vec<Vec<(String, usize)>> {
+    let alice = owner_key("acme", "alice");
+    let mut pages = Vec::new();
+    let mut after = None;
+    for _ in 0..20 {
+        let page = store.owned(&alice, after.clone(), 100).await.unwrap();
+        let Some(last) = page.last() else {
+            return pages;
+        };
+        after = Some(OwnedCursor {
+            created_ms: last.created_ms,
+            id: last.id.clone(),
+        });
+        pages.push(page.iter().map(|r| (r.id.clone(), r.bytes.len())).collect());
+    }
+    panic!("the pages never end: {pages:?}");
+}
+
+/// A page of the owner index stops once it holds `MAX_PAGE_BYTES` of records, whatever the
+/// count cap, and always holds a record (one larger than the bound alone); paging on after
+/// its last record yields every task once, in order. The same in every backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_pages_are_bounded_in_bytes_in_every_backend() {
+    const MIB: usize = 1024 * 1024;
+    // 5 MiB (alone), 3 × 1.5 MiB (4.5 MiB: the third reaches the bound), then 1.5 MiB and
+    // three small ones (short of both bounds).
+    let pads = [
+        5 * MIB,
+        3 * MIB / 2,
+        3 * MIB / 2,
+        3 * MIB / 2,
+        3 * MIB / 2,
+        10,
+        10,
+        10,
+    ];
+    let mut ops = Vec::new();
+    let mut ids = Vec::new();
+    for (n, pad) in pads.iter().enumerate() {
+        let created = 1_000 + n as u64;
+        let (id, bytes) = snapshot(n as u32, "alice", created, *pad);
+        ids.push(id.clone());
+        ops.push(create(&id, bytes, "alice", created));
+    }
+    // Another owner's large task in between changes nothing.
+    let (id, bytes) = snapshot(99, "bob", 1_002, 2 * MIB);
+    ops.push(create(&id, bytes, "bob", 1_002));
+
+    let dir = tempfile::tempdir().unwrap();
+    let redb = RedbStore::open(&dir.path().join("tasks.redb"), StoreOptions::default()).unwrap();
+    let memory = MemoryStore::new();
+    let pg = pg::fresh().await;
+    let postgres = match &pg {
+        Some(pg) => Some(
+            PostgresStore::open(&pg.url, pg.options("a", Duration::from_secs(5)))
+                .await
+                .unwrap(),
+        ),
+        None => None,
+    };
+    let mut stores: Vec<(&str, &dyn TaskStore)> = vec![("redb", &redb), ("memory", &memory)];
+    if let Some(p) = &postgres {
+        stores.push(("postgres", p));
+    }
+    for (name, store) in stores {
+        for op in &ops {
+            store.commit(vec![op.clone()]).await.unwrap();
+        }
+        let pages = owned_pages(store).await;
+        let counts: Vec<usize> = pages.iter().map(Vec::len).collect();
+        assert_eq!(counts, vec![1, 3, 4], "{name}: {pages:?}");
+        for page in &pages {
+            let before_last: usize = page[..page.len() - 1].iter().map(|(_, b)| b).sum();
+            assert!(before_last < MAX_PAGE_BYTES, "{name}: {pages:?}");
+        }
+        let seen: Vec<String> = pages.into_iter().flatten().map(|(id, _)| id).collect();
+        assert_eq!(seen, ids, "{name}");
+    }
 }

@@ -935,6 +935,73 @@ async fn a_step_gets_a_stable_idempotency_key_and_its_attempt(backend: Backend) 
 /// after the same work: one store read each, for `tasks/get`, `tasks/cancel`,
 /// `tasks/update` and a listen's task ids, so the time of the answer cannot tell the two
 /// apart. The owner of a live task is served from memory.
+/// Another owner's stored record is not decoded past its owner: a record whose first
+/// fields (version, id, owner) are sound but whose body is cut short answers another owner
+/// exactly as an unknown id does, while its owner, whose read decodes the whole record,
+/// gets the decode failure. Without the owner check before the decode, the foreign caller
+/// would get that failure too (and pay for the decode of every argument and result).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_record_is_not_decoded_past_its_owner() {
+    use mcp_tasks::store::{Expect, OwnerEntry, Store, TaskStore, WriteOp, owner_key};
+    use mcp_tasks::task::{TaskId, TaskRecord};
+    let memory = Arc::new(mcp_tasks::store::MemoryStore::new());
+    let rt = Runtime::builder_with_store(Store::from_backend(memory.clone()))
+        .tool(forever())
+        .start()
+        .await
+        .unwrap();
+    let alice = Owner::new("acme", "alice");
+    let id = format!("tsk_{}", "1".repeat(32));
+    let record = TaskRecord::new(
+        TaskId::parse(&id).unwrap(),
+        alice.clone(),
+        "forever".into(),
+        json!({ "pad": "x".repeat(1000) }),
+        Value::Null,
+        1,
+        Some(3_600_000),
+        None,
+        None,
+    );
+    let mut bytes = mcp_tasks::persist::encode(&record).unwrap();
+    bytes.truncate(bytes.len() - 1);
+    assert!(mcp_tasks::persist::decode(&bytes).is_err());
+    assert_eq!(mcp_tasks::persist::decode_owner(&bytes).unwrap(), alice);
+    memory
+        .commit(vec![WriteOp::Put {
+            id: id.clone(),
+            bytes,
+            live: false,
+            due_ms: None,
+            seq: Some(1),
+            expect: Expect::Absent,
+            owner: Some(OwnerEntry {
+                owner: owner_key("acme", "alice"),
+                created_ms: 1,
+            }),
+        }])
+        .await
+        .unwrap();
+    let unknown = format!("tsk_{}", "0".repeat(32));
+    async fn ask(rt: &Runtime, id: &str, who: &Owner) -> Value {
+        rt.handle_json(req(1, "tasks/get", json!({ "taskId": id }), true), who)
+            .await
+            .expect("a response")
+    }
+    let mallory = Owner::new("other", "mallory");
+    let foreign = ask(&rt, &id, &mallory).await;
+    let missing = ask(&rt, &unknown, &mallory).await;
+    assert_eq!(
+        foreign, missing,
+        "a foreign record reads like an unknown id"
+    );
+    assert_eq!(missing["error"]["code"], -32602, "{missing}");
+    let own = ask(&rt, &id, &alice).await;
+    assert!(own.get("error").is_some(), "{own}");
+    assert_ne!(own, missing, "the owner's read decodes the record: {own}");
+    rt.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_foreign_task_costs_the_store_read_an_unknown_id_costs() {
     let memory = Arc::new(mcp_tasks::store::MemoryStore::new());

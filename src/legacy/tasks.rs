@@ -150,7 +150,7 @@ impl Call {
             Some(_) => return Err(RpcError::invalid_params("`cursor` must be a string")),
         };
         let dispatcher = self.legacy.handle.dispatcher();
-        let (records, more) = dispatcher
+        let (records, next) = dispatcher
             .owned_tasks(&self.owner, cursor.as_ref(), PAGE_SIZE)
             .await?;
         let server = &self.legacy.shared.config.server_info;
@@ -159,11 +159,8 @@ impl Call {
             .map(|r| legacy_task(&Value::Object(crate::task::json::detailed_task(r, server))))
             .collect();
         let mut result = json!({ "tasks": tasks });
-        if more && let Some(last) = records.last() {
-            result["nextCursor"] = json!(encode_cursor(&TaskCursor {
-                created_at_ms: last.created_at_ms,
-                id: last.id.as_str().to_owned(),
-            }));
+        if let Some(next) = next {
+            result["nextCursor"] = json!(encode_cursor(&next));
         }
         Ok(result)
     }

@@ -215,6 +215,22 @@ pub fn decode(bytes: &[u8]) -> Result<TaskRecord, PersistError> {
     }
 }
 
+/// The owner of a snapshot, read from its first fields without decoding the rest: every
+/// format version begins with the fields of version 1 (`id`, `owner_tenant`,
+/// `owner_principal`, …), so the owner is the second and third string after the version tag
+/// whatever the version. What a reader checks before it decodes a record it may not serve
+/// (another owner's task costs this, not a full decode). Fails like [`decode`] on bytes
+/// whose first fields are malformed; says nothing about the rest of the record.
+pub fn decode_owner(bytes: &[u8]) -> Result<Owner, PersistError> {
+    snapshot_version(bytes)?;
+    let bad = |e: postcard::Error| PersistError::Decode(e.to_string());
+    let (_, rest) = postcard::take_from_bytes::<u32>(bytes).map_err(bad)?;
+    let (_, rest) = postcard::take_from_bytes::<&str>(rest).map_err(bad)?;
+    let (tenant, rest) = postcard::take_from_bytes::<&str>(rest).map_err(bad)?;
+    let (principal, _) = postcard::take_from_bytes::<&str>(rest).map_err(bad)?;
+    Ok(Owner::new(tenant, principal))
+}
+
 /// The format version of a snapshot, read from its first bytes without decoding the rest.
 /// Fails with [`PersistError::UnknownVersion`] for a version newer than this build knows.
 pub fn snapshot_version(bytes: &[u8]) -> Result<u32, PersistError> {

@@ -252,6 +252,8 @@ fn check_frozen_goldens(version: u32, records: Vec<(&'static str, TaskRecord)>) 
         let golden = std::fs::read(&bin)
             .unwrap_or_else(|e| panic!("cannot read golden file {}: {e}", bin.display()));
         assert_eq!(snapshot_version(&golden), Ok(version));
+        // The owner is read from the first fields of every version.
+        assert_eq!(decode_owner(&golden), Ok(record.owner.clone()), "{name}.bin");
         assert_eq!(
             decode(&golden).unwrap_or_else(|e| panic!("{name}.bin no longer decodes: {e}")),
             record,
@@ -680,6 +682,12 @@ proptest! {
     fn random_records_round_trip(record in arb_record()) {
         let bytes = encode(&record).unwrap();
         prop_assert_eq!(snapshot_version(&bytes), Ok(CURRENT_VERSION));
+        prop_assert_eq!(decode_owner(&bytes), Ok(record.owner.clone()));
+        // The owner's fields come first (a dozen fields follow them): a record cut short
+        // still names its owner, though it no longer decodes.
+        let cut = &bytes[..bytes.len() - 1];
+        prop_assert!(decode(cut).is_err());
+        prop_assert_eq!(decode_owner(cut), Ok(record.owner.clone()));
         prop_assert_eq!(decode(&bytes).unwrap(), record);
         // Decoding is the inverse of encoding on everything encode produces.
         prop_assert_eq!(encode(&decode(&bytes).unwrap()).unwrap(), bytes);
@@ -688,6 +696,7 @@ proptest! {
     #[test]
     fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
         let _ = decode(&bytes);
+        let _ = decode_owner(&bytes);
         let _ = snapshot_version(&bytes);
     }
 
@@ -703,7 +712,9 @@ proptest! {
             bytes[i] = byte;
         }
         let _ = decode(&bytes);
+        let _ = decode_owner(&bytes);
         let len = cut.index(bytes.len() + 1);
         let _ = decode(&bytes[..len]);
+        let _ = decode_owner(&bytes[..len]);
     }
 }

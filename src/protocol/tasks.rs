@@ -470,17 +470,21 @@ pub(crate) struct TaskCursor {
 }
 
 impl Dispatcher {
-    /// One page of `owner`'s unexpired tasks, oldest first, after `after`; and whether more
-    /// follow. Pages through the store's owner index ([`crate::store::Store::owned`]): only
-    /// this owner's records are read, at most one store page (`limit + 1` records) at a
-    /// time, so neither the cost nor the memory depends on what other owners store. Records
-    /// that do not decode are skipped (the reaper quarantines them), and so are expired ones.
+    /// One page of `owner`'s unexpired tasks, oldest first, after `after`; and where the
+    /// next page starts, when more may follow. Pages through the store's owner index
+    /// ([`crate::store::Store::owned`]): only this owner's records are read, at most
+    /// `limit + 1` of them and, past the first, none once [`crate::store::MAX_PAGE_BYTES`]
+    /// of record bytes are held, so neither the cost nor the memory depends on what other
+    /// owners store or on how large the records are. A page cut by bytes may be shorter
+    /// than `limit` (even empty, when every record read was expired), its cursor is the
+    /// last record read, and the page after it may be empty. Records that do not decode
+    /// are skipped (the reaper quarantines them), and so are expired ones.
     pub(crate) async fn owned_tasks(
         &self,
         owner: &crate::task::Owner,
         after: Option<&TaskCursor>,
         limit: usize,
-    ) -> Result<(Vec<TaskRecord>, bool), RpcError> {
+    ) -> Result<(Vec<TaskRecord>, Option<TaskCursor>), RpcError> {
         let now = self.shared.now_ms();
         let key = crate::store::owner_key(&owner.tenant, &owner.principal);
         let limit = limit.clamp(1, crate::store::MAX_PAGE - 1);
@@ -489,14 +493,21 @@ impl Dispatcher {
             id: a.id.clone(),
         });
         let mut mine: Vec<TaskRecord> = Vec::with_capacity(limit + 1);
-        loop {
+        let mut held = 0usize;
+        // Whether the last store page ended the owner's tasks.
+        let ended = loop {
             let want = limit + 1 - mine.len();
             let page = self.shared.store.owned(&key, cursor.clone(), want).await?;
-            let last = page.last().map(|r| crate::store::OwnedCursor {
+            let Some(last) = page.last().map(|r| crate::store::OwnedCursor {
                 created_ms: r.created_ms,
                 id: r.id.clone(),
-            });
-            let ended = page.len() < want;
+            }) else {
+                break true;
+            };
+            let bytes: usize = page.iter().map(|r| r.bytes.len()).sum();
+            held = held.saturating_add(bytes);
+            // Short of both bounds: the store had no more.
+            let short = page.len() < want && bytes < crate::store::MAX_PAGE_BYTES;
             let owner = owner.clone();
             let decoded: Vec<TaskRecord> = tokio::task::spawn_blocking(move || {
                 page.into_iter()
@@ -507,11 +518,14 @@ impl Dispatcher {
             .await
             .map_err(|e| RpcError::internal(format!("listing tasks failed: {e}")))?;
             mine.extend(decoded);
-            if ended || mine.len() > limit || last.is_none() {
-                break;
+            cursor = Some(last);
+            if short {
+                break true;
             }
-            cursor = last;
-        }
+            if mine.len() > limit || held >= crate::store::MAX_PAGE_BYTES {
+                break false;
+            }
+        };
         // A live task's freshest committed snapshot is its actor's.
         for record in &mut mine {
             if let Some(live) = self.shared.live.snapshot(&record.id)
@@ -520,8 +534,21 @@ impl Dispatcher {
                 *record = (*live).clone();
             }
         }
-        let more = mine.len() > limit;
-        mine.truncate(limit);
-        Ok((mine, more))
+        let next = if mine.len() > limit {
+            mine.truncate(limit);
+            mine.last().map(|r| TaskCursor {
+                created_at_ms: r.created_at_ms,
+                id: r.id.as_str().to_owned(),
+            })
+        } else if ended {
+            None
+        } else {
+            // Cut by bytes: on after the last record read (kept or skipped).
+            cursor.map(|c| TaskCursor {
+                created_at_ms: c.created_ms,
+                id: c.id,
+            })
+        };
+        Ok((mine, next))
     }
 }

@@ -105,16 +105,27 @@ impl Shared {
     /// An actor is registered before its first commit and removed after its last one, so a
     /// stored record served because no actor is registered any more is never followed by an
     /// older one. Test: `runtime::tests::expiry_and_give_up_racing_restarts_never_change_a_terminal_state`.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) async fn load(&self, id: &TaskId) -> Result<Option<Arc<TaskRecord>>, RuntimeError> {
+        self.load_as(id, None).await
+    }
+
+    /// [`Shared::load`]; with `owner`, a stored record of another owner is not decoded (and
+    /// not served).
+    async fn load_as(
+        &self,
+        id: &TaskId,
+        owner: Option<&Owner>,
+    ) -> Result<Option<Arc<TaskRecord>>, RuntimeError> {
         // On a store shared by replicas, another node may have changed the task since this
         // node's actor last committed (it took the task over): the store is the truth.
         if self.store.is_shared() {
-            return self.load_stored(id).await;
+            return self.load_stored_as(id, owner).await;
         }
         if let Some(snapshot) = self.live.snapshot(id) {
             return Ok(Some(snapshot));
         }
-        let stored = self.load_stored(id).await?;
+        let stored = self.load_stored_as(id, owner).await?;
         if let Some(snapshot) = self.live.snapshot(id) {
             return Ok(Some(snapshot));
         }
@@ -125,8 +136,12 @@ impl Shared {
     /// unknown id and for another owner's task alike, after the same work. A live task is
     /// served from memory, which an unknown id cannot be; so a live task of another owner is
     /// read from the store as well, exactly as an unknown id is, and the time of the answer
-    /// does not tell the two apart. Test:
-    /// `tests/runtime.rs` `a_foreign_task_costs_the_store_read_an_unknown_id_costs`.
+    /// does not tell the two apart. A stored record is decoded only once its owner, read
+    /// from the record's first fields ([`persist::decode_owner`]), is the caller: another
+    /// owner's task costs the store read and that header, never the decode of its arguments,
+    /// results and journal. Tests: `tests/runtime.rs`
+    /// `a_foreign_task_costs_the_store_read_an_unknown_id_costs` and
+    /// `a_foreign_record_is_not_decoded_past_its_owner`.
     pub(crate) async fn load_for(
         &self,
         id: &TaskId,
@@ -138,11 +153,11 @@ impl Shared {
             if snapshot.owner.same_as(owner) {
                 return Ok(Some(snapshot));
             }
-            let _ = self.load_stored(id).await?;
+            let _ = self.load_stored_as(id, Some(owner)).await?;
             let _ = self.live.snapshot(id);
             return Ok(None);
         }
-        let record = self.load(id).await?;
+        let record = self.load_as(id, Some(owner)).await?;
         Ok(record.filter(|r| r.owner.same_as(owner)))
     }
 
@@ -151,10 +166,24 @@ impl Shared {
         &self,
         id: &TaskId,
     ) -> Result<Option<Arc<TaskRecord>>, RuntimeError> {
-        match self.store.get(id.as_str()).await? {
-            Some(bytes) => Ok(Some(Arc::new(persist::decode(&bytes)?))),
-            None => Ok(None),
+        self.load_stored_as(id, None).await
+    }
+
+    /// [`Shared::load_stored`]; with `owner`, the record is decoded only once its owner,
+    /// read from its first fields, is `owner` (`None` otherwise, as for an unknown id).
+    async fn load_stored_as(
+        &self,
+        id: &TaskId,
+        owner: Option<&Owner>,
+    ) -> Result<Option<Arc<TaskRecord>>, RuntimeError> {
+        let Some(bytes) = self.store.get(id.as_str()).await? else {
+            return Ok(None);
+        };
+        if let Some(owner) = owner
+            && !persist::decode_owner(&bytes)?.same_as(owner)
+        {
+            return Ok(None);
         }
+        Ok(Some(Arc::new(persist::decode(&bytes)?)))
     }
 }
-

@@ -287,18 +287,26 @@ impl TaskStore for MemoryStore {
                 Some(a) => Bound::Excluded((owner.to_owned(), a.created_ms, a.id)),
                 None => Bound::Included((owner.to_owned(), 0, String::new())),
             };
-            s.by_owner
+            let mut out = Vec::new();
+            let mut held = 0usize;
+            let index = s
+                .by_owner
                 .range((from, Bound::Unbounded))
-                .take_while(|(o, _, _)| o == owner)
-                .take(limit)
-                .filter_map(|(_, created_ms, id)| {
-                    s.tasks.get(id).map(|bytes| OwnedRecord {
+                .take_while(|(o, _, _)| o == owner);
+            for (_, created_ms, id) in index {
+                if out.len() >= limit || held >= super::MAX_PAGE_BYTES {
+                    break;
+                }
+                if let Some(bytes) = s.tasks.get(id) {
+                    held = held.saturating_add(bytes.len());
+                    out.push(OwnedRecord {
                         id: id.clone(),
                         created_ms: *created_ms,
                         bytes: bytes.clone(),
-                    })
-                })
-                .collect()
+                    });
+                }
+            }
+            out
         })))
     }
     fn usage<'a>(&'a self, owner: &'a str) -> StoreFuture<'a, Usage> {

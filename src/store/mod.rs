@@ -511,6 +511,29 @@ impl Usage {
 /// whatever its caller asks: a page is what a request may hold in memory at once.
 pub const MAX_PAGE: usize = 1000;
 
+/// The record bytes past which one [`TaskStore::owned`] call stops filling its page: the
+/// page ends with the record that reaches this sum (a page always holds at least one record,
+/// so a caller paging on from its last record always progresses). Records may be megabytes
+/// each (their arguments and results), and a page of [`MAX_PAGE`] of them is what one
+/// request would hold in memory.
+pub const MAX_PAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// How many records of a page, of these sizes in order, fit [`MAX_PAGE_BYTES`] as
+/// [`TaskStore::owned`] counts: every record whose predecessors hold less than the bound
+/// (the first always).
+pub(crate) fn records_within_bytes(sizes: impl IntoIterator<Item = usize>) -> usize {
+    let mut held = 0usize;
+    let mut n = 0;
+    for size in sizes {
+        if held >= MAX_PAGE_BYTES {
+            break;
+        }
+        held = held.saturating_add(size);
+        n += 1;
+    }
+    n
+}
+
 /// Counters since open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StoreStats {
@@ -581,7 +604,10 @@ pub trait TaskStore: Send + Sync + 'static {
     /// Number of stored tasks and of live tasks.
     fn counts(&self) -> StoreFuture<'_, (u64, u64)>;
     /// One page of the tasks of `owner` (an [`owner_key`]), in (creation time, id) order,
-    /// after `after`, at most `limit` (capped at [`MAX_PAGE`]). Reads the owner index and
+    /// after `after`, at most `limit` (capped at [`MAX_PAGE`]) and, past its first record,
+    /// no record once the page holds [`MAX_PAGE_BYTES`] of record bytes: a page may thus be
+    /// shorter than `limit` with more to follow (the caller pages on after its last record
+    /// until a page comes back empty or short of both bounds). Reads the owner index and
     /// the records of this page only: the cost does not depend on what other owners store.
     ///
     /// The default (a host's own backend written before the index) answers
@@ -991,7 +1017,11 @@ impl Store {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        self.inner.owned(owner, after, limit.min(MAX_PAGE)).await
+        let mut page = self.inner.owned(owner, after, limit.min(MAX_PAGE)).await?;
+        // A host's backend may not stop at the byte bound: its page is cut here, so that
+        // what the caller holds on is bounded whichever backend answered.
+        page.truncate(records_within_bytes(page.iter().map(|r| r.bytes.len())));
+        Ok(page)
     }
 
     /// What an owner holds; see [`TaskStore::usage`].

@@ -1623,12 +1623,25 @@ impl TaskStore for PostgresStore {
                 .run(false, |client| async move {
                     let st = client
                         .prepare_cached(
-                            "SELECT id, created_ms, bytes FROM mcp_tasks
-                             WHERE task_owner = $1 AND (created_ms, id) > ($2, $3)
-                             ORDER BY created_ms, id LIMIT $4",
+                            // At most `limit` rows and, past the first, none once the
+                            // page holds `MAX_PAGE_BYTES` (`octet_length` reads a TOASTed
+                            // value's size without fetching it).
+                            "SELECT id, created_ms, bytes FROM (
+                                SELECT id, created_ms, bytes,
+                                       sum(octet_length(bytes))
+                                           OVER (ORDER BY created_ms, id) AS running
+                                FROM mcp_tasks
+                                WHERE task_owner = $1 AND (created_ms, id) > ($2, $3)
+                                ORDER BY created_ms, id LIMIT $4
+                             ) AS page
+                             WHERE running - octet_length(bytes) < $5
+                             ORDER BY created_ms, id",
                         )
                         .await?;
-                    let rows = client.query(&st, &[&owner, &created, &id, &limit]).await?;
+                    let budget = i64::try_from(super::MAX_PAGE_BYTES).unwrap_or(i64::MAX);
+                    let rows = client
+                        .query(&st, &[&owner, &created, &id, &limit, &budget])
+                        .await?;
                     Ok::<_, PgFailure>(
                         rows.into_iter()
                             .map(|r| super::OwnedRecord {

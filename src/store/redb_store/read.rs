@@ -13,7 +13,7 @@ use std::ops::Bound;
 
 use super::schema::{DUE, LIVE, META, OWNERS, TASKS, USAGE, snapshot_of};
 use super::{DbState, RedbStore, panic_message, redb_cause};
-use crate::store::{Cause, MAX_PAGE, OwnedCursor, OwnedRecord, StoreError, Usage};
+use crate::store::{Cause, MAX_PAGE, MAX_PAGE_BYTES, OwnedCursor, OwnedRecord, StoreError, Usage};
 
 impl RedbStore {
     /// The snapshot bytes of task `id` (without the header its record is stored with).
@@ -189,8 +189,9 @@ impl RedbStore {
     }
 
     /// One page of the tasks of `owner` (an owner key) in (creation time, id) order after
-    /// `after`, at most `limit` (capped at [`MAX_PAGE`]): a range of the owner index, then
-    /// the records of that page. Nothing of another owner is read.
+    /// `after`, at most `limit` (capped at [`MAX_PAGE`]) and no record once the page holds
+    /// [`MAX_PAGE_BYTES`]: a range of the owner index, then the records of that page.
+    /// Nothing of another owner is read.
     pub async fn owned(
         &self,
         owner: &str,
@@ -216,18 +217,23 @@ impl RedbStore {
                 None => Bound::Included(from),
             };
             let mut out = Vec::new();
+            let mut held = 0usize;
             for entry in owners.range::<(&str, u64, &str)>((start, Bound::Unbounded))? {
                 let (key, _) = entry?;
                 let (entry_owner, created_ms, id) = key.value();
-                if entry_owner != owner || out.len() >= limit {
+                if entry_owner != owner || out.len() >= limit || held >= MAX_PAGE_BYTES {
                     break;
                 }
                 match tasks.get(id)? {
-                    Some(value) => out.push(OwnedRecord {
-                        id: id.to_owned(),
-                        created_ms,
-                        bytes: snapshot_of(value.value()).to_vec(),
-                    }),
+                    Some(value) => {
+                        let bytes = snapshot_of(value.value()).to_vec();
+                        held = held.saturating_add(bytes.len());
+                        out.push(OwnedRecord {
+                            id: id.to_owned(),
+                            created_ms,
+                            bytes,
+                        });
+                    }
                     None => tracing::warn!(id, "the owner index names a task that is not stored"),
                 }
             }
