@@ -12,8 +12,8 @@
 //!
 //! The disk-quota scenario ([`disk_quota`]): tasks that finish at once, with 1,000,000-byte
 //! arguments, created at the allowed rate until `storedBytes` refuses them; it prints the
-//! tasks stored, the principal's stored bytes as the quota counts them, the store file and
-//! the server's peak resident set (`VmHWM`). The legacy scenario prints the store file too.
+//! tasks stored, the quota that refused them, the store file and the server's peak resident
+//! set (`VmHWM`). The legacy scenario prints the store file too.
 //!
 //! Nothing here asserts a figure; `docs/BENCHMARKS.md` records them.
 
