@@ -166,10 +166,12 @@ impl Clock for StrictClock {
 }
 
 /// Adds the workload tool, recording side effects to the file `side_effects`, and a
-/// [`StrictClock`] over the system clock.
+/// [`StrictClock`] over the system clock as the process's local clock: on a store shared by
+/// replicas, time is still decided by the store's clock as in production
+/// ([`RuntimeBuilder::local_clock`]), so the replica crash suite runs the production time path.
 pub fn install(builder: RuntimeBuilder, side_effects: PathBuf) -> RuntimeBuilder {
     builder
-        .clock(Arc::new(StrictClock::system()))
+        .local_clock(Arc::new(StrictClock::system()))
         .tool(job_tool(Arc::new(FileSideEffects::new(side_effects))))
         .tool(abort_tool())
 }
