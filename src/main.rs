@@ -849,6 +849,8 @@ async fn serve_http(
         let _ = tokio::time::timeout(Duration::from_secs(5), serving).await;
     };
     let Some((runtime, _admin)) = start(&args, started).await else {
+        // Requests waiting for the router are answered 503 at once.
+        drop(router_tx);
         stop_serving(stop_tx, serving).await;
         return ExitCode::FAILURE;
     };
@@ -863,6 +865,7 @@ async fn serve_http(
         Ok(tokens) => tokens,
         Err(e) => {
             eprintln!("error: {e}");
+            drop(router_tx);
             stop_serving(stop_tx, serving).await;
             runtime.shutdown().await;
             return ExitCode::FAILURE;
