@@ -162,3 +162,91 @@ async fn an_answer_recorded_for_a_node_whose_actor_is_stale_is_applied_not_dropp
     c.shutdown().await;
     pg.drop().await;
 }
+
+/// Bounded database calls (X6 of the scale-out review: a frozen peer holding a row lock). A
+/// node stopped in the middle of a transaction that holds a task's row lock — here its group
+/// commit, held inside the transaction by the failpoint `store::group_commit` for 25 s, far
+/// past every bound — does not keep the lock: each store connection sets
+/// `idle_in_transaction_session_timeout` (`SessionBounds::idle`, max(TTL, 5 s)), so the
+/// database ends the idle transaction and the row can be locked again within that bound, long
+/// before the node wakes. A raw session on a thread and runtime of its own watches the lock
+/// (the frozen node blocks one of the test runtime's workers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_left_open_by_a_frozen_node_releases_its_row_locks_within_the_bound() {
+    let Some(pg) = pg::fresh().await else { return };
+    let scenario = FailScenario::setup();
+    let ttl = Duration::from_secs(3);
+    // `SessionBounds::for_lease_ttl(3 s).idle`: max(TTL, 5 s).
+    let idle = Duration::from_secs(5);
+    let (a, _a_store) = node(&pg, "a", ttl).await;
+    let task = create(&a, "two_questions", json!({})).await;
+    wait_status(&a, &task, "input_required").await;
+
+    // The watcher: how long the row stays locked once it is seen locked.
+    let url = format!("{}?options=-c%20search_path%3D{}", pg.url, pg.schema);
+    let id = task.clone();
+    let watcher = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let (mut client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            let start = Instant::now();
+            let mut locked_at = None;
+            loop {
+                let tx = client.transaction().await.unwrap();
+                let locked = match tx
+                    .query(
+                        "SELECT id FROM mcp_tasks WHERE id = $1 FOR UPDATE NOWAIT",
+                        &[&id],
+                    )
+                    .await
+                {
+                    Ok(_) => false,
+                    Err(e) if e.code().is_some_and(|c| c.code() == "55P03") => true,
+                    Err(e) => panic!("locking the row: {e}"),
+                };
+                let _ = tx.rollback().await;
+                match (locked, locked_at) {
+                    (true, None) => locked_at = Some(Instant::now()),
+                    (false, Some(at)) => return Ok::<Duration, String>(at.elapsed()),
+                    _ => {}
+                }
+                if start.elapsed() > Duration::from_secs(60) {
+                    return Err(format!("locked {}", locked_at.is_some()));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    });
+
+    // The next group commit (the answer's) stops inside its transaction, the row updated.
+    fail::cfg("store::group_commit", "1*sleep(25000)").unwrap();
+    let answering = tokio::spawn({
+        let handle = a.handle();
+        let task = task.clone();
+        async move {
+            let request = support::embedded::req(1, "tasks/update", answer(&task, "k0"), true);
+            let _ = handle
+                .handle_json(request, &mcp_tasks::Owner::anonymous())
+                .await;
+        }
+    });
+    let held = tokio::task::spawn_blocking(move || watcher.join().unwrap())
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the row lock was never seen held and then released: {e}"));
+    fail::remove("store::group_commit");
+    assert!(
+        held < idle + Duration::from_secs(5),
+        "the frozen transaction kept the row locked for {held:?} (bound {idle:?})"
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(40), answering).await;
+    scenario.teardown();
+    a.shutdown().await;
+    pg.drop().await;
+}
