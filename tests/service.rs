@@ -241,6 +241,20 @@ async fn get(url: &str, host: Option<&str>) -> (u16, String) {
     (status, response.text().await.unwrap())
 }
 
+/// Polls `url` until it answers `status` (for 20 s at most, else fails saying `what`);
+/// returns the body of that answer.
+async fn until_status(url: &str, status: u16, what: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (got, body) = get(url, None).await;
+        if got == status {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "{what}: {got} {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Both probes answer without authentication and whatever the `Host`, while `/mcp` still
 /// requires a token; `/readyz` turns 503 once the store is closed.
 #[tokio::test]
@@ -351,28 +365,13 @@ async fn readyz_on_postgres_needs_a_current_heartbeat() {
     assert_eq!(get(&readyz, None).await, (200, "ready\n".into()));
 
     handle.pause_heartbeat(true);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let body = loop {
-        let (status, body) = get(&readyz, None).await;
-        if status == 503 {
-            break body;
-        }
-        assert!(Instant::now() < deadline, "still ready without heartbeats");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let body = until_status(&readyz, 503, "still ready without heartbeats").await;
     assert!(
         body.starts_with("not ready: this node's lease was last renewed"),
         "{body}"
     );
     handle.pause_heartbeat(false);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while get(&readyz, None).await.0 != 200 {
-        assert!(
-            Instant::now() < deadline,
-            "not ready again after heartbeats resumed"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_status(&readyz, 200, "not ready again after heartbeats resumed").await;
 
     // The database stops answering (the store's simulated outage: every connection it asks
     // for fails) while the heartbeat is still current: 503 with the database's reason. On a
@@ -389,24 +388,10 @@ async fn readyz_on_postgres_needs_a_current_heartbeat() {
             break;
         }
         seen.push(body);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while get(&readyz, None).await.0 != 200 {
-            assert!(
-                Instant::now() < deadline,
-                "not ready again after the outage"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        until_status(&readyz, 200, "not ready again after the outage").await;
     }
     assert!(seen.is_empty(), "never the database's reason: {seen:#?}");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while get(&readyz, None).await.0 != 200 {
-        assert!(
-            Instant::now() < deadline,
-            "not ready again after the outage"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_status(&readyz, 200, "not ready again after the outage").await;
     stop();
     runtime.shutdown().await;
     pg.drop().await;
