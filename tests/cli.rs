@@ -91,17 +91,19 @@ fn run_env(url: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
         .stdin(Stdio::null())
         .output()
         .unwrap();
+    shown(out, &format!("mcp-tasks {}", args.join(" ")))
+}
+
+/// What a finished command printed and its exit code, also shown on the test's stderr.
+fn shown(out: std::process::Output, command: &str) -> Run {
     let run = Run {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     };
     eprintln!(
-        "$ mcp-tasks {}\n[exit {}]\n{}{}",
-        args.join(" "),
-        run.code,
-        run.stdout,
-        run.stderr
+        "$ {command}\n[exit {}]\n{}{}",
+        run.code, run.stdout, run.stderr
     );
     run
 }
@@ -1059,16 +1061,7 @@ fn run_script(url: &str, script: &str, handles: &std::path::Path) -> Run {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    let run = Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    };
-    eprintln!(
-        "$ bash -c <<{script}\n[exit {}]\n{}{}",
-        run.code, run.stdout, run.stderr
-    );
-    run
+    shown(out, &format!("bash -c <<{script}"))
 }
 
 /// The README's client commands and its script, exactly as the README writes them, against a
