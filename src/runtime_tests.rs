@@ -208,7 +208,7 @@ impl Rng {
 /// record, as the runtime serves it (live snapshot or store), is sampled all along: the
 /// sequence number never goes backwards and a terminal record never changes.
 ///
-/// Without the second look at the live map in `Shared::load`, about one run in twelve saw a
+/// Without the second look at the live map in `Shared::load_as`, about one run in twelve saw a
 /// task served `failed` (seq n+1) and then `working` (seq n): a read that went to the store
 /// while a new actor's first commit was in flight (docs/CRASH-TESTING.md). More seeds:
 /// `MCP_TASKS_RACE_SEEDS=n cargo test --lib racing`.

@@ -92,6 +92,12 @@ impl Shared {
         Ok(())
     }
 
+    /// [`Shared::load_as`] of any owner's task (the runtime's own tests).
+    #[cfg(test)]
+    pub(crate) async fn load(&self, id: &TaskId) -> Result<Option<Arc<TaskRecord>>, RuntimeError> {
+        self.load_as(id, None).await
+    }
+
     /// The snapshot of a task that reads serve: from its live actor when there is one, from
     /// the store otherwise.
     ///
@@ -105,13 +111,8 @@ impl Shared {
     /// An actor is registered before its first commit and removed after its last one, so a
     /// stored record served because no actor is registered any more is never followed by an
     /// older one. Test: `runtime::tests::expiry_and_give_up_racing_restarts_never_change_a_terminal_state`.
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) async fn load(&self, id: &TaskId) -> Result<Option<Arc<TaskRecord>>, RuntimeError> {
-        self.load_as(id, None).await
-    }
-
-    /// [`Shared::load`]; with `owner`, a stored record of another owner is not decoded (and
-    /// not served).
+    ///
+    /// With `owner`, a stored record of another owner is not decoded (and not served).
     async fn load_as(
         &self,
         id: &TaskId,
@@ -132,7 +133,7 @@ impl Shared {
         Ok(stored)
     }
 
-    /// The task `id` as [`Shared::load`] serves it, when `owner` owns it; `None` for an
+    /// The task `id` as [`Shared::load_as`] serves it, when `owner` owns it; `None` for an
     /// unknown id and for another owner's task alike, after the same work. A live task is
     /// served from memory, which an unknown id cannot be; so a live task of another owner is
     /// read from the store as well, exactly as an unknown id is, and the time of the answer
