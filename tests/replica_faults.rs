@@ -10,9 +10,10 @@ mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mcp_tasks::clock::{CLOCK_SKEW_WARNING, Clock, SystemClock};
+use mcp_tasks::store::postgres::SessionBounds;
 use mcp_tasks::store::{PostgresStore, Store, StoreError, TaskStore};
 use mcp_tasks::tool::{CallToolResult, TaskPolicy, ToolDescriptor, tool_fn};
 use mcp_tasks::{Runtime, RuntimeBuilder, RuntimeConfig};
@@ -344,6 +345,109 @@ async fn a_takeover_does_not_wait_for_a_row_a_paused_replica_keeps_locked() {
     a_store.pause_heartbeat(false);
     a.shutdown().await;
     b.shutdown().await;
+    pg.drop().await;
+}
+
+/// Bounded database calls, seen in the store's own statements: its connections carry
+/// `lock_timeout` and `statement_timeout` ([`SessionBounds`] for the lease TTL: 1 s and 5 s at
+/// a 900 ms TTL). A write of node a's actor that waits for a row lock another session holds
+/// fails after `lock_timeout` as "locked … retry" (without it, it would wait for the
+/// statement timeout); a write that runs longer than `statement_timeout` (a test trigger
+/// sleeps 30 s in it) is cancelled by the server after that bound (without it, it would run
+/// the 30 s). Both answer `-32603`. A command whose commit failed is given once more to a
+/// fresh actor (the failed one stopped, as after any failed commit), so the request waits at
+/// most twice the bound. Once the cause is gone, the retried requests are applied.
+/// (`idle_in_transaction_session_timeout`:
+/// `tests/postgres_failpoints.rs::a_transaction_left_open_by_a_frozen_node_releases_its_row_locks_within_the_bound`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stores_statements_are_bounded_by_its_session_timeouts() {
+    let Some(pg) = pg::fresh().await else { return };
+    let ttl = Duration::from_millis(900);
+    let bounds = SessionBounds::for_lease_ttl(ttl);
+    assert_eq!(
+        (bounds.lock, bounds.statement),
+        (Duration::from_secs(1), Duration::from_secs(5))
+    );
+    let release = Arc::new(AtomicBool::new(false));
+    let a = builder(
+        Store::postgres(&pg.url, pg.options("a", ttl))
+            .await
+            .unwrap(),
+    )
+    .tool(hold("a", release.clone()))
+    .start()
+    .await
+    .unwrap();
+    let locked = create(&a, "hold", json!({})).await;
+    let slow = create(&a, "hold", json!({})).await;
+    let raw = pg.client().await;
+    // Cancels `task` on a: the answer, and how long it took.
+    let cancel = async |task: &str| -> (Value, Duration) {
+        let started = Instant::now();
+        let answer = tokio::time::timeout(
+            Duration::from_secs(20),
+            call(&a, "tasks/cancel", json!({ "taskId": task })),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("the cancel of {task} was not answered within 20 s"));
+        (answer, started.elapsed())
+    };
+
+    // lock_timeout: another session holds the row lock of `locked`.
+    raw.batch_execute("BEGIN").await.unwrap();
+    raw.query_one(
+        "SELECT seq FROM mcp_tasks WHERE id = $1 FOR UPDATE",
+        &[&locked],
+    )
+    .await
+    .unwrap();
+    let (answer, waited) = cancel(&locked).await;
+    assert_eq!(answer["error"]["code"], -32603, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("locked"), "{message}");
+    assert!(
+        waited >= bounds.lock - Duration::from_millis(100) && waited < bounds.statement,
+        "the request waited {waited:?} for the row lock (lock_timeout {:?}, twice at most)",
+        bounds.lock
+    );
+    raw.batch_execute("ROLLBACK").await.unwrap();
+
+    // statement_timeout: a write of `slow` runs a trigger that sleeps 30 s.
+    raw.batch_execute(&format!(
+        "CREATE FUNCTION slow_write() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN PERFORM pg_sleep(30); RETURN NEW; END $$;
+         CREATE TRIGGER slow_write BEFORE UPDATE ON mcp_tasks FOR EACH ROW
+           WHEN (NEW.id = '{slow}') EXECUTE FUNCTION slow_write();"
+    ))
+    .await
+    .unwrap();
+    let (answer, waited) = cancel(&slow).await;
+    assert_eq!(answer["error"]["code"], -32603, "{answer}");
+    assert!(
+        waited >= bounds.statement - Duration::from_millis(100)
+            && waited < bounds.statement * 2 + Duration::from_secs(5),
+        "the request took {waited:?} (statement_timeout {:?}, twice at most; the trigger sleeps 30 s)",
+        bounds.statement
+    );
+    raw.batch_execute("DROP TRIGGER slow_write ON mcp_tasks")
+        .await
+        .unwrap();
+
+    // Both causes gone: the retried cancels are applied.
+    for task in [&locked, &slow] {
+        let mut answer = Value::Null;
+        for _ in 0..100 {
+            answer = call(&a, "tasks/cancel", json!({ "taskId": task })).await;
+            if answer.get("error").is_none() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(answer.get("error").is_none(), "{answer}");
+        wait_status(&a, task, "cancelled").await;
+    }
+    release.store(true, Ordering::SeqCst);
+    a.shutdown().await;
     pg.drop().await;
 }
 
