@@ -42,6 +42,8 @@
 //! Decoding never panics on any input: malformed bytes, trailing bytes, invalid JSON text
 //! and malformed task ids all become a [`PersistError`].
 
+pub mod command;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 

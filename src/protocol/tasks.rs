@@ -1,26 +1,20 @@
 //! `tasks/get`, `tasks/update`, `tasks/cancel`.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ractor::rpc::CallResult;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use tokio::sync::watch;
 
 use super::{Dispatcher, RequestContext};
 use crate::actor::SupervisorMsg;
+use crate::persist::command::{self as node_command, NodeCommand};
 use crate::shared::TaskMsg;
 use crate::store::{Cluster, RemoteCommand};
 use crate::wire::error::RpcError;
 use crate::task::{TaskId, TaskRecord};
 use crate::wire::params::{TaskIdParams, UpdateTaskParams};
 use crate::wire::results;
-
-/// A client's request to a live task's actor.
-enum Command {
-    Update(BTreeMap<String, Value>),
-    Cancel,
-}
 
 impl Dispatcher {
     /// Resolves a task id for `ctx`'s owner: malformed, unknown, foreign and expired ids are
@@ -68,7 +62,7 @@ impl Dispatcher {
             .check_input_responses(&p.input_responses)?;
         let record = self.resolve(&p.task_id, ctx).await?;
         let responses = p.input_responses.into_iter().collect();
-        self.command(&record, Command::Update(responses)).await?;
+        self.command(&record, NodeCommand::Update(responses)).await?;
         Ok(results::ack(&self.shared.config.server_info))
     }
 
@@ -79,7 +73,7 @@ impl Dispatcher {
     ) -> Result<Value, RpcError> {
         let p = TaskIdParams::parse(params)?;
         let record = self.resolve(&p.task_id, ctx).await?;
-        self.command(&record, Command::Cancel).await?;
+        self.command(&record, NodeCommand::Cancel).await?;
         Ok(results::ack(&self.shared.config.server_info))
     }
 
@@ -96,7 +90,7 @@ impl Dispatcher {
     /// because the record moved under it (see `TaskActor::confirm_unchanged`), leaves it
     /// unapplied: the command is then given once more, from a fresh read of the record, to
     /// the node holding the task (or to a takeover here).
-    async fn command(&self, record: &TaskRecord, command: Command) -> Result<(), RpcError> {
+    async fn command(&self, record: &TaskRecord, command: NodeCommand) -> Result<(), RpcError> {
         self.command_once(record, &command, true).await
     }
 
@@ -104,7 +98,7 @@ impl Dispatcher {
     fn command_once<'a>(
         &'a self,
         record: &'a TaskRecord,
-        command: &'a Command,
+        command: &'a NodeCommand,
         retry: bool,
     ) -> futures::future::BoxFuture<'a, Result<(), RpcError>> {
         Box::pin(self.command_inner(record, command, retry))
@@ -113,7 +107,7 @@ impl Dispatcher {
     async fn command_inner(
         &self,
         record: &TaskRecord,
-        command: &Command,
+        command: &NodeCommand,
         retry: bool,
     ) -> Result<(), RpcError> {
         if record.status.is_terminal() {
@@ -183,7 +177,7 @@ impl Dispatcher {
     async fn deliver(
         &self,
         id: &TaskId,
-        command: &Command,
+        command: &NodeCommand,
         take_over: bool,
     ) -> Option<Result<(), RpcError>> {
         for attempt in 0..2 {
@@ -218,13 +212,13 @@ impl Dispatcher {
                 None => break,
             };
             let outcome = match command {
-                Command::Update(responses) => {
+                NodeCommand::Update(responses) => {
                     let responses = responses.clone();
                     live.actor
                         .call(|port| TaskMsg::Update(responses, port), None)
                         .await
                 }
-                Command::Cancel => live.actor.call(TaskMsg::Cancel, None).await,
+                NodeCommand::Cancel => live.actor.call(TaskMsg::Cancel, None).await,
             };
             match outcome {
                 Ok(CallResult::Success(result)) => return Some(result),
@@ -241,11 +235,11 @@ impl Dispatcher {
         &self,
         cluster: &dyn Cluster,
         id: &TaskId,
-        command: &Command,
+        command: &NodeCommand,
     ) -> Result<Option<Result<(), RpcError>>, RpcError> {
         // Watching before recording: an answer that comes before the wait is kept.
         let wake = cluster.watch_task(id.as_str());
-        let Some(seq) = cluster.send_command(id.as_str(), command.encode()).await? else {
+        let Some(seq) = cluster.send_command(id.as_str(), node_command::encode_command(command)).await? else {
             return Ok(None);
         };
         let poll = cluster.poll_interval();
@@ -345,7 +339,7 @@ impl Dispatcher {
             Ok(false) => return,
             Err(_) => return, // asked again at the next poll
         }
-        let answer = match (TaskId::parse(&c.task_id), Command::decode(&c.body)) {
+        let answer = match (TaskId::parse(&c.task_id), node_command::decode_command(&c.body)) {
             (Ok(id), Ok(command)) => {
                 // As for a request made here: an actor behind the stored record (another node
                 // changed the task meanwhile) would ignore an answer for a key it never saw
@@ -358,9 +352,7 @@ impl Dispatcher {
                 self.answer_here(&id, &command, take_over).await
             }
             (Err(e), _) => Some(Err(RpcError::internal(format!("invalid task id: {e}")))),
-            (_, Err(e)) => Some(Err(RpcError::internal(format!(
-                "a request recorded by another node does not decode: {e}"
-            )))),
+            (_, Err(e)) => Some(Err(RpcError::internal(e.to_string()))),
         };
         let Some(answer) = answer else { return };
         // Fenced meanwhile (another node took the task over): that node answers it.
@@ -368,7 +360,7 @@ impl Dispatcher {
             return;
         }
         if let Err(e) = cluster
-            .answer_command(c.seq, &c.task_id, encode_answer(&answer))
+            .answer_command(c.seq, &c.task_id, node_command::encode_answer(&answer))
             .await
         {
             tracing::warn!(task = %c.task_id, error = %e, "recording the answer of another node's request failed; it is applied again at the next poll");
@@ -380,7 +372,7 @@ impl Dispatcher {
     async fn answer_here(
         &self,
         id: &TaskId,
-        command: &Command,
+        command: &NodeCommand,
         take_over: bool,
     ) -> Option<Result<(), RpcError>> {
         match self.deliver(id, command, take_over).await {
@@ -412,53 +404,10 @@ impl Dispatcher {
     }
 }
 
-impl Command {
-    /// The command as recorded for another node.
-    fn encode(&self) -> Vec<u8> {
-        let value = match self {
-            Command::Update(responses) => json!({ "update": responses }),
-            Command::Cancel => json!({ "cancel": true }),
-        };
-        serde_json::to_vec(&value).unwrap_or_default()
-    }
-
-    fn decode(bytes: &[u8]) -> Result<Command, String> {
-        let value: Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-        if let Some(update) = value.get("update") {
-            let responses: BTreeMap<String, Value> =
-                serde_json::from_value(update.clone()).map_err(|e| e.to_string())?;
-            return Ok(Command::Update(responses));
-        }
-        if value.get("cancel").is_some() {
-            return Ok(Command::Cancel);
-        }
-        Err("neither an update nor a cancellation".to_owned())
-    }
-}
-
-/// A command's answer as recorded for the node that sent it.
-fn encode_answer(answer: &Result<(), RpcError>) -> Vec<u8> {
-    let value = match answer {
-        Ok(()) => json!({ "ok": true }),
-        Err(e) => json!({ "error": { "code": e.code, "message": e.message, "data": e.data } }),
-    };
-    serde_json::to_vec(&value).unwrap_or_default()
-}
-
+/// A node's answer recorded by another node, as the error its client gets when it does not
+/// decode.
 fn decode_answer(bytes: &[u8]) -> Result<(), RpcError> {
-    let value: Value = serde_json::from_slice(bytes)
-        .map_err(|e| RpcError::internal(format!("the answer of the task's node does not decode: {e}")))?;
-    match value.get("error") {
-        None => Ok(()),
-        Some(e) => {
-            let mut error = RpcError::new(
-                e["code"].as_i64().unwrap_or(crate::wire::error::code::INTERNAL_ERROR),
-                e["message"].as_str().unwrap_or("the task's node refused the request"),
-            );
-            error.data = e.get("data").filter(|d| !d.is_null()).cloned();
-            Err(error)
-        }
-    }
+    node_command::decode_answer(bytes).unwrap_or_else(|e| Err(RpcError::internal(e.to_string())))
 }
 
 /// Where a page of [`Dispatcher::owned_tasks`] starts: after this task in (creation time, id)
