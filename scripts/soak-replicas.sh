@@ -6,6 +6,10 @@
 #
 #   scripts/soak-replicas.sh [RUNS] [OUT]
 #
+# With SOAK_BIN=PATH the replicas run that mcp-tasks binary instead of this tree's (for a
+# failure rate of an older commit under this tree's suite and checker: build the older commit
+# in a worktree of its own and pass its target/debug/mcp-tasks).
+#
 # Needs PostgreSQL (scripts/postgres.sh) and the root of the repository as working directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,10 +25,16 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "crash_replicas":
         print(m["executable"])')
-cargo build --bin mcp-tasks
 cp "$exe" "$out/crash_replicas"
-cp "$target/debug/mcp-tasks" "$out/mcp-tasks"
-echo "== $runs runs; failures kept in $out (commit $(git rev-parse --short HEAD))"
+if [[ -n "${SOAK_BIN:-}" ]]; then
+  cp "$SOAK_BIN" "$out/mcp-tasks"
+  binary="$SOAK_BIN"
+else
+  cargo build --bin mcp-tasks
+  cp "$target/debug/mcp-tasks" "$out/mcp-tasks"
+  binary="this tree's"
+fi
+echo "== $runs runs; failures kept in $out (suite of commit $(git rev-parse --short HEAD), binary: $binary)"
 
 failed=0
 started=$(date +%s)
