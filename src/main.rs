@@ -110,8 +110,10 @@ struct ServeArgs {
         default_value = "127.0.0.1:8080"
     )]
     listen: String,
-    /// Where the tasks are kept: a redb file (created if missing, one process at a time), or
-    /// a PostgreSQL database shared by several replicas, `postgres://USER@HOST:PORT/DB`.
+    /// Where the tasks are kept: a redb file (created if missing, one process at a time), a
+    /// PostgreSQL database shared by several replicas, `postgres://USER@HOST:PORT/DB`, or
+    /// `memory`: this process's memory only, so nothing survives a restart (for trials and
+    /// benchmarks; a redb file named `memory` is `./memory`).
     #[arg(
         long,
         env = "MCP_TASKS_STORE",
@@ -611,6 +613,9 @@ fn parse_ttl(s: &str) -> Result<Ttl, String> {
     Ok(Ttl(Some(d)))
 }
 
+/// `--store memory`: the in-memory store (nothing survives the process).
+const MEMORY_STORE: &str = "memory";
+
 /// Whether `store` names a PostgreSQL database rather than a redb file.
 fn is_postgres_url(store: &str) -> bool {
     store.starts_with("postgres://") || store.starts_with("postgresql://")
@@ -618,6 +623,18 @@ fn is_postgres_url(store: &str) -> bool {
 
 /// The runtime builder over the store `--store` names; with the node id on a shared store.
 async fn store_builder(args: &ServeArgs) -> Result<(RuntimeBuilder, Option<String>), String> {
+    if args.store == MEMORY_STORE {
+        if args.node_id.is_some() {
+            return Err("--node-id needs a PostgreSQL store (--store postgres://...)".into());
+        }
+        tracing::warn!(
+            "--store memory: tasks are kept in this process's memory only; NOTHING survives a restart, a crash or a deploy (use a redb file or PostgreSQL to keep them)"
+        );
+        return Ok((
+            Runtime::builder_with_store(mcp_tasks::store::Store::memory()),
+            None,
+        ));
+    }
     if !is_postgres_url(&args.store) {
         if args.node_id.is_some() {
             return Err("--node-id needs a PostgreSQL store (--store postgres://...)".into());

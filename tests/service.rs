@@ -581,3 +581,72 @@ async fn the_mcp_address_answers_the_probes_while_the_store_opens() {
     drop(second);
     pg.drop().await;
 }
+
+/// `serve --store memory`: the in-memory store behind the same runtime. It says at start, as a
+/// warning, that nothing survives; a task it created answers while it runs, and after a
+/// restart the same id is unknown (exit 7, the server refused the id). `--node-id` is refused
+/// with it, as with a redb file.
+#[test]
+fn serve_store_memory_warns_and_keeps_nothing_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let handles = dir.path().join("handles.json");
+    let handles = handles.to_str().unwrap();
+    let serve = || bin(&["serve", "--listen", "127.0.0.1:0", "--store", "memory"]);
+    let url_of = |lines: &[String]| {
+        lines
+            .iter()
+            .find_map(|l| {
+                Some(format!(
+                    "http://{}",
+                    l.split("listening on http://").nth(1)?
+                ))
+            })
+            .unwrap()
+    };
+    let (server, lines) = start_until(serve(), "listening on http://");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("WARN") && l.contains("NOTHING survives a restart")),
+        "{lines:#?}"
+    );
+    let url = url_of(&lines);
+    let client = |args: &[&str]| {
+        let mut cmd = bin(args);
+        cmd.args(["--url", &url, "--handle-store", handles]);
+        cmd.stdin(Stdio::null()).output().unwrap()
+    };
+    let out = client(&[
+        "call",
+        "generate_report",
+        "--args",
+        r#"{"size":"small"}"#,
+        "--detach",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(id.starts_with("tsk_"), "{id}");
+    let out = client(&["get", &id]);
+    assert!(
+        matches!(out.status.code(), Some(0 | 5 | 6)),
+        "the task is there while the server runs: {out:?}"
+    );
+    drop(server);
+
+    let (_server, lines) = start_until(serve(), "listening on http://");
+    let url = url_of(&lines);
+    let mut cmd = bin(&["get", &id, "--url", &url, "--handle-store", handles]);
+    let out = cmd.stdin(Stdio::null()).output().unwrap();
+    assert_eq!(out.status.code(), Some(7), "the task is gone: {out:?}");
+
+    let out = bin(&["serve", "--store", "memory", "--node-id", "a"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("error: --node-id needs a PostgreSQL store"),
+        "{stderr}"
+    );
+}
