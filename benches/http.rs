@@ -15,8 +15,10 @@
 //! clients, default 500 / 3000), `--secs S` (length of the create and get runs, default 8),
 //! `--only http|inprocess`.
 //!
-//! The server is `mcp-tasks serve --fixtures bench --no-quotas` started as a child process on a
-//! fresh redb file under `target/` with the default durability (every commit fsync'd). Each
+//! The servers are `mcp-tasks serve --fixtures bench --no-quotas` started as child processes,
+//! one on a fresh redb file under `target/` with the default durability (every commit
+//! fsync'd), one with `--store memory` (nothing written: the runtime alone, like for like
+//! with a peer that keeps its tasks in memory). Each
 //! client is a task of one single-threaded tokio runtime on its own OS thread (like the
 //! external load generator's default), with its own `Client` (one keep-alive connection) and
 //! no retries. A lifecycle is `tools/call` of `sleep_task {"ms":0}`, then `tasks/get` at once
@@ -242,6 +244,7 @@ struct Server {
 }
 
 impl Server {
+    /// On `store`: a redb file, or `memory` (`serve --store memory`).
     fn start(store: &Path) -> Server {
         let port = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_mcp-tasks"))
@@ -319,35 +322,47 @@ fn fmt(m: &Measure) -> String {
 
 fn http_part(args: &Args, dir: &Path) {
     println!("## over HTTP (this crate's client, single-threaded, one connection per client)\n");
-    let mut ours: Vec<Vec<Measure>> = vec![Vec::new(); Workload::ALL.len()];
-    let mut peer: Vec<Vec<Measure>> = vec![Vec::new(); Workload::ALL.len()];
+    let n = Workload::ALL.len();
+    let mut durable: Vec<Vec<Measure>> = vec![Vec::new(); n];
+    let mut memory: Vec<Vec<Measure>> = vec![Vec::new(); n];
+    let mut peer: Vec<Vec<Measure>> = vec![Vec::new(); n];
     for rep in 0..args.reps {
-        // A fresh store per repetition; the server runs the whole repetition.
-        let server = Server::start(&dir.join(format!("http-{rep}.redb")));
+        // Fresh stores per repetition; the servers run the whole repetition. Each workload
+        // runs on the durable server, the in-memory one and the peer, one after the other.
+        let on_disk = Server::start(&dir.join(format!("http-{rep}.redb")));
+        let in_memory = Server::start(Path::new("memory"));
         for (i, w) in Workload::ALL.iter().enumerate() {
-            let m = w.run(&server.url, args);
-            println!("rep {rep} mcp-tasks  {}: {}", w.name(), fmt(&m));
-            ours[i].push(m);
+            let m = w.run(&on_disk.url, args);
+            println!("rep {rep} mcp-tasks durable {}: {}", w.name(), fmt(&m));
+            durable[i].push(m);
+            let m = w.run(&in_memory.url, args);
+            println!("rep {rep} mcp-tasks memory  {}: {}", w.name(), fmt(&m));
+            memory[i].push(m);
             if let Some(url) = &args.peer {
                 let m = w.run(url, args);
-                println!("rep {rep} peer       {}: {}", w.name(), fmt(&m));
+                println!("rep {rep} peer              {}: {}", w.name(), fmt(&m));
                 peer[i].push(m);
             }
         }
     }
-    println!("\n| workload | mcp-tasks (durable) | peer | ratio |\n|---|---|---|---|");
+    println!(
+        "\n| workload | mcp-tasks (durable) | mcp-tasks (`--store memory`) | peer | durable / peer | memory / peer |\n|---|---|---|---|---|---|"
+    );
     for (i, w) in Workload::ALL.iter().enumerate() {
-        let a = median(ours[i].clone());
+        let a = median(durable[i].clone());
+        let b = median(memory[i].clone());
         match peer[i].is_empty() {
-            true => println!("| {} | {} | – | – |", w.name(), fmt(&a)),
+            true => println!("| {} | {} | {} | – | – | – |", w.name(), fmt(&a), fmt(&b)),
             false => {
-                let b = median(peer[i].clone());
+                let c = median(peer[i].clone());
                 println!(
-                    "| {} | {} | {} | {:.2} |",
+                    "| {} | {} | {} | {} | {:.2} | {:.2} |",
                     w.name(),
                     fmt(&a),
                     fmt(&b),
-                    a.rate / b.rate
+                    fmt(&c),
+                    a.rate / c.rate,
+                    b.rate / c.rate
                 );
             }
         }
