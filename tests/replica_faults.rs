@@ -369,11 +369,16 @@ async fn the_stores_statements_are_bounded_by_its_session_timeouts() {
         (Duration::from_secs(1), Duration::from_secs(5))
     );
     let release = Arc::new(AtomicBool::new(false));
+    // `hold` ignores cancellation: its tasks end when the cancel grace is over.
+    let mut config = RuntimeConfig::default();
+    config.restart_backoff = Duration::from_millis(10);
+    config.cancel_grace = Duration::from_millis(200);
     let a = builder(
         Store::postgres(&pg.url, pg.options("a", ttl))
             .await
             .unwrap(),
     )
+    .config(config)
     .tool(hold("a", release.clone()))
     .start()
     .await
