@@ -25,6 +25,7 @@
 //! again until the task is terminal. Nothing here asserts speed.
 
 mod common;
+mod conditions;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -495,6 +496,10 @@ fn main() {
         .prefix("bench-http-")
         .tempdir_in(&target)
         .expect("creating the temp dir under target/");
+    conditions::print(
+        dir.path(),
+        "the durable server: redb, every commit fsync'd before it is acknowledged (Durability::Immediate); `--store memory`: nothing written",
+    );
     println!(
         "mcp-tasks load benchmark: {} reps, {} / {} lifecycles at 1 / 16 clients, {} s runs, peer: {}\n",
         args.reps,

@@ -17,6 +17,8 @@
 //! single redb runtime) with the database on the same machine: the figures show what the
 //! shared store costs, not how replicas on separate machines scale. Nothing here asserts speed.
 
+mod conditions;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -148,6 +150,30 @@ async fn admin(server: &str, sql: &str) {
     client.batch_execute(sql).await.expect(sql);
 }
 
+/// PostgreSQL's durability settings and where its data lives, for the conditions.
+async fn postgres_settings(server: &str) -> String {
+    let (client, conn) =
+        tokio_postgres::connect(&format!("{server}/mcp_tasks_test"), tokio_postgres::NoTls)
+            .await
+            .expect("PostgreSQL reachable (scripts/postgres.sh)");
+    tokio::spawn(conn);
+    let mut out = Vec::new();
+    for name in [
+        "server_version",
+        "fsync",
+        "synchronous_commit",
+        "wal_sync_method",
+        "data_directory",
+    ] {
+        let value = match client.query_one(&format!("SHOW {name}"), &[]).await {
+            Ok(row) => row.get::<_, String>(0),
+            Err(e) => format!("(not readable: {e})"),
+        };
+        out.push(format!("{name} {value}"));
+    }
+    out.join(", ")
+}
+
 async fn shutdown(replicas: Vec<Arc<Runtime>>) {
     for rt in replicas {
         match Arc::try_unwrap(rt) {
@@ -160,6 +186,14 @@ async fn shutdown(replicas: Vec<Arc<Runtime>>) {
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let args = parse_args();
+    let dir = tempfile::tempdir().unwrap();
+    conditions::print(
+        dir.path(),
+        &format!(
+            "redb: every commit fsync'd before it is acknowledged (Durability::Immediate); PostgreSQL: {}",
+            postgres_settings(&args.server).await
+        ),
+    );
     println!(
         "{} clients, {} s per measurement; rustc {}",
         args.clients,
@@ -169,7 +203,6 @@ async fn main() {
     println!("| store | lifecycles/s | tasks/get per s |");
     println!("|---|---|---|");
 
-    let dir = tempfile::tempdir().unwrap();
     let rt = Runtime::builder(dir.path().join("bench.redb"))
         .tool(mcp_tasks::fixtures::bench::sleep_task())
         .start()
