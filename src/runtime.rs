@@ -719,7 +719,9 @@ async fn take_over(
 /// rows (see `TaskStore::reconcile`). The actors of tasks whose lease this node lost stop
 /// (even one waiting for input, which would never write and so never be fenced), and their
 /// followers move to the stored record; live tasks leased to this node that it did not know
-/// of (a creation whose commit acknowledgement was lost) are claimed anew and run.
+/// of (a creation whose commit acknowledgement was lost) are claimed anew and run; tasks
+/// taken over from a node that turned out to be paused, not crashed, get back the attempt
+/// their takeover counted.
 async fn reconcile(shared: &Arc<Shared>, supervisor: &ActorRef<SupervisorMsg>) {
     let found = match shared.store.reconcile().await {
         Ok(found) => found,
@@ -733,6 +735,16 @@ async fn reconcile(shared: &Arc<Shared>, supervisor: &ActorRef<SupervisorMsg>) {
             continue;
         };
         let _ = supervisor.call(|port| SupervisorMsg::LeaseLost(id, port), None).await;
+    }
+    // Takeovers that turned out to follow a pause, not a crash: their attempt is given back
+    // by the task's actor (if it still runs here and no progress restarted the count).
+    for raw in found.paused {
+        let Ok(id) = crate::task::TaskId::parse(&raw) else {
+            continue;
+        };
+        if let Some(live) = shared.live.actor_of(&id) {
+            let _ = live.actor.cast(TaskMsg::RefundLapse);
+        }
     }
     for (raw, _) in found.forgotten {
         let Ok(id) = crate::task::TaskId::parse(&raw) else {

@@ -887,9 +887,9 @@ async fn the_replica_demo_shows_the_takeover_and_the_refused_late_completion() {
 }
 
 /// The restart budget is the cluster's, not a node's: a task whose node stops without
-/// releasing it (here: stops heartbeating, as a crashed or paused replica) counts a run each
-/// time another node takes it over, and is given up once the budget is spent, whichever
-/// node that is; a clean shutdown's release counts nothing.
+/// releasing it (here: stops heartbeating for good, as a crashed replica, or one paused that
+/// never wakes) counts a run each time another node takes it over, and is given up once the
+/// budget is spent, whichever node that is; a clean shutdown's release counts nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn takeovers_of_lapsed_leases_spend_one_cluster_wide_restart_budget() {
     let Some(pg) = pg::fresh().await else { return };

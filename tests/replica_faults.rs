@@ -520,3 +520,85 @@ async fn database_outages_longer_than_the_lease_ttl_do_not_spend_the_restart_bud
     b.shutdown().await;
     pg.drop().await;
 }
+
+/// The attempt count in the stored record of `task`.
+async fn stored_attempts(store: &PostgresStore, task: &str) -> u32 {
+    let bytes = store.get(task).await.unwrap().expect("the task is stored");
+    mcp_tasks::persist::decode(&bytes).unwrap().attempts
+}
+
+/// A pause is not a crash either: a node that stops heartbeating past its lease (a stop of
+/// the world, a frozen VM) and then renews its heartbeat in the same process had its task
+/// taken over, and the takeover counted an attempt, but the node that took it over gives the
+/// attempt back once it sees the renewed heartbeat. With a restart budget of 1, the task
+/// survives three such pauses, each of the two nodes pausing in turn (without the refund it
+/// is given up at the second takeover). A node that never comes back keeps its takeover
+/// counted: `tests/postgres.rs::takeovers_of_lapsed_leases_spend_one_cluster_wide_restart_budget`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pauses_past_the_lease_do_not_spend_the_restart_budget() {
+    let Some(pg) = pg::fresh().await else { return };
+    let ttl = Duration::from_millis(1500);
+    let node = |name: &'static str| {
+        let pg = &pg;
+        async move {
+            let store = Arc::new(
+                PostgresStore::open(&pg.url, pg.options(name, ttl))
+                    .await
+                    .unwrap(),
+            );
+            let mut config = RuntimeConfig::default();
+            config.restart_budget = 1;
+            config.restart_backoff = Duration::from_millis(10);
+            let hang = tool_fn(
+                ToolDescriptor::new("hang", "never ends").task_policy(TaskPolicy::Always),
+                |_ctx, _| async {
+                    std::future::pending::<()>().await;
+                    Ok(CallToolResult::text("unreachable"))
+                },
+            );
+            let rt = Runtime::builder_with_store(Store::from_backend(store.clone()))
+                .config(config)
+                .tool(hang)
+                .start()
+                .await
+                .unwrap();
+            (rt, store)
+        }
+    };
+    let (a, a_store) = node("a").await;
+    let (b, b_store) = node("b").await;
+    let task = create(&a, "hang", json!({})).await;
+    let mut owner = ("a", &a, &a_store);
+    let mut other = ("b", &b, &b_store);
+    for pause in 1..=3 {
+        owner.2.pause_heartbeat(true);
+        owner_is(other.2, &task, other.0).await;
+        let seen = get(other.1, &task).await;
+        assert_eq!(
+            seen["result"]["status"], "working",
+            "after pause {pause}: {seen}"
+        );
+        // The paused node wakes (the same process): the takeover's attempt is given back.
+        owner.2.pause_heartbeat(false);
+        let mut attempts = 0;
+        for _ in 0..400 {
+            attempts = stored_attempts(other.2, &task).await;
+            if attempts == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert_eq!(
+            attempts, 1,
+            "after pause {pause}: the attempt was not given back"
+        );
+        std::mem::swap(&mut owner, &mut other);
+    }
+    let seen = get(owner.1, &task).await;
+    assert_eq!(seen["result"]["status"], "working", "{seen}");
+    let lease = a_store.lease_of(&task).await.unwrap().unwrap();
+    assert!(lease.epoch >= 4, "three takeovers: {lease}");
+    a.shutdown().await;
+    b.shutdown().await;
+    pg.drop().await;
+}

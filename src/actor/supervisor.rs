@@ -147,8 +147,9 @@ impl Supervisor {
             .unwrap_or_default();
         // Claimed from a node that stopped without releasing it: that run ended badly, and
         // counts against the task's budget whichever node runs it next (cluster-wide, as the
-        // count is in the record).
-        if claimed && store.took_from_lapsed(id.as_str()) {
+        // count is in the record), unless that node turns out to have been paused.
+        let lapsed = claimed && store.took_from_lapsed(id.as_str());
+        if lapsed {
             count = true;
             cause.get_or_insert_with(|| LAPSED.to_owned());
         }
@@ -162,8 +163,12 @@ impl Supervisor {
         };
         let spawned = match stored {
             Some(record) => {
-                self.spawn_task(myself, state, record, Start::Resume { count, cause }, None)
-                    .await?
+                let start = Start::Resume {
+                    count,
+                    cause,
+                    lapsed,
+                };
+                self.spawn_task(myself, state, record, start, None).await?
             }
             None => false,
         };
@@ -195,6 +200,7 @@ impl Supervisor {
             Start::Resume {
                 count: self.previous_run_crashed || lapsed,
                 cause: lapsed.then(|| LAPSED.to_owned()),
+                lapsed,
             }
         };
         let mut missing: BTreeMap<String, Vec<String>> = BTreeMap::new();

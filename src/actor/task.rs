@@ -56,8 +56,14 @@ pub(crate) enum Start {
     Fresh,
     /// The task resumes from the store. `count` = the previous run ended badly (a crash, a
     /// kill, a panic): a `working` task's run counts as one more attempt. `cause` = how the
-    /// previous run ended, when this process saw it.
-    Resume { count: bool, cause: Option<String> },
+    /// previous run ended, when this process saw it. `lapsed` = it counts because this node
+    /// took the task over from a lapsed lease (given back if that node turns out to have been
+    /// paused: [`TaskMsg::RefundLapse`]).
+    Resume {
+        count: bool,
+        cause: Option<String>,
+        lapsed: bool,
+    },
 }
 
 pub(crate) struct TaskState {
@@ -70,6 +76,9 @@ pub(crate) struct TaskState {
     creation: Option<oneshot::Receiver<bool>>,
     /// Counts this task in `mcp_tasks_tasks` under its status while the actor lives.
     gauge: TaskGauge,
+    /// The attempt count right after this actor's start counted a takeover of a lapsed lease;
+    /// taken by a [`TaskMsg::RefundLapse`].
+    lapse_charge: Option<u32>,
 }
 
 impl TaskActor {
@@ -223,8 +232,12 @@ impl TaskActor {
             self.transition(myself, state, Event::Expire).await?;
             return Ok(false);
         }
-        let cause = match start {
-            Start::Resume { count: true, cause } => cause,
+        let (cause, lapsed) = match start {
+            Start::Resume {
+                count: true,
+                cause,
+                lapsed,
+            } => (cause, *lapsed),
             _ => return Ok(true),
         };
         // Only a run of the tool counts: not a wait for input, not a tool that is missing.
@@ -255,6 +268,9 @@ impl TaskActor {
             return Ok(false);
         }
         self.transition(myself, state, Event::Restarted).await?;
+        if lapsed {
+            state.lapse_charge = Some(state.record.attempts);
+        }
         Ok(true)
     }
 }
@@ -352,6 +368,7 @@ impl Actor for TaskActor {
             tool: None,
             start,
             creation,
+            lapse_charge: None,
         })
     }
 
@@ -517,6 +534,21 @@ impl TaskActor {
             }
             TaskMsg::ToolPanicked(detail) => {
                 return Err(format!("tool `{}` panicked: {detail}", state.record.tool).into());
+            }
+            TaskMsg::RefundLapse => {
+                // Only the attempt this actor's start counted, and only while no progress
+                // (a step, an input request) started the count again since.
+                if let Some(charged) = state.lapse_charge.take()
+                    && state.record.attempts >= charged
+                    && !state.record.status.is_terminal()
+                {
+                    tracing::info!(task = %state.record.id, attempts = state.record.attempts,
+                        "the node this task was taken over from was paused, not crashed: the attempt its takeover counted is given back");
+                    or_store_failure(
+                        self.transition(&myself, state, Event::RestartRefunded)
+                            .await,
+                    )?;
+                }
             }
             TaskMsg::CancelGraceElapsed => {
                 if !state.record.status.is_terminal() {

@@ -27,6 +27,9 @@ pub(crate) enum TaskMsg {
     ToolPanicked(String),
     /// The grace period after a cancellation request ended.
     CancelGraceElapsed,
+    /// The node this task was taken over from (counting an attempt) renewed its heartbeat
+    /// in the same process: it was paused, not crashed; the attempt is given back.
+    RefundLapse,
 }
 
 /// A live task: its actor and the stream of its committed snapshots.

@@ -758,6 +758,11 @@ pub struct Reconciled {
     /// creation whose commit succeeded but whose acknowledgement was lost): claimed anew for
     /// this process (lease epoch + 1), with their bytes, to be run from the stored record.
     pub forgotten: Vec<(String, Vec<u8>)>,
+    /// Tasks this process took over from a lapsed lease, counting an attempt against their
+    /// restart budget, whose previous owner has since renewed its heartbeat in the same
+    /// process: it was paused (a stop of the world, a frozen VM), not crashed, so the attempt
+    /// is given back. Reported once each.
+    pub paused: Vec<String>,
 }
 
 /// A wake-up hint from a shared store: [`Wakeup::notified`] completes when something it

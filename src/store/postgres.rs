@@ -302,6 +302,10 @@ struct Inner {
     deleted: AtomicU64,
     /// Tasks claimed from a node that stopped without releasing them, until the runtime asks.
     lapsed: Mutex<HashSet<String>>,
+    /// Tasks of [`Inner::lapsed`] (their takeover counted an attempt) with the process that
+    /// held them, watched while this node holds them: if that process renews its heartbeat,
+    /// it was paused, not crashed, and the reconciliation reports the task for a refund.
+    watched: Mutex<HashMap<String, LapsedOwner>>,
     /// Tasks whose creation commit is in flight (a reconciliation must not take their rows
     /// for forgotten ones), with the number of commits creating each.
     creating: Mutex<HashMap<String, u32>>,
@@ -762,17 +766,19 @@ impl Inner {
     async fn claim(&self, own: bool, limit: i64) -> Result<Vec<(String, Vec<u8>)>, PgFailure> {
         let client = self.client().await?;
         let ttl = self.lease_ttl.as_secs_f64();
-        // The last column: whether the lease lapsed (its node stopped without releasing it;
+        // The fourth column: whether the lease lapsed (its node stopped without releasing it;
         // a task this node id still holds at start was not released by its previous process).
-        // The fifth: the lapsed owner's last heartbeat (ms since the epoch, database time).
+        // The fifth: the lapsed owner's last heartbeat (ms since the epoch, database time);
+        // the sixth and seventh: its node id and the instance token of the process it was.
         let sql = if own {
             "UPDATE mcp_tasks t SET owner_node = $1, lease_epoch = t.lease_epoch + 1
              WHERE t.live AND t.owner_node = $1
-             RETURNING t.id, t.bytes, t.lease_epoch, true, NULL::bigint"
+             RETURNING t.id, t.bytes, t.lease_epoch, true, NULL::bigint, NULL::text, NULL::text"
         } else {
             "WITH c AS (
                 SELECT t.id, t.owner_node IS NOT NULL AS lapsed,
-                       (extract(epoch FROM n.heartbeat_at) * 1000)::bigint AS beat
+                       (extract(epoch FROM n.heartbeat_at) * 1000)::bigint AS beat,
+                       t.owner_node AS node, n.instance AS instance
                 FROM mcp_tasks t
                 LEFT JOIN mcp_nodes n ON n.node_id = t.owner_node
                 WHERE t.live
@@ -785,7 +791,7 @@ impl Inner {
                 FOR UPDATE OF t SKIP LOCKED)
              UPDATE mcp_tasks t SET owner_node = $1, lease_epoch = t.lease_epoch + 1
              FROM c WHERE t.id = c.id
-             RETURNING t.id, t.bytes, t.lease_epoch, c.lapsed, c.beat"
+             RETURNING t.id, t.bytes, t.lease_epoch, c.lapsed, c.beat, c.node, c.instance"
         };
         let st = client.prepare_cached(sql).await?;
         let rows = if own {
@@ -796,13 +802,27 @@ impl Inner {
         let mut out = Vec::with_capacity(rows.len());
         let mut held = self.held();
         let mut lapsed = self.lapsed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut watched = self.watched.lock().unwrap_or_else(|e| e.into_inner());
         for row in rows {
             let id: String = row.get(0);
             let bytes: Vec<u8> = row.get(1);
             let epoch: i64 = row.get(2);
             let beat: Option<i64> = row.get(4);
+            watched.remove(&id);
             if row.get::<_, bool>(3) && !self.outage_since(&id, beat) {
                 lapsed.insert(id.clone());
+                let node: Option<String> = row.get(5);
+                let instance: Option<String> = row.get(6);
+                if let (Some(node), Some(instance), Some(beat)) = (node, instance, beat) {
+                    watched.insert(
+                        id.clone(),
+                        LapsedOwner {
+                            node,
+                            instance,
+                            beat,
+                        },
+                    );
+                }
             } else {
                 lapsed.remove(&id);
             }
@@ -810,6 +830,7 @@ impl Inner {
             out.push((id, bytes));
         }
         drop(lapsed);
+        drop(watched);
         out.sort_by(|a, b| a.0.cmp(&b.0));
         if !out.is_empty() {
             tracing::info!(node = %self.node, tasks = out.len(), own, "claimed live tasks");
@@ -942,6 +963,7 @@ impl PostgresStore {
             poll_interval: options.poll_interval,
             deleted: AtomicU64::new(0),
             lapsed: Mutex::new(HashSet::new()),
+            watched: Mutex::new(HashMap::new()),
             creating: Mutex::new(HashMap::new()),
             reconcile_now: Arc::new(tokio::sync::Notify::new()),
             lose_commit_acks: AtomicU64::new(0),
@@ -2192,6 +2214,81 @@ impl Drop for Inner {
     }
 }
 
+/// The process that held a task whose lapsed lease this node took over, counting an attempt
+/// against the task's restart budget (see [`Inner::watched`]).
+#[derive(Debug, Clone)]
+struct LapsedOwner {
+    node: String,
+    instance: String,
+    /// Its last heartbeat before the takeover (ms since the epoch, database time).
+    beat: i64,
+}
+
+impl Inner {
+    /// The watched takeovers ([`Inner::watched`]) whose previous owner has renewed its
+    /// heartbeat since, in the same process (its instance token): that run ended in a pause,
+    /// not a crash, so the attempt the takeover counted is to be given back. A takeover whose
+    /// previous node id now runs another process (a restart: the process ended), or whose
+    /// node row is gone, is no longer watched, and neither is a task this node stopped
+    /// holding; one whose owner is still silent stays watched.
+    async fn paused_owners(
+        &self,
+        client: &deadpool_postgres::Object,
+    ) -> Result<Vec<String>, PgFailure> {
+        let watched: Vec<(String, LapsedOwner)> = {
+            let held = self.held();
+            let mut watched = self.watched.lock().unwrap_or_else(|e| e.into_inner());
+            watched.retain(|id, _| held.contains_key(id));
+            watched
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        };
+        if watched.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut nodes: Vec<&str> = watched.iter().map(|(_, o)| o.node.as_str()).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        let st = client
+            .prepare_cached(
+                "SELECT node_id, instance, (extract(epoch FROM heartbeat_at) * 1000)::bigint
+                 FROM mcp_nodes WHERE node_id = ANY($1)",
+            )
+            .await?;
+        let rows: HashMap<String, (Option<String>, i64)> = client
+            .query(&st, &[&nodes])
+            .await?
+            .into_iter()
+            .map(|r| (r.get(0), (r.get(1), r.get(2))))
+            .collect();
+        let mut paused = Vec::new();
+        let mut ended = Vec::new();
+        for (id, owner) in watched {
+            match rows.get(&owner.node) {
+                Some((Some(instance), beat)) if *instance == owner.instance => {
+                    if *beat > owner.beat {
+                        paused.push(id);
+                    }
+                }
+                _ => ended.push(id),
+            }
+        }
+        {
+            let mut watched = self.watched.lock().unwrap_or_else(|e| e.into_inner());
+            for id in paused.iter().chain(&ended) {
+                watched.remove(id);
+            }
+        }
+        paused.sort();
+        if !paused.is_empty() {
+            tracing::info!(node = %self.node, tasks = paused.len(), ids = ?paused,
+                "the nodes these tasks were taken over from renewed their heartbeats in the same process: they were paused, not crashed, and the takeovers no longer count against the tasks' restart budgets");
+        }
+        Ok(paused)
+    }
+}
+
 /// Registers the tasks a commit creates as in flight (see `Inner::creating`) until dropped.
 struct Creating<'a> {
     inner: &'a Inner,
@@ -2374,6 +2471,7 @@ impl Inner {
                 out.forgotten.push((id, row.get(0)));
             }
         }
+        out.paused = self.paused_owners(&client).await?;
         out.lost.sort();
         out.forgotten.sort_by(|a, b| a.0.cmp(&b.0));
         if !out.lost.is_empty() {

@@ -34,6 +34,11 @@ pub enum Event {
     /// The tool of a `working` task starts again after a crash, a kill or a panic: one more
     /// attempt (see [`TaskRecord::attempts`]).
     Restarted,
+    /// An attempt counted by a takeover of a lapsed lease is given back: the node that held
+    /// the lease renewed its heartbeat afterwards, in the same process, so its run ended in a
+    /// pause (a stop of the world, a frozen VM), not in a crash. Nothing changes when no
+    /// attempt beyond the first is counted.
+    RestartRefunded,
 }
 
 /// Why an event cannot be applied. None of these change the record.
@@ -67,7 +72,7 @@ pub fn apply(
     now_ms: u64,
 ) -> Result<Option<TaskRecord>, TransitionError> {
     let terminal = record.status.is_terminal();
-    let restarted = matches!(event, Event::Restarted);
+    let restarted = matches!(event, Event::Restarted | Event::RestartRefunded);
     let mut next = record.clone();
     match event {
         Event::StatusMessage(message) => {
@@ -180,9 +185,17 @@ pub fn apply(
             refuse_if_terminal(record)?;
             next.attempts = record.attempts.saturating_add(1);
         }
+        Event::RestartRefunded => {
+            refuse_if_terminal(record)?;
+            if record.attempts <= 1 {
+                return Ok(None);
+            }
+            next.attempts = record.attempts - 1;
+        }
     }
     next.seq = record.seq.saturating_add(1);
-    // A restart is bookkeeping, not an update a client could see. Every other change gets a
+    // A restart (or a refunded one) is bookkeeping, not an update a client could see. Every
+    // other change gets a
     // later `lastUpdatedAt` than the record it replaces, even within one millisecond or when
     // this node's clock is behind the node that wrote the record: the wire carries no
     // sequence number, so this is how a client orders the states it saw.

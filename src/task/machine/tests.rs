@@ -59,7 +59,7 @@ fn step(r: &TaskRecord, event: Event, now: u64) -> TaskRecord {
         .unwrap_or_else(|e| panic!("{event:?} refused: {e}"))
         .unwrap_or_else(|| panic!("{event:?} changed nothing"));
     assert_eq!(next.seq, r.seq + 1);
-    if event == Event::Restarted {
+    if matches!(event, Event::Restarted | Event::RestartRefunded) {
         assert_eq!(next.last_updated_at_ms, r.last_updated_at_ms);
     } else {
         assert_eq!(next.last_updated_at_ms, now.max(r.last_updated_at_ms + 1));
@@ -199,6 +199,30 @@ fn a_step_records_the_attempt_it_committed_in() {
     // Progress starts the count again.
     assert_eq!(second.attempts, 1);
     assert_eq!(step_done(&second, "c").step_attempts.get("c"), Some(&1));
+}
+
+/// A takeover found to follow a pause, not a crash, gives its counted attempt back: one at a
+/// time, never below the first run, as bookkeeping (no `lastUpdatedAt` change), and never on
+/// a finished task.
+#[test]
+fn a_refunded_restart_gives_one_attempt_back() {
+    let first = record(None);
+    assert_eq!(first.attempts, 1);
+    assert_eq!(apply(&first, Event::RestartRefunded, T0 + 5), Ok(None));
+    let twice = step(&step(&first, Event::Restarted, T0), Event::Restarted, T0);
+    assert_eq!(twice.attempts, 3);
+    let refunded = step(&twice, Event::RestartRefunded, T0 + 5);
+    assert_eq!(refunded.attempts, 2);
+    assert_eq!(refunded.last_updated_at_ms, twice.last_updated_at_ms);
+    let done = step(
+        &refunded,
+        Event::Finish(TaskOutcome::Result(json!({ "content": [] }))),
+        T0 + 6,
+    );
+    assert_eq!(
+        apply(&done, Event::RestartRefunded, T0 + 7),
+        Err(TransitionError::Terminal("completed"))
+    );
 }
 
 #[test]
@@ -710,6 +734,12 @@ impl Model {
                 self.end(TaskStatus::Failed, Some("Task has expired.".into()), true);
             }
             Event::Restarted => self.attempts += 1,
+            Event::RestartRefunded => {
+                if self.attempts <= 1 {
+                    return Unchanged;
+                }
+                self.attempts -= 1;
+            }
         }
         if matches!(
             event,
@@ -783,6 +813,7 @@ fn arb_event() -> impl Strategy<Value = Event> {
         1 => arb_message().prop_map(|status_message| Event::Cancelled { status_message }),
         2 => Just(Event::Expire),
         1 => Just(Event::Restarted),
+        1 => Just(Event::RestartRefunded),
     ]
 }
 
@@ -834,7 +865,7 @@ fn run_sequence(start: TaskRecord, events: Vec<(Event, u64)>) -> Result<(), Test
             prop_assert_eq!(next.seq, before.seq + 1);
             // Only legal transitions.
             prop_assert!(before.status.may_become(next.status));
-            if matches!(event, Event::Restarted) {
+            if matches!(event, Event::Restarted | Event::RestartRefunded) {
                 // A restart is bookkeeping: not an update a client sees.
                 prop_assert_eq!(next.last_updated_at_ms, before.last_updated_at_ms);
             } else {
