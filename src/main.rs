@@ -616,9 +616,13 @@ fn parse_ttl(s: &str) -> Result<Ttl, String> {
 /// `--store memory`: the in-memory store (nothing survives the process).
 const MEMORY_STORE: &str = "memory";
 
-/// Whether `store` names a PostgreSQL database rather than a redb file.
+/// Whether `store` names a PostgreSQL database rather than a redb file (the one rule the
+/// store commands use too: `admin::Location::parse`).
 fn is_postgres_url(store: &str) -> bool {
-    store.starts_with("postgres://") || store.starts_with("postgresql://")
+    matches!(
+        mcp_tasks::admin::Location::parse(store),
+        mcp_tasks::admin::Location::Postgres(_)
+    )
 }
 
 /// The runtime builder over the store `--store` names; with the node id on a shared store.

@@ -585,7 +585,7 @@ async fn the_mcp_address_answers_the_probes_while_the_store_opens() {
 /// `serve --store memory`: the in-memory store behind the same runtime. It says at start, as a
 /// warning, that nothing survives; a task it created answers while it runs, and after a
 /// restart the same id is unknown (exit 7, the server refused the id). `--node-id` is refused
-/// with it, as with a redb file.
+/// with it, as with a redb file, and the store commands say that there is no file to read.
 #[test]
 fn serve_store_memory_warns_and_keeps_nothing_across_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -647,6 +647,18 @@ fn serve_store_memory_warns_and_keeps_nothing_across_a_restart() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains("error: --node-id needs a PostgreSQL store"),
+        "{stderr}"
+    );
+    // The store commands say why there is nothing to read.
+    let out = bin(&["store", "stats", "--store", "memory"])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("`serve --store memory` keeps its tasks in the server's memory"),
         "{stderr}"
     );
 }

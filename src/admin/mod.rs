@@ -81,13 +81,22 @@ pub(crate) fn redact_url(url: &str) -> String {
     }
 }
 
+/// Said of a missing file named `memory`: the in-memory store of `serve` is no file.
+fn memory_hint(path: &std::path::Path) -> &'static str {
+    if path == std::path::Path::new("memory") {
+        " (`serve --store memory` keeps its tasks in the server's memory, where no store command can read them)"
+    } else {
+        ""
+    }
+}
+
 /// Errors of the store administration commands. Each is one line an operator can act on;
 /// nothing was modified when one is returned (unless it says otherwise).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AdminError {
     /// No file at the path.
-    #[error("{}: no such store file", .0.display())]
+    #[error("{}: no such store file{}", .0.display(), memory_hint(.0))]
     NotFound(PathBuf),
     /// The file exists but is not an mcp-tasks store.
     #[error("{path} is not an mcp-tasks store: {detail}")]
