@@ -119,6 +119,20 @@ async fn owners_are_indexed_counted_and_converted() {
     b.commit(vec![WriteOp::Delete { id: id0 }]).await.unwrap();
     let usage = a.usage(&alice).await.unwrap();
     assert_eq!(usage.tasks, 11);
+    // Kept in several rows per owner (one per shard of the task ids, so that concurrent
+    // writes of one owner's tasks do not queue on one row lock), which add up.
+    let rows = pg
+        .client()
+        .await
+        .query(
+            "SELECT count(*), sum(tasks)::bigint FROM mcp_usage WHERE owner = $1",
+            &[&alice],
+        )
+        .await
+        .unwrap();
+    let (shards, tasks): (i64, i64) = (rows[0].get(0), rows[0].get(1));
+    assert!(shards > 1, "one row for 11 tasks");
+    assert_eq!(tasks, 11);
     let by_owner = a.usage_by_owner().await.unwrap();
     assert_eq!(by_owner.len(), 2, "{by_owner:?}");
     a.close().await;

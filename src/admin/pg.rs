@@ -211,10 +211,7 @@ impl PgReader {
         }
         let rows = self
             .client
-            .query(
-                "SELECT owner, tasks, bytes FROM mcp_usage ORDER BY owner",
-                &[],
-            )
+            .query(crate::store::postgres::USAGE_BY_OWNER, &[])
             .await
             .map_err(|e| pg_err(&self.label, &e))?;
         Ok(Some(

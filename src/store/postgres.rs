@@ -51,7 +51,7 @@ use super::{
 };
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 // One migration per version: a migration added without raising the version (or the other way
 // round) does not build.
@@ -135,7 +135,45 @@ const MIGRATIONS: &[&str] = &[
     // 4: the instance token of the process running as each node id (a random value per
     // process), so that a second live process with the same id is refused at start.
     "ALTER TABLE mcp_nodes ADD COLUMN instance text;",
+    // 5: the per-owner usage in up to 16 rows per owner, one per shard of the task ids
+    // (`hashtext(id) & 15`). With one row per owner, every write of one owner's tasks
+    // updated that row and held its lock until the commit (the WAL's fsync included), so
+    // the commits of one owner's tasks queued one behind the other (half the lifecycles per
+    // second of one replica, `benches/replicas.rs`). Readers sum an owner's rows. The rows
+    // are recomputed from the tasks in the migration's transaction.
+    "ALTER TABLE mcp_usage ADD COLUMN shard smallint NOT NULL DEFAULT 0;
+    ALTER TABLE mcp_usage DROP CONSTRAINT mcp_usage_pkey;
+    DELETE FROM mcp_usage;
+    INSERT INTO mcp_usage (owner, shard, tasks, bytes)
+        SELECT task_owner, hashtext(id) & 15, count(*), sum(size)
+        FROM mcp_tasks WHERE task_owner IS NOT NULL GROUP BY 1, 2;
+    ALTER TABLE mcp_usage ADD PRIMARY KEY (owner, shard);
+    CREATE OR REPLACE FUNCTION mcp_usage_track() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP = 'UPDATE' AND OLD.task_owner IS NOT DISTINCT FROM NEW.task_owner
+                AND OLD.size = NEW.size THEN
+            RETURN NULL;
+        END IF;
+        IF TG_OP IN ('UPDATE', 'DELETE') AND OLD.task_owner IS NOT NULL THEN
+            UPDATE mcp_usage SET tasks = tasks - 1, bytes = bytes - OLD.size
+                WHERE owner = OLD.task_owner AND shard = hashtext(OLD.id) & 15;
+            DELETE FROM mcp_usage
+                WHERE owner = OLD.task_owner AND shard = hashtext(OLD.id) & 15 AND tasks <= 0;
+        END IF;
+        IF TG_OP IN ('UPDATE', 'INSERT') AND NEW.task_owner IS NOT NULL THEN
+            INSERT INTO mcp_usage (owner, shard, tasks, bytes)
+                VALUES (NEW.task_owner, hashtext(NEW.id) & 15, 1, NEW.size)
+                ON CONFLICT (owner, shard) DO UPDATE
+                SET tasks = mcp_usage.tasks + 1, bytes = mcp_usage.bytes + EXCLUDED.bytes;
+        END IF;
+        RETURN NULL;
+    END $$;",
 ];
+
+/// Every owner's stored tasks and bytes, by owner (the sum of its usage rows: one per owner
+/// in schema versions 3 and 4, one per shard of its task ids from version 5 on).
+pub(crate) const USAGE_BY_OWNER: &str = "SELECT owner, sum(tasks)::bigint, sum(bytes)::bigint
+     FROM mcp_usage GROUP BY owner ORDER BY owner";
 
 /// Rows the owner backfill of migration 3 reads at a time (rows may be large).
 const BACKFILL_CHUNK: i64 = 64;
@@ -1682,13 +1720,16 @@ impl TaskStore for PostgresStore {
             self.inner
                 .run(false, |client| async move {
                     let st = client
-                        .prepare_cached("SELECT tasks, bytes FROM mcp_usage WHERE owner = $1")
+                        .prepare_cached(
+                            "SELECT coalesce(sum(tasks), 0)::bigint, coalesce(sum(bytes), 0)::bigint
+                             FROM mcp_usage WHERE owner = $1",
+                        )
                         .await?;
-                    let row = client.query_opt(&st, &[&owner]).await?;
-                    Ok::<_, PgFailure>(row.map_or_else(super::Usage::default, |r| super::Usage {
+                    let r = client.query_one(&st, &[&owner]).await?;
+                    Ok::<_, PgFailure>(super::Usage {
                         tasks: to_u64(r.get(0)),
                         bytes: to_u64(r.get(1)),
-                    }))
+                    })
                 })
                 .await
         })
@@ -1697,12 +1738,7 @@ impl TaskStore for PostgresStore {
         Box::pin(async move {
             self.inner
                 .run(false, |client| async move {
-                    let rows = client
-                        .query(
-                            "SELECT owner, tasks, bytes FROM mcp_usage ORDER BY owner",
-                            &[],
-                        )
-                        .await?;
+                    let rows = client.query(USAGE_BY_OWNER, &[]).await?;
                     Ok::<_, PgFailure>(
                         rows.into_iter()
                             .map(|r| {
