@@ -456,6 +456,33 @@ async fn the_stores_statements_are_bounded_by_its_session_timeouts() {
     pg.drop().await;
 }
 
+/// A node of `pg` with lease TTL `ttl`, a restart budget of 1 and the tool `hang` (never
+/// ends): its runtime and its store.
+async fn hang_node(pg: &pg::Pg, name: &str, ttl: Duration) -> (Runtime, Arc<PostgresStore>) {
+    let store = Arc::new(
+        PostgresStore::open(&pg.url, pg.options(name, ttl))
+            .await
+            .unwrap(),
+    );
+    let mut config = RuntimeConfig::default();
+    config.restart_budget = 1;
+    config.restart_backoff = Duration::from_millis(10);
+    let hang = tool_fn(
+        ToolDescriptor::new("hang", "never ends").task_policy(TaskPolicy::Always),
+        |_ctx, _| async {
+            std::future::pending::<()>().await;
+            Ok(CallToolResult::text("unreachable"))
+        },
+    );
+    let rt = Runtime::builder_with_store(Store::from_backend(store.clone()))
+        .config(config)
+        .tool(hang)
+        .start()
+        .await
+        .unwrap();
+    (rt, store)
+}
+
 /// X7: three database outages, each longer than the lease TTL, on a cluster of two healthy
 /// nodes: after each, one node takes the task over from the other (whose heartbeat lapsed),
 /// and with a restart budget of 1 the task is still running afterwards: an outage is not a
@@ -465,33 +492,7 @@ async fn the_stores_statements_are_bounded_by_its_session_timeouts() {
 async fn database_outages_longer_than_the_lease_ttl_do_not_spend_the_restart_budget() {
     let Some(pg) = pg::fresh().await else { return };
     let ttl = Duration::from_millis(1500);
-    let node = |name: &'static str| {
-        let pg = &pg;
-        async move {
-            let store = Arc::new(
-                PostgresStore::open(&pg.url, pg.options(name, ttl))
-                    .await
-                    .unwrap(),
-            );
-            let mut config = RuntimeConfig::default();
-            config.restart_budget = 1;
-            config.restart_backoff = Duration::from_millis(10);
-            let hang = tool_fn(
-                ToolDescriptor::new("hang", "never ends").task_policy(TaskPolicy::Always),
-                |_ctx, _| async {
-                    std::future::pending::<()>().await;
-                    Ok(CallToolResult::text("unreachable"))
-                },
-            );
-            let rt = Runtime::builder_with_store(Store::from_backend(store.clone()))
-                .config(config)
-                .tool(hang)
-                .start()
-                .await
-                .unwrap();
-            (rt, store)
-        }
-    };
+    let node = |name: &'static str| hang_node(&pg, name, ttl);
     let (a, a_store) = node("a").await;
     let (b, b_store) = node("b").await;
     let task = create(&a, "hang", json!({})).await;
@@ -538,33 +539,7 @@ async fn stored_attempts(store: &PostgresStore, task: &str) -> u32 {
 async fn pauses_past_the_lease_do_not_spend_the_restart_budget() {
     let Some(pg) = pg::fresh().await else { return };
     let ttl = Duration::from_millis(1500);
-    let node = |name: &'static str| {
-        let pg = &pg;
-        async move {
-            let store = Arc::new(
-                PostgresStore::open(&pg.url, pg.options(name, ttl))
-                    .await
-                    .unwrap(),
-            );
-            let mut config = RuntimeConfig::default();
-            config.restart_budget = 1;
-            config.restart_backoff = Duration::from_millis(10);
-            let hang = tool_fn(
-                ToolDescriptor::new("hang", "never ends").task_policy(TaskPolicy::Always),
-                |_ctx, _| async {
-                    std::future::pending::<()>().await;
-                    Ok(CallToolResult::text("unreachable"))
-                },
-            );
-            let rt = Runtime::builder_with_store(Store::from_backend(store.clone()))
-                .config(config)
-                .tool(hang)
-                .start()
-                .await
-                .unwrap();
-            (rt, store)
-        }
-    };
+    let node = |name: &'static str| hang_node(&pg, name, ttl);
     let (a, a_store) = node("a").await;
     let (b, b_store) = node("b").await;
     let task = create(&a, "hang", json!({})).await;
