@@ -195,10 +195,9 @@ pub fn apply(
     }
     next.seq = record.seq.saturating_add(1);
     // A restart (or a refunded one) is bookkeeping, not an update a client could see. Every
-    // other change gets a
-    // later `lastUpdatedAt` than the record it replaces, even within one millisecond or when
-    // this node's clock is behind the node that wrote the record: the wire carries no
-    // sequence number, so this is how a client orders the states it saw.
+    // other change gets a later `lastUpdatedAt` than the record it replaces, even within one
+    // millisecond or when this node's clock is behind the node that wrote the record: the
+    // wire carries no sequence number, so this is how a client orders the states it saw.
     if !restarted {
         next.last_updated_at_ms = now_ms.max(record.last_updated_at_ms.saturating_add(1));
     }
