@@ -627,10 +627,10 @@ fn is_postgres_url(store: &str) -> bool {
 
 /// The runtime builder over the store `--store` names; with the node id on a shared store.
 async fn store_builder(args: &ServeArgs) -> Result<(RuntimeBuilder, Option<String>), String> {
+    if args.node_id.is_some() && !is_postgres_url(&args.store) {
+        return Err("--node-id needs a PostgreSQL store (--store postgres://...)".into());
+    }
     if args.store == MEMORY_STORE {
-        if args.node_id.is_some() {
-            return Err("--node-id needs a PostgreSQL store (--store postgres://...)".into());
-        }
         tracing::warn!(
             "--store memory: tasks are kept in this process's memory only; NOTHING survives a restart, a crash or a deploy (use a redb file or PostgreSQL to keep them)"
         );
@@ -640,9 +640,6 @@ async fn store_builder(args: &ServeArgs) -> Result<(RuntimeBuilder, Option<Strin
         ));
     }
     if !is_postgres_url(&args.store) {
-        if args.node_id.is_some() {
-            return Err("--node-id needs a PostgreSQL store (--store postgres://...)".into());
-        }
         let options = mcp_tasks::StoreOptions {
             cache_size: args.cache_size,
             record_cache_size: args.record_cache_size,
