@@ -1,0 +1,443 @@
+//! The store at scale: `tasks/get` as the store grows, memory per live and per stored task,
+//! and the time to ready after `kill -9` with many stored and live tasks.
+//!
+//! ```sh
+//! cargo bench --bench scale                                       # 1M stored, 10k live
+//! cargo bench --bench scale -- --stored 100000 --live 1000 --secs 5
+//! cargo bench --bench scale -- --cache-size 64MiB                 # passed to serve
+//! cargo bench --bench scale -- --quick-repair                     # passed to serve
+//! ```
+//!
+//! Phases, each against `mcp-tasks serve --fixtures bench --no-quotas` started as a child
+//! process (default durability: every commit fsync'd):
+//!
+//! 1. **Empty store.** `tasks/get` of one completed task for `--secs` at 16 clients; RSS.
+//! 2. **Live tasks.** `--live` `sleep_task {"ms": 86400000}` tasks created over HTTP (each
+//!    keeps an actor and a parked tool future); RSS before and after: bytes per live task.
+//! 3. **Fill.** The server stops; `--stored` completed tasks are written straight into the
+//!    same file (batches of 4,096 snapshots with their index entries, as the runtime writes
+//!    them, not fsync'd; the store is closed cleanly at the end).
+//! 4. **Large store.** The server starts on it: time to ready (the first `server/discover`
+//!    answered), RSS; `tasks/get` of one completed task, then of random stored tasks; RSS.
+//!    The ratios are against a *control*: a second server, started beside it on a new empty
+//!    store, whose one completed task is read in the same way right before and right after
+//!    (their mean), so that both sides are measured by the benchmark process in the same
+//!    state (phase 1 runs before it has written a million records; its ratio is printed too).
+//! 5. **After `kill -9`.** The server is killed with SIGKILL and started again: time to
+//!    ready, with the default `--verify-on-open true` and with `false`.
+//!
+//! Clients are this crate's `mcp_tasks::client` on a single-threaded tokio runtime on its own
+//! OS thread, one connection each. Nothing here asserts speed.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{client, create_sleep, free_port, on_client_thread, wait_ready};
+use mcp_tasks::internals::persist;
+use mcp_tasks::internals::task::{Event, Owner, TaskId, TaskOutcome, TaskRecord, apply};
+use mcp_tasks::store::{Durability, Expect, Store, StoreOptions, WriteOp};
+use serde_json::json;
+
+const USAGE: &str = "usage: cargo bench --bench scale -- [--stored N] [--live N] [--secs S] \
+                     [--cache-size SIZE] [--record-cache-size SIZE] [--quick-repair] [--keep]";
+
+struct Args {
+    stored: usize,
+    live: usize,
+    secs: f64,
+    cache_size: Option<String>,
+    record_cache_size: Option<String>,
+    /// Pass `--quick-repair` to every start of the server.
+    quick_repair: bool,
+    /// Keep the store file (its path is printed) for profiling by hand.
+    keep: bool,
+}
+
+fn parse_args() -> Args {
+    let mut args = Args {
+        stored: 1_000_000,
+        live: 10_000,
+        secs: 5.0,
+        cache_size: None,
+        record_cache_size: None,
+        keep: false,
+        quick_repair: false,
+    };
+    let mut it = std::env::args().skip(1);
+    let fail = |msg: String| -> ! {
+        eprintln!("{msg}\n{USAGE}");
+        std::process::exit(2);
+    };
+    let num = |name: &str, v: Option<String>| -> usize {
+        match v.as_deref().map(str::parse::<usize>) {
+            Some(Ok(n)) => n,
+            _ => fail(format!("{name} needs an integer")),
+        }
+    };
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--bench" => {}
+            "--stored" => args.stored = num("--stored", it.next()),
+            "--live" => args.live = num("--live", it.next()),
+            "--secs" => args.secs = num("--secs", it.next()).max(1) as f64,
+            "--cache-size" => {
+                args.cache_size = Some(it.next().unwrap_or_else(|| fail("--cache-size".into())))
+            }
+            "--keep" => args.keep = true,
+            "--quick-repair" => args.quick_repair = true,
+            "--record-cache-size" => {
+                args.record_cache_size = Some(
+                    it.next()
+                        .unwrap_or_else(|| fail("--record-cache-size needs a size".into())),
+                )
+            }
+            other => fail(format!("unknown argument {other:?}")),
+        }
+    }
+    args
+}
+
+struct Server {
+    child: Child,
+    url: String,
+    ready_s: f64,
+}
+
+impl Server {
+    fn start(store: &Path, args: &Args, extra: &[&str]) -> Server {
+        let port = free_port();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-tasks"));
+        cmd.args([
+            "serve",
+            "--fixtures",
+            "bench",
+            "--no-quotas",
+            "--no-admin-socket",
+        ])
+        .args(["--task-ttl", "1d", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--store")
+        .arg(store)
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null());
+        if let Some(size) = &args.cache_size {
+            cmd.args(["--cache-size", size]);
+        }
+        if args.quick_repair {
+            cmd.arg("--quick-repair");
+        }
+        if let Some(size) = &args.record_cache_size {
+            cmd.args(["--record-cache-size", size]);
+        }
+        let started = Instant::now();
+        let child = cmd.spawn().expect("starting mcp-tasks serve");
+        let url = format!("http://127.0.0.1:{port}/mcp");
+        wait_ready(&url, Duration::from_secs(600), Duration::from_millis(5));
+        Server {
+            child,
+            url,
+            ready_s: started.elapsed().as_secs_f64(),
+        }
+    }
+
+    /// Resident memory (VmRSS) in bytes.
+    fn rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    }
+
+    fn kill9(mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+
+    fn stop(mut self) {
+        // SIGTERM: a clean shutdown.
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// `tasks/get` requests/s and p50/p99 ms of `concurrency` clients for `secs` seconds, each
+/// request for one of `ids` (round robin from a per-client offset).
+fn gets(url: &str, ids: Vec<String>, concurrency: usize, secs: f64) -> (f64, f64, f64) {
+    let url = url.to_owned();
+    on_client_thread(move || {
+        Box::pin(async move {
+            let mut clients = Vec::new();
+            for _ in 0..concurrency {
+                clients.push(client(&url, Duration::from_secs(60)).await);
+            }
+            let warm = Instant::now() + Duration::from_millis(500);
+            let deadline = warm + Duration::from_secs_f64(secs);
+            let ids = std::sync::Arc::new(ids);
+            let workers = clients.into_iter().enumerate().map(|(c, client)| {
+                let ids = ids.clone();
+                async move {
+                    let mut latencies = Vec::new();
+                    let mut i = c * 7919;
+                    loop {
+                        let handle = client.resume(&ids[i % ids.len()]).await.expect("resume");
+                        i += 1;
+                        let t = Instant::now();
+                        let task = handle.get().await.expect("tasks/get");
+                        assert!(task.is_terminal(), "{task:?}");
+                        let now = Instant::now();
+                        if now >= deadline {
+                            break;
+                        }
+                        if now >= warm {
+                            latencies.push((now - t).as_secs_f64() * 1e3);
+                        }
+                    }
+                    latencies
+                }
+            });
+            let mut latencies: Vec<f64> = futures::future::join_all(workers)
+                .await
+                .into_iter()
+                .flatten()
+                .collect();
+            latencies.sort_by(f64::total_cmp);
+            let pick = |p: f64| latencies[((latencies.len() - 1) as f64 * p) as usize];
+            (latencies.len() as f64 / secs, pick(0.5), pick(0.99))
+        })
+    })
+}
+
+/// Creates `n` long sleeping tasks (8 clients); their ids.
+fn create_live(url: &str, n: usize) -> Vec<String> {
+    let url = url.to_owned();
+    on_client_thread(move || {
+        Box::pin(async move {
+            let workers = (0..8).map(|c| {
+                let url = url.clone();
+                async move {
+                    let client = client(&url, Duration::from_secs(60)).await;
+                    let mut ids = Vec::new();
+                    for _ in 0..(n / 8 + usize::from(c < n % 8)) {
+                        ids.push(create_sleep(&client, 86_400_000).await.id().to_owned());
+                    }
+                    ids
+                }
+            });
+            futures::future::join_all(workers)
+                .await
+                .into_iter()
+                .flatten()
+                .collect()
+        })
+    })
+}
+
+/// One completed task, created and awaited over HTTP; its id.
+fn one_completed(url: &str) -> String {
+    let url = url.to_owned();
+    on_client_thread(move || {
+        Box::pin(async move {
+            let client = client(&url, Duration::from_secs(60)).await;
+            let handle = create_sleep(&client, 0).await;
+            while !handle.get().await.expect("tasks/get").is_terminal() {}
+            handle.id().to_owned()
+        })
+    })
+}
+
+/// Writes `n` completed tasks of the anonymous owner into the store at `path`, as the
+/// runtime would have (snapshot, live and expiry index entries); their ids.
+fn fill(path: &Path, n: usize) -> Vec<String> {
+    let options = StoreOptions {
+        durability: Durability::None,
+        ..StoreOptions::default()
+    };
+    let store = Store::open(path, options).expect("opening the store to fill it");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    let day = 86_400_000;
+    let retention = 3_600_000;
+    let mut ids = Vec::with_capacity(n);
+    let mut batch = Vec::with_capacity(4096);
+    let started = Instant::now();
+    for i in 0..n {
+        let created = TaskRecord::new(
+            TaskId::generate(),
+            Owner::anonymous(),
+            "sleep_task".into(),
+            json!({ "ms": 0 }),
+            json!({ "extensions": { "io.modelcontextprotocol/tasks": {} } }),
+            now,
+            Some(day),
+            Some(1000),
+            None,
+        );
+        let result = json!({ "content": [{ "type": "text", "text": "Slept 0 ms." }] });
+        let done = apply(
+            &created,
+            Event::Finish(TaskOutcome::Result(result)),
+            now + 1,
+        )
+        .expect("finish")
+        .expect("a change");
+        ids.push(done.id.as_str().to_owned());
+        batch.push(WriteOp::Put {
+            id: done.id.as_str().to_owned(),
+            bytes: persist::encode(&done).expect("encode"),
+            live: false,
+            due_ms: Some(now + day + retention),
+            seq: Some(done.seq),
+            expect: Expect::Any,
+            owner: Some(mcp_tasks::store::OwnerEntry {
+                owner: mcp_tasks::store::owner_key(&done.owner.tenant, &done.owner.principal),
+                created_ms: done.created_at_ms,
+            }),
+        });
+        if batch.len() == 4096 || i + 1 == n {
+            rt.block_on(store.commit(std::mem::take(&mut batch)))
+                .expect("commit");
+        }
+        if (i + 1) % 200_000 == 0 {
+            eprintln!(
+                "  filled {} in {:.1} s",
+                i + 1,
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    rt.block_on(store.close());
+    ids
+}
+
+fn main() {
+    let args = parse_args();
+    let target = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target");
+    std::fs::create_dir_all(&target).expect("creating target/");
+    let dir = tempfile::Builder::new()
+        .prefix("bench-scale-")
+        .tempdir_in(&target)
+        .expect("creating the temp dir under target/");
+    let path = dir.path().join("scale.redb");
+    println!(
+        "mcp-tasks scale benchmark: {} stored, {} live, {} s get runs, cache size {}, record cache size {}, quick repair {}\n",
+        args.stored,
+        args.live,
+        args.secs,
+        args.cache_size.as_deref().unwrap_or("default"),
+        args.record_cache_size.as_deref().unwrap_or("default"),
+        if args.quick_repair { "on" } else { "off" }
+    );
+
+    // 1. Empty store.
+    let server = Server::start(&path, &args, &[]);
+    println!(
+        "empty store: ready in {:.3} s, RSS {:.1} MiB",
+        server.ready_s,
+        mib(server.rss())
+    );
+    let first = one_completed(&server.url);
+    let (rate0, p50, p99) = gets(&server.url, vec![first.clone()], 16, args.secs);
+    println!("empty store: tasks/get one task: {rate0:.0}/s (p50 {p50:.2} ms, p99 {p99:.2} ms)");
+
+    // 2. Live tasks.
+    let before = server.rss();
+    let t = Instant::now();
+    let live = create_live(&server.url, args.live);
+    let after = server.rss();
+    println!(
+        "{} live tasks created in {:.1} s: RSS {:.1} -> {:.1} MiB, {:.0} bytes per live task",
+        live.len(),
+        t.elapsed().as_secs_f64(),
+        mib(before),
+        mib(after),
+        (after.saturating_sub(before)) as f64 / live.len().max(1) as f64
+    );
+    server.stop();
+
+    // 3. Fill.
+    let t = Instant::now();
+    let mut ids = fill(&path, args.stored);
+    println!(
+        "filled {} completed tasks in {:.1} s; file {:.0} MiB",
+        args.stored,
+        t.elapsed().as_secs_f64(),
+        mib(std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0))
+    );
+    ids.push(first.clone());
+
+    // 4. Large store.
+    let server = Server::start(&path, &args, &[]);
+    let rss_start = server.rss();
+    println!(
+        "{} stored + {} live (after a clean stop): ready in {:.3} s, RSS {:.1} MiB",
+        ids.len(),
+        live.len(),
+        server.ready_s,
+        mib(rss_start)
+    );
+    let control = Server::start(&dir.path().join("control.redb"), &args, &[]);
+    let control_task = one_completed(&control.url);
+    let (before, p50, p99) = gets(&control.url, vec![control_task.clone()], 16, args.secs);
+    println!(
+        "control (empty store, started now): tasks/get one task: {before:.0}/s (p50 {p50:.2} ms, p99 {p99:.2} ms)"
+    );
+    let (rate1, p50, p99) = gets(&server.url, vec![first.clone()], 16, args.secs);
+    println!("large store: tasks/get one task: {rate1:.0}/s (p50 {p50:.2} ms, p99 {p99:.2} ms)");
+    let (rate2, p50, p99) = gets(&server.url, ids.clone(), 16, args.secs);
+    let rss_random = server.rss();
+    println!(
+        "large store: tasks/get random stored tasks: {rate2:.0}/s (p50 {p50:.2} ms, p99 {p99:.2} ms); RSS {:.1} MiB",
+        mib(rss_random)
+    );
+    let (after, p50, p99) = gets(&control.url, vec![control_task], 16, args.secs);
+    println!("control again: tasks/get one task: {after:.0}/s (p50 {p50:.2} ms, p99 {p99:.2} ms)");
+    control.stop();
+    let control_rate = (before + after) / 2.0;
+    println!(
+        "large store against the control: one task {:.2}x, random stored tasks {:.2}x (phase 1's empty store: {:.2}x, {:.2}x)",
+        rate1 / control_rate,
+        rate2 / control_rate,
+        rate1 / rate0,
+        rate2 / rate0
+    );
+
+    // 5. After kill -9.
+    server.kill9();
+    let server = Server::start(&path, &args, &[]);
+    println!(
+        "after kill -9 (verify on open): ready in {:.3} s, RSS {:.1} MiB",
+        server.ready_s,
+        mib(server.rss())
+    );
+    server.kill9();
+    let server = Server::start(&path, &args, &["--verify-on-open", "false"]);
+    println!(
+        "after kill -9 (--verify-on-open false): ready in {:.3} s, RSS {:.1} MiB",
+        server.ready_s,
+        mib(server.rss())
+    );
+    server.stop();
+    if args.keep {
+        let kept = dir.keep();
+        println!("store kept: {}", kept.join("scale.redb").display());
+    }
+}

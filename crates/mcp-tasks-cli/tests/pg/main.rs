@@ -1,0 +1,23 @@
+//! The tests of the PostgreSQL store and of replicas sharing one database, in one executable:
+//! the store itself, leases and fencing, owners and quotas, the replica fault reproductions,
+//! the replica crash suite and, with the `failpoints` feature, the store's failpoints (run
+//! alone, since failpoints are process-wide). They skip, saying so, when no server is
+//! reachable, unless `MCP_TASKS_REQUIRE_POSTGRES=1` (`.ci/run` sets it).
+
+#[macro_use]
+#[path = "../support/backend.rs"]
+mod backend;
+#[path = "../support/pg.rs"]
+mod pg;
+#[path = "../sim/mod.rs"]
+mod sim;
+#[path = "../support/mod.rs"]
+mod support;
+
+mod crash_replicas;
+mod postgres;
+mod postgres_failpoints;
+mod postgres_leases;
+mod postgres_owners;
+mod replica_faults;
+mod replicas;

@@ -1,0 +1,252 @@
+//! Schedules over two PostgreSQL nodes in process that need a failpoint or a breaker to be
+//! exact (feature `failpoints`; run with
+//! `cargo test --features failpoints --test postgres_failpoints`). Failpoints are
+//! process-global: every test here holds `fail::FailScenario` (one at a time).
+#![cfg(all(feature = "postgres", feature = "failpoints"))]
+
+use crate::pg;
+use crate::support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fail::FailScenario;
+use mcp_tasks::store::{PostgresStore, Store, TaskStore};
+use mcp_tasks::tool::{CallToolResult, InputRequest, TaskPolicy, ToolDescriptor, tool_fn};
+use mcp_tasks::{Runtime, RuntimeConfig};
+use serde_json::{Value, json};
+use support::embedded::{call, create, get, wait_status};
+
+/// `two_questions`: asks for `k0`, then for `k1`, then completes with both answers.
+fn two_questions() -> Arc<dyn mcp_tasks::tool::Tool> {
+    tool_fn(
+        ToolDescriptor::new("two_questions", "two questions, one after the other")
+            .task_policy(TaskPolicy::Always),
+        move |ctx, _| async move {
+            let schema = json!({
+                "type": "object",
+                "properties": { "ok": { "type": "boolean" } },
+                "required": ["ok"]
+            });
+            let k0 = ctx
+                .input("k0", InputRequest::elicit_form("First?", schema.clone()))
+                .await?;
+            let k1 = ctx
+                .input("k1", InputRequest::elicit_form("Second?", schema))
+                .await?;
+            Ok(CallToolResult::text(format!("k0 {k0}; k1 {k1}")))
+        },
+    )
+}
+
+fn answer(task: &str, key: &str) -> Value {
+    json!({ "taskId": task, "inputResponses": { key: { "action": "accept", "content": { "ok": true } } } })
+}
+
+async fn node(pg: &pg::Pg, name: &str, ttl: Duration) -> (Runtime, Arc<PostgresStore>) {
+    let mut options = pg.options(name, ttl);
+    options.poll_interval = Duration::from_millis(200);
+    let store = Arc::new(PostgresStore::open(&pg.url, options).await.unwrap());
+    let mut config = RuntimeConfig::default();
+    config.restart_backoff = Duration::from_millis(10);
+    let rt = Runtime::builder_with_store(Store::from_backend(store.clone()))
+        .config(config)
+        .tool(two_questions())
+        .start()
+        .await
+        .unwrap();
+    (rt, store)
+}
+
+/// X3b of the scale-out review (the `LostUpdate`), in process and exact. Node a runs a task
+/// waiting for `k0`; node b takes its lease (as its claim does once a's lease lapsed), and
+/// the answer to `k0` goes through b, which then asks for `k1`. a's actor, left from the lease
+/// it lost, still waits for `k0`: it never wrote, so it was never fenced, and a still
+/// believes it holds the task. The answer to `k1` then reaches a's actor with the breaker
+/// `break::skip_is_behind` on, as a request does when the record moves right after the
+/// dispatcher compared it with the actor (the check-then-act window). The actor knows no
+/// `k1`, so the update changes nothing there; acknowledging it would lose it (the row stays
+/// `input_required` with `k1` pending). The acknowledgement that writes nothing is checked
+/// against the lease in the database instead, refused as fenced, and the request goes to b,
+/// which applies it: acknowledged means applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_reaching_an_actor_from_a_lost_lease_is_applied_not_dropped() {
+    let Some(pg) = pg::fresh().await else { return };
+    let scenario = FailScenario::setup();
+    // A minute: no periodic reconciliation (every 20 s) stops a's actor during the test.
+    let ttl = Duration::from_secs(60);
+    let (a, a_store) = node(&pg, "a", ttl).await;
+    let (b, b_store) = node(&pg, "b", ttl).await;
+    let task = create(&a, "two_questions", json!({})).await;
+    wait_status(&a, &task, "input_required").await;
+
+    assert!(b_store.claim_one(&task).await.unwrap().is_some());
+    let r = call(&b, "tasks/update", answer(&task, "k0")).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let waiting = wait_status(&b, &task, "input_required").await;
+    assert!(waiting["inputRequests"].get("k1").is_some(), "{waiting}");
+    assert!(
+        a_store.holds(&task),
+        "a never learnt that it lost the lease"
+    );
+
+    fail::cfg("break::skip_is_behind", "return").unwrap();
+    let r = call(&a, "tasks/update", answer(&task, "k1")).await;
+    fail::remove("break::skip_is_behind");
+    assert!(r.get("result").is_some(), "{r}");
+    // Acknowledged: so applied, at once (b's durable write came before the ack).
+    let started = Instant::now();
+    let state = get(&b, &task).await["result"].clone();
+    assert_ne!(
+        state["status"], "input_required",
+        "the acknowledged answer to k1 was dropped: {state}"
+    );
+    let done = wait_status(&b, &task, "completed").await;
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(
+        done["result"]["content"][0]["text"],
+        r#"k0 {"action":"accept","content":{"ok":true}}; k1 {"action":"accept","content":{"ok":true}}"#
+    );
+    assert!(!a_store.holds(&task), "a learnt that it lost the lease");
+    scenario.teardown();
+    a.shutdown().await;
+    b.shutdown().await;
+    pg.drop().await;
+}
+
+/// The same window on the other path: the answer is recorded in the database by a third node
+/// for the node the row names, and that node's inbox gives it to a stale actor. Node a lost
+/// the task's lease to b (which then asked for `k1`) and claimed it back, but its actor is
+/// still the one from its first lease, waiting for `k0` (the replacement a claim starts had
+/// not happened yet). The answer to `k1`, sent to node c, goes through a's inbox to that
+/// actor with the breaker `break::skip_is_behind` on. The confirmation of the acknowledgement
+/// finds the record moved under a's own lease (a conflict): a's actor is rebuilt from the
+/// record, the command stays recorded and is applied at a's next poll, and only then does c
+/// acknowledge. Without the confirmation c acknowledges an answer that was dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_recorded_for_a_node_whose_actor_is_stale_is_applied_not_dropped() {
+    let Some(pg) = pg::fresh().await else { return };
+    let scenario = FailScenario::setup();
+    let ttl = Duration::from_secs(60);
+    let (a, a_store) = node(&pg, "a", ttl).await;
+    let (b, b_store) = node(&pg, "b", ttl).await;
+    let (c, _c_store) = node(&pg, "c", ttl).await;
+    let task = create(&a, "two_questions", json!({})).await;
+    wait_status(&a, &task, "input_required").await;
+
+    assert!(b_store.claim_one(&task).await.unwrap().is_some());
+    let r = call(&b, "tasks/update", answer(&task, "k0")).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let waiting = wait_status(&b, &task, "input_required").await;
+    assert!(waiting["inputRequests"].get("k1").is_some(), "{waiting}");
+    // a claims the task back; its actor from the first lease still waits for k0.
+    assert!(a_store.claim_one(&task).await.unwrap().is_some());
+
+    fail::cfg("break::skip_is_behind", "return").unwrap();
+    let r = call(&c, "tasks/update", answer(&task, "k1")).await;
+    fail::remove("break::skip_is_behind");
+    assert!(r.get("result").is_some(), "{r}");
+    let state = get(&c, &task).await["result"].clone();
+    assert_ne!(
+        state["status"], "input_required",
+        "the acknowledged answer to k1 was dropped: {state}"
+    );
+    let done = wait_status(&c, &task, "completed").await;
+    assert_eq!(
+        done["result"]["content"][0]["text"],
+        r#"k0 {"action":"accept","content":{"ok":true}}; k1 {"action":"accept","content":{"ok":true}}"#
+    );
+    scenario.teardown();
+    a.shutdown().await;
+    b.shutdown().await;
+    c.shutdown().await;
+    pg.drop().await;
+}
+
+/// Bounded database calls (X6 of the scale-out review: a frozen peer holding a row lock). A
+/// node stopped in the middle of a transaction that holds a task's row lock — here its group
+/// commit, held inside the transaction by the failpoint `store::group_commit` for 25 s, far
+/// past every bound — does not keep the lock: each store connection sets
+/// `idle_in_transaction_session_timeout` (`SessionBounds::idle`, max(TTL, 5 s)), so the
+/// database ends the idle transaction and the row can be locked again within that bound, long
+/// before the node wakes. A raw session on a thread and runtime of its own watches the lock
+/// (the frozen node blocks one of the test runtime's workers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_left_open_by_a_frozen_node_releases_its_row_locks_within_the_bound() {
+    let Some(pg) = pg::fresh().await else { return };
+    let scenario = FailScenario::setup();
+    let ttl = Duration::from_secs(3);
+    // `SessionBounds::for_lease_ttl(3 s).idle`: max(TTL, 5 s).
+    let idle = Duration::from_secs(5);
+    let (a, _a_store) = node(&pg, "a", ttl).await;
+    let task = create(&a, "two_questions", json!({})).await;
+    wait_status(&a, &task, "input_required").await;
+
+    // The watcher: how long the row stays locked once it is seen locked.
+    let url = format!("{}?options=-c%20search_path%3D{}", pg.url, pg.schema);
+    let id = task.clone();
+    let watcher = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let (mut client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            let start = Instant::now();
+            let mut locked_at = None;
+            loop {
+                let tx = client.transaction().await.unwrap();
+                let locked = match tx
+                    .query(
+                        "SELECT id FROM mcp_tasks WHERE id = $1 FOR UPDATE NOWAIT",
+                        &[&id],
+                    )
+                    .await
+                {
+                    Ok(_) => false,
+                    Err(e) if e.code().is_some_and(|c| c.code() == "55P03") => true,
+                    Err(e) => panic!("locking the row: {e}"),
+                };
+                let _ = tx.rollback().await;
+                match (locked, locked_at) {
+                    (true, None) => locked_at = Some(Instant::now()),
+                    (false, Some(at)) => return Ok::<Duration, String>(at.elapsed()),
+                    _ => {}
+                }
+                if start.elapsed() > Duration::from_secs(60) {
+                    return Err(format!("locked {}", locked_at.is_some()));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    });
+
+    // The next group commit (the answer's) stops inside its transaction, the row updated.
+    fail::cfg("store::group_commit", "1*sleep(25000)").unwrap();
+    let answering = tokio::spawn({
+        let handle = a.handle();
+        let task = task.clone();
+        async move {
+            let request = support::embedded::req(1, "tasks/update", answer(&task, "k0"), true);
+            let _ = handle
+                .handle_json(request, &mcp_tasks::Owner::anonymous())
+                .await;
+        }
+    });
+    let held = tokio::task::spawn_blocking(move || watcher.join().unwrap())
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the row lock was never seen held and then released: {e}"));
+    fail::remove("store::group_commit");
+    assert!(
+        held < idle + Duration::from_secs(5),
+        "the frozen transaction kept the row locked for {held:?} (bound {idle:?})"
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(40), answering).await;
+    scenario.teardown();
+    a.shutdown().await;
+    pg.drop().await;
+}

@@ -1,0 +1,227 @@
+//! A small HTTP/1.1 client over a raw socket for the authentication and quota suites, so that
+//! they see the exact status line, headers and body bytes.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+pub const VERSION: &str = "2026-07-28";
+pub const WAIT: Duration = Duration::from_secs(30);
+
+pub fn meta() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": VERSION,
+        "io.modelcontextprotocol/clientCapabilities":
+            { "extensions": { "io.modelcontextprotocol/tasks": {} } },
+    })
+}
+
+pub fn request(id: Value, method: &str, mut params: Value) -> Value {
+    params["_meta"] = meta();
+    json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params })
+}
+
+/// One HTTP response: status, headers, the whole body (or, for SSE, what was read so far).
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// The connection, still open after an SSE response's first event.
+    pub stream: Option<BufReader<TcpStream>>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "a JSON body ({e}), status {}: {}",
+                self.status,
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+}
+
+/// The MCP headers a conforming client sends for `body`, plus a bearer token.
+pub fn headers_for(body: &Value, token: Option<&str>) -> Vec<(String, String)> {
+    let method = body["method"].as_str().unwrap_or_default();
+    let mut h = vec![
+        ("MCP-Protocol-Version".to_owned(), VERSION.to_owned()),
+        ("Mcp-Method".to_owned(), method.to_owned()),
+    ];
+    let name = match method {
+        "tools/call" => body["params"]["name"].as_str(),
+        "tasks/get" | "tasks/update" | "tasks/cancel" => body["params"]["taskId"].as_str(),
+        _ => None,
+    };
+    if let Some(name) = name {
+        h.push(("Mcp-Name".to_owned(), name.to_owned()));
+    }
+    if let Some(token) = token {
+        h.push(("Authorization".to_owned(), format!("Bearer {token}")));
+    }
+    h
+}
+
+/// Sends one request on a new connection and reads the response. An SSE response is read up
+/// to its first event, and the connection is kept in [`Response::stream`].
+pub async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(String, String)],
+    body: &[u8],
+) -> Response {
+    tokio::time::timeout(WAIT, async {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n",
+            addr.port()
+        );
+        head.push_str("Content-Type: application/json\r\n");
+        head.push_str("Accept: application/json, text/event-stream\r\n");
+        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        for (n, v) in headers {
+            head.push_str(&format!("{n}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        stream.write_all(head.as_bytes()).await.unwrap();
+        stream.write_all(body).await.unwrap();
+        read_response(BufReader::new(stream)).await
+    })
+    .await
+    .expect("a timely response")
+}
+
+pub async fn read_response(mut reader: BufReader<TcpStream>) -> Response {
+    let mut line = String::new();
+    reader.read_line(&mut line).await.unwrap();
+    let status: u16 = line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("a status line, got {line:?}"));
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        reader.read_line(&mut line).await.unwrap();
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        let (n, v) = l.split_once(':').expect("a header line");
+        headers.push((n.trim().to_owned(), v.trim().to_owned()));
+    }
+    let mut response = Response {
+        status,
+        headers,
+        body: Vec::new(),
+        stream: None,
+    };
+    let chunked = response
+        .header("transfer-encoding")
+        .is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
+    if let Some(len) = response.header("content-length") {
+        let mut body = vec![0; len.parse().unwrap()];
+        reader.read_exact(&mut body).await.unwrap();
+        response.body = body;
+    } else if chunked {
+        // Read chunks until one holds a complete SSE event (or the body ends).
+        loop {
+            line.clear();
+            if reader.read_line(&mut line).await.unwrap() == 0 {
+                break;
+            }
+            let size = usize::from_str_radix(line.trim(), 16).expect("a chunk size");
+            let mut data = vec![0; size + 2];
+            reader.read_exact(&mut data).await.unwrap();
+            data.truncate(size);
+            response.body.extend(data);
+            if size == 0 || response.body.windows(2).any(|w| w == b"\n\n") {
+                break;
+            }
+        }
+        response.stream = Some(reader);
+    }
+    response
+}
+
+/// POSTs a JSON-RPC message to `/mcp` with a conforming client's headers and `token`.
+pub async fn post(addr: SocketAddr, token: Option<&str>, body: &Value) -> Response {
+    let bytes = serde_json::to_vec(body).unwrap();
+    send(addr, "POST", "/mcp", &headers_for(body, token), &bytes).await
+}
+
+/// The JSON-RPC message of the first SSE event of a listen response.
+pub fn first_event(response: &Response) -> Value {
+    let text = String::from_utf8_lossy(&response.body);
+    let data = text
+        .lines()
+        .find_map(|l| l.strip_prefix("data: "))
+        .unwrap_or_else(|| panic!("an SSE event: {text}"));
+    serde_json::from_str(data).unwrap()
+}
+
+/// The hex SHA-256 of a token, as a token file stores it.
+pub fn sha256_hex(token: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A token file entry.
+pub fn token_entry(token: &str, tenant: &str, principal: &str, scopes: &[&str]) -> String {
+    format!(
+        "[[tokens]]\nsha256 = \"{}\"\ntenant = \"{tenant}\"\nprincipal = \"{principal}\"\nscopes = {}\n\n",
+        sha256_hex(token),
+        serde_json::to_string(scopes).unwrap()
+    )
+}
+pub mod embedded;
+pub mod legacy;
+pub mod raw_http;
+
+/// Runs the calling test alone in a child process of this test executable, for a test that
+/// needs the process to itself (it installs a process-wide `metrics` recorder and counts
+/// exactly): the integration tests share one executable, and the other tests running beside
+/// it would add to its counts. In the child (marked by an environment variable) this returns
+/// `true` and the test runs its body; in the parent it runs the child, fails if the child
+/// failed (with its output), and returns `false`: the caller then returns.
+///
+/// `test` is the test's path inside the executable (`module::name`).
+pub async fn own_process(test: &str) -> bool {
+    const CHILD: &str = "MCP_TASKS_TEST_OWN_PROCESS";
+    if std::env::var(CHILD).is_ok_and(|t| t == test) {
+        return true;
+    }
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let output = tokio::process::Command::new(exe)
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, test)
+        .output()
+        .await
+        .expect("run the test executable");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "{test} in its own process: {}\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    false
+}

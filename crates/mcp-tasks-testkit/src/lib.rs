@@ -1,0 +1,14 @@
+//! What mcp-tasks is tested and demonstrated with (not published): the tools the binary serves
+//! for the conformance suite and the benches (`fixtures`, `mcp-tasks serve --fixtures`), the
+//! crash-test workload (`sim`), the demo (`mcp-tasks demo`) and, with `postgres`, the replicas
+//! demo (`mcp-tasks demo --replicas`).
+//!
+//! It builds on the library's public API; where a test needs more it goes through
+//! `mcp_tasks::internals`, which has no stability promise.
+#![deny(missing_docs)]
+
+pub mod demo;
+pub mod fixtures;
+#[cfg(feature = "postgres")]
+pub mod replicas_demo;
+pub mod sim;

@@ -1,0 +1,568 @@
+//! The task actor: owns one live task's record and runs its tool.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures::FutureExt;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use crate::shared::{LiveTask, RuntimeError, Shared, TaskMsg};
+use crate::store::StoreError;
+use crate::task::{Event, TaskError, TaskOutcome, TaskRecord, TransitionError, apply};
+use crate::telemetry::{self, TaskGauge};
+use crate::tool::context::{EventSink, TaskLink};
+use crate::tool::{ToolContext, ToolError};
+use crate::wire::error::{RpcError, code};
+
+/// A running tool's events go to its task actor as [`TaskMsg::Tool`].
+struct ActorEvents(ActorRef<TaskMsg>);
+
+impl EventSink for ActorEvents {
+    fn record(&self, event: Event) -> futures::future::BoxFuture<'_, Result<(), ToolError>> {
+        Box::pin(async move {
+            match self.0.call(|reply| TaskMsg::Tool(event, reply), None).await {
+                Ok(ractor::rpc::CallResult::Success(Ok(()))) => Ok(()),
+                Ok(ractor::rpc::CallResult::Success(Err(e))) => {
+                    Err(ToolError::runtime_caused("the event was not recorded", e))
+                }
+                Ok(_) => Err(ToolError::runtime("the task actor did not answer")),
+                Err(e) => Err(ToolError::runtime_caused("the task actor is gone", e)),
+            }
+        })
+    }
+}
+
+/// Aborts the tool's tokio task when the actor's state is dropped, also when the actor
+/// fails (ractor does not run `post_stop` then).
+pub(crate) struct ToolHandle(JoinHandle<()>);
+
+impl Drop for ToolHandle {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+pub(crate) struct TaskActor {
+    pub(crate) shared: Arc<Shared>,
+}
+
+/// Why a task actor starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// The task was just created: its first run is already counted (`attempts` = 1).
+    Fresh,
+    /// The task resumes from the store. `count` = the previous run ended badly (a crash, a
+    /// kill, a panic): a `working` task's run counts as one more attempt. `cause` = how the
+    /// previous run ended, when this process saw it. `lapsed` = it counts because this node
+    /// took the task over from a lapsed lease (given back if that node turns out to have been
+    /// paused: [`TaskMsg::RefundLapse`]).
+    Resume {
+        count: bool,
+        cause: Option<String>,
+        lapsed: bool,
+    },
+}
+
+pub(crate) struct TaskState {
+    record: Arc<TaskRecord>,
+    publisher: watch::Sender<Arc<TaskRecord>>,
+    tool: Option<ToolHandle>,
+    start: Start,
+    /// A task being created: tells whether its creation commit succeeded (taken by
+    /// `post_start`).
+    creation: Option<oneshot::Receiver<bool>>,
+    /// Counts this task in `mcp_tasks_tasks` under its status while the actor lives.
+    gauge: TaskGauge,
+    /// The attempt count right after this actor's start counted a takeover of a lapsed lease;
+    /// taken by a [`TaskMsg::RefundLapse`].
+    lapse_charge: Option<u32>,
+}
+
+impl TaskActor {
+    /// Applies `event`: pure next state, durable commit, swap, publish. Returns whether the
+    /// record changed. A terminal record stops the actor (reads then go to the store).
+    ///
+    /// Boxed: the actor's own future (allocated once per live task, for as long as the task
+    /// lives) then holds a pointer instead of the whole commit state machine.
+    fn transition<'a>(
+        &'a self,
+        myself: &'a ActorRef<TaskMsg>,
+        state: &'a mut TaskState,
+        event: Event,
+    ) -> futures::future::BoxFuture<'a, Result<bool, RuntimeError>> {
+        let span = tracing::debug_span!("task.transition", task = %state.record.id,
+            seq = state.record.seq);
+        Box::pin(self.transition_inner(myself, state, event).instrument(span))
+    }
+
+    async fn transition_inner(
+        &self,
+        myself: &ActorRef<TaskMsg>,
+        state: &mut TaskState,
+        event: Event,
+    ) -> Result<bool, RuntimeError> {
+        let Some(next) = apply(&state.record, event, self.shared.now_ms())? else {
+            return Ok(false);
+        };
+        let next = Arc::new(next);
+        #[cfg(feature = "failpoints")]
+        if crate::failpoints::breaker("break::reply_before_commit") {
+            // Deliberately broken (test-only): observable before it is durable.
+            state.record = next.clone();
+            state.publisher.send_replace(next.clone());
+        }
+        if let Err(e) = self.shared.commit(&next).await {
+            if matches!(e, RuntimeError::Store(StoreError::Fenced { .. })) {
+                // Another node took the task over: this actor stops without touching the
+                // record again, and its tool is dropped where it is.
+                tracing::warn!(task = %next.id,
+                    "this node lost the task's lease (fenced): its actor stops without writing");
+                state.tool = None;
+                myself.stop(Some("fenced".into()));
+            }
+            return Err(e);
+        }
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("task::after_commit");
+        if next.status != state.record.status {
+            telemetry::transition(next.status);
+        }
+        state.gauge.set(next.status);
+        state.record = next.clone();
+        state.publisher.send_replace(next.clone());
+        if next.status.is_terminal() {
+            tracing::debug!(task = %next.id, status = next.status.as_str(), "task finished");
+            state.tool = None;
+            myself.stop(None);
+        }
+        Ok(true)
+    }
+
+    /// A client's request that changed nothing (`Ok(false)`: an answer for a key not
+    /// pending, a second cancel) is acknowledged without a write, so no fencing refuses it.
+    /// On a shared store the acknowledgement is first confirmed against the task's lease in
+    /// the database (this node, the epoch it holds, the actor's sequence number): an actor
+    /// left from a lease this node lost, still waiting for input, would otherwise acknowledge
+    /// an answer for a key the new owner issued and drop it. Refused as fenced (the actor
+    /// stops; the request goes to the node that holds the task) or, when the record moved
+    /// under this node's own lease, as a conflict (the actor is rebuilt from the store).
+    /// A store owned by one process confirms without any work.
+    async fn confirm_unchanged(
+        &self,
+        myself: &ActorRef<TaskMsg>,
+        state: &mut TaskState,
+        result: Result<bool, RuntimeError>,
+    ) -> Result<bool, RuntimeError> {
+        if !matches!(result, Ok(false)) || !self.shared.store.is_shared() {
+            return result;
+        }
+        let record = &state.record;
+        match self
+            .shared
+            .store
+            .confirm_lease(record.id.as_str(), record.seq)
+            .await
+        {
+            Ok(()) => Ok(false),
+            Err(e) => {
+                if matches!(e, StoreError::Fenced { .. }) {
+                    tracing::warn!(task = %record.id,
+                        "this node lost the task's lease (found by an acknowledgement that writes nothing): its actor stops without writing");
+                    state.tool = None;
+                    myself.stop(Some("fenced".into()));
+                }
+                Err(RuntimeError::Store(e))
+            }
+        }
+    }
+
+    fn arm_cancel_grace(&self, myself: &ActorRef<TaskMsg>) {
+        myself.send_after(self.shared.config.cancel_grace, || {
+            TaskMsg::CancelGraceElapsed
+        });
+    }
+
+    /// Starts the tool; `false` when it is not registered (the task then waits for it).
+    fn start_tool(&self, myself: &ActorRef<TaskMsg>, state: &mut TaskState) -> bool {
+        let record = &state.record;
+        let Some(tool) = self.shared.tools.get(&record.tool).cloned() else {
+            return false;
+        };
+        let link = TaskLink {
+            events: Box::new(ActorEvents(myself.clone())),
+            snapshots: state.publisher.subscribe(),
+            limits: self.shared.config.limits,
+        };
+        let ctx = ToolContext::for_task(record, link);
+        let arguments = record.arguments.as_object().cloned().unwrap_or_default();
+        let future = tool.call(ctx, arguments);
+        let me = myself.clone();
+        let span = tracing::info_span!("mcp.task", "mcp.task.id" = %record.id, tool = %record.tool,
+            attempt = record.attempts);
+        let handle = tokio::spawn(
+            async move {
+                let message = match AssertUnwindSafe(future).catch_unwind().await {
+                    Ok(outcome) => TaskMsg::ToolExited(outcome),
+                    Err(panic) => TaskMsg::ToolPanicked(panic_message(panic.as_ref())),
+                };
+                // The actor may be gone (the task ended by cancellation, or the runtime stops).
+                let _ = me.cast(message);
+            }
+            .instrument(span),
+        );
+        state.tool = Some(ToolHandle(handle));
+        true
+    }
+
+    /// Before a run starts: a task past its time to live is expired instead; a `working` task
+    /// resuming after a bad end counts one more attempt, or is failed once the budget is
+    /// spent. Returns whether the tool may start.
+    async fn admit(
+        &self,
+        myself: &ActorRef<TaskMsg>,
+        state: &mut TaskState,
+        start: &Start,
+    ) -> Result<bool, RuntimeError> {
+        let now = self.shared.now_ms();
+        if state.record.is_expired(now) {
+            tracing::info!(task = %state.record.id, "task expired before it could resume");
+            self.transition(myself, state, Event::Expire).await?;
+            return Ok(false);
+        }
+        let (cause, lapsed) = match start {
+            Start::Resume {
+                count: true,
+                cause,
+                lapsed,
+            } => (cause, *lapsed),
+            _ => return Ok(true),
+        };
+        // Only a run of the tool counts: not a wait for input, not a tool that is missing.
+        if state.record.status != crate::task::TaskStatus::Working
+            || self.shared.tools.get(&state.record.tool).is_none()
+        {
+            return Ok(true);
+        }
+        let allowed = self.shared.config.restart_budget.saturating_add(1);
+        if state.record.attempts >= allowed {
+            let attempts = state.record.attempts;
+            tracing::error!(task = %state.record.id, tool = %state.record.tool, attempts,
+                "giving up on the task: its tool was started {attempts} times without progress");
+            let error = TaskError {
+                code: code::INTERNAL_ERROR,
+                message: format!(
+                    "The task was given up: its tool was started {attempts} times without making \
+                     progress, each run ending in a crash, a kill or a panic{}.",
+                    cause
+                        .as_ref()
+                        .map(|c| format!(" (last: {c})"))
+                        .unwrap_or_default()
+                ),
+                data: None,
+            };
+            self.transition(myself, state, Event::Finish(TaskOutcome::Error(error)))
+                .await?;
+            return Ok(false);
+        }
+        self.transition(myself, state, Event::Restarted).await?;
+        if lapsed {
+            state.lapse_charge = Some(state.record.attempts);
+        }
+        Ok(true)
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// Replies to `port`. A failed commit then fails the actor (with [`StoreFailure`]): the store
+/// may or may not hold the transition that failed, so the actor's state is rebuilt from the
+/// store by the supervisor rather than trusted.
+fn reply(
+    port: RpcReplyPort<Result<(), RpcError>>,
+    result: Result<bool, RuntimeError>,
+) -> Result<(), ActorProcessingErr> {
+    let failed = store_failure(&result);
+    let _ = port.send(result.map(|_| ()).map_err(RpcError::from));
+    failed
+}
+
+/// `Err(StoreFailure)` when `result` is a store error.
+fn store_failure<T>(result: &Result<T, RuntimeError>) -> Result<(), ActorProcessingErr> {
+    match result {
+        // Fenced: the actor stops and must not be restarted on this node.
+        Err(RuntimeError::Store(e @ StoreError::Fenced { .. })) => {
+            Err(Box::new(FencedStop(e.to_string())))
+        }
+        Err(RuntimeError::Store(e)) => Err(Box::new(StoreFailure(e.to_string()))),
+        _ => Ok(()),
+    }
+}
+
+/// A task actor failed because a commit failed (I/O error, disk full, store reopening). The
+/// supervisor restarts it from the store without counting it against the restart budget:
+/// it is not the task's fault.
+#[derive(Debug)]
+pub(crate) struct StoreFailure(pub(crate) String);
+
+impl std::fmt::Display for StoreFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "a commit of the task failed: {}", self.0)
+    }
+}
+
+impl std::error::Error for StoreFailure {}
+
+/// A task actor stopped because another node took its task over (its write was fenced).
+/// The supervisor does not restart it: the task is the other node's now.
+#[derive(Debug)]
+pub(crate) struct FencedStop(pub(crate) String);
+
+impl std::fmt::Display for FencedStop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl std::error::Error for FencedStop {}
+
+/// `result`, with a store error turned into [`StoreFailure`] (or [`FencedStop`]).
+fn or_store_failure<T>(result: Result<T, RuntimeError>) -> Result<T, ActorProcessingErr> {
+    store_failure(&result)?;
+    result.map_err(|e| Box::new(e) as ActorProcessingErr)
+}
+
+impl Actor for TaskActor {
+    type Msg = TaskMsg;
+    type State = TaskState;
+    type Arguments = (Arc<TaskRecord>, Start, Option<oneshot::Receiver<bool>>);
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<TaskMsg>,
+        (record, start, creation): Self::Arguments,
+    ) -> Result<TaskState, ActorProcessingErr> {
+        let (publisher, snapshots) = watch::channel(record.clone());
+        // A task whose creation is in flight is registered for commands (they wait in the
+        // mailbox) but not for readers until its commit is acknowledged.
+        self.shared.live.insert(
+            record.id.clone(),
+            LiveTask {
+                actor: myself.clone(),
+                snapshots,
+            },
+            creation.is_none(),
+        );
+        Ok(TaskState {
+            gauge: TaskGauge::new(record.status),
+            record,
+            publisher,
+            tool: None,
+            start,
+            creation,
+            lapse_charge: None,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<TaskMsg>,
+        state: &mut TaskState,
+    ) -> Result<(), ActorProcessingErr> {
+        if state.record.status.is_terminal() {
+            myself.stop(None);
+            return Ok(());
+        }
+        let mut tool_started = false;
+        if let Some(created) = state.creation.take() {
+            // A new task: the dispatcher commits its creation while this actor starts, and
+            // the tool starts now, so that its work overlaps the fsync. Nothing the tool
+            // does is committed or observed before the creation: its events wait in this
+            // actor's mailbox, which is read only after `post_start`. If the creation commit
+            // fails, the tool is stopped and the caller gets the error (the tool may have
+            // begun: tools are at-least-once, as after a crash).
+            if !state.record.is_expired(self.shared.now_ms()) {
+                tool_started = self.start_tool(&myself, state);
+            }
+            if !matches!(created.await, Ok(true)) {
+                tracing::debug!(task = %state.record.id,
+                    "the task's creation was not committed; its actor stops");
+                state.tool = None;
+                myself.stop(Some("creation not committed".into()));
+                return Ok(());
+            }
+            self.shared
+                .live
+                .mark_committed(&state.record.id, myself.get_id());
+        }
+        let start = state.start.clone();
+        if !or_store_failure(self.admit(&myself, state, &start).await)? {
+            return Ok(());
+        }
+        if !tool_started && !self.start_tool(&myself, state) {
+            // Not a reason to fail the task: a deployment may have dropped the tool by
+            // mistake. The task waits (it can still be answered, cancelled and expired) and
+            // runs at the next start that registers the tool.
+            tracing::error!(task = %state.record.id, tool = %state.record.tool,
+                "the tool of this live task is not registered; the task waits for it (it can still be cancelled and expires as usual)");
+        }
+        if state.record.cancel_requested {
+            self.arm_cancel_grace(&myself);
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        myself: ActorRef<TaskMsg>,
+        state: &mut TaskState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.tool = None;
+        self.shared
+            .live
+            .remove_if(&state.record.id, myself.get_id());
+        Ok(())
+    }
+
+    /// Boxed, like the transitions: ractor keeps the future of its message loop, which holds
+    /// the future of `handle`, in one allocation for the actor's whole life; boxing it per
+    /// message keeps that allocation small on every live task (a message is rare next to a
+    /// task's life, and each one already costs a commit).
+    fn handle(
+        &self,
+        myself: ActorRef<TaskMsg>,
+        message: TaskMsg,
+        state: &mut TaskState,
+    ) -> impl std::future::Future<Output = Result<(), ActorProcessingErr>> + Send {
+        Box::pin(self.handle_message(myself, message, state))
+    }
+
+    /// ractor's default (a task actor supervises nothing: any child's end stops it), boxed
+    /// for the same reason as `handle`.
+    fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<TaskMsg>,
+        message: SupervisionEvent,
+        _state: &mut TaskState,
+    ) -> impl std::future::Future<Output = Result<(), ActorProcessingErr>> + Send {
+        Box::pin(async move {
+            if matches!(
+                message,
+                SupervisionEvent::ActorTerminated(..) | SupervisionEvent::ActorFailed(..)
+            ) {
+                myself.stop(None);
+            }
+            Ok(())
+        })
+    }
+}
+
+impl TaskActor {
+    async fn handle_message(
+        &self,
+        myself: ActorRef<TaskMsg>,
+        message: TaskMsg,
+        state: &mut TaskState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            TaskMsg::Update(responses, port) => {
+                let r = self
+                    .transition(&myself, state, Event::ProvideInputs { responses })
+                    .await;
+                let r = self.confirm_unchanged(&myself, state, r).await;
+                reply(port, r)?;
+            }
+            TaskMsg::Cancel(port) => {
+                let r = self.transition(&myself, state, Event::RequestCancel).await;
+                let r = self.confirm_unchanged(&myself, state, r).await;
+                if matches!(r, Ok(true)) && !state.record.status.is_terminal() {
+                    self.arm_cancel_grace(&myself);
+                }
+                reply(port, r)?;
+            }
+            TaskMsg::Expire(port) => {
+                let r = self.transition(&myself, state, Event::Expire).await;
+                reply(port, r)?;
+            }
+            TaskMsg::Tool(event, port) => {
+                let r = self.transition(&myself, state, event).await;
+                reply(port, r)?;
+            }
+            TaskMsg::ToolExited(outcome) => {
+                state.tool = None;
+                let event = match outcome {
+                    Ok(result) => {
+                        let result = result.to_json();
+                        match self.shared.config.limits.check_result(&result) {
+                            Ok(()) => Event::Finish(TaskOutcome::Result(result)),
+                            Err(e) => Event::Finish(TaskOutcome::Error(TaskError {
+                                code: e.code,
+                                message: e.message,
+                                data: None,
+                            })),
+                        }
+                    }
+                    Err(ToolError::Rpc(e)) => Event::Finish(TaskOutcome::Error(TaskError {
+                        code: e.code,
+                        message: e.message,
+                        data: e.data,
+                    })),
+                    Err(ToolError::Cancelled) => Event::Cancelled {
+                        status_message: None,
+                    },
+                    Err(ToolError::InputRequired(_)) => {
+                        Event::Finish(TaskOutcome::Error(TaskError {
+                            code: code::INTERNAL_ERROR,
+                            message: "the tool asked for input outside a task".into(),
+                            data: None,
+                        }))
+                    }
+                    // The runtime could not record the tool's progress (store failure): fail
+                    // the actor; the supervisor restarts it from the last durable snapshot.
+                    Err(e @ ToolError::Runtime { .. }) => return Err(Box::new(e)),
+                };
+                match self.transition(&myself, state, event).await {
+                    Ok(_) | Err(RuntimeError::Transition(TransitionError::Terminal(_))) => {}
+                    Err(e) => return or_store_failure(Err(e)),
+                }
+            }
+            TaskMsg::ToolPanicked(detail) => {
+                return Err(format!("tool `{}` panicked: {detail}", state.record.tool).into());
+            }
+            TaskMsg::RefundLapse => {
+                // Only the attempt this actor's start counted, and only while no progress
+                // (a step, an input request) started the count again since.
+                if let Some(charged) = state.lapse_charge.take()
+                    && state.record.attempts >= charged
+                    && !state.record.status.is_terminal()
+                {
+                    tracing::info!(task = %state.record.id, attempts = state.record.attempts,
+                        "the node this task was taken over from was paused, not crashed: the attempt its takeover counted is given back");
+                    or_store_failure(
+                        self.transition(&myself, state, Event::RestartRefunded)
+                            .await,
+                    )?;
+                }
+            }
+            TaskMsg::CancelGraceElapsed => {
+                if !state.record.status.is_terminal() {
+                    state.tool = None;
+                    let message = "Cancelled: the tool did not stop within the grace period.";
+                    let event = Event::Cancelled {
+                        status_message: Some(message.into()),
+                    };
+                    or_store_failure(self.transition(&myself, state, event).await)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,109 @@
+#![doc = include_str!("../../../README.md")]
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+//!
+//! # Layout
+//!
+//! (`ARCHITECTURE.md` in the repository has the map.) The public API is what this page lists: the runtime ([`Runtime`], [`RuntimeBuilder`],
+//! [`RuntimeHandle`], [`RuntimeConfig`]), the [`tool`] API, the [`catalog`] of prompts and
+//! resources with their [`content`], the [`transport`]s (Streamable HTTP and stdio),
+//! [`auth`], per-owner [`quota`]s, the [`clock`], the syntax of durations and sizes
+//! ([`units`]), the [`store`] backends (and the
+//! [`store::TaskStore`] trait for a host's own), the `client` module (feature `client`), the
+//! `otel` module (feature `otel`: OpenTelemetry export of the spans), and the
+//! types re-exported here. Everything else is internal and layered bottom-up, each layer
+//! naming only the ones below it (checked by `tests/layering.rs`):
+//!
+//! - `wire`: JSON-RPC and MCP wire shapes, error codes; no IO.
+//! - `task`, `persist`, `store`: the domain, its snapshot format, the redb store.
+//! - `tool`, `catalog`, `content`, `quota`, `limits`, `clock`, `auth`: what hosts provide.
+//! - `shared`: the state one runtime shares (store, tools, live tasks, config).
+//! - `actor`: task actors, the supervisor, listen subscribers.
+//! - `protocol`: the dispatcher, and the one mapping of internal errors to JSON-RPC errors.
+//! - `runtime`, then `transport` and `client` on top.
+//!
+//! # Features
+//!
+//! - `client` (default): the `client` module, an MCP client for any Tasks server.
+//! - `cli` (default): the `mcp-tasks` binary's own dependencies (`clap`,
+//!   `tracing-subscriber`); an embedder can turn it off with `default-features = false`.
+//! - `fixtures`: the demo (and, with `postgres`, the replicas demo), the conformance and
+//!   benchmark fixtures and the crash-test workload (used by the binary and the tests).
+//! - `otel`: the `otel` module, OpenTelemetry export of the runtime's spans.
+//! - `failpoints`: crash-test failpoints.
+//! - `unstable-internals`: exposes the internal modules to this crate's own tests; no
+//!   stability promise, never needed by an embedder.
+
+// The internal layers. Some of their items are public only through `internals` below, for the
+// workspace's tests: `missing_docs` is for the public API.
+mod actor;
+mod limits;
+#[allow(missing_docs)]
+mod persist;
+#[allow(missing_docs)]
+mod protocol;
+mod runtime;
+mod shared;
+#[allow(missing_docs)]
+mod task;
+#[allow(missing_docs)]
+mod wire;
+
+/// Internal items for this workspace's own tests, benches and test kit.
+///
+/// Not part of the public API: hidden from the docs, no stability promise, never needed by an
+/// embedder. It exists so that the integration tests (in `mcp-tasks-cli`) and the test kit can
+/// reach into the store and the domain without a feature that changes the library for them.
+/// Everything here re-exports an internal module's public items under the module's name.
+#[doc(hidden)]
+#[allow(missing_docs)]
+pub mod internals {
+    pub mod persist {
+        pub use crate::persist::*;
+    }
+    pub mod protocol {
+        pub use crate::protocol::*;
+    }
+    pub mod task {
+        pub use crate::task::*;
+    }
+    pub mod wire {
+        pub use crate::wire::*;
+    }
+
+    /// The raw store of a runtime, which can break every invariant of the runtime (delete a
+    /// live task, replace the signing key): only for tests.
+    pub fn runtime_store(runtime: &crate::Runtime) -> &crate::store::Store {
+        runtime.shared_store()
+    }
+}
+
+pub mod admin;
+#[cfg(feature = "http")]
+pub mod auth;
+pub mod catalog;
+#[cfg(feature = "client")]
+pub mod client;
+pub mod clock;
+pub mod content;
+#[cfg(feature = "failpoints")]
+pub mod failpoints;
+pub mod legacy;
+#[cfg(feature = "otel")]
+pub mod otel;
+pub mod quota;
+pub mod store;
+pub mod telemetry;
+pub mod tool;
+pub mod transport;
+pub mod units;
+
+pub use limits::Limits;
+pub use protocol::{Dispatched, MessageStream, Reply, RequestContext, RoutingHeaders};
+pub use runtime::{Runtime, RuntimeBuilder, RuntimeHandle, StartError};
+pub use shared::{RuntimeConfig, RuntimeError};
+pub use store::{BackendFactory, Durability, StoreError, StoreOptions};
+pub use task::{Owner, TaskId, TaskIdError, TaskStatus};
+pub use wire::error::{RpcError, code};
+pub use wire::results::CacheHints;
+pub use wire::{PROTOCOL_VERSION, ServerInfo, TASKS_EXTENSION};

@@ -1,0 +1,201 @@
+//! `subscriptions/listen`: the acknowledgement, then `notifications/tasks` for the caller's own
+//! tasks, from a subscriber actor.
+
+use std::collections::BTreeSet;
+
+use futures::StreamExt;
+use ractor::Actor;
+use serde_json::{Map, Value, json};
+use tokio::sync::{mpsc, watch};
+
+use super::{Dispatcher, MessageStream, RequestContext};
+use crate::actor::{OUTPUT_CAPACITY, Subscriber, SubscriberArgs};
+use crate::quota::ListenPermit;
+use crate::task::TaskId;
+use crate::wire::error::RpcError;
+use crate::wire::jsonrpc::kind;
+use crate::wire::keys;
+use crate::wire::meta::RequestMeta;
+
+/// Most task ids one listen request may name.
+const MAX_TASK_IDS: usize = 1024;
+
+impl Dispatcher {
+    pub(super) async fn listen(
+        &self,
+        id: &Value,
+        params: Option<&Map<String, Value>>,
+        meta: &RequestMeta,
+        ctx: &RequestContext,
+    ) -> Result<MessageStream, RpcError> {
+        let filter = match params.and_then(|p| p.get("notifications")) {
+            Some(Value::Object(f)) => f,
+            Some(other) => {
+                return Err(RpcError::invalid_params(format!(
+                    "`notifications` must be an object, not {}",
+                    kind(other)
+                )));
+            }
+            None => return Err(RpcError::invalid_params("`notifications` is required")),
+        };
+        let requested = match filter.get("taskIds") {
+            None => None,
+            Some(Value::Array(ids)) if ids.len() <= MAX_TASK_IDS => {
+                let mut out = Vec::with_capacity(ids.len());
+                for v in ids {
+                    let s = v.as_str().ok_or_else(|| {
+                        RpcError::invalid_params("`notifications.taskIds` must hold strings")
+                    })?;
+                    out.push(s.to_owned());
+                }
+                Some(out)
+            }
+            Some(Value::Array(_)) => {
+                return Err(RpcError::invalid_params(format!(
+                    "`notifications.taskIds` names more than {MAX_TASK_IDS} tasks"
+                )));
+            }
+            Some(other) => {
+                return Err(RpcError::invalid_params(format!(
+                    "`notifications.taskIds` must be an array, not {}",
+                    kind(other)
+                )));
+            }
+        };
+        if requested.is_some() && !meta.declares_tasks() {
+            return Err(RpcError::tasks_extension_required());
+        }
+
+        // Only the caller's own, known, unexpired tasks are agreed; the others are left out
+        // of the acknowledgement exactly like unknown ids.
+        let now = self.shared.now_ms();
+        let mut agreed = Vec::new();
+        let mut seen = BTreeSet::new();
+        for raw in requested.iter().flatten() {
+            let Ok(task) = TaskId::parse(raw) else {
+                continue;
+            };
+            if !seen.insert(task.clone()) {
+                continue;
+            }
+            if let Some(record) = self.shared.load_for(&task, &ctx.owner).await?
+                && record.owner.same_as(&ctx.owner)
+                && !record.is_expired(now)
+            {
+                agreed.push(task);
+            }
+        }
+
+        // Quotas on what this owner's listens hold, before anything is started.
+        let permit = self.shared.quotas.admit_listen(&ctx.owner, agreed.len())?;
+
+        let mut notifications = Map::new();
+        if requested.is_some() {
+            let ids: Vec<Value> = agreed.iter().map(|t| json!(t.as_str())).collect();
+            notifications.insert("taskIds".into(), Value::Array(ids));
+        }
+        let ack = json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/subscriptions/acknowledged",
+            "params": { "_meta": { keys::SUBSCRIPTION_ID: id }, "notifications": notifications }
+        });
+        let (out, rx) = mpsc::channel(OUTPUT_CAPACITY);
+        // A fresh channel always has room: the acknowledgement is the first message.
+        let _ = out.try_send(ack);
+        if !agreed.is_empty() {
+            let args = SubscriberArgs {
+                subscription_id: id.clone(),
+                tasks: agreed,
+                out: out.clone(),
+            };
+            let subscriber = Subscriber {
+                shared: self.shared.clone(),
+            };
+            Actor::spawn_linked(None, subscriber, args, self.supervisor.get_cell())
+                .await
+                .map_err(|e| RpcError::internal(format!("the subscriber did not start: {e}")))?;
+        }
+        let done = json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "result": { "resultType": "complete", "_meta": { keys::SUBSCRIPTION_ID: id } }
+        });
+        Ok(stream(rx, out, self.shared.closing.clone(), done, permit))
+    }
+}
+
+impl Dispatcher {
+    /// Follows one task's committed snapshots with a subscriber actor, as a listen does, for
+    /// an adapter inside this process that checked the caller's ownership itself and counts
+    /// what it follows against its own limits: `notifications/tasks` messages (the first is
+    /// the current snapshot) until the task is terminal, the runtime closes, or the receiver
+    /// is dropped (which stops the subscriber).
+    pub(crate) async fn follow_task(
+        &self,
+        task: TaskId,
+    ) -> Result<mpsc::Receiver<Value>, RpcError> {
+        let (out, rx) = mpsc::channel(OUTPUT_CAPACITY);
+        let args = SubscriberArgs {
+            subscription_id: Value::Null,
+            tasks: vec![task],
+            out,
+        };
+        let subscriber = Subscriber {
+            shared: self.shared.clone(),
+        };
+        Actor::spawn_linked(None, subscriber, args, self.supervisor.get_cell())
+            .await
+            .map_err(|e| RpcError::internal(format!("the subscriber did not start: {e}")))?;
+        Ok(rx)
+    }
+}
+
+/// The listen stream: messages from the channel until the reader goes away; when the runtime
+/// closes, the listen result and the end.
+fn stream(
+    rx: mpsc::Receiver<Value>,
+    keep_open: mpsc::Sender<Value>,
+    closing: watch::Receiver<bool>,
+    done: Value,
+    permit: ListenPermit,
+) -> MessageStream {
+    struct State {
+        rx: mpsc::Receiver<Value>,
+        _keep_open: mpsc::Sender<Value>,
+        /// Released when the stream is dropped.
+        _permit: ListenPermit,
+        closing: watch::Receiver<bool>,
+        done: Option<Value>,
+        acknowledged: bool,
+    }
+    let state = State {
+        rx,
+        _keep_open: keep_open,
+        _permit: permit,
+        closing,
+        acknowledged: false,
+        done: Some(done),
+    };
+    let s = futures::stream::unfold(state, |mut st| async move {
+        let done = st.done.take()?;
+        let next = if st.acknowledged {
+            tokio::select! {
+                biased;
+                _ = st.closing.wait_for(|c| *c) => None,
+                msg = st.rx.recv() => msg,
+            }
+        } else {
+            // The acknowledgement is always first, even when the runtime is closing.
+            st.rx.recv().await
+        };
+        match next {
+            Some(msg) => {
+                st.acknowledged = true;
+                st.done = Some(done);
+                Some((msg, st))
+            }
+            None => Some((done, st)),
+        }
+    });
+    MessageStream::new(s.boxed())
+}
