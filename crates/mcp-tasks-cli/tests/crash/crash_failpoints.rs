@@ -3,7 +3,7 @@
 //! fails the batch), and the one checker judges the seeds. The test-only breakers
 //! (`break::reply_before_commit`, `break::skip_step_journal`) must make the checker fail.
 //!
-//! Run with `cargo test --features failpoints --test crash_failpoints`. Failpoints are
+//! Run with `cargo test -p mcp-tasks-cli --features failpoints --test crash crash_failpoints::`. Failpoints are
 //! process-global: every test here holds `fail::FailScenario` (one at a time).
 #![cfg(feature = "failpoints")]
 
@@ -78,7 +78,7 @@ fn assert_clean(name: &str, runs: &[(u64, SeedRun)], fired: u64) {
     for (seed, run) in runs {
         assert!(
             run.report.is_clean(),
-            "failpoint {name}, seed {seed:#x}: {}\nreplay: MCP_TASKS_SEED={seed:#x} cargo test --features failpoints --test crash_failpoints",
+            "failpoint {name}, seed {seed:#x}: {}\nreplay: MCP_TASKS_SEED={seed:#x} cargo test -p mcp-tasks-cli --features failpoints --test crash crash_failpoints::",
             run.report.summary(10)
         );
     }
@@ -149,7 +149,7 @@ async fn a_failing_group_commit_fails_its_batch_and_recovers() {
         if !run.report.is_clean() {
             failures += 1;
             eprintln!(
-                "seed {seed:#x}: {}\nreplay: MCP_TASKS_SEED={seed:#x} cargo test --features failpoints --test crash_failpoints a_failing_group_commit",
+                "seed {seed:#x}: {}\nreplay: MCP_TASKS_SEED={seed:#x} cargo test -p mcp-tasks-cli --features failpoints --test crash crash_failpoints::a_failing_group_commit",
                 run.report.summary(10)
             );
         }

@@ -246,7 +246,7 @@ async fn disk_full_and_io_errors_fail_the_batch_and_the_store_recovers() {
         }
         if !run.report.is_clean() || !run.problems.is_empty() {
             failed.push(format!(
-                "seed {seed:#x}: {}\n  {}\n  replay: MCP_TASKS_SEED={seed:#x} cargo test --test crash_faults disk_full",
+                "seed {seed:#x}: {}\n  {}\n  replay: MCP_TASKS_SEED={seed:#x} cargo test -p mcp-tasks-cli --test crash crash_faults::disk_full",
                 run.report.summary(8),
                 run.problems.join("\n  ")
             ));

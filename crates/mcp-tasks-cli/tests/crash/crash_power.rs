@@ -3,7 +3,7 @@
 //! sync the power goes: the disk keeps what was synced plus a seeded choice of the unsynced
 //! writes (the last one possibly torn). The store is reopened from that image, the runtime
 //! rehydrates, the workload goes on; after the last crash the faults stop and every task must
-//! finish. One checker (tests/sim/checker.rs) judges every seed.
+//! finish. One checker (crates/mcp-tasks-cli/tests/sim/checker.rs) judges every seed.
 //!
 //! `MCP_TASKS_SEED=<seed>` replays one seed; `MCP_TASKS_POWER_SEEDS=<n>` sets the number of
 //! seeds (default 1200); `MCP_TASKS_SOAK_SECS=<s>` runs seeds for that long instead.
@@ -90,7 +90,7 @@ fn power_loss_seeds_keep_every_invariant() {
     );
     for (seed, run) in failed.iter().take(5) {
         eprintln!(
-            "\nseed {seed:#x} FAILED: {}\nreplay: MCP_TASKS_SEED={seed:#x} cargo test --test crash_power power_loss_seeds_keep_every_invariant -- --nocapture",
+            "\nseed {seed:#x} FAILED: {}\nreplay: MCP_TASKS_SEED={seed:#x} cargo test -p mcp-tasks-cli --test crash crash_power::power_loss_seeds_keep_every_invariant -- --nocapture",
             run.report.summary(10)
         );
     }

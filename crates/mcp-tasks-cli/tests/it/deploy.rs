@@ -89,10 +89,12 @@ fn the_dockerfile_runs_as_non_root_with_the_store_on_a_volume() {
         .collect();
     assert_eq!(froms.len(), 2, "multi-stage: {froms:?}");
     let manifest: toml::Table = read("Cargo.toml").parse().unwrap();
-    let rust = manifest["package"]["rust-version"].as_str().unwrap();
+    let rust = manifest["workspace"]["package"]["rust-version"]
+        .as_str()
+        .unwrap();
     assert!(
         froms[0].starts_with(&format!("FROM rust:{rust}-")),
-        "the build stage uses the crate's rust-version {rust}: {}",
+        "the build stage uses the workspace's rust-version {rust}: {}",
         froms[0]
     );
     let user = instructions

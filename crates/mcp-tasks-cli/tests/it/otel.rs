@@ -1,9 +1,6 @@
 //! OpenTelemetry export (feature `otel`): the runtime's request spans reach an exporter named
 //! and attributed after the OpenTelemetry semantic conventions for MCP (its metrics:
-//! `tests/otel_metrics.rs`, a process of their own for the process-wide recorder).
-//!
-//! Run with `cargo test --features otel --test otel`.
-#![cfg(feature = "otel")]
+//! `otel_metrics.rs`, in a process of its own for the process-wide recorder).
 
 use std::sync::{Arc, Mutex};
 

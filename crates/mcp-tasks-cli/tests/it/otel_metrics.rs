@@ -1,9 +1,6 @@
 //! OpenTelemetry export of the runtime's metrics (feature `otel`): `otel::recorder` as the
 //! process's `metrics` recorder. The test runs in a process of its own
 //! (`support::own_process`), because that recorder is process-wide and the counts are exact.
-//!
-//! Run with `cargo test -p mcp-tasks-cli --features otel --test it otel_metrics`.
-#![cfg(feature = "otel")]
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

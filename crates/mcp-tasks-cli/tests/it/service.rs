@@ -300,7 +300,7 @@ async fn probes_answer_without_authentication_and_readyz_follows_the_store() {
     runtime.shutdown().await;
 }
 
-/// A store halted by a failed fsync (fail-stop, as `tests/crash_faults.rs` provokes it) makes
+/// A store halted by a failed fsync (fail-stop, as `crates/mcp-tasks-cli/tests/crash/crash_faults.rs` provokes it) makes
 /// `/readyz` answer 503 with the reason, while `/healthz` still answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_is_503_once_the_store_halted() {

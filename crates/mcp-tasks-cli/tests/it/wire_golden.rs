@@ -1,10 +1,10 @@
 //! Wire goldens: every kind of message the server emits, produced by a real [`Runtime`],
 //! compared (after normalizing volatile fields) with the pretty-printed files in
-//! `tests/data/wire/`, and validated un-normalized against the official JSON Schemas in
-//! `tests/data/schema/` (core `2026-07-28` and the `io.modelcontextprotocol/tasks` extension).
+//! `crates/mcp-tasks-cli/tests/data/wire/`, and validated un-normalized against the official JSON Schemas in
+//! `crates/mcp-tasks-cli/tests/data/schema/` (core `2026-07-28` and the `io.modelcontextprotocol/tasks` extension).
 //!
 //! Missing or changed goldens: review the change, then regenerate with
-//! `MCP_TASKS_BLESS=1 cargo test --test wire_golden` and check the files in.
+//! `MCP_TASKS_BLESS=1 cargo test -p mcp-tasks-cli --test it wire_golden::` and check the files in.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -40,7 +40,7 @@ const FORBIDDEN_TASK_KEYS: &[&str] = &["ttl", "pollInterval", "task", "requestSt
 const POLL_LIMIT: Duration = Duration::from_secs(10);
 const BLESS_ENV: &str = "MCP_TASKS_BLESS";
 
-/// Every golden file this test owns (`tests/data/wire/<name>.json`).
+/// Every golden file this test owns (`crates/mcp-tasks-cli/tests/data/wire/<name>.json`).
 const ALL_GOLDENS: &[&str] = &[
     "discover_result",
     "tools_list_result",
@@ -293,7 +293,7 @@ impl Goldens {
         assert!(
             self.problems.is_empty(),
             "{}\n\nIf the change is intended, regenerate the goldens with \
-             `{BLESS_ENV}=1 cargo test --test wire_golden` and review the diff.",
+             `{BLESS_ENV}=1 cargo test -p mcp-tasks-cli --test it wire_golden::` and review the diff.",
             self.problems.join("\n\n")
         );
     }
@@ -1363,7 +1363,7 @@ fn schema_validators_reject_invalid_messages() {
     );
 }
 
-/// Every file in `tests/data/wire/` belongs to a message checked above (no stale goldens).
+/// Every file in `crates/mcp-tasks-cli/tests/data/wire/` belongs to a message checked above (no stale goldens).
 #[test]
 fn no_stale_goldens() {
     let dir = data_dir().join("wire");

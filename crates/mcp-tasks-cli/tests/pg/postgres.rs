@@ -1,6 +1,6 @@
 //! The runtime over the PostgreSQL store: the protocol round trip, restarts resuming from the
 //! journal on another node, schema versions, leases with fencing (in process), and the
-//! database going away and coming back. Each test has a schema of its own (tests/pg).
+//! database going away and coming back. Each test has a schema of its own (crates/mcp-tasks-cli/tests/pg).
 #![cfg(feature = "postgres")]
 
 use crate::pg;

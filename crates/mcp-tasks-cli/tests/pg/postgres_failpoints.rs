@@ -1,6 +1,6 @@
 //! Schedules over two PostgreSQL nodes in process that need a failpoint or a breaker to be
 //! exact (feature `failpoints`; run with
-//! `cargo test --features failpoints --test postgres_failpoints`). Failpoints are
+//! `cargo test -p mcp-tasks-cli --features failpoints --test pg postgres_failpoints::`). Failpoints are
 //! process-global: every test here holds `fail::FailScenario` (one at a time).
 #![cfg(all(feature = "postgres", feature = "failpoints"))]
 

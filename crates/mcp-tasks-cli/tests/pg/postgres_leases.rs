@@ -1,5 +1,5 @@
 //! Leases that a node loses or forgets without writing, over the PostgreSQL store, in
-//! process (two nodes on one schema, tests/pg): a node notices a lease it lost although its
+//! process (two nodes on one schema, crates/mcp-tasks-cli/tests/pg): a node notices a lease it lost although its
 //! actor waits for input and never writes (a listen on it then follows the record, and it
 //! never shows an older state than `tasks/get` there); a creation whose commit
 //! acknowledgement was lost is run anyway; a request its sender gave up waiting for is

@@ -3,7 +3,7 @@
 //! transaction and seen alike by two replicas, freed by deletes, and a schema of version 2
 //! (rows without owners) converted by the next open; and a page of the owner index bounded
 //! in record bytes, alike in the PostgreSQL, redb and memory stores. Each test has a schema of its own
-//! (tests/pg); skipped without a server unless `MCP_TASKS_REQUIRE_POSTGRES` is set.
+//! (crates/mcp-tasks-cli/tests/pg); skipped without a server unless `MCP_TASKS_REQUIRE_POSTGRES` is set.
 #![cfg(feature = "postgres")]
 
 use crate::pg;

@@ -2,7 +2,7 @@
 //! each, in process: two processes with one node id, replicas started with different lease
 //! TTLs, a replica whose clock is 20 minutes ahead, a replica paused inside a transaction
 //! (its row lock held), and database outages longer than the lease TTL. Each test has a
-//! schema of its own (tests/pg).
+//! schema of its own (crates/mcp-tasks-cli/tests/pg).
 #![cfg(feature = "postgres")]
 
 use crate::pg;
@@ -358,7 +358,7 @@ async fn a_takeover_does_not_wait_for_a_row_a_paused_replica_keeps_locked() {
 /// fresh actor (the failed one stopped, as after any failed commit), so the request waits at
 /// most twice the bound. Once the cause is gone, the retried requests are applied.
 /// (`idle_in_transaction_session_timeout`:
-/// `tests/postgres_failpoints.rs::a_transaction_left_open_by_a_frozen_node_releases_its_row_locks_within_the_bound`.)
+/// `crates/mcp-tasks-cli/tests/pg/postgres_failpoints.rs::a_transaction_left_open_by_a_frozen_node_releases_its_row_locks_within_the_bound`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stores_statements_are_bounded_by_its_session_timeouts() {
     let Some(pg) = pg::fresh().await else { return };
@@ -487,7 +487,7 @@ async fn hang_node(pg: &pg::Pg, name: &str, ttl: Duration) -> (Runtime, Arc<Post
 /// nodes: after each, one node takes the task over from the other (whose heartbeat lapsed),
 /// and with a restart budget of 1 the task is still running afterwards: an outage is not a
 /// crash. (A lapse without an outage still counts:
-/// `tests/postgres.rs::takeovers_of_lapsed_leases_spend_one_cluster_wide_restart_budget`.)
+/// `crates/mcp-tasks-cli/tests/pg/postgres.rs::takeovers_of_lapsed_leases_spend_one_cluster_wide_restart_budget`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_outages_longer_than_the_lease_ttl_do_not_spend_the_restart_budget() {
     let Some(pg) = pg::fresh().await else { return };
@@ -536,7 +536,7 @@ async fn stored_attempts(store: &PostgresStore, task: &str) -> u32 {
 /// attempt back once it sees the renewed heartbeat. With a restart budget of 1, the task
 /// survives three such pauses, each of the two nodes pausing in turn (without the refund it
 /// is given up at the second takeover). A node that never comes back keeps its takeover
-/// counted: `tests/postgres.rs::takeovers_of_lapsed_leases_spend_one_cluster_wide_restart_budget`.
+/// counted: `crates/mcp-tasks-cli/tests/pg/postgres.rs::takeovers_of_lapsed_leases_spend_one_cluster_wide_restart_budget`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pauses_past_the_lease_do_not_spend_the_restart_budget() {
     let Some(pg) = pg::fresh().await else { return };

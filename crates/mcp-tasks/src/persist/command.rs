@@ -14,7 +14,7 @@
 //!   `cancel` and answer that the request does not decode, instead of misreading it. A reader
 //!   refuses a version it does not know ([`CommandError::UnknownVersion`]).
 //!
-//! The golden files in `tests/data/commands/` hold the bytes of each version; they are never
+//! The golden files in `crates/mcp-tasks/tests/data/commands/` hold the bytes of each version; they are never
 //! regenerated, and the tests prove that they still decode (and that [`encode_command`] and
 //! [`encode_answer`] write exactly version 1's).
 

@@ -29,7 +29,7 @@
 //! - [`encode`] always writes the current version. [`decode`] reads every version and
 //!   converts older ones forward (`V1 → V2 → … → TaskRecord`), filling new fields with
 //!   defaults that are correct for records written before the field existed.
-//! - Each version keeps golden files in `tests/data/snapshots/` (`v1_*.bin`, …) that are
+//! - Each version keeps golden files in `crates/mcp-tasks/tests/data/snapshots/` (`v1_*.bin`, …) that are
 //!   never regenerated; the tests prove that they still decode to the expected records.
 //!
 //! Versions: 1 (the first shipped format); 2 = version 1 followed by the task's attempt counter

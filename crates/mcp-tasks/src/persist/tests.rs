@@ -1,7 +1,7 @@
 //! Tests of the snapshot envelope: golden files per format version, malformed input, and
 //! property tests (round trip of random records; no panic on arbitrary bytes).
 //!
-//! Golden files live in `tests/data/snapshots/`. Files of a shipped version are frozen: the
+//! Golden files live in `crates/mcp-tasks/tests/data/snapshots/`. Files of a shipped version are frozen: the
 //! tests never overwrite an existing `.bin`. A missing one is created only when the tests run
 //! with `MCP_TASKS_BLESS=1`. When a new format version is added, the `v1_*` files keep
 //! proving that old bytes still decode to the same records (check (b)); check (a), that

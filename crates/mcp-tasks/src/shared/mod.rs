@@ -140,7 +140,7 @@ impl Shared {
     /// does not tell the two apart. A stored record is decoded only once its owner, read
     /// from the record's first fields ([`persist::decode_owner`]), is the caller: another
     /// owner's task costs the store read and that header, never the decode of its arguments,
-    /// results and journal. Tests: `tests/runtime.rs`
+    /// results and journal. Tests: `crates/mcp-tasks-cli/tests/it/runtime.rs`
     /// `a_foreign_task_costs_the_store_read_an_unknown_id_costs` and
     /// `a_foreign_record_is_not_decoded_past_its_owner`.
     pub(crate) async fn load_for(

@@ -139,7 +139,7 @@ const MIGRATIONS: &[&str] = &[
     // (`hashtext(id) & 15`). With one row per owner, every write of one owner's tasks
     // updated that row and held its lock until the commit (the WAL's fsync included), so
     // the commits of one owner's tasks queued one behind the other (half the lifecycles per
-    // second of one replica, `benches/replicas.rs`). Readers sum an owner's rows. The rows
+    // second of one replica, `crates/mcp-tasks-cli/benches/replicas.rs`). Readers sum an owner's rows. The rows
     // are recomputed from the tasks in the migration's transaction.
     "ALTER TABLE mcp_usage ADD COLUMN shard smallint NOT NULL DEFAULT 0;
     ALTER TABLE mcp_usage DROP CONSTRAINT mcp_usage_pkey;

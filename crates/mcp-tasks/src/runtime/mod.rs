@@ -935,5 +935,4 @@ pub(crate) async fn reap_once(
 }
 
 #[cfg(test)]
-#[path = "runtime_tests.rs"]
 mod tests;
