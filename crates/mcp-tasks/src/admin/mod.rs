@@ -19,8 +19,6 @@
 //! - **PostgreSQL:** read directly with one connection; `purge` and `migrate` refuse while a
 //!   node's heartbeat is fresh (a replica could be running the tasks).
 
-mod pg;
-mod redb;
 pub mod socket;
 
 use std::collections::BTreeMap;
@@ -31,8 +29,21 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::persist;
-use crate::store::StoreError;
+#[cfg(feature = "postgres")]
+use crate::store::postgres::inspect as pg;
+#[cfg(not(feature = "redb"))]
+mod no_redb;
+#[cfg(feature = "redb")]
+use crate::store::redb::inspect as redb;
 use crate::task::TaskRecord;
+#[cfg(not(feature = "redb"))]
+use no_redb as redb;
+
+pub use crate::store::inspect::{
+    AdminError, BackupReport, CompactReport, Lease, NodeInfo, OldestLive, Space, StatsReport,
+    VerifyReport,
+};
+pub(crate) use crate::store::inspect::{Dump, Inspector, Row, SCAN_BATCH, redact_url};
 
 /// Where a store is: a redb file or a PostgreSQL database.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,111 +72,6 @@ impl Location {
             Location::Postgres(url) => redact_url(url),
         }
     }
-}
-
-/// A URL without the password of its user info.
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (authority, tail) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    match authority.rsplit_once('@') {
-        Some((user_info, host)) => {
-            let user = user_info.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}@{host}{tail}")
-        }
-        None => url.to_owned(),
-    }
-}
-
-/// Said of a missing file named `memory`: the in-memory store of `serve` is no file.
-fn memory_hint(path: &std::path::Path) -> &'static str {
-    if path == std::path::Path::new("memory") {
-        " (`serve --store memory` keeps its tasks in the server's memory, where no store command can read them)"
-    } else {
-        ""
-    }
-}
-
-/// Errors of the store administration commands. Each is one line an operator can act on;
-/// nothing was modified when one is returned (unless it says otherwise).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum AdminError {
-    /// No file at the path.
-    #[error("{}: no such store file{}", .0.display(), memory_hint(.0))]
-    NotFound(PathBuf),
-    /// The file exists but is not an mcp-tasks store.
-    #[error("{path} is not an mcp-tasks store: {detail}")]
-    NotAStore {
-        /// The location.
-        path: String,
-        /// Why.
-        detail: String,
-    },
-    /// A running server holds the store and the command needs it for itself (or the server
-    /// has no admin socket).
-    #[error("{path} is held by a running mcp-tasks server: {detail}")]
-    InUse {
-        /// The location.
-        path: String,
-        /// What to do.
-        detail: String,
-    },
-    /// The store was written by a newer mcp-tasks.
-    #[error(
-        "{store} has schema version {found}, newer than the {supported} this build supports; upgrade mcp-tasks (nothing was changed)"
-    )]
-    SchemaTooNew {
-        /// The location.
-        store: String,
-        /// The version found.
-        found: i64,
-        /// The newest version this build knows.
-        supported: i64,
-    },
-    /// No task with this id.
-    #[error("no task {0} in this store")]
-    NoSuchTask(String),
-    /// A bad argument (a malformed id, a target that exists, …).
-    #[error("{0}")]
-    Invalid(String),
-    /// The store failed underneath.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// redb failed.
-    #[error("{path}: {detail}")]
-    Redb {
-        /// The file.
-        path: String,
-        /// redb's message.
-        detail: String,
-    },
-    /// PostgreSQL failed.
-    #[error("{store}: {detail}")]
-    Postgres {
-        /// The redacted URL.
-        store: String,
-        /// The server's message.
-        detail: String,
-    },
-    /// The running server refused or failed the request (its message).
-    #[error("the running server: {0}")]
-    Remote(String),
-    /// The admin socket of a running server failed.
-    #[error("the admin socket {}: {detail}", path.display())]
-    Socket {
-        /// The socket path.
-        path: PathBuf,
-        /// What failed.
-        detail: String,
-    },
-    /// This build lacks what the command needs.
-    #[error("{0}")]
-    Unsupported(String),
 }
 
 /// Which tasks a `list` or `purge` selects. Empty fields select everything.
@@ -204,28 +110,6 @@ impl Filter {
                 .older_than_ms
                 .is_none_or(|age| now_ms.saturating_sub(record.created_at_ms) > age)
     }
-}
-
-/// One stored task as the store keeps it.
-#[derive(Debug, Clone)]
-pub(crate) struct Row {
-    pub(crate) id: String,
-    pub(crate) bytes: Vec<u8>,
-    pub(crate) due_ms: Option<u64>,
-    /// In the live index.
-    pub(crate) live: bool,
-    /// The stored sequence number (compare-and-set).
-    pub(crate) seq: Option<u64>,
-    pub(crate) lease: Option<Lease>,
-}
-
-/// Who holds a task on a shared (PostgreSQL) store.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Lease {
-    /// The node that runs the task (`None`: unclaimed, any node may take it).
-    pub node: Option<String>,
-    /// The lease epoch: bumped by every claim; writes are fenced on it.
-    pub epoch: u64,
 }
 
 /// One line of `store list`.
@@ -317,45 +201,6 @@ pub struct TaskDetail {
     pub lease: Option<Lease>,
 }
 
-/// `store stats`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct StatsReport {
-    /// `redb` or `postgres`.
-    pub backend: String,
-    /// The location (a URL without password).
-    pub location: String,
-    /// Whether the figures came from a running server (its admin socket).
-    pub via_server: bool,
-    /// Schema version (PostgreSQL migrations) or table layout version (redb).
-    pub schema_version: i64,
-    /// Snapshot encoding versions of the stored records, with their counts.
-    pub snapshot_versions: BTreeMap<String, u64>,
-    /// The boot epoch (incremented by every open by a server).
-    pub boot_epoch: Option<u64>,
-    /// Stored tasks.
-    pub tasks: u64,
-    /// By status.
-    pub by_status: BTreeMap<String, u64>,
-    /// By tool.
-    pub by_tool: BTreeMap<String, u64>,
-    /// Non-terminal tasks.
-    pub live: u64,
-    /// Live tasks past their expiry (the reaper fails them at its next pass).
-    pub due_for_expiry: u64,
-    /// Finished tasks whose reaper entry is due (deleted at the reaper's next pass).
-    pub due_for_deletion: u64,
-    /// The oldest live task.
-    pub oldest_live: Option<OldestLive>,
-    /// Records that do not decode.
-    pub undecodable: u64,
-    /// Bytes of all stored snapshots.
-    pub snapshot_bytes: u64,
-    /// redb: the file; PostgreSQL: table sizes.
-    pub space: Space,
-    /// Nodes known to a shared store, with the age of their last heartbeat.
-    pub nodes: Vec<NodeInfo>,
-}
-
 /// `store stats --by-owner`: what each principal keeps in the store, from the usage counters
 /// the store keeps with its records (no record is read). These are the figures the disk
 /// quota (`serve --max-stored-bytes`) compares with its limit.
@@ -382,90 +227,6 @@ pub struct OwnerUsage {
     pub tasks: u64,
     /// Their stored bytes.
     pub bytes: u64,
-}
-
-/// The oldest live task.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct OldestLive {
-    /// Its id.
-    pub id: String,
-    /// Created (ms since the epoch).
-    pub created_at_ms: u64,
-    /// Its status.
-    pub status: String,
-}
-
-/// Space used by a store.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Space {
-    /// redb: the file size.
-    pub file_bytes: Option<u64>,
-    /// redb: bytes in pages that tables use (the rest of the file is free or redb's own).
-    pub used_bytes: Option<u64>,
-    /// redb: `file_bytes - used_bytes`, what `store compact` can give back at most.
-    pub free_bytes: Option<u64>,
-    /// PostgreSQL: total size of each table (with indexes and TOAST).
-    pub tables: BTreeMap<String, u64>,
-}
-
-/// A node of a shared store.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct NodeInfo {
-    /// The node id.
-    pub node: String,
-    /// Seconds since its last heartbeat.
-    pub heartbeat_age_s: f64,
-    /// Live tasks it holds.
-    pub live_tasks: u64,
-}
-
-/// `store verify`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct VerifyReport {
-    /// Records read.
-    pub records: u64,
-    /// Ids of records that do not decode, with why.
-    pub undecodable: BTreeMap<String, String>,
-    /// Index entries that name no stored task, or stored tasks missing from an index.
-    pub index_problems: Vec<String>,
-    /// Whether redb's page checksums were verified (needs the file for itself: not while a
-    /// server holds it).
-    pub pages_checked: bool,
-    /// What redb's check found (`None` when it passed or did not run).
-    pub pages_problem: Option<String>,
-}
-
-impl VerifyReport {
-    /// No problem found.
-    pub fn is_clean(&self) -> bool {
-        self.undecodable.is_empty()
-            && self.index_problems.is_empty()
-            && self.pages_problem.is_none()
-    }
-}
-
-/// `store backup`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct BackupReport {
-    /// The copy.
-    pub to: String,
-    /// Tasks copied.
-    pub tasks: u64,
-    /// Meta entries copied.
-    pub meta: u64,
-    /// Size of the copy.
-    pub bytes: u64,
-    /// Whether a running server made it (in one of its read transactions).
-    pub via_server: bool,
-}
-
-/// `store compact`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct CompactReport {
-    /// File size before.
-    pub before_bytes: u64,
-    /// File size after.
-    pub after_bytes: u64,
 }
 
 /// `store migrate`.
@@ -499,56 +260,8 @@ pub const DEFAULT_LIST_LIMIT: usize = 100;
 /// The largest page of `store list` (a larger `--limit` is lowered to it; page on with
 /// `--after`): what one answer holds in memory, also in a running server's.
 pub const MAX_LIST_LIMIT: usize = 1000;
-/// Records read per batch when scanning (at most; see [`SCAN_BYTES`]). A scan ends with an
-/// empty batch.
-const SCAN_BATCH: usize = 1024;
-/// Bytes of records one scan batch holds at most (at least one record): records may be
-/// megabytes each, and a running server answers `stats` and `list` in its own memory.
-pub(crate) const SCAN_BYTES: usize = 16 * 1024 * 1024;
-
 /// A store opened for reading.
-pub(crate) enum Reader {
-    Redb(redb::RedbReader),
-    #[cfg(feature = "postgres")]
-    Postgres(pg::PgReader),
-}
-
-impl Reader {
-    async fn scan(&self, after: Option<String>, limit: usize) -> Result<Vec<Row>, AdminError> {
-        match self {
-            Reader::Redb(r) => r.scan(after, limit).await,
-            #[cfg(feature = "postgres")]
-            Reader::Postgres(r) => r.scan(after, limit).await,
-        }
-    }
-
-    async fn row(&self, id: &str) -> Result<Option<Row>, AdminError> {
-        match self {
-            Reader::Redb(r) => r.row(id).await,
-            #[cfg(feature = "postgres")]
-            Reader::Postgres(r) => r.row(id).await,
-        }
-    }
-
-    /// Index entries that disagree with the stored tasks (PostgreSQL keeps its indexes in
-    /// the task rows: nothing to disagree).
-    async fn index_problems(&self) -> Result<Vec<String>, AdminError> {
-        match self {
-            Reader::Redb(r) => r.index_problems().await,
-            #[cfg(feature = "postgres")]
-            Reader::Postgres(_) => Ok(Vec::new()),
-        }
-    }
-
-    /// Backend facts: everything of [`StatsReport`] that is not counted from the records.
-    async fn facts(&self, now_ms: u64) -> Result<StatsReport, AdminError> {
-        match self {
-            Reader::Redb(r) => r.facts(now_ms).await,
-            #[cfg(feature = "postgres")]
-            Reader::Postgres(r) => r.facts(now_ms).await,
-        }
-    }
-}
+pub(crate) type Reader = Box<dyn Inspector>;
 
 /// What a command does with a redb file that a running server holds.
 enum WhenHeld {
@@ -563,7 +276,7 @@ enum WhenHeld {
 async fn open_reader(location: &Location) -> Result<Option<Reader>, AdminError> {
     match location {
         Location::Redb(path) => match redb::RedbReader::open(path).await {
-            Ok(r) => Ok(Some(Reader::Redb(r))),
+            Ok(r) => Ok(Some(Box::new(r))),
             Err(AdminError::InUse { .. }) => Ok(None),
             Err(e) => Err(e),
         },
@@ -573,7 +286,7 @@ async fn open_reader(location: &Location) -> Result<Option<Reader>, AdminError> 
 
 #[cfg(feature = "postgres")]
 async fn open_pg(url: &str) -> Result<Reader, AdminError> {
-    Ok(Reader::Postgres(pg::PgReader::connect(url).await?))
+    Ok(Box::new(pg::PgReader::connect(url).await?))
 }
 
 #[cfg(not(feature = "postgres"))]
@@ -676,11 +389,7 @@ pub async fn usage_by_owner(location: &Location) -> Result<OwnerUsageReport, Adm
 
 pub(crate) async fn usage_of(reader: &Reader) -> Result<OwnerUsageReport, AdminError> {
     let facts = reader.facts(now_ms()).await?;
-    let usage = match reader {
-        Reader::Redb(r) => r.usage_by_owner().await?,
-        #[cfg(feature = "postgres")]
-        Reader::Postgres(r) => r.usage_by_owner().await?,
-    };
+    let usage = reader.usage_by_owner().await?;
     let Some(usage) = usage else {
         return Err(AdminError::Invalid(format!(
             "{} has schema version {}, which keeps no usage per owner; it is converted when a server (or a writing store command) next opens it",
@@ -804,11 +513,17 @@ pub(crate) async fn show_of(reader: &Reader, id: &str) -> Result<TaskDetail, Adm
 /// holds, also redb's page checksums.
 pub async fn verify(location: &Location) -> Result<VerifyReport, AdminError> {
     if let Location::Redb(path) = location {
-        match redb::verify_offline(path).await {
+        match redb::check_pages(path).await {
             Err(AdminError::InUse { .. }) => {
                 return socket::ask(location, socket::Request::Verify).await;
             }
-            other => return other,
+            Err(e) => return Err(e),
+            Ok((reader, problem)) => {
+                let mut report = verify_of(&(Box::new(reader) as Reader)).await?;
+                report.pages_checked = true;
+                report.pages_problem = problem;
+                return Ok(report);
+            }
         }
     }
     match open_reader(location).await? {
@@ -901,19 +616,10 @@ pub async fn purge(
                 }
                 Err(e) => return Err(e),
             };
-            select(&Reader::Redb(reader), filter, now).await?
+            select(&(Box::new(reader) as Reader), filter, now).await?
         }
-        Location::Postgres(_) => {
-            let reader = open_reader(location)
-                .await?
-                .ok_or_else(|| AdminError::Invalid("no reader for this store".into()))?;
-            #[cfg(feature = "postgres")]
-            if let Reader::Postgres(pg) = &reader
-                && !dry_run
-            {
-                pg.refuse_if_nodes_alive("store purge").await?;
-            }
-            select(&reader, filter, now).await?
+        Location::Postgres(url) => {
+            select(&pg_purge_reader(url, dry_run).await?, filter, now).await?
         }
     };
     let report = PurgeReport {
@@ -929,6 +635,21 @@ pub async fn purge(
         Location::Postgres(url) => pg_delete(url, ids).await?,
     }
     Ok(report)
+}
+
+/// The reader `store purge` selects with; refuses while a node heartbeats unless `dry_run`.
+#[cfg(feature = "postgres")]
+async fn pg_purge_reader(url: &str, dry_run: bool) -> Result<Reader, AdminError> {
+    let pg = pg::PgReader::connect(url).await?;
+    if !dry_run {
+        pg.refuse_if_nodes_alive("store purge").await?;
+    }
+    Ok(Box::new(pg))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn pg_purge_reader(_url: &str, _dry_run: bool) -> Result<Reader, AdminError> {
+    Err(no_postgres())
 }
 
 #[cfg(feature = "postgres")]
@@ -965,12 +686,6 @@ pub(crate) async fn select(
         }
     }
     Ok(out)
-}
-
-/// Everything a store holds, for a migration: every task row and every meta entry.
-pub(crate) struct Dump {
-    pub(crate) rows: Vec<Row>,
-    pub(crate) meta: Vec<(String, Vec<u8>)>,
 }
 
 /// `store migrate`: copies every task (snapshot bytes verbatim, with its indexes) and every

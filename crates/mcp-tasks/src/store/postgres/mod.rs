@@ -44,11 +44,14 @@ use futures::future::BoxFuture;
 use tokio::task::JoinHandle;
 use tokio_postgres::NoTls;
 
-use super::postgres_notify::{self, Hub};
+pub(crate) mod inspect;
+mod notify;
+
 use super::{
     Cause, Cluster, Expect, Reconciled, RemoteCommand, StoreError, StoreFuture, StoreStats,
     TaskStore, Wakeup, WriteOp,
 };
+use notify::{self as postgres_notify, Hub};
 
 /// The newest schema version this build knows.
 pub const SCHEMA_VERSION: i64 = 5;
@@ -1123,6 +1126,117 @@ async fn channel_of(pool: &Pool) -> Result<String, String> {
 const COMMAND_RETENTION_SECS: f64 = 600.0;
 
 impl Cluster for PostgresStore {
+    fn node_id(&self) -> &str {
+        &self.inner.node
+    }
+    fn claim_live(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let mut all = self
+                .inner
+                .claim(true, 0)
+                .await
+                .map_err(|e| self.inner.fail(e, true))?;
+            loop {
+                let batch = self
+                    .inner
+                    .claim(false, CLAIM_BATCH)
+                    .await
+                    .map_err(|e| self.inner.fail(e, true))?;
+                let done = (batch.len() as i64) < CLAIM_BATCH;
+                all.extend(batch);
+                if done {
+                    break;
+                }
+            }
+            all.sort_by(|a, b| a.0.cmp(&b.0));
+            Ok(all)
+        })
+    }
+    fn claim_orphans(&self, limit: usize) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let limit = limit.min(i64::MAX as usize) as i64;
+            self.inner
+                .claim(false, limit)
+                .await
+                .map_err(|e| self.inner.fail(e, true))
+        })
+    }
+    fn holds(&self, id: &str) -> bool {
+        self.inner.held().contains_key(id)
+    }
+    fn claim_interval(&self) -> Duration {
+        self.inner.lease_ttl / 3
+    }
+    fn took_from_lapsed(&self, id: &str) -> bool {
+        self.inner
+            .lapsed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id)
+    }
+    fn confirm_lease<'a>(&'a self, id: &'a str, seq: u64) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            self.inner
+                .confirm_lease(id, seq)
+                .await
+                .map_err(|e| self.inner.fail(e, false))
+        })
+    }
+    fn reconcile(&self) -> StoreFuture<'_, Reconciled> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            self.inner
+                .reconcile()
+                .await
+                .map_err(|e| self.inner.fail(e, true))
+        })
+    }
+    fn watch_reconcile(&self) -> Wakeup {
+        Wakeup::new(self.inner.reconcile_now.clone(), None)
+    }
+    fn claim_one<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
+        Box::pin(async move {
+            self.inner
+                .run(true, |client| async move {
+                    // NOWAIT: a row locked by another session (a replica paused inside its
+                    // write) is not waited for; the request is answered "busy, retry".
+                    let st = client
+                        .prepare_cached(
+                            "WITH c AS (SELECT id FROM mcp_tasks WHERE id = $1 AND live
+                                        FOR UPDATE NOWAIT)
+                         UPDATE mcp_tasks t SET owner_node = $2, lease_epoch = t.lease_epoch + 1
+                         FROM c WHERE t.id = c.id
+                         RETURNING t.bytes, t.lease_epoch",
+                        )
+                        .await?;
+                    let row = match client.query_opt(&st, &[&id, &self.inner.node]).await {
+                        Err(e)
+                            if e.code()
+                                == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
+                        {
+                            tracing::warn!(task = id, node = %self.inner.node,
+                                "not taking the task over now: its row is locked by another session (a replica paused inside a write?)");
+                            return Err(PgFailure::Store(StoreError::Busy {
+                                detail: format!(
+                                    "task {id} is locked by another session's open transaction"
+                                ),
+                            }));
+                        }
+                        other => other?,
+                    };
+                    Ok::<_, PgFailure>(row.map(|r| {
+                        let epoch: i64 = r.get(1);
+                        self.inner.held().insert(id.to_owned(), epoch);
+                        self.inner.hub.inbox.notify_one();
+                        r.get::<_, Vec<u8>>(0)
+                    }))
+                })
+                .await
+        })
+    }
     fn reference_clock(&self) -> Option<Arc<crate::clock::ReferenceClock>> {
         Some(self.inner.reference.clone())
     }
@@ -1512,6 +1626,9 @@ async fn migrate(pool: &Pool, label: &str) -> Result<u64, StoreError> {
 }
 
 impl TaskStore for PostgresStore {
+    fn cluster(&self) -> Option<&dyn Cluster> {
+        Some(self)
+    }
     fn describe(&self) -> String {
         self.inner.label.clone()
     }
@@ -1888,123 +2005,6 @@ impl TaskStore for PostgresStore {
             }
             self.inner.held().clear();
             self.inner.pool.close();
-        })
-    }
-    fn is_shared(&self) -> bool {
-        true
-    }
-    fn node_id(&self) -> Option<&str> {
-        Some(&self.inner.node)
-    }
-    fn claim_live(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
-        Box::pin(async move {
-            self.inner.check_open()?;
-            let mut all = self
-                .inner
-                .claim(true, 0)
-                .await
-                .map_err(|e| self.inner.fail(e, true))?;
-            loop {
-                let batch = self
-                    .inner
-                    .claim(false, CLAIM_BATCH)
-                    .await
-                    .map_err(|e| self.inner.fail(e, true))?;
-                let done = (batch.len() as i64) < CLAIM_BATCH;
-                all.extend(batch);
-                if done {
-                    break;
-                }
-            }
-            all.sort_by(|a, b| a.0.cmp(&b.0));
-            Ok(all)
-        })
-    }
-    fn claim_orphans(&self, limit: usize) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
-        Box::pin(async move {
-            self.inner.check_open()?;
-            let limit = limit.min(i64::MAX as usize) as i64;
-            self.inner
-                .claim(false, limit)
-                .await
-                .map_err(|e| self.inner.fail(e, true))
-        })
-    }
-    fn holds(&self, id: &str) -> bool {
-        self.inner.held().contains_key(id)
-    }
-    fn claim_interval(&self) -> Option<Duration> {
-        Some(self.inner.lease_ttl / 3)
-    }
-    fn cluster(&self) -> Option<&dyn Cluster> {
-        Some(self)
-    }
-    fn took_from_lapsed(&self, id: &str) -> bool {
-        self.inner
-            .lapsed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id)
-    }
-    fn confirm_lease<'a>(&'a self, id: &'a str, seq: u64) -> StoreFuture<'a, ()> {
-        Box::pin(async move {
-            self.inner.check_open()?;
-            self.inner
-                .confirm_lease(id, seq)
-                .await
-                .map_err(|e| self.inner.fail(e, false))
-        })
-    }
-    fn reconcile(&self) -> StoreFuture<'_, Reconciled> {
-        Box::pin(async move {
-            self.inner.check_open()?;
-            self.inner
-                .reconcile()
-                .await
-                .map_err(|e| self.inner.fail(e, true))
-        })
-    }
-    fn watch_reconcile(&self) -> Option<Wakeup> {
-        Some(Wakeup::new(self.inner.reconcile_now.clone(), None))
-    }
-    fn claim_one<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
-        Box::pin(async move {
-            self.inner
-                .run(true, |client| async move {
-                    // NOWAIT: a row locked by another session (a replica paused inside its
-                    // write) is not waited for; the request is answered "busy, retry".
-                    let st = client
-                        .prepare_cached(
-                            "WITH c AS (SELECT id FROM mcp_tasks WHERE id = $1 AND live
-                                        FOR UPDATE NOWAIT)
-                         UPDATE mcp_tasks t SET owner_node = $2, lease_epoch = t.lease_epoch + 1
-                         FROM c WHERE t.id = c.id
-                         RETURNING t.bytes, t.lease_epoch",
-                        )
-                        .await?;
-                    let row = match client.query_opt(&st, &[&id, &self.inner.node]).await {
-                        Err(e)
-                            if e.code()
-                                == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
-                        {
-                            tracing::warn!(task = id, node = %self.inner.node,
-                                "not taking the task over now: its row is locked by another session (a replica paused inside a write?)");
-                            return Err(PgFailure::Store(StoreError::Busy {
-                                detail: format!(
-                                    "task {id} is locked by another session's open transaction"
-                                ),
-                            }));
-                        }
-                        other => other?,
-                    };
-                    Ok::<_, PgFailure>(row.map(|r| {
-                        let epoch: i64 = r.get(1);
-                        self.inner.held().insert(id.to_owned(), epoch);
-                        self.inner.hub.inbox.notify_one();
-                        r.get::<_, Vec<u8>>(0)
-                    }))
-                })
-                .await
         })
     }
 }
