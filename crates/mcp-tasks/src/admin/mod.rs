@@ -19,10 +19,20 @@
 //! - **PostgreSQL:** read directly with one connection; `purge` and `migrate` refuse while a
 //!   node's heartbeat is fresh (a replica could be running the tasks).
 
+mod backup;
+mod compact;
+mod list;
+mod migrate;
+#[cfg(not(feature = "redb"))]
+mod no_redb;
+mod purge;
+mod show;
 pub mod socket;
+mod stats;
+mod verify;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -31,13 +41,25 @@ use serde_json::Value;
 use crate::persist;
 #[cfg(feature = "postgres")]
 use crate::store::postgres::inspect as pg;
-#[cfg(not(feature = "redb"))]
-mod no_redb;
 #[cfg(feature = "redb")]
 use crate::store::redb::inspect as redb;
 use crate::task::TaskRecord;
 #[cfg(not(feature = "redb"))]
 use no_redb as redb;
+
+pub use backup::backup;
+pub use compact::compact;
+pub use list::list;
+pub(crate) use list::list_of;
+pub use migrate::migrate;
+pub use purge::purge;
+pub(crate) use purge::select;
+pub use show::show;
+pub(crate) use show::show_of;
+pub use stats::{stats, usage_by_owner};
+pub(crate) use stats::{stats_of, usage_of};
+pub use verify::verify;
+pub(crate) use verify::verify_of;
 
 pub use crate::store::inspect::{
     AdminError, BackupReport, CompactReport, Lease, NodeInfo, OldestLive, Space, StatsReport,
@@ -318,432 +340,6 @@ fn now_ms() -> u64 {
 /// Decodes a stored snapshot for reporting.
 fn decode(row: &Row) -> Result<TaskRecord, String> {
     persist::decode(&row.bytes).map_err(|e| e.to_string())
-}
-
-/// `store stats`.
-pub async fn stats(location: &Location) -> Result<StatsReport, AdminError> {
-    match open_reader(location).await? {
-        Some(reader) => stats_of(&reader, now_ms()).await,
-        None => socket::ask(location, socket::Request::Stats).await,
-    }
-}
-
-pub(crate) async fn stats_of(reader: &Reader, now_ms: u64) -> Result<StatsReport, AdminError> {
-    let mut report = reader.facts(now_ms).await?;
-    let mut after = None;
-    loop {
-        let rows = reader.scan(after.clone(), SCAN_BATCH).await?;
-        let Some(last) = rows.last() else { break };
-        after = Some(last.id.clone());
-        for row in &rows {
-            report.tasks += 1;
-            report.snapshot_bytes += row.bytes.len() as u64;
-            match persist::snapshot_version(&row.bytes) {
-                Ok(v) => *report.snapshot_versions.entry(v.to_string()).or_default() += 1,
-                Err(_) => {
-                    *report
-                        .snapshot_versions
-                        .entry("unknown".into())
-                        .or_default() += 1
-                }
-            }
-            let Ok(record) = decode(row) else {
-                report.undecodable += 1;
-                continue;
-            };
-            *report
-                .by_status
-                .entry(record.status.as_str().to_owned())
-                .or_default() += 1;
-            *report.by_tool.entry(record.tool.clone()).or_default() += 1;
-            let due = row.due_ms.is_some_and(|d| d <= now_ms);
-            if record.status.is_terminal() {
-                report.due_for_deletion += u64::from(due);
-            } else {
-                report.live += 1;
-                report.due_for_expiry += u64::from(record.is_expired(now_ms));
-                let older = report
-                    .oldest_live
-                    .as_ref()
-                    .is_none_or(|o| record.created_at_ms < o.created_at_ms);
-                if older {
-                    report.oldest_live = Some(OldestLive {
-                        id: row.id.clone(),
-                        created_at_ms: record.created_at_ms,
-                        status: record.status.as_str().to_owned(),
-                    });
-                }
-            }
-        }
-    }
-    Ok(report)
-}
-
-/// `store stats --by-owner`.
-pub async fn usage_by_owner(location: &Location) -> Result<OwnerUsageReport, AdminError> {
-    match open_reader(location).await? {
-        Some(reader) => usage_of(&reader).await,
-        None => socket::ask(location, socket::Request::UsageByOwner).await,
-    }
-}
-
-pub(crate) async fn usage_of(reader: &Reader) -> Result<OwnerUsageReport, AdminError> {
-    let facts = reader.facts(now_ms()).await?;
-    let usage = reader.usage_by_owner().await?;
-    let Some(usage) = usage else {
-        return Err(AdminError::Invalid(format!(
-            "{} has schema version {}, which keeps no usage per owner; it is converted when a server (or a writing store command) next opens it",
-            facts.location, facts.schema_version
-        )));
-    };
-    let mut owners: Vec<OwnerUsage> = usage
-        .into_iter()
-        .map(|(key, usage)| {
-            let (tenant, principal) =
-                crate::store::parse_owner_key(&key).unwrap_or((key.as_str(), ""));
-            OwnerUsage {
-                tenant: tenant.to_owned(),
-                principal: principal.to_owned(),
-                tasks: usage.tasks,
-                bytes: usage.bytes,
-            }
-        })
-        .collect();
-    owners.sort_by(|a, b| {
-        b.bytes
-            .cmp(&a.bytes)
-            .then_with(|| (&a.tenant, &a.principal).cmp(&(&b.tenant, &b.principal)))
-    });
-    Ok(OwnerUsageReport {
-        backend: facts.backend,
-        location: facts.location,
-        via_server: facts.via_server,
-        owners,
-    })
-}
-
-/// `store list`.
-pub async fn list(location: &Location, filter: &Filter) -> Result<ListPage, AdminError> {
-    match open_reader(location).await? {
-        Some(reader) => list_of(&reader, filter, now_ms()).await,
-        None => socket::ask(location, socket::Request::List(filter.clone())).await,
-    }
-}
-
-pub(crate) async fn list_of(
-    reader: &Reader,
-    filter: &Filter,
-    now_ms: u64,
-) -> Result<ListPage, AdminError> {
-    let limit = filter
-        .limit
-        .unwrap_or(DEFAULT_LIST_LIMIT)
-        .clamp(1, MAX_LIST_LIMIT);
-    let mut page = ListPage::default();
-    let mut after = filter.after.clone();
-    loop {
-        let rows = reader.scan(after.clone(), SCAN_BATCH).await?;
-        let Some(last) = rows.last() else {
-            return Ok(page);
-        };
-        after = Some(last.id.clone());
-        for row in rows {
-            match decode(&row) {
-                Ok(record) if filter.matches(&record, now_ms) => {
-                    page.tasks.push(TaskSummary::of(&record));
-                    if page.tasks.len() == limit {
-                        page.next = Some(row.id);
-                        return Ok(page);
-                    }
-                }
-                Ok(_) => {}
-                Err(_) => page.undecodable.push(row.id),
-            }
-        }
-    }
-}
-
-/// `store show`.
-pub async fn show(location: &Location, id: &str) -> Result<TaskDetail, AdminError> {
-    match open_reader(location).await? {
-        Some(reader) => show_of(&reader, id).await,
-        None => socket::ask(location, socket::Request::Show(id.to_owned())).await,
-    }
-}
-
-pub(crate) async fn show_of(reader: &Reader, id: &str) -> Result<TaskDetail, AdminError> {
-    crate::task::TaskId::parse(id).map_err(|e| AdminError::Invalid(format!("{id}: {e}")))?;
-    let row = reader
-        .row(id)
-        .await?
-        .ok_or_else(|| AdminError::NoSuchTask(id.to_owned()))?;
-    let record = decode(&row).map_err(|e| {
-        AdminError::Invalid(format!("task {id} is stored but does not decode: {e}"))
-    })?;
-    Ok(TaskDetail {
-        summary: TaskSummary::of(&record),
-        owner: serde_json::json!({
-            "tenant": record.owner.tenant,
-            "principal": record.owner.principal,
-        }),
-        snapshot_version: persist::snapshot_version(&row.bytes).unwrap_or(0),
-        snapshot_bytes: row.bytes.len(),
-        arguments: record.arguments.clone(),
-        ttl_ms: record.ttl_ms,
-        expires_at_ms: record.expires_at_ms(),
-        due_ms: row.due_ms,
-        attempts: record.attempts,
-        cancel_requested: record.cancel_requested,
-        journal: record.journal.clone(),
-        step_attempts: record.step_attempts.clone(),
-        input_keys_issued: record.issued_keys.iter().cloned().collect(),
-        input_requests_pending: record.pending_inputs.clone(),
-        input_answers: record.answers.clone(),
-        outcome: record.outcome.as_ref().map(|o| match o {
-            crate::task::TaskOutcome::Result(result) => serde_json::json!({ "result": result }),
-            crate::task::TaskOutcome::Error(e) => serde_json::json!({
-                "error": { "code": e.code, "message": e.message, "data": e.data }
-            }),
-        }),
-        lease: row.lease.clone(),
-    })
-}
-
-/// `store verify`: decodes every record and checks the indexes; on a redb file no server
-/// holds, also redb's page checksums.
-pub async fn verify(location: &Location) -> Result<VerifyReport, AdminError> {
-    if let Location::Redb(path) = location {
-        match redb::check_pages(path).await {
-            Err(AdminError::InUse { .. }) => {
-                return socket::ask(location, socket::Request::Verify).await;
-            }
-            Err(e) => return Err(e),
-            Ok((reader, problem)) => {
-                let mut report = verify_of(&(Box::new(reader) as Reader)).await?;
-                report.pages_checked = true;
-                report.pages_problem = problem;
-                return Ok(report);
-            }
-        }
-    }
-    match open_reader(location).await? {
-        Some(reader) => verify_of(&reader).await,
-        None => Err(held(location, WhenHeld::AskServer)),
-    }
-}
-
-/// Decodes every record (the index checks are the backend's).
-pub(crate) async fn verify_of(reader: &Reader) -> Result<VerifyReport, AdminError> {
-    let mut report = VerifyReport::default();
-    let mut after = None;
-    loop {
-        let rows = reader.scan(after.clone(), SCAN_BATCH).await?;
-        let Some(last) = rows.last() else { break };
-        after = Some(last.id.clone());
-        for row in &rows {
-            report.records += 1;
-            match decode(row) {
-                Ok(record) if record.id.as_str() != row.id => {
-                    report.undecodable.insert(
-                        row.id.clone(),
-                        format!("the record names another id ({})", record.id),
-                    );
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    report.undecodable.insert(row.id.clone(), e);
-                }
-            }
-        }
-    }
-    report.index_problems = reader.index_problems().await?;
-    Ok(report)
-}
-
-/// `store backup`: a consistent copy of a redb store (one read transaction), verified by
-/// opening it. Works while a server runs (it makes the copy).
-pub async fn backup(location: &Location, to: &Path) -> Result<BackupReport, AdminError> {
-    let Location::Redb(path) = location else {
-        return Err(AdminError::Unsupported(
-            "store backup copies a redb file; back up PostgreSQL with pg_dump (or `store migrate` it to a redb file)".into(),
-        ));
-    };
-    if to.exists() {
-        return Err(AdminError::Invalid(format!(
-            "{} exists; a backup never overwrites a file",
-            to.display()
-        )));
-    }
-    match redb::RedbReader::open(path).await {
-        Ok(reader) => reader.backup(to).await,
-        Err(AdminError::InUse { .. }) => {
-            let to = std::path::absolute(to)
-                .map_err(|e| AdminError::Invalid(format!("{}: {e}", to.display())))?;
-            socket::ask(location, socket::Request::Backup(to)).await
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// `store compact` (redb, offline).
-pub async fn compact(location: &Location) -> Result<CompactReport, AdminError> {
-    let Location::Redb(path) = location else {
-        return Err(AdminError::Unsupported(
-            "store compact applies to redb files; PostgreSQL reclaims space with VACUUM".into(),
-        ));
-    };
-    redb::compact(path).await
-}
-
-/// `store purge`: removes the selected tasks (or only lists them with `dry_run`). Refuses
-/// while a server holds a redb file or a replica heartbeats on PostgreSQL.
-pub async fn purge(
-    location: &Location,
-    filter: &Filter,
-    dry_run: bool,
-) -> Result<PurgeReport, AdminError> {
-    let now = now_ms();
-    let selected = match location {
-        Location::Redb(path) => {
-            let reader = match redb::RedbReader::open(path).await {
-                Ok(r) => r,
-                Err(AdminError::InUse { .. }) if dry_run => {
-                    return socket::ask(location, socket::Request::PurgeDryRun(filter.clone()))
-                        .await;
-                }
-                Err(AdminError::InUse { .. }) => {
-                    return Err(held(location, WhenHeld::Refuse("store purge")));
-                }
-                Err(e) => return Err(e),
-            };
-            select(&(Box::new(reader) as Reader), filter, now).await?
-        }
-        Location::Postgres(url) => {
-            select(&pg_purge_reader(url, dry_run).await?, filter, now).await?
-        }
-    };
-    let report = PurgeReport {
-        tasks: selected,
-        dry_run,
-    };
-    if dry_run || report.tasks.is_empty() {
-        return Ok(report);
-    }
-    let ids: Vec<String> = report.tasks.iter().map(|t| t.id.clone()).collect();
-    match location {
-        Location::Redb(path) => redb::delete(path, ids).await?,
-        Location::Postgres(url) => pg_delete(url, ids).await?,
-    }
-    Ok(report)
-}
-
-/// The reader `store purge` selects with; refuses while a node heartbeats unless `dry_run`.
-#[cfg(feature = "postgres")]
-async fn pg_purge_reader(url: &str, dry_run: bool) -> Result<Reader, AdminError> {
-    let pg = pg::PgReader::connect(url).await?;
-    if !dry_run {
-        pg.refuse_if_nodes_alive("store purge").await?;
-    }
-    Ok(Box::new(pg))
-}
-
-#[cfg(not(feature = "postgres"))]
-async fn pg_purge_reader(_url: &str, _dry_run: bool) -> Result<Reader, AdminError> {
-    Err(no_postgres())
-}
-
-#[cfg(feature = "postgres")]
-async fn pg_delete(url: &str, ids: Vec<String>) -> Result<(), AdminError> {
-    pg::PgReader::connect(url).await?.delete(ids).await
-}
-
-#[cfg(not(feature = "postgres"))]
-async fn pg_delete(_url: &str, _ids: Vec<String>) -> Result<(), AdminError> {
-    Err(no_postgres())
-}
-
-/// Every task `filter` selects (its `limit` caps them; `after` starts the scan).
-pub(crate) async fn select(
-    reader: &Reader,
-    filter: &Filter,
-    now_ms: u64,
-) -> Result<Vec<TaskSummary>, AdminError> {
-    let mut out = Vec::new();
-    let mut after = filter.after.clone();
-    loop {
-        let rows = reader.scan(after.clone(), SCAN_BATCH).await?;
-        let Some(last) = rows.last() else { break };
-        after = Some(last.id.clone());
-        for row in &rows {
-            if let Ok(record) = decode(row)
-                && filter.matches(&record, now_ms)
-            {
-                out.push(TaskSummary::of(&record));
-                if filter.limit.is_some_and(|l| out.len() >= l) {
-                    return Ok(out);
-                }
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// `store migrate`: copies every task (snapshot bytes verbatim, with its indexes) and every
-/// meta entry from one store to another. Idempotent: a re-run rewrites the same bytes.
-/// Refuses a redb file a server holds and a PostgreSQL database a replica heartbeats on (on
-/// either side). Live tasks arrive unclaimed on PostgreSQL (the first replica to start takes
-/// them over) and in the live index on redb (the next server resumes them).
-pub async fn migrate(from: &Location, to: &Location) -> Result<MigrateReport, AdminError> {
-    if from == to {
-        return Err(AdminError::Invalid(
-            "the source and the target are the same store".into(),
-        ));
-    }
-    let dump = match from {
-        Location::Redb(path) => redb::dump(path).await?,
-        Location::Postgres(url) => pg_dump(url).await?,
-    };
-    let mut report = MigrateReport {
-        from: from.display(),
-        to: to.display(),
-        meta: dump.meta.len() as u64,
-        ..MigrateReport::default()
-    };
-    let live = dump
-        .rows
-        .iter()
-        .filter(|r| decode(r).is_ok_and(|t| !t.status.is_terminal()))
-        .count();
-    report.live = live as u64;
-    let (written, unchanged) = match to {
-        Location::Redb(path) => redb::load(path, dump).await?,
-        Location::Postgres(url) => pg_load(url, dump).await?,
-    };
-    report.tasks = written;
-    report.unchanged = unchanged;
-    Ok(report)
-}
-
-#[cfg(feature = "postgres")]
-async fn pg_dump(url: &str) -> Result<Dump, AdminError> {
-    let reader = pg::PgReader::connect(url).await?;
-    reader.refuse_if_nodes_alive("store migrate").await?;
-    reader.dump().await
-}
-
-#[cfg(feature = "postgres")]
-async fn pg_load(url: &str, dump: Dump) -> Result<(u64, u64), AdminError> {
-    pg::load(url, dump).await
-}
-
-#[cfg(not(feature = "postgres"))]
-async fn pg_dump(_url: &str) -> Result<Dump, AdminError> {
-    Err(no_postgres())
-}
-
-#[cfg(not(feature = "postgres"))]
-async fn pg_load(_url: &str, _dump: Dump) -> Result<(u64, u64), AdminError> {
-    Err(no_postgres())
 }
 
 /// Without the `postgres` feature, every PostgreSQL location answers this.
