@@ -219,6 +219,51 @@ async fn backfill_owners(
     Ok(filled)
 }
 
+/// The columns one [`WriteOp::Put`] writes, as PostgreSQL takes them.
+struct PutRow<'a> {
+    id: &'a str,
+    bytes: &'a Vec<u8>,
+    live: bool,
+    due: Option<i64>,
+    seq: Option<i64>,
+}
+
+/// Writes one meta op ([`WriteOp::PutMeta`], [`WriteOp::PutMetaIfAbsent`],
+/// [`WriteOp::DeleteMeta`]); nothing for any other op.
+async fn write_meta(
+    tx: &deadpool_postgres::Transaction<'_>,
+    op: &WriteOp,
+) -> Result<(), tokio_postgres::Error> {
+    match op {
+        WriteOp::PutMetaIfAbsent { key, value } => {
+            let st = tx
+                .prepare_cached(
+                    "INSERT INTO mcp_meta (key, value) VALUES ($1, $2)
+                     ON CONFLICT (key) DO NOTHING",
+                )
+                .await?;
+            tx.execute(&st, &[key, value]).await?;
+        }
+        WriteOp::PutMeta { key, value } => {
+            let st = tx
+                .prepare_cached(
+                    "INSERT INTO mcp_meta (key, value) VALUES ($1, $2)
+                     ON CONFLICT (key) DO UPDATE SET value = $2",
+                )
+                .await?;
+            tx.execute(&st, &[key, value]).await?;
+        }
+        WriteOp::DeleteMeta { key } => {
+            let st = tx
+                .prepare_cached("DELETE FROM mcp_meta WHERE key = $1")
+                .await?;
+            tx.execute(&st, &[key]).await?;
+        }
+        WriteOp::Put { .. } | WriteOp::Delete { .. } | WriteOp::SetDue { .. } => {}
+    }
+    Ok(())
+}
+
 /// Records the owner entry of task `id` in the transaction that creates it (the usage
 /// trigger counts the row from then on).
 async fn record_owner(
@@ -607,89 +652,15 @@ impl Inner {
                     expect,
                     owner,
                 } => {
-                    let due = due_ms.map(to_i64);
-                    let seq = seq.map(to_i64);
-                    match *expect {
-                        Expect::Any => {
-                            let st = tx
-                                .prepare_cached(
-                                    "INSERT INTO mcp_tasks (id, bytes, live, due_ms, seq, owner_node, lease_epoch)
-                                     VALUES ($1, $2, $3, $4, $5, $6, 1)
-                                     ON CONFLICT (id) DO UPDATE SET bytes = $2, live = $3, due_ms = $4,
-                                        seq = $5, updated_at = now()",
-                                )
-                                .await?;
-                            tx.execute(&st, &[id, bytes, live, &due, &seq, &self.node])
-                                .await?;
-                        }
-                        Expect::Absent => {
-                            let st = tx
-                                .prepare_cached(
-                                    "INSERT INTO mcp_tasks (id, bytes, live, due_ms, seq, owner_node, lease_epoch)
-                                     VALUES ($1, $2, $3, $4, $5, $6, 1)
-                                     ON CONFLICT (id) DO NOTHING",
-                                )
-                                .await?;
-                            let n = tx
-                                .execute(&st, &[id, bytes, live, &due, &seq, &self.node])
-                                .await?;
-                            if n == 0 {
-                                let found = self.stored_seq(&tx, id).await?;
-                                return Err(StoreError::Conflict {
-                                    id: id.clone(),
-                                    expected: None,
-                                    found,
-                                }
-                                .into());
-                            }
-                            leases.push((id.clone(), live.then_some(1)));
-                        }
-                        Expect::Seq(expected) => {
-                            let held = self.held().get(id).copied();
-                            let n = match (held, self.skip_fencing) {
-                                (_, true) => {
-                                    let st = tx
-                                        .prepare_cached(
-                                            "UPDATE mcp_tasks SET bytes = $2, live = $3, due_ms = $4,
-                                                seq = $5, updated_at = now()
-                                             WHERE id = $1",
-                                        )
-                                        .await?;
-                                    tx.execute(&st, &[id, bytes, live, &due, &seq]).await?
-                                }
-                                (Some(epoch), false) => {
-                                    let st = tx
-                                        .prepare_cached(
-                                            "UPDATE mcp_tasks SET bytes = $2, live = $3, due_ms = $4,
-                                                seq = $5, updated_at = now()
-                                             WHERE id = $1 AND (seq = $6 OR seq IS NULL)
-                                               AND owner_node = $7 AND lease_epoch = $8",
-                                        )
-                                        .await?;
-                                    tx.execute(
-                                        &st,
-                                        &[
-                                            id,
-                                            bytes,
-                                            live,
-                                            &due,
-                                            &seq,
-                                            &to_i64(expected),
-                                            &self.node,
-                                            &epoch,
-                                        ],
-                                    )
-                                    .await?
-                                }
-                                (None, false) => 0,
-                            };
-                            if n == 0 {
-                                return Err(self.refusal(&tx, id, expected, held).await?.into());
-                            }
-                            if !*live {
-                                leases.push((id.clone(), None));
-                            }
-                        }
+                    let row = PutRow {
+                        id,
+                        bytes,
+                        live: *live,
+                        due: due_ms.map(to_i64),
+                        seq: seq.map(to_i64),
+                    };
+                    if let Some(lease) = self.put(&tx, &row, *expect).await? {
+                        leases.push(lease);
                     }
                     // The owner entry is written with the row's creation (it never changes).
                     if let Some(owner) = owner
@@ -711,29 +682,10 @@ impl Inner {
                         .await?;
                     tx.execute(&st, &[id, &due_ms.map(to_i64)]).await?;
                 }
-                WriteOp::PutMetaIfAbsent { key, value } => {
-                    let st = tx
-                        .prepare_cached(
-                            "INSERT INTO mcp_meta (key, value) VALUES ($1, $2)
-                             ON CONFLICT (key) DO NOTHING",
-                        )
-                        .await?;
-                    tx.execute(&st, &[key, value]).await?;
-                }
-                WriteOp::PutMeta { key, value } => {
-                    let st = tx
-                        .prepare_cached(
-                            "INSERT INTO mcp_meta (key, value) VALUES ($1, $2)
-                             ON CONFLICT (key) DO UPDATE SET value = $2",
-                        )
-                        .await?;
-                    tx.execute(&st, &[key, value]).await?;
-                }
-                WriteOp::DeleteMeta { key } => {
-                    let st = tx
-                        .prepare_cached("DELETE FROM mcp_meta WHERE key = $1")
-                        .await?;
-                    tx.execute(&st, &[key]).await?;
+                WriteOp::PutMetaIfAbsent { .. }
+                | WriteOp::PutMeta { .. }
+                | WriteOp::DeleteMeta { .. } => {
+                    write_meta(&tx, op).await?;
                 }
             }
         }
@@ -745,6 +697,119 @@ impl Inner {
         });
         tx.commit().await?;
         Ok((leases, deleted))
+    }
+
+    /// Writes the row of one [`WriteOp::Put`] as its [`Expect`] allows; the change to this
+    /// node's held leases it makes, if any (`Some(epoch)`: now held at it; `None`: released).
+    async fn put(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        row: &PutRow<'_>,
+        expect: Expect,
+    ) -> Result<Option<(String, Option<i64>)>, PgFailure> {
+        let id = row.id;
+        match expect {
+            Expect::Any => {
+                let st = tx
+                    .prepare_cached(
+                        "INSERT INTO mcp_tasks (id, bytes, live, due_ms, seq, owner_node, lease_epoch)
+                         VALUES ($1, $2, $3, $4, $5, $6, 1)
+                         ON CONFLICT (id) DO UPDATE SET bytes = $2, live = $3, due_ms = $4,
+                            seq = $5, updated_at = now()",
+                    )
+                    .await?;
+                tx.execute(
+                    &st,
+                    &[&id, row.bytes, &row.live, &row.due, &row.seq, &self.node],
+                )
+                .await?;
+                Ok(None)
+            }
+            Expect::Absent => {
+                let st = tx
+                    .prepare_cached(
+                        "INSERT INTO mcp_tasks (id, bytes, live, due_ms, seq, owner_node, lease_epoch)
+                         VALUES ($1, $2, $3, $4, $5, $6, 1)
+                         ON CONFLICT (id) DO NOTHING",
+                    )
+                    .await?;
+                let n = tx
+                    .execute(
+                        &st,
+                        &[&id, row.bytes, &row.live, &row.due, &row.seq, &self.node],
+                    )
+                    .await?;
+                if n == 0 {
+                    let found = self.stored_seq(tx, id).await?;
+                    return Err(StoreError::Conflict {
+                        id: id.to_owned(),
+                        expected: None,
+                        found,
+                    }
+                    .into());
+                }
+                Ok(Some((id.to_owned(), row.live.then_some(1))))
+            }
+            Expect::Seq(expected) => {
+                let held = self.held().get(id).copied();
+                let n = self.update_fenced(tx, row, expected, held).await?;
+                if n == 0 {
+                    return Err(self.refusal(tx, id, expected, held).await?.into());
+                }
+                Ok((!row.live).then(|| (id.to_owned(), None)))
+            }
+        }
+    }
+
+    /// The conditional update of a [`Expect::Seq`] put: at sequence number `expected`, under
+    /// this node's lease at epoch `held` (unfenced in the test mode that skips fencing). The
+    /// rows it changed (0: refused).
+    async fn update_fenced(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        row: &PutRow<'_>,
+        expected: u64,
+        held: Option<i64>,
+    ) -> Result<u64, PgFailure> {
+        let id = row.id;
+        Ok(match (held, self.skip_fencing) {
+            (_, true) => {
+                let st = tx
+                    .prepare_cached(
+                        "UPDATE mcp_tasks SET bytes = $2, live = $3, due_ms = $4,
+                            seq = $5, updated_at = now()
+                         WHERE id = $1",
+                    )
+                    .await?;
+                tx.execute(&st, &[&id, row.bytes, &row.live, &row.due, &row.seq])
+                    .await?
+            }
+            (Some(epoch), false) => {
+                let st = tx
+                    .prepare_cached(
+                        "UPDATE mcp_tasks SET bytes = $2, live = $3, due_ms = $4,
+                            seq = $5, updated_at = now()
+                         WHERE id = $1 AND (seq = $6 OR seq IS NULL)
+                           AND owner_node = $7 AND lease_epoch = $8",
+                    )
+                    .await?;
+                tx.execute(
+                    &st,
+                    &[
+                        &id,
+                        row.bytes,
+                        &row.live,
+                        &row.due,
+                        &row.seq,
+                        &to_i64(expected),
+                        &self.node,
+                        &epoch,
+                    ],
+                )
+                .await?
+            }
+            (None, false) => 0,
+        })
     }
 
     async fn stored_seq(
