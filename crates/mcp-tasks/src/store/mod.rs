@@ -7,15 +7,22 @@
 //!
 //! Backends:
 //!
-//! - [`RedbStore`] (the default): one redb file owned by one process, one writer thread with
-//!   group commit, fail-stop on a failed fsync.
+//! - `RedbStore` (feature `redb`, on by default; `store/redb/`): one redb file owned by one
+//!   process, one writer thread with group commit, fail-stop on a failed fsync.
 //! - [`MemoryStore`]: nothing survives the process; for tests and for measuring what
 //!   durability costs.
-//! - `PostgresStore` (feature `postgres`): one database shared by several replicas, with
-//!   per-node leases and fencing (see docs/SCALE-OUT.md).
+//! - `PostgresStore` (feature `postgres`; `store/postgres/`): one database shared by several
+//!   replicas, with per-node leases and fencing (see docs/SCALE-OUT.md).
 //!
 //! [`Store`] is the cheap-to-clone handle the runtime holds, over any of them (or a host's own
 //! [`TaskStore`]).
+//!
+//! The seam: [`TaskStore`] is what every backend implements; what only some backends do is a
+//! capability reached through an accessor that answers `None` by default:
+//! [`TaskStore::cluster`] ([`Cluster`]: leases, fencing checks and signalling of a store
+//! shared by replicas) and [`TaskStore::inspector`] ([`inspect::Inspector`]: reading an open
+//! store for the `store …` commands). Each backend keeps its code, inspection included, in
+//! its own folder.
 
 pub mod inspect;
 mod memory;
@@ -861,7 +868,8 @@ impl Store {
     }
 
     #[cfg(feature = "redb")]
-    /// Opens (or creates) a redb store file; see [`RedbStore::open`]. Blocking: call it from
+    /// Opens (or creates) a redb store file (feature `redb`); see [`RedbStore::open`].
+    /// Blocking: call it from
     /// `spawn_blocking` or before the runtime starts (or use [`Store::open_async`]).
     pub fn open(path: &Path, options: StoreOptions) -> Result<Store, StoreError> {
         Ok(Self::from_backend(Arc::new(RedbStore::open(
@@ -870,7 +878,7 @@ impl Store {
     }
 
     #[cfg(feature = "redb")]
-    /// A redb store on a [`StorageBackend`] instead of a file; see
+    /// A redb store on a [`StorageBackend`] instead of a file (feature `redb`); see
     /// [`RedbStore::open_with_backend`].
     pub fn open_with_backend(
         label: &Path,
@@ -883,7 +891,7 @@ impl Store {
     }
 
     #[cfg(feature = "redb")]
-    /// [`Store::open`] on the blocking pool.
+    /// [`Store::open`] on the blocking pool (feature `redb`).
     pub async fn open_async(path: PathBuf, options: StoreOptions) -> Result<Store, StoreError> {
         Ok(Self::from_backend(Arc::new(
             RedbStore::open_async(path, options).await?,
@@ -891,7 +899,7 @@ impl Store {
     }
 
     #[cfg(feature = "redb")]
-    /// [`Store::open_with_backend`] on the blocking pool.
+    /// [`Store::open_with_backend`] on the blocking pool (feature `redb`).
     pub async fn open_with_backend_async(
         label: PathBuf,
         factory: BackendFactory,
