@@ -4,7 +4,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use mcp_tasks::admin::{self, AdminError, Filter, Location};
+use mcp_tasks::admin::{
+    self, AdminError, BackupReport, CompactReport, Filter, ListPage, Location, MigrateReport,
+    OwnerUsageReport, PurgeReport, StatsReport, TaskDetail, VerifyReport,
+};
 use serde::Serialize;
 
 /// Exit statuses of `mcp-tasks store …`, for `--help`.
@@ -203,6 +206,15 @@ fn print_store_line(location: &str, backend: &str, via_server: bool) {
     println!("store      {location} ({backend}{how})");
 }
 
+/// Prints `report` as JSON with `json`, else for people with `human`.
+fn report<T: Serialize>(json: bool, report: &T, human: impl FnOnce(&T)) {
+    if json {
+        print_json(report);
+    } else {
+        human(report);
+    }
+}
+
 async fn execute(command: StoreCommand) -> Result<ExitCode, AdminError> {
     match command {
         StoreCommand::Stats {
@@ -210,82 +222,11 @@ async fn execute(command: StoreCommand) -> Result<ExitCode, AdminError> {
             by_owner: true,
         } => {
             let r = admin::usage_by_owner(&Location::parse(&common.store)).await?;
-            if common.json {
-                print_json(&r);
-                return Ok(ExitCode::SUCCESS);
-            }
-            print_store_line(&r.location, &r.backend, r.via_server);
-            println!(
-                "{:<20} {:<24} {:>8} {:>12}",
-                "TENANT", "PRINCIPAL", "TASKS", "BYTES"
-            );
-            for o in &r.owners {
-                println!(
-                    "{:<20} {:<24} {:>8} {:>12}",
-                    o.tenant, o.principal, o.tasks, o.bytes
-                );
-            }
-            Ok(ExitCode::SUCCESS)
+            report(common.json, &r, print_usage);
         }
         StoreCommand::Stats { common, .. } => {
             let r = admin::stats(&Location::parse(&common.store)).await?;
-            if common.json {
-                print_json(&r);
-                return Ok(ExitCode::SUCCESS);
-            }
-            print_store_line(&r.location, &r.backend, r.via_server);
-            println!(
-                "schema     {}   boot epoch {}",
-                r.schema_version,
-                r.boot_epoch.map_or("-".into(), |e| e.to_string())
-            );
-            println!(
-                "tasks      {} ({} live, {} undecodable, {} of snapshots)",
-                r.tasks,
-                r.live,
-                r.undecodable,
-                bytes(r.snapshot_bytes)
-            );
-            for (status, n) in &r.by_status {
-                println!("  {status:<16} {n}");
-            }
-            if !r.by_tool.is_empty() {
-                println!("by tool");
-                for (tool, n) in &r.by_tool {
-                    println!("  {tool:<16} {n}");
-                }
-            }
-            println!(
-                "due        {} live past their expiry, {} finished due for deletion",
-                r.due_for_expiry, r.due_for_deletion
-            );
-            match &r.oldest_live {
-                Some(o) => println!(
-                    "oldest live {} ({}, created {})",
-                    o.id,
-                    o.status,
-                    time(o.created_at_ms)
-                ),
-                None => println!("oldest live -"),
-            }
-            if let Some(file) = r.space.file_bytes {
-                println!(
-                    "file       {} ({} in table pages, about {} free)",
-                    bytes(file),
-                    bytes(r.space.used_bytes.unwrap_or(0)),
-                    bytes(r.space.free_bytes.unwrap_or(0))
-                );
-            }
-            for (table, size) in &r.space.tables {
-                println!("table      {table:<12} {}", bytes(*size));
-            }
-            for n in &r.nodes {
-                println!(
-                    "node       {:<20} heartbeat {:.1} s ago, {} live tasks",
-                    n.node, n.heartbeat_age_s, n.live_tasks
-                );
-            }
-            Ok(ExitCode::SUCCESS)
+            report(common.json, &r, print_stats);
         }
         StoreCommand::List {
             common,
@@ -293,192 +234,32 @@ async fn execute(command: StoreCommand) -> Result<ExitCode, AdminError> {
             quiet,
         } => {
             let page = admin::list(&Location::parse(&common.store), &filter.filter()).await?;
-            if common.json {
-                print_json(&page);
-                return Ok(ExitCode::SUCCESS);
-            }
-            if quiet {
-                for t in &page.tasks {
-                    println!("{}", t.id);
-                }
-            } else if !page.tasks.is_empty() {
-                // As wide as the rows: an id is `tsk_` and 32 hex digits, a time 20 characters.
-                println!(
-                    "{:<36}  {:<14} {:<20} {:<12} {:<20}  MESSAGE",
-                    "ID", "STATUS", "TOOL", "TENANT", "CREATED"
-                );
-            }
-            for t in page.tasks.iter().filter(|_| !quiet) {
-                println!(
-                    "{}  {:<14} {:<20} {:<12} {}{}",
-                    t.id,
-                    t.status,
-                    t.tool,
-                    t.tenant,
-                    time(t.created_at_ms),
-                    t.status_message
-                        .as_deref()
-                        .map(|m| format!("  {m}"))
-                        .unwrap_or_default()
-                );
-            }
-            if !page.undecodable.is_empty() {
-                eprintln!(
-                    "{} records do not decode (see `store verify`)",
-                    page.undecodable.len()
-                );
-            }
-            if let Some(next) = &page.next {
-                eprintln!("more: --after {next}");
-            }
-            Ok(ExitCode::SUCCESS)
+            report(common.json, &page, |page| print_list(page, quiet));
         }
         StoreCommand::Show { common, id } => {
             let t = admin::show(&Location::parse(&common.store), &id).await?;
-            if common.json {
-                print_json(&t);
-                return Ok(ExitCode::SUCCESS);
-            }
-            let s = &t.summary;
-            println!("task       {}", s.id);
-            println!(
-                "status     {} (seq {}){}",
-                s.status,
-                s.seq,
-                s.status_message
-                    .as_deref()
-                    .map(|m| format!(": {m}"))
-                    .unwrap_or_default()
-            );
-            println!("tool       {}", s.tool);
-            println!("owner      {}", t.owner);
-            println!(
-                "created    {}   updated {}",
-                time(s.created_at_ms),
-                time(s.last_updated_at_ms)
-            );
-            println!(
-                "expires    {}",
-                t.expires_at_ms.map_or("never".into(), time)
-            );
-            println!(
-                "attempts   {}   cancel requested {}",
-                t.attempts, t.cancel_requested
-            );
-            if let Some(lease) = &t.lease {
-                println!(
-                    "lease      node {} epoch {}",
-                    lease.node.as_deref().unwrap_or("(unclaimed)"),
-                    lease.epoch
-                );
-            }
-            println!(
-                "snapshot   v{}, {}",
-                t.snapshot_version,
-                bytes(t.snapshot_bytes as u64)
-            );
-            println!("arguments  {}", t.arguments);
-            println!("journal    {} steps", t.journal.len());
-            for (step, result) in &t.journal {
-                match t.step_attempts.get(step) {
-                    Some(attempt) => println!("  {step} = {result}  (attempt {attempt})"),
-                    None => println!("  {step} = {result}  (attempt not recorded)"),
-                }
-            }
-            println!(
-                "inputs     {} issued, {} pending, {} answered",
-                t.input_keys_issued.len(),
-                t.input_requests_pending.len(),
-                t.input_answers.len()
-            );
-            for key in &t.input_keys_issued {
-                let state = if t.input_requests_pending.contains_key(key) {
-                    "pending".to_owned()
-                } else if let Some(answer) = t.input_answers.get(key) {
-                    format!("answered {answer}")
-                } else {
-                    "withdrawn".to_owned()
-                };
-                println!("  {key}: {state}");
-            }
-            if let Some(outcome) = &t.outcome {
-                println!("outcome    {outcome}");
-            }
-            Ok(ExitCode::SUCCESS)
+            report(common.json, &t, print_task);
         }
         StoreCommand::Backup { common, to } => {
             let r = admin::backup(&Location::parse(&common.store), &to).await?;
-            if common.json {
-                print_json(&r);
-            } else {
-                println!(
-                    "backed up {} tasks and {} meta entries to {} ({}){}; verified by opening it",
-                    r.tasks,
-                    r.meta,
-                    r.to,
-                    bytes(r.bytes),
-                    if r.via_server {
-                        ", made by the running server"
-                    } else {
-                        ""
-                    }
-                );
-            }
-            Ok(ExitCode::SUCCESS)
+            report(common.json, &r, print_backup);
         }
         StoreCommand::Compact { common } => {
             let r = admin::compact(&Location::parse(&common.store)).await?;
-            if common.json {
-                print_json(&r);
-            } else {
-                println!(
-                    "compacted: {} -> {}",
-                    bytes(r.before_bytes),
-                    bytes(r.after_bytes)
-                );
-            }
-            Ok(ExitCode::SUCCESS)
+            report(common.json, &r, print_compact);
         }
         StoreCommand::Verify { common } => {
             let r = admin::verify(&Location::parse(&common.store)).await?;
-            if common.json {
-                print_json(&r);
-            } else {
-                println!(
-                    "{} records read; {} undecodable; {} index problems; pages {}",
-                    r.records,
-                    r.undecodable.len(),
-                    r.index_problems.len(),
-                    match (&r.pages_problem, r.pages_checked) {
-                        (Some(p), _) => p.clone(),
-                        (None, true) => "checked, no damage".into(),
-                        (None, false) => "not checked (a running server holds the file)".into(),
-                    }
-                );
-                for (id, why) in &r.undecodable {
-                    println!("  undecodable {id}: {why}");
-                }
-                for p in &r.index_problems {
-                    println!("  {p}");
-                }
-            }
-            Ok(if r.is_clean() {
+            report(common.json, &r, print_verify);
+            return Ok(if r.is_clean() {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(3)
-            })
+            });
         }
         StoreCommand::Migrate { from, to, json } => {
             let r = admin::migrate(&Location::parse(&from), &Location::parse(&to)).await?;
-            if json {
-                print_json(&r);
-            } else {
-                println!(
-                    "migrated {} -> {}: {} tasks written ({} live, resumable there), {} already identical, {} meta entries",
-                    r.from, r.to, r.tasks, r.live, r.unchanged, r.meta
-                );
-            }
-            Ok(ExitCode::SUCCESS)
+            report(json, &r, print_migrate);
         }
         StoreCommand::Purge {
             common,
@@ -487,27 +268,260 @@ async fn execute(command: StoreCommand) -> Result<ExitCode, AdminError> {
         } => {
             let r =
                 admin::purge(&Location::parse(&common.store), &filter.filter(), dry_run).await?;
-            if common.json {
-                print_json(&r);
-            } else {
-                for t in &r.tasks {
-                    println!(
-                        "{}  {:<14} {:<20} {}",
-                        t.id,
-                        t.status,
-                        t.tool,
-                        time(t.created_at_ms)
-                    );
-                }
-                println!(
-                    "{} {} tasks",
-                    if r.dry_run { "would remove" } else { "removed" },
-                    r.tasks.len()
-                );
-            }
-            Ok(ExitCode::SUCCESS)
+            report(common.json, &r, print_purge);
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `store stats --by-owner`, for people.
+fn print_usage(r: &OwnerUsageReport) {
+    print_store_line(&r.location, &r.backend, r.via_server);
+    println!(
+        "{:<20} {:<24} {:>8} {:>12}",
+        "TENANT", "PRINCIPAL", "TASKS", "BYTES"
+    );
+    for o in &r.owners {
+        println!(
+            "{:<20} {:<24} {:>8} {:>12}",
+            o.tenant, o.principal, o.tasks, o.bytes
+        );
+    }
+}
+
+/// `store stats`, for people.
+fn print_stats(r: &StatsReport) {
+    print_store_line(&r.location, &r.backend, r.via_server);
+    println!(
+        "schema     {}   boot epoch {}",
+        r.schema_version,
+        r.boot_epoch.map_or("-".into(), |e| e.to_string())
+    );
+    println!(
+        "tasks      {} ({} live, {} undecodable, {} of snapshots)",
+        r.tasks,
+        r.live,
+        r.undecodable,
+        bytes(r.snapshot_bytes)
+    );
+    for (status, n) in &r.by_status {
+        println!("  {status:<16} {n}");
+    }
+    if !r.by_tool.is_empty() {
+        println!("by tool");
+        for (tool, n) in &r.by_tool {
+            println!("  {tool:<16} {n}");
+        }
+    }
+    println!(
+        "due        {} live past their expiry, {} finished due for deletion",
+        r.due_for_expiry, r.due_for_deletion
+    );
+    match &r.oldest_live {
+        Some(o) => println!(
+            "oldest live {} ({}, created {})",
+            o.id,
+            o.status,
+            time(o.created_at_ms)
+        ),
+        None => println!("oldest live -"),
+    }
+    if let Some(file) = r.space.file_bytes {
+        println!(
+            "file       {} ({} in table pages, about {} free)",
+            bytes(file),
+            bytes(r.space.used_bytes.unwrap_or(0)),
+            bytes(r.space.free_bytes.unwrap_or(0))
+        );
+    }
+    for (table, size) in &r.space.tables {
+        println!("table      {table:<12} {}", bytes(*size));
+    }
+    for n in &r.nodes {
+        println!(
+            "node       {:<20} heartbeat {:.1} s ago, {} live tasks",
+            n.node, n.heartbeat_age_s, n.live_tasks
+        );
+    }
+}
+
+/// `store list`, for people (ids only with `quiet`).
+fn print_list(page: &ListPage, quiet: bool) {
+    if quiet {
+        for t in &page.tasks {
+            println!("{}", t.id);
+        }
+    } else if !page.tasks.is_empty() {
+        // As wide as the rows: an id is `tsk_` and 32 hex digits, a time 20 characters.
+        println!(
+            "{:<36}  {:<14} {:<20} {:<12} {:<20}  MESSAGE",
+            "ID", "STATUS", "TOOL", "TENANT", "CREATED"
+        );
+    }
+    for t in page.tasks.iter().filter(|_| !quiet) {
+        println!(
+            "{}  {:<14} {:<20} {:<12} {}{}",
+            t.id,
+            t.status,
+            t.tool,
+            t.tenant,
+            time(t.created_at_ms),
+            t.status_message
+                .as_deref()
+                .map(|m| format!("  {m}"))
+                .unwrap_or_default()
+        );
+    }
+    if !page.undecodable.is_empty() {
+        eprintln!(
+            "{} records do not decode (see `store verify`)",
+            page.undecodable.len()
+        );
+    }
+    if let Some(next) = &page.next {
+        eprintln!("more: --after {next}");
+    }
+}
+
+/// `store show`, for people.
+fn print_task(t: &TaskDetail) {
+    let s = &t.summary;
+    println!("task       {}", s.id);
+    println!(
+        "status     {} (seq {}){}",
+        s.status,
+        s.seq,
+        s.status_message
+            .as_deref()
+            .map(|m| format!(": {m}"))
+            .unwrap_or_default()
+    );
+    println!("tool       {}", s.tool);
+    println!("owner      {}", t.owner);
+    println!(
+        "created    {}   updated {}",
+        time(s.created_at_ms),
+        time(s.last_updated_at_ms)
+    );
+    println!(
+        "expires    {}",
+        t.expires_at_ms.map_or("never".into(), time)
+    );
+    println!(
+        "attempts   {}   cancel requested {}",
+        t.attempts, t.cancel_requested
+    );
+    if let Some(lease) = &t.lease {
+        println!(
+            "lease      node {} epoch {}",
+            lease.node.as_deref().unwrap_or("(unclaimed)"),
+            lease.epoch
+        );
+    }
+    println!(
+        "snapshot   v{}, {}",
+        t.snapshot_version,
+        bytes(t.snapshot_bytes as u64)
+    );
+    println!("arguments  {}", t.arguments);
+    println!("journal    {} steps", t.journal.len());
+    for (step, result) in &t.journal {
+        match t.step_attempts.get(step) {
+            Some(attempt) => println!("  {step} = {result}  (attempt {attempt})"),
+            None => println!("  {step} = {result}  (attempt not recorded)"),
+        }
+    }
+    println!(
+        "inputs     {} issued, {} pending, {} answered",
+        t.input_keys_issued.len(),
+        t.input_requests_pending.len(),
+        t.input_answers.len()
+    );
+    for key in &t.input_keys_issued {
+        let state = if t.input_requests_pending.contains_key(key) {
+            "pending".to_owned()
+        } else if let Some(answer) = t.input_answers.get(key) {
+            format!("answered {answer}")
+        } else {
+            "withdrawn".to_owned()
+        };
+        println!("  {key}: {state}");
+    }
+    if let Some(outcome) = &t.outcome {
+        println!("outcome    {outcome}");
+    }
+}
+
+/// `store backup`, for people.
+fn print_backup(r: &BackupReport) {
+    println!(
+        "backed up {} tasks and {} meta entries to {} ({}){}; verified by opening it",
+        r.tasks,
+        r.meta,
+        r.to,
+        bytes(r.bytes),
+        if r.via_server {
+            ", made by the running server"
+        } else {
+            ""
+        }
+    );
+}
+
+/// `store compact`, for people.
+fn print_compact(r: &CompactReport) {
+    println!(
+        "compacted: {} -> {}",
+        bytes(r.before_bytes),
+        bytes(r.after_bytes)
+    );
+}
+
+/// `store verify`, for people.
+fn print_verify(r: &VerifyReport) {
+    println!(
+        "{} records read; {} undecodable; {} index problems; pages {}",
+        r.records,
+        r.undecodable.len(),
+        r.index_problems.len(),
+        match (&r.pages_problem, r.pages_checked) {
+            (Some(p), _) => p.clone(),
+            (None, true) => "checked, no damage".into(),
+            (None, false) => "not checked (a running server holds the file)".into(),
+        }
+    );
+    for (id, why) in &r.undecodable {
+        println!("  undecodable {id}: {why}");
+    }
+    for p in &r.index_problems {
+        println!("  {p}");
+    }
+}
+
+/// `store migrate`, for people.
+fn print_migrate(r: &MigrateReport) {
+    println!(
+        "migrated {} -> {}: {} tasks written ({} live, resumable there), {} already identical, {} meta entries",
+        r.from, r.to, r.tasks, r.live, r.unchanged, r.meta
+    );
+}
+
+/// `store purge`, for people.
+fn print_purge(r: &PurgeReport) {
+    for t in &r.tasks {
+        println!(
+            "{}  {:<14} {:<20} {}",
+            t.id,
+            t.status,
+            t.tool,
+            time(t.created_at_ms)
+        );
+    }
+    println!(
+        "{} {} tasks",
+        if r.dry_run { "would remove" } else { "removed" },
+        r.tasks.len()
+    );
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use mcp_tasks::store::{PostgresOptions, PostgresStore, Store, TaskStore};
+use mcp_tasks::store::{Cluster, PostgresOptions, PostgresStore, Store, TaskStore};
 use mcp_tasks::tool::{CallToolResult, TaskPolicy, Tool, ToolDescriptor, ToolError, tool_fn};
 use mcp_tasks::{Owner, Runtime};
 

@@ -108,7 +108,9 @@ pub use limits::Limits;
 pub use protocol::{Dispatched, MessageStream, Reply, RequestContext, RoutingHeaders};
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeHandle, StartError};
 pub use shared::{RuntimeConfig, RuntimeError};
-pub use store::{BackendFactory, Durability, StoreError, StoreOptions};
+#[cfg(feature = "redb")]
+pub use store::BackendFactory;
+pub use store::{Durability, StoreError, StoreOptions};
 pub use task::{Owner, TaskId, TaskIdError, TaskStatus};
 pub use wire::error::{RpcError, code};
 pub use wire::results::CacheHints;

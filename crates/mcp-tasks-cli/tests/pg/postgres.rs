@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use mcp_tasks::store::{PostgresOptions, PostgresStore, Store, StoreError, TaskStore};
+use mcp_tasks::store::{Cluster, PostgresOptions, PostgresStore, Store, StoreError, TaskStore};
 use mcp_tasks::tool::{CallToolResult, InputRequest, TaskPolicy, ToolDescriptor, tool_fn};
 use mcp_tasks::{Owner, Runtime, RuntimeBuilder, RuntimeConfig};
 use serde_json::{Value, json};

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fail::FailScenario;
-use mcp_tasks::store::{PostgresStore, Store, TaskStore};
+use mcp_tasks::store::{Cluster, PostgresStore, Store};
 use mcp_tasks::tool::{CallToolResult, InputRequest, TaskPolicy, ToolDescriptor, tool_fn};
 use mcp_tasks::{Runtime, RuntimeConfig};
 use serde_json::{Value, json};

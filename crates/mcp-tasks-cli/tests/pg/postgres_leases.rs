@@ -12,7 +12,7 @@ use crate::support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mcp_tasks::store::{PostgresOptions, PostgresStore, Store, TaskStore};
+use mcp_tasks::store::{Cluster, PostgresOptions, PostgresStore, Store};
 use mcp_tasks::tool::{CallToolResult, InputRequest, TaskPolicy, ToolDescriptor, tool_fn};
 use mcp_tasks::{Owner, Runtime, RuntimeBuilder, RuntimeConfig};
 use serde_json::{Value, json};

@@ -19,20 +19,53 @@
 //! - **PostgreSQL:** read directly with one connection; `purge` and `migrate` refuse while a
 //!   node's heartbeat is fresh (a replica could be running the tasks).
 
-mod pg;
-mod redb;
+mod backup;
+mod compact;
+mod list;
+mod migrate;
+#[cfg(not(feature = "redb"))]
+mod no_redb;
+mod purge;
+mod show;
 pub mod socket;
+mod stats;
+mod verify;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::persist;
-use crate::store::StoreError;
+#[cfg(feature = "postgres")]
+use crate::store::postgres::inspect as pg;
+#[cfg(feature = "redb")]
+use crate::store::redb::inspect as redb;
 use crate::task::TaskRecord;
+#[cfg(not(feature = "redb"))]
+use no_redb as redb;
+
+pub use backup::backup;
+pub use compact::compact;
+pub use list::list;
+pub(crate) use list::list_of;
+pub use migrate::migrate;
+pub use purge::purge;
+pub(crate) use purge::select;
+pub use show::show;
+pub(crate) use show::show_of;
+pub use stats::{stats, usage_by_owner};
+pub(crate) use stats::{stats_of, usage_of};
+pub use verify::verify;
+pub(crate) use verify::verify_of;
+
+pub use crate::store::inspect::{
+    AdminError, BackupReport, CompactReport, Lease, NodeInfo, OldestLive, Space, StatsReport,
+    VerifyReport,
+};
+pub(crate) use crate::store::inspect::{Dump, Inspector, Row, SCAN_BATCH, redact_url};
 
 /// Where a store is: a redb file or a PostgreSQL database.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,111 +94,6 @@ impl Location {
             Location::Postgres(url) => redact_url(url),
         }
     }
-}
-
-/// A URL without the password of its user info.
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (authority, tail) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    match authority.rsplit_once('@') {
-        Some((user_info, host)) => {
-            let user = user_info.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}@{host}{tail}")
-        }
-        None => url.to_owned(),
-    }
-}
-
-/// Said of a missing file named `memory`: the in-memory store of `serve` is no file.
-fn memory_hint(path: &std::path::Path) -> &'static str {
-    if path == std::path::Path::new("memory") {
-        " (`serve --store memory` keeps its tasks in the server's memory, where no store command can read them)"
-    } else {
-        ""
-    }
-}
-
-/// Errors of the store administration commands. Each is one line an operator can act on;
-/// nothing was modified when one is returned (unless it says otherwise).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum AdminError {
-    /// No file at the path.
-    #[error("{}: no such store file{}", .0.display(), memory_hint(.0))]
-    NotFound(PathBuf),
-    /// The file exists but is not an mcp-tasks store.
-    #[error("{path} is not an mcp-tasks store: {detail}")]
-    NotAStore {
-        /// The location.
-        path: String,
-        /// Why.
-        detail: String,
-    },
-    /// A running server holds the store and the command needs it for itself (or the server
-    /// has no admin socket).
-    #[error("{path} is held by a running mcp-tasks server: {detail}")]
-    InUse {
-        /// The location.
-        path: String,
-        /// What to do.
-        detail: String,
-    },
-    /// The store was written by a newer mcp-tasks.
-    #[error(
-        "{store} has schema version {found}, newer than the {supported} this build supports; upgrade mcp-tasks (nothing was changed)"
-    )]
-    SchemaTooNew {
-        /// The location.
-        store: String,
-        /// The version found.
-        found: i64,
-        /// The newest version this build knows.
-        supported: i64,
-    },
-    /// No task with this id.
-    #[error("no task {0} in this store")]
-    NoSuchTask(String),
-    /// A bad argument (a malformed id, a target that exists, …).
-    #[error("{0}")]
-    Invalid(String),
-    /// The store failed underneath.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// redb failed.
-    #[error("{path}: {detail}")]
-    Redb {
-        /// The file.
-        path: String,
-        /// redb's message.
-        detail: String,
-    },
-    /// PostgreSQL failed.
-    #[error("{store}: {detail}")]
-    Postgres {
-        /// The redacted URL.
-        store: String,
-        /// The server's message.
-        detail: String,
-    },
-    /// The running server refused or failed the request (its message).
-    #[error("the running server: {0}")]
-    Remote(String),
-    /// The admin socket of a running server failed.
-    #[error("the admin socket {}: {detail}", path.display())]
-    Socket {
-        /// The socket path.
-        path: PathBuf,
-        /// What failed.
-        detail: String,
-    },
-    /// This build lacks what the command needs.
-    #[error("{0}")]
-    Unsupported(String),
 }
 
 /// Which tasks a `list` or `purge` selects. Empty fields select everything.
@@ -204,28 +132,6 @@ impl Filter {
                 .older_than_ms
                 .is_none_or(|age| now_ms.saturating_sub(record.created_at_ms) > age)
     }
-}
-
-/// One stored task as the store keeps it.
-#[derive(Debug, Clone)]
-pub(crate) struct Row {
-    pub(crate) id: String,
-    pub(crate) bytes: Vec<u8>,
-    pub(crate) due_ms: Option<u64>,
-    /// In the live index.
-    pub(crate) live: bool,
-    /// The stored sequence number (compare-and-set).
-    pub(crate) seq: Option<u64>,
-    pub(crate) lease: Option<Lease>,
-}
-
-/// Who holds a task on a shared (PostgreSQL) store.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Lease {
-    /// The node that runs the task (`None`: unclaimed, any node may take it).
-    pub node: Option<String>,
-    /// The lease epoch: bumped by every claim; writes are fenced on it.
-    pub epoch: u64,
 }
 
 /// One line of `store list`.
@@ -317,45 +223,6 @@ pub struct TaskDetail {
     pub lease: Option<Lease>,
 }
 
-/// `store stats`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct StatsReport {
-    /// `redb` or `postgres`.
-    pub backend: String,
-    /// The location (a URL without password).
-    pub location: String,
-    /// Whether the figures came from a running server (its admin socket).
-    pub via_server: bool,
-    /// Schema version (PostgreSQL migrations) or table layout version (redb).
-    pub schema_version: i64,
-    /// Snapshot encoding versions of the stored records, with their counts.
-    pub snapshot_versions: BTreeMap<String, u64>,
-    /// The boot epoch (incremented by every open by a server).
-    pub boot_epoch: Option<u64>,
-    /// Stored tasks.
-    pub tasks: u64,
-    /// By status.
-    pub by_status: BTreeMap<String, u64>,
-    /// By tool.
-    pub by_tool: BTreeMap<String, u64>,
-    /// Non-terminal tasks.
-    pub live: u64,
-    /// Live tasks past their expiry (the reaper fails them at its next pass).
-    pub due_for_expiry: u64,
-    /// Finished tasks whose reaper entry is due (deleted at the reaper's next pass).
-    pub due_for_deletion: u64,
-    /// The oldest live task.
-    pub oldest_live: Option<OldestLive>,
-    /// Records that do not decode.
-    pub undecodable: u64,
-    /// Bytes of all stored snapshots.
-    pub snapshot_bytes: u64,
-    /// redb: the file; PostgreSQL: table sizes.
-    pub space: Space,
-    /// Nodes known to a shared store, with the age of their last heartbeat.
-    pub nodes: Vec<NodeInfo>,
-}
-
 /// `store stats --by-owner`: what each principal keeps in the store, from the usage counters
 /// the store keeps with its records (no record is read). These are the figures the disk
 /// quota (`serve --max-stored-bytes`) compares with its limit.
@@ -382,90 +249,6 @@ pub struct OwnerUsage {
     pub tasks: u64,
     /// Their stored bytes.
     pub bytes: u64,
-}
-
-/// The oldest live task.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct OldestLive {
-    /// Its id.
-    pub id: String,
-    /// Created (ms since the epoch).
-    pub created_at_ms: u64,
-    /// Its status.
-    pub status: String,
-}
-
-/// Space used by a store.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Space {
-    /// redb: the file size.
-    pub file_bytes: Option<u64>,
-    /// redb: bytes in pages that tables use (the rest of the file is free or redb's own).
-    pub used_bytes: Option<u64>,
-    /// redb: `file_bytes - used_bytes`, what `store compact` can give back at most.
-    pub free_bytes: Option<u64>,
-    /// PostgreSQL: total size of each table (with indexes and TOAST).
-    pub tables: BTreeMap<String, u64>,
-}
-
-/// A node of a shared store.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct NodeInfo {
-    /// The node id.
-    pub node: String,
-    /// Seconds since its last heartbeat.
-    pub heartbeat_age_s: f64,
-    /// Live tasks it holds.
-    pub live_tasks: u64,
-}
-
-/// `store verify`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct VerifyReport {
-    /// Records read.
-    pub records: u64,
-    /// Ids of records that do not decode, with why.
-    pub undecodable: BTreeMap<String, String>,
-    /// Index entries that name no stored task, or stored tasks missing from an index.
-    pub index_problems: Vec<String>,
-    /// Whether redb's page checksums were verified (needs the file for itself: not while a
-    /// server holds it).
-    pub pages_checked: bool,
-    /// What redb's check found (`None` when it passed or did not run).
-    pub pages_problem: Option<String>,
-}
-
-impl VerifyReport {
-    /// No problem found.
-    pub fn is_clean(&self) -> bool {
-        self.undecodable.is_empty()
-            && self.index_problems.is_empty()
-            && self.pages_problem.is_none()
-    }
-}
-
-/// `store backup`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct BackupReport {
-    /// The copy.
-    pub to: String,
-    /// Tasks copied.
-    pub tasks: u64,
-    /// Meta entries copied.
-    pub meta: u64,
-    /// Size of the copy.
-    pub bytes: u64,
-    /// Whether a running server made it (in one of its read transactions).
-    pub via_server: bool,
-}
-
-/// `store compact`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct CompactReport {
-    /// File size before.
-    pub before_bytes: u64,
-    /// File size after.
-    pub after_bytes: u64,
 }
 
 /// `store migrate`.
@@ -499,56 +282,8 @@ pub const DEFAULT_LIST_LIMIT: usize = 100;
 /// The largest page of `store list` (a larger `--limit` is lowered to it; page on with
 /// `--after`): what one answer holds in memory, also in a running server's.
 pub const MAX_LIST_LIMIT: usize = 1000;
-/// Records read per batch when scanning (at most; see [`SCAN_BYTES`]). A scan ends with an
-/// empty batch.
-const SCAN_BATCH: usize = 1024;
-/// Bytes of records one scan batch holds at most (at least one record): records may be
-/// megabytes each, and a running server answers `stats` and `list` in its own memory.
-pub(crate) const SCAN_BYTES: usize = 16 * 1024 * 1024;
-
 /// A store opened for reading.
-pub(crate) enum Reader {
-    Redb(redb::RedbReader),
-    #[cfg(feature = "postgres")]
-    Postgres(pg::PgReader),
-}
-
-impl Reader {
-    async fn scan(&self, after: Option<String>, limit: usize) -> Result<Vec<Row>, AdminError> {
-        match self {
-            Reader::Redb(r) => r.scan(after, limit).await,
-            #[cfg(feature = "postgres")]
-            Reader::Postgres(r) => r.scan(after, limit).await,
-        }
-    }
-
-    async fn row(&self, id: &str) -> Result<Option<Row>, AdminError> {
-        match self {
-            Reader::Redb(r) => r.row(id).await,
-            #[cfg(feature = "postgres")]
-            Reader::Postgres(r) => r.row(id).await,
-        }
-    }
-
-    /// Index entries that disagree with the stored tasks (PostgreSQL keeps its indexes in
-    /// the task rows: nothing to disagree).
-    async fn index_problems(&self) -> Result<Vec<String>, AdminError> {
-        match self {
-            Reader::Redb(r) => r.index_problems().await,
-            #[cfg(feature = "postgres")]
-            Reader::Postgres(_) => Ok(Vec::new()),
-        }
-    }
-
-    /// Backend facts: everything of [`StatsReport`] that is not counted from the records.
-    async fn facts(&self, now_ms: u64) -> Result<StatsReport, AdminError> {
-        match self {
-            Reader::Redb(r) => r.facts(now_ms).await,
-            #[cfg(feature = "postgres")]
-            Reader::Postgres(r) => r.facts(now_ms).await,
-        }
-    }
-}
+pub(crate) type Reader = Box<dyn Inspector>;
 
 /// What a command does with a redb file that a running server holds.
 enum WhenHeld {
@@ -563,7 +298,7 @@ enum WhenHeld {
 async fn open_reader(location: &Location) -> Result<Option<Reader>, AdminError> {
     match location {
         Location::Redb(path) => match redb::RedbReader::open(path).await {
-            Ok(r) => Ok(Some(Reader::Redb(r))),
+            Ok(r) => Ok(Some(Box::new(r))),
             Err(AdminError::InUse { .. }) => Ok(None),
             Err(e) => Err(e),
         },
@@ -573,7 +308,7 @@ async fn open_reader(location: &Location) -> Result<Option<Reader>, AdminError> 
 
 #[cfg(feature = "postgres")]
 async fn open_pg(url: &str) -> Result<Reader, AdminError> {
-    Ok(Reader::Postgres(pg::PgReader::connect(url).await?))
+    Ok(Box::new(pg::PgReader::connect(url).await?))
 }
 
 #[cfg(not(feature = "postgres"))]
@@ -605,430 +340,6 @@ fn now_ms() -> u64 {
 /// Decodes a stored snapshot for reporting.
 fn decode(row: &Row) -> Result<TaskRecord, String> {
     persist::decode(&row.bytes).map_err(|e| e.to_string())
-}
-
-/// `store stats`.
-pub async fn stats(location: &Location) -> Result<StatsReport, AdminError> {
-    match open_reader(location).await? {
-        Some(reader) => stats_of(&reader, now_ms()).await,
-        None => socket::ask(location, socket::Request::Stats).await,
-    }
-}
-
-pub(crate) async fn stats_of(reader: &Reader, now_ms: u64) -> Result<StatsReport, AdminError> {
-    let mut report = reader.facts(now_ms).await?;
-    let mut after = None;
-    loop {
-        let rows = reader.scan(after.clone(), SCAN_BATCH).await?;
-        let Some(last) = rows.last() else { break };
-        after = Some(last.id.clone());
-        for row in &rows {
-            report.tasks += 1;
-            report.snapshot_bytes += row.bytes.len() as u64;
-            match persist::snapshot_version(&row.bytes) {
-                Ok(v) => *report.snapshot_versions.entry(v.to_string()).or_default() += 1,
-                Err(_) => {
-                    *report
-                        .snapshot_versions
-                        .entry("unknown".into())
-                        .or_default() += 1
-                }
-            }
-            let Ok(record) = decode(row) else {
-                report.undecodable += 1;
-                continue;
-            };
-            *report
-                .by_status
-                .entry(record.status.as_str().to_owned())
-                .or_default() += 1;
-            *report.by_tool.entry(record.tool.clone()).or_default() += 1;
-            let due = row.due_ms.is_some_and(|d| d <= now_ms);
-            if record.status.is_terminal() {
-                report.due_for_deletion += u64::from(due);
-            } else {
-                report.live += 1;
-                report.due_for_expiry += u64::from(record.is_expired(now_ms));
-                let older = report
-                    .oldest_live
-                    .as_ref()
-                    .is_none_or(|o| record.created_at_ms < o.created_at_ms);
-                if older {
-                    report.oldest_live = Some(OldestLive {
-                        id: row.id.clone(),
-                        created_at_ms: record.created_at_ms,
-                        status: record.status.as_str().to_owned(),
-                    });
-                }
-            }
-        }
-    }
-    Ok(report)
-}
-
-/// `store stats --by-owner`.
-pub async fn usage_by_owner(location: &Location) -> Result<OwnerUsageReport, AdminError> {
-    match open_reader(location).await? {
-        Some(reader) => usage_of(&reader).await,
-        None => socket::ask(location, socket::Request::UsageByOwner).await,
-    }
-}
-
-pub(crate) async fn usage_of(reader: &Reader) -> Result<OwnerUsageReport, AdminError> {
-    let facts = reader.facts(now_ms()).await?;
-    let usage = match reader {
-        Reader::Redb(r) => r.usage_by_owner().await?,
-        #[cfg(feature = "postgres")]
-        Reader::Postgres(r) => r.usage_by_owner().await?,
-    };
-    let Some(usage) = usage else {
-        return Err(AdminError::Invalid(format!(
-            "{} has schema version {}, which keeps no usage per owner; it is converted when a server (or a writing store command) next opens it",
-            facts.location, facts.schema_version
-        )));
-    };
-    let mut owners: Vec<OwnerUsage> = usage
-        .into_iter()
-        .map(|(key, usage)| {
-            let (tenant, principal) =
-                crate::store::parse_owner_key(&key).unwrap_or((key.as_str(), ""));
-            OwnerUsage {
-                tenant: tenant.to_owned(),
-                principal: principal.to_owned(),
-                tasks: usage.tasks,
-                bytes: usage.bytes,
-            }
-        })
-        .collect();
-    owners.sort_by(|a, b| {
-        b.bytes
-            .cmp(&a.bytes)
-            .then_with(|| (&a.tenant, &a.principal).cmp(&(&b.tenant, &b.principal)))
-    });
-    Ok(OwnerUsageReport {
-        backend: facts.backend,
-        location: facts.location,
-        via_server: facts.via_server,
-        owners,
-    })
-}
-
-/// `store list`.
-pub async fn list(location: &Location, filter: &Filter) -> Result<ListPage, AdminError> {
-    match open_reader(location).await? {
-        Some(reader) => list_of(&reader, filter, now_ms()).await,
-        None => socket::ask(location, socket::Request::List(filter.clone())).await,
-    }
-}
-
-pub(crate) async fn list_of(
-    reader: &Reader,
-    filter: &Filter,
-    now_ms: u64,
-) -> Result<ListPage, AdminError> {
-    let limit = filter
-        .limit
-        .unwrap_or(DEFAULT_LIST_LIMIT)
-        .clamp(1, MAX_LIST_LIMIT);
-    let mut page = ListPage::default();
-    let mut after = filter.after.clone();
-    loop {
-        let rows = reader.scan(after.clone(), SCAN_BATCH).await?;
-        let Some(last) = rows.last() else {
-            return Ok(page);
-        };
-        after = Some(last.id.clone());
-        for row in rows {
-            match decode(&row) {
-                Ok(record) if filter.matches(&record, now_ms) => {
-                    page.tasks.push(TaskSummary::of(&record));
-                    if page.tasks.len() == limit {
-                        page.next = Some(row.id);
-                        return Ok(page);
-                    }
-                }
-                Ok(_) => {}
-                Err(_) => page.undecodable.push(row.id),
-            }
-        }
-    }
-}
-
-/// `store show`.
-pub async fn show(location: &Location, id: &str) -> Result<TaskDetail, AdminError> {
-    match open_reader(location).await? {
-        Some(reader) => show_of(&reader, id).await,
-        None => socket::ask(location, socket::Request::Show(id.to_owned())).await,
-    }
-}
-
-pub(crate) async fn show_of(reader: &Reader, id: &str) -> Result<TaskDetail, AdminError> {
-    crate::task::TaskId::parse(id).map_err(|e| AdminError::Invalid(format!("{id}: {e}")))?;
-    let row = reader
-        .row(id)
-        .await?
-        .ok_or_else(|| AdminError::NoSuchTask(id.to_owned()))?;
-    let record = decode(&row).map_err(|e| {
-        AdminError::Invalid(format!("task {id} is stored but does not decode: {e}"))
-    })?;
-    Ok(TaskDetail {
-        summary: TaskSummary::of(&record),
-        owner: serde_json::json!({
-            "tenant": record.owner.tenant,
-            "principal": record.owner.principal,
-        }),
-        snapshot_version: persist::snapshot_version(&row.bytes).unwrap_or(0),
-        snapshot_bytes: row.bytes.len(),
-        arguments: record.arguments.clone(),
-        ttl_ms: record.ttl_ms,
-        expires_at_ms: record.expires_at_ms(),
-        due_ms: row.due_ms,
-        attempts: record.attempts,
-        cancel_requested: record.cancel_requested,
-        journal: record.journal.clone(),
-        step_attempts: record.step_attempts.clone(),
-        input_keys_issued: record.issued_keys.iter().cloned().collect(),
-        input_requests_pending: record.pending_inputs.clone(),
-        input_answers: record.answers.clone(),
-        outcome: record.outcome.as_ref().map(|o| match o {
-            crate::task::TaskOutcome::Result(result) => serde_json::json!({ "result": result }),
-            crate::task::TaskOutcome::Error(e) => serde_json::json!({
-                "error": { "code": e.code, "message": e.message, "data": e.data }
-            }),
-        }),
-        lease: row.lease.clone(),
-    })
-}
-
-/// `store verify`: decodes every record and checks the indexes; on a redb file no server
-/// holds, also redb's page checksums.
-pub async fn verify(location: &Location) -> Result<VerifyReport, AdminError> {
-    if let Location::Redb(path) = location {
-        match redb::verify_offline(path).await {
-            Err(AdminError::InUse { .. }) => {
-                return socket::ask(location, socket::Request::Verify).await;
-            }
-            other => return other,
-        }
-    }
-    match open_reader(location).await? {
-        Some(reader) => verify_of(&reader).await,
-        None => Err(held(location, WhenHeld::AskServer)),
-    }
-}
-
-/// Decodes every record (the index checks are the backend's).
-pub(crate) async fn verify_of(reader: &Reader) -> Result<VerifyReport, AdminError> {
-    let mut report = VerifyReport::default();
-    let mut after = None;
-    loop {
-        let rows = reader.scan(after.clone(), SCAN_BATCH).await?;
-        let Some(last) = rows.last() else { break };
-        after = Some(last.id.clone());
-        for row in &rows {
-            report.records += 1;
-            match decode(row) {
-                Ok(record) if record.id.as_str() != row.id => {
-                    report.undecodable.insert(
-                        row.id.clone(),
-                        format!("the record names another id ({})", record.id),
-                    );
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    report.undecodable.insert(row.id.clone(), e);
-                }
-            }
-        }
-    }
-    report.index_problems = reader.index_problems().await?;
-    Ok(report)
-}
-
-/// `store backup`: a consistent copy of a redb store (one read transaction), verified by
-/// opening it. Works while a server runs (it makes the copy).
-pub async fn backup(location: &Location, to: &Path) -> Result<BackupReport, AdminError> {
-    let Location::Redb(path) = location else {
-        return Err(AdminError::Unsupported(
-            "store backup copies a redb file; back up PostgreSQL with pg_dump (or `store migrate` it to a redb file)".into(),
-        ));
-    };
-    if to.exists() {
-        return Err(AdminError::Invalid(format!(
-            "{} exists; a backup never overwrites a file",
-            to.display()
-        )));
-    }
-    match redb::RedbReader::open(path).await {
-        Ok(reader) => reader.backup(to).await,
-        Err(AdminError::InUse { .. }) => {
-            let to = std::path::absolute(to)
-                .map_err(|e| AdminError::Invalid(format!("{}: {e}", to.display())))?;
-            socket::ask(location, socket::Request::Backup(to)).await
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// `store compact` (redb, offline).
-pub async fn compact(location: &Location) -> Result<CompactReport, AdminError> {
-    let Location::Redb(path) = location else {
-        return Err(AdminError::Unsupported(
-            "store compact applies to redb files; PostgreSQL reclaims space with VACUUM".into(),
-        ));
-    };
-    redb::compact(path).await
-}
-
-/// `store purge`: removes the selected tasks (or only lists them with `dry_run`). Refuses
-/// while a server holds a redb file or a replica heartbeats on PostgreSQL.
-pub async fn purge(
-    location: &Location,
-    filter: &Filter,
-    dry_run: bool,
-) -> Result<PurgeReport, AdminError> {
-    let now = now_ms();
-    let selected = match location {
-        Location::Redb(path) => {
-            let reader = match redb::RedbReader::open(path).await {
-                Ok(r) => r,
-                Err(AdminError::InUse { .. }) if dry_run => {
-                    return socket::ask(location, socket::Request::PurgeDryRun(filter.clone()))
-                        .await;
-                }
-                Err(AdminError::InUse { .. }) => {
-                    return Err(held(location, WhenHeld::Refuse("store purge")));
-                }
-                Err(e) => return Err(e),
-            };
-            select(&Reader::Redb(reader), filter, now).await?
-        }
-        Location::Postgres(_) => {
-            let reader = open_reader(location)
-                .await?
-                .ok_or_else(|| AdminError::Invalid("no reader for this store".into()))?;
-            #[cfg(feature = "postgres")]
-            if let Reader::Postgres(pg) = &reader
-                && !dry_run
-            {
-                pg.refuse_if_nodes_alive("store purge").await?;
-            }
-            select(&reader, filter, now).await?
-        }
-    };
-    let report = PurgeReport {
-        tasks: selected,
-        dry_run,
-    };
-    if dry_run || report.tasks.is_empty() {
-        return Ok(report);
-    }
-    let ids: Vec<String> = report.tasks.iter().map(|t| t.id.clone()).collect();
-    match location {
-        Location::Redb(path) => redb::delete(path, ids).await?,
-        Location::Postgres(url) => pg_delete(url, ids).await?,
-    }
-    Ok(report)
-}
-
-#[cfg(feature = "postgres")]
-async fn pg_delete(url: &str, ids: Vec<String>) -> Result<(), AdminError> {
-    pg::PgReader::connect(url).await?.delete(ids).await
-}
-
-#[cfg(not(feature = "postgres"))]
-async fn pg_delete(_url: &str, _ids: Vec<String>) -> Result<(), AdminError> {
-    Err(no_postgres())
-}
-
-/// Every task `filter` selects (its `limit` caps them; `after` starts the scan).
-pub(crate) async fn select(
-    reader: &Reader,
-    filter: &Filter,
-    now_ms: u64,
-) -> Result<Vec<TaskSummary>, AdminError> {
-    let mut out = Vec::new();
-    let mut after = filter.after.clone();
-    loop {
-        let rows = reader.scan(after.clone(), SCAN_BATCH).await?;
-        let Some(last) = rows.last() else { break };
-        after = Some(last.id.clone());
-        for row in &rows {
-            if let Ok(record) = decode(row)
-                && filter.matches(&record, now_ms)
-            {
-                out.push(TaskSummary::of(&record));
-                if filter.limit.is_some_and(|l| out.len() >= l) {
-                    return Ok(out);
-                }
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Everything a store holds, for a migration: every task row and every meta entry.
-pub(crate) struct Dump {
-    pub(crate) rows: Vec<Row>,
-    pub(crate) meta: Vec<(String, Vec<u8>)>,
-}
-
-/// `store migrate`: copies every task (snapshot bytes verbatim, with its indexes) and every
-/// meta entry from one store to another. Idempotent: a re-run rewrites the same bytes.
-/// Refuses a redb file a server holds and a PostgreSQL database a replica heartbeats on (on
-/// either side). Live tasks arrive unclaimed on PostgreSQL (the first replica to start takes
-/// them over) and in the live index on redb (the next server resumes them).
-pub async fn migrate(from: &Location, to: &Location) -> Result<MigrateReport, AdminError> {
-    if from == to {
-        return Err(AdminError::Invalid(
-            "the source and the target are the same store".into(),
-        ));
-    }
-    let dump = match from {
-        Location::Redb(path) => redb::dump(path).await?,
-        Location::Postgres(url) => pg_dump(url).await?,
-    };
-    let mut report = MigrateReport {
-        from: from.display(),
-        to: to.display(),
-        meta: dump.meta.len() as u64,
-        ..MigrateReport::default()
-    };
-    let live = dump
-        .rows
-        .iter()
-        .filter(|r| decode(r).is_ok_and(|t| !t.status.is_terminal()))
-        .count();
-    report.live = live as u64;
-    let (written, unchanged) = match to {
-        Location::Redb(path) => redb::load(path, dump).await?,
-        Location::Postgres(url) => pg_load(url, dump).await?,
-    };
-    report.tasks = written;
-    report.unchanged = unchanged;
-    Ok(report)
-}
-
-#[cfg(feature = "postgres")]
-async fn pg_dump(url: &str) -> Result<Dump, AdminError> {
-    let reader = pg::PgReader::connect(url).await?;
-    reader.refuse_if_nodes_alive("store migrate").await?;
-    reader.dump().await
-}
-
-#[cfg(feature = "postgres")]
-async fn pg_load(url: &str, dump: Dump) -> Result<(u64, u64), AdminError> {
-    pg::load(url, dump).await
-}
-
-#[cfg(not(feature = "postgres"))]
-async fn pg_dump(_url: &str) -> Result<Dump, AdminError> {
-    Err(no_postgres())
-}
-
-#[cfg(not(feature = "postgres"))]
-async fn pg_load(_url: &str, _dump: Dump) -> Result<(u64, u64), AdminError> {
-    Err(no_postgres())
 }
 
 /// Without the `postgres` feature, every PostgreSQL location answers this.

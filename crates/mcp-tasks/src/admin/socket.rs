@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
-use super::{AdminError, Filter, Location, Reader, redb::RedbReader};
-use crate::store::RedbStore;
+use super::{AdminError, Filter, Location, Reader};
+use crate::store::Store;
 
 /// Longest request line accepted (a filter is small).
 const MAX_REQUEST: usize = 64 * 1024;
@@ -150,8 +150,9 @@ impl crate::runtime::Runtime {
     /// holds it. `Ok(None)` for other stores. Keep the returned guard: dropping it closes the
     /// socket and removes its file.
     pub fn admin_socket(&self) -> Result<Option<AdminSocket>, AdminError> {
-        match self.shared_store().backend().as_redb() {
-            Some(redb) => bind(redb.clone(), redb.path()).map(Some),
+        let store = self.shared_store();
+        match store.backend().inspector().and_then(|i| i.socket_file()) {
+            Some(file) => bind(store.clone(), &file).map(Some),
             None => Ok(None),
         }
     }
@@ -161,7 +162,7 @@ impl crate::runtime::Runtime {
 /// A stale socket file (a server that crashed) is replaced: this process holds the store's
 /// lock, so no other server can be using it.
 #[cfg(unix)]
-pub(crate) fn bind(store: RedbStore, store_path: &Path) -> Result<AdminSocket, AdminError> {
+pub(crate) fn bind(store: Store, store_path: &Path) -> Result<AdminSocket, AdminError> {
     let path = socket_path(store_path);
     let sock_err = |detail: String| AdminError::Socket {
         path: path.clone(),
@@ -173,7 +174,6 @@ pub(crate) fn bind(store: RedbStore, store_path: &Path) -> Result<AdminSocket, A
         Err(e) => return Err(sock_err(format!("cannot remove the old socket: {e}"))),
     }
     let listener = bind_owner_only(&path, |_| {}).map_err(|e| sock_err(e.to_string()))?;
-    let store_path = store_path.to_path_buf();
     let task = tokio::spawn(async move {
         loop {
             let stream = match listener.accept().await {
@@ -184,9 +184,11 @@ pub(crate) fn bind(store: RedbStore, store_path: &Path) -> Result<AdminSocket, A
                     continue;
                 }
             };
-            let reader = RedbReader::server(store.clone(), store_path.clone());
+            let Some(reader) = store.backend().inspector() else {
+                continue;
+            };
             tokio::spawn(async move {
-                if let Err(e) = serve_one(stream, Reader::Redb(reader)).await {
+                if let Err(e) = serve_one(stream, reader).await {
                     tracing::debug!(error = %e, "admin socket connection failed");
                 }
             });
@@ -246,7 +248,7 @@ fn bind_owner_only(
 }
 
 #[cfg(not(unix))]
-pub(crate) fn bind(_store: RedbStore, store_path: &Path) -> Result<AdminSocket, AdminError> {
+pub(crate) fn bind(_store: Store, store_path: &Path) -> Result<AdminSocket, AdminError> {
     Err(AdminError::Unsupported(format!(
         "no admin socket for {} (Unix only)",
         store_path.display()
@@ -286,10 +288,8 @@ async fn answer(reader: &Reader, request: Request) -> Response {
         Request::Show(id) => super::show_of(reader, &id).await.map(|r| to_value(&r)),
         Request::Verify => super::verify_of(reader).await.map(|r| to_value(&r)),
         Request::Backup(to) => match reader {
-            Reader::Redb(r) if to.is_absolute() && !to.exists() => {
-                r.backup(&to).await.map(|r| to_value(&r))
-            }
-            Reader::Redb(_) if to.exists() => Err(AdminError::Invalid(format!(
+            r if to.is_absolute() && !to.exists() => r.backup(&to).await.map(|r| to_value(&r)),
+            _ if to.exists() => Err(AdminError::Invalid(format!(
                 "{} exists; a backup never overwrites a file",
                 to.display()
             ))),

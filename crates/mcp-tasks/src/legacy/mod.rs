@@ -43,6 +43,7 @@ use crate::wire::{self, LogLevel, TASKS_EXTENSION, keys, methods};
 pub(crate) use hub::Live;
 #[cfg(feature = "http")]
 pub(crate) use hub::parse_event_id;
+#[cfg_attr(not(feature = "http"), allow(unused_imports))]
 pub(crate) use session::{Session, SessionError, SessionState};
 
 /// The legacy protocol versions this server negotiates, newest first.

@@ -19,7 +19,9 @@ use crate::protocol::{Dispatched, Dispatcher, Reply, RequestContext};
 pub use crate::shared::RuntimeConfig;
 use crate::shared::request_state::{KEY_META, RequestStateCodec};
 use crate::shared::{LiveTasks, Shared, TaskMsg};
-use crate::store::{BackendFactory, Store, StoreError, StoreOptions, WriteOp};
+#[cfg(feature = "redb")]
+use crate::store::BackendFactory;
+use crate::store::{Store, StoreError, StoreOptions, WriteOp};
 use crate::task::Owner;
 use crate::tool::RegistryError;
 use crate::tool::{Tool, ToolRegistry};
@@ -100,6 +102,7 @@ pub struct RuntimeBuilder {
     catalog_error: Option<CatalogError>,
     config: RuntimeConfig,
     store_options: StoreOptions,
+    #[cfg(feature = "redb")]
     backend: Option<BackendFactory>,
     /// A store opened by the caller (in memory, PostgreSQL, a host's own backend).
     store: Option<Store>,
@@ -193,6 +196,7 @@ impl RuntimeBuilder {
         self
     }
 
+    #[cfg(feature = "redb")]
     /// Keeps the store on a redb [`redb::StorageBackend`] made by `factory` instead of the file
     /// (simulated disks and fault injection; see [`Store::open_with_backend`]). The builder's
     /// path then only names the store in errors and logs.
@@ -234,6 +238,7 @@ impl RuntimeBuilder {
         for tool in self.tools {
             tools.register(tool)?;
         }
+        #[cfg(feature = "redb")]
         let store = match (self.store, self.backend) {
             (Some(store), _) => store,
             (None, Some(factory)) => {
@@ -241,6 +246,18 @@ impl RuntimeBuilder {
                     .await?
             }
             (None, None) => Store::open_async(self.path.clone(), self.store_options).await?,
+        };
+        #[cfg(not(feature = "redb"))]
+        let store = match self.store {
+            Some(store) => store,
+            None => {
+                let _ = self.store_options;
+                return Err(StoreError::Open {
+                    path: self.path.clone(),
+                    detail: "this build has no redb store (cargo feature `redb`); start the runtime with Runtime::builder_with_store".into(),
+                }
+                .into());
+            }
         };
         tracing::info!(store = %store.describe(), epoch = store.boot_epoch(), node = store.node_id(), "store open");
         let key = match request_state_key(&store).await {
@@ -405,6 +422,8 @@ impl Drop for Runtime {
 
 impl Runtime {
     /// A builder for a runtime whose store is the redb file at `path` (created if missing).
+    /// Needs the feature `redb` (default): without it [`RuntimeBuilder::start`] answers
+    /// [`StoreError::Open`]; use [`Runtime::builder_with_store`].
     pub fn builder(path: impl AsRef<Path>) -> RuntimeBuilder {
         RuntimeBuilder {
             path: path.as_ref().to_owned(),
@@ -414,6 +433,7 @@ impl Runtime {
             catalog_error: None,
             config: RuntimeConfig::default(),
             store_options: StoreOptions::default(),
+            #[cfg(feature = "redb")]
             backend: None,
             clock: Arc::new(SystemClock),
             clock_as_is: false,

@@ -7,36 +7,46 @@
 //!
 //! Backends:
 //!
-//! - [`RedbStore`] (the default): one redb file owned by one process, one writer thread with
-//!   group commit, fail-stop on a failed fsync.
+//! - `RedbStore` (feature `redb`, on by default; `store/redb/`): one redb file owned by one
+//!   process, one writer thread with group commit, fail-stop on a failed fsync.
 //! - [`MemoryStore`]: nothing survives the process; for tests and for measuring what
 //!   durability costs.
-//! - `PostgresStore` (feature `postgres`): one database shared by several replicas, with
-//!   per-node leases and fencing (see docs/SCALE-OUT.md).
+//! - `PostgresStore` (feature `postgres`; `store/postgres/`): one database shared by several
+//!   replicas, with per-node leases and fencing (see docs/SCALE-OUT.md).
 //!
 //! [`Store`] is the cheap-to-clone handle the runtime holds, over any of them (or a host's own
 //! [`TaskStore`]).
+//!
+//! The seam: [`TaskStore`] is what every backend implements; what only some backends do is a
+//! capability reached through an accessor that answers `None` by default:
+//! [`TaskStore::cluster`] ([`Cluster`]: leases, fencing checks and signalling of a store
+//! shared by replicas) and [`TaskStore::inspector`] ([`inspect::Inspector`]: reading an open
+//! store for the `store …` commands). Each backend keeps its code, inspection included, in
+//! its own folder.
 
+pub mod inspect;
 mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
-#[cfg(feature = "postgres")]
-mod postgres_notify;
-mod redb_store;
+#[cfg(feature = "redb")]
+pub(crate) mod redb;
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+#[cfg(feature = "redb")]
+use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "redb")]
+use ::redb::StorageBackend;
 use futures::future::BoxFuture;
-use redb::StorageBackend;
 
+#[cfg(feature = "redb")]
+pub use self::redb::RedbStore;
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{Lease, PostgresOptions, PostgresStore};
-pub use redb_store::RedbStore;
-pub(crate) use redb_store::schema as redb_schema;
 
 /// The meta key of the boot epoch (u64, little endian), incremented by every [`Store::open`].
 pub const META_BOOT_EPOCH: &str = "boot_epoch";
@@ -259,7 +269,8 @@ impl std::error::Error for Cause {
 
 /// Makes a fresh [`StorageBackend`] over the same bytes, for [`Store::open_with_backend`]. Called
 /// once at open and again whenever the store reopens after an I/O error (redb answers
-/// `PreviousIo` to everything until then).
+/// `PreviousIo` to everything until then). Feature `redb`.
+#[cfg(feature = "redb")]
 pub type BackendFactory = Arc<dyn Fn() -> std::io::Result<Box<dyn StorageBackend>> + Send + Sync>;
 
 /// How hard a commit waits for the disk.
@@ -414,6 +425,7 @@ pub enum WriteOp {
 
 impl WriteOp {
     /// The task this op writes (`None` for meta keys).
+    #[cfg_attr(not(feature = "redb"), allow(dead_code))]
     pub(crate) fn task_id(&self) -> Option<&str> {
         match self {
             WriteOp::Put { id, .. } | WriteOp::Delete { id } | WriteOp::SetDue { id, .. } => {
@@ -456,6 +468,7 @@ pub fn parse_owner_key(key: &str) -> Option<(&str, &str)> {
 /// The owner entry of a snapshot, read from the snapshot itself (the conversion of a store
 /// written before the owner index, and administration commands that write records they
 /// did not get an owner entry for). `None` for a snapshot that does not decode.
+#[cfg_attr(not(any(feature = "redb", feature = "postgres")), allow(dead_code))]
 pub(crate) fn owner_of_snapshot(snapshot: &[u8]) -> Option<OwnerEntry> {
     let record = crate::persist::decode(snapshot).ok()?;
     Some(OwnerEntry {
@@ -558,8 +571,12 @@ pub type StoreFuture<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
 ///   all or nothing;
 /// - check every [`WriteOp::Put`]'s [`Expect`] against the stored sequence number in the same
 ///   transaction as the write, refusing a stale job alone with [`StoreError::Conflict`];
-/// - on a store shared by several processes ([`TaskStore::is_shared`]), also refuse the write
-///   of a task whose lease this process does not hold with [`StoreError::Fenced`].
+/// - on a store shared by several processes (one with a [`TaskStore::cluster`]), also refuse
+///   the write of a task whose lease this process does not hold with [`StoreError::Fenced`].
+///
+/// What only some backends do is reached through capability accessors that answer `None` by
+/// default: [`TaskStore::cluster`] (leases and signalling of a store shared by replicas) and
+/// [`TaskStore::inspector`] (reading an open store for the `store …` commands).
 pub trait TaskStore: Send + Sync + 'static {
     /// Names the store in logs (a path, or a URL without its password).
     fn describe(&self) -> String;
@@ -667,86 +684,22 @@ pub trait TaskStore: Send + Sync + 'static {
         Box::pin(std::future::ready(state))
     }
 
-    /// Whether other processes write this store too (replicas). Then a task's latest state is
-    /// the store's, not a local actor's snapshot, and writes are fenced by leases.
-    fn is_shared(&self) -> bool {
-        false
-    }
-    /// The redb store, when this is one (store administration reads it through its own
-    /// read transactions).
-    fn as_redb(&self) -> Option<&RedbStore> {
-        None
-    }
-    /// This process's node id on a shared store.
-    fn node_id(&self) -> Option<&str> {
-        None
-    }
-    /// The live tasks this process runs at start. A store owned by one process answers every
-    /// live task ([`TaskStore::live`]); a shared one *claims* the tasks that no live node
-    /// holds (and those this node id held before), bumping their lease epochs.
-    fn claim_live(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
-        self.live()
-    }
-    /// Claims at most `limit` live tasks whose node stopped renewing its lease (orphans),
-    /// bumping their lease epochs; the runtime then runs them from their journal. Always
-    /// empty for a store owned by one process.
-    fn claim_orphans(&self, limit: usize) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
-        let _ = limit;
-        Box::pin(async { Ok(Vec::new()) })
-    }
-    /// Whether this process holds the lease of task `id` (always true for a store owned by
-    /// one process).
-    fn holds(&self, id: &str) -> bool {
-        let _ = id;
-        true
-    }
-    /// How often the runtime looks for orphans to claim (`None`: never, a store owned by one
-    /// process).
-    fn claim_interval(&self) -> Option<Duration> {
-        None
-    }
-    /// Takes the lease of live task `id` for this process (bumping its epoch) and returns its
-    /// bytes; `None` if it is not stored or not live. A store owned by one process just reads
-    /// it. Used when a request for a task reaches a node that does not run it.
-    fn claim_one<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
-        self.get(id)
-    }
-    /// Whether this process's claim of task `id` took it from a node that stopped without
-    /// releasing it (crashed, killed, or paused past its lease), so that the run it had going
-    /// counts against the task's restart budget. Answered once per claim. Always `false` for
-    /// a store owned by one process (the runtime knows whether its previous run crashed).
-    fn took_from_lapsed(&self, id: &str) -> bool {
-        let _ = id;
-        false
-    }
-    /// The cross-node signalling of a store shared by replicas (wake-ups, requests for
-    /// another node's tasks); `None` for a store owned by one process.
+    /// The capability of a store shared by replicas: leases, fencing and cross-node
+    /// signalling ([`Cluster`]). `None` (the default) for a store owned by one process: the
+    /// runtime then runs every live task itself and never claims, confirms or reconciles.
     fn cluster(&self) -> Option<&dyn Cluster> {
         None
     }
-    /// Confirms that this process still holds the lease of task `id` and that the stored
-    /// record is at sequence number `seq`, without writing: an actor acknowledging a request
-    /// that changes nothing checks it first, since only a write is fenced. A shared store
-    /// answers [`StoreError::Fenced`] when the lease moved (or
-    /// [`StoreError::Conflict`] when the record moved under this process's own lease); a
-    /// store owned by one process always confirms, at no cost.
-    fn confirm_lease<'a>(&'a self, id: &'a str, seq: u64) -> StoreFuture<'a, ()> {
-        let _ = (id, seq);
-        Box::pin(async { Ok(()) })
-    }
-    /// Compares the leases this process believes it holds with the ones the store records for
-    /// it: see [`Reconciled`]. Always empty for a store owned by one process.
-    fn reconcile(&self) -> StoreFuture<'_, Reconciled> {
-        Box::pin(async { Ok(Reconciled::default()) })
-    }
-    /// Wakes when a reconciliation is due sooner than the next claim interval (a commit
-    /// whose outcome is unknown failed); `None` for a store owned by one process.
-    fn watch_reconcile(&self) -> Option<Wakeup> {
+    /// The capability of inspection: a reader of this open store for the `store …`
+    /// commands (a running server's admin socket answers through it). `None` (the default)
+    /// for a store the commands reach by other means (a database they connect to) or not at
+    /// all (memory).
+    fn inspector(&self) -> Option<Box<dyn inspect::Inspector>> {
         None
     }
 }
 
-/// What [`TaskStore::reconcile`] found (a store shared by replicas).
+/// What [`Cluster::reconcile`] found (a store shared by replicas).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Reconciled {
@@ -813,11 +766,44 @@ pub struct RemoteCommand {
     pub body: Vec<u8>,
 }
 
-/// Cross-node signalling of a store shared by replicas (see docs/SCALE-OUT.md): wake-ups when
-/// another node commits a task, and requests for a task recorded durably for the node that
+/// The capability of a store shared by replicas ([`TaskStore::cluster`], see
+/// docs/SCALE-OUT.md): per-node leases on live tasks (claims, fencing checks, reconciliation)
+/// and cross-node signalling: wake-ups when another node commits a task, and requests for a task recorded durably for the node that
 /// runs it, which answers them. Notifications are hints (PostgreSQL `NOTIFY` carrying ids
 /// only); the store's rows are the truth, and every waiter polls as a fallback.
 pub trait Cluster: Send + Sync {
+    /// This process's node id.
+    fn node_id(&self) -> &str;
+    /// The live tasks this process runs at start: the ones no live node holds (and those
+    /// this node id held before), *claimed*: their lease epochs are bumped.
+    fn claim_live(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>>;
+    /// Claims at most `limit` live tasks whose node stopped renewing its lease (orphans),
+    /// bumping their lease epochs; the runtime then runs them from their journal.
+    fn claim_orphans(&self, limit: usize) -> StoreFuture<'_, Vec<(String, Vec<u8>)>>;
+    /// Whether this process holds the lease of task `id`.
+    fn holds(&self, id: &str) -> bool;
+    /// How often the runtime looks for orphans to claim.
+    fn claim_interval(&self) -> Duration;
+    /// Takes the lease of live task `id` for this process (bumping its epoch) and returns its
+    /// bytes; `None` if it is not stored or not live. Used when a request for a task reaches a
+    /// node that does not run it.
+    fn claim_one<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>>;
+    /// Whether this process's claim of task `id` took it from a node that stopped without
+    /// releasing it (crashed, killed, or paused past its lease), so that the run it had going
+    /// counts against the task's restart budget. Answered once per claim.
+    fn took_from_lapsed(&self, id: &str) -> bool;
+    /// Confirms that this process still holds the lease of task `id` and that the stored
+    /// record is at sequence number `seq`, without writing: an actor acknowledging a request
+    /// that changes nothing checks it first, since only a write is fenced. Answers
+    /// [`StoreError::Fenced`] when the lease moved (or [`StoreError::Conflict`] when the
+    /// record moved under this process's own lease).
+    fn confirm_lease<'a>(&'a self, id: &'a str, seq: u64) -> StoreFuture<'a, ()>;
+    /// Compares the leases this process believes it holds with the ones the store records for
+    /// it: see [`Reconciled`].
+    fn reconcile(&self) -> StoreFuture<'_, Reconciled>;
+    /// Wakes when a reconciliation is due sooner than the next claim interval (a commit
+    /// whose outcome is unknown failed).
+    fn watch_reconcile(&self) -> Wakeup;
     /// How often a waiter reads the store again when no wake-up came (the fallback for a
     /// lost notification).
     fn poll_interval(&self) -> Duration;
@@ -881,7 +867,9 @@ impl Store {
         Store { inner: backend }
     }
 
-    /// Opens (or creates) a redb store file; see [`RedbStore::open`]. Blocking: call it from
+    #[cfg(feature = "redb")]
+    /// Opens (or creates) a redb store file (feature `redb`); see [`RedbStore::open`].
+    /// Blocking: call it from
     /// `spawn_blocking` or before the runtime starts (or use [`Store::open_async`]).
     pub fn open(path: &Path, options: StoreOptions) -> Result<Store, StoreError> {
         Ok(Self::from_backend(Arc::new(RedbStore::open(
@@ -889,7 +877,8 @@ impl Store {
         )?)))
     }
 
-    /// A redb store on a [`StorageBackend`] instead of a file; see
+    #[cfg(feature = "redb")]
+    /// A redb store on a [`StorageBackend`] instead of a file (feature `redb`); see
     /// [`RedbStore::open_with_backend`].
     pub fn open_with_backend(
         label: &Path,
@@ -901,14 +890,16 @@ impl Store {
         )?)))
     }
 
-    /// [`Store::open`] on the blocking pool.
+    #[cfg(feature = "redb")]
+    /// [`Store::open`] on the blocking pool (feature `redb`).
     pub async fn open_async(path: PathBuf, options: StoreOptions) -> Result<Store, StoreError> {
         Ok(Self::from_backend(Arc::new(
             RedbStore::open_async(path, options).await?,
         )))
     }
 
-    /// [`Store::open_with_backend`] on the blocking pool.
+    #[cfg(feature = "redb")]
+    /// [`Store::open_with_backend`] on the blocking pool (feature `redb`).
     pub async fn open_with_backend_async(
         label: PathBuf,
         factory: BackendFactory,
@@ -1080,64 +1071,91 @@ impl Store {
         self.inner.close().await
     }
 
-    /// Whether other processes write this store too; see [`TaskStore::is_shared`].
+    /// Whether other processes write this store too (replicas: it has a
+    /// [`TaskStore::cluster`]). Then a task's latest state is the store's, not a local
+    /// actor's snapshot, and writes are fenced by leases.
     pub fn is_shared(&self) -> bool {
-        self.inner.is_shared()
+        self.inner.cluster().is_some()
     }
 
     /// This process's node id on a shared store.
     pub fn node_id(&self) -> Option<&str> {
-        self.inner.node_id()
+        self.inner.cluster().map(|c| c.node_id())
     }
 
-    /// The live tasks this process runs at start; see [`TaskStore::claim_live`].
+    /// The live tasks this process runs at start: every live task ([`Store::live`]) of a
+    /// store owned by one process; see [`Cluster::claim_live`] for a shared one.
     pub async fn claim_live(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        self.inner.claim_live().await
+        match self.inner.cluster() {
+            Some(cluster) => cluster.claim_live().await,
+            None => self.inner.live().await,
+        }
     }
 
-    /// Claims orphaned live tasks; see [`TaskStore::claim_orphans`].
+    /// Claims orphaned live tasks (always none for a store owned by one process); see
+    /// [`Cluster::claim_orphans`].
     pub async fn claim_orphans(&self, limit: usize) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        self.inner.claim_orphans(limit).await
+        match self.inner.cluster() {
+            Some(cluster) => cluster.claim_orphans(limit).await,
+            None => Ok(Vec::new()),
+        }
     }
 
-    /// Whether this process holds the lease of task `id`; see [`TaskStore::holds`].
+    /// Whether this process holds the lease of task `id` (always for a store owned by one
+    /// process); see [`Cluster::holds`].
     pub fn holds(&self, id: &str) -> bool {
-        self.inner.holds(id)
+        self.inner.cluster().is_none_or(|c| c.holds(id))
     }
 
-    /// How often the runtime claims orphans; see [`TaskStore::claim_interval`].
+    /// How often the runtime claims orphans (`None`: never, a store owned by one process);
+    /// see [`Cluster::claim_interval`].
     pub fn claim_interval(&self) -> Option<Duration> {
-        self.inner.claim_interval()
+        self.inner.cluster().map(|c| c.claim_interval())
     }
 
-    /// Takes the lease of one live task; see [`TaskStore::claim_one`].
+    /// Takes the lease of one live task (a store owned by one process just reads it); see
+    /// [`Cluster::claim_one`].
     pub async fn claim_one(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.inner.claim_one(id).await
+        match self.inner.cluster() {
+            Some(cluster) => cluster.claim_one(id).await,
+            None => self.inner.get(id).await,
+        }
     }
 
-    /// Whether a claim took task `id` from a lapsed lease; see [`TaskStore::took_from_lapsed`].
+    /// Whether a claim took task `id` from a lapsed lease (never on a store owned by one
+    /// process: the runtime knows whether its previous run crashed); see
+    /// [`Cluster::took_from_lapsed`].
     pub fn took_from_lapsed(&self, id: &str) -> bool {
-        self.inner.took_from_lapsed(id)
+        self.inner.cluster().is_some_and(|c| c.took_from_lapsed(id))
     }
 
-    /// The cross-node signalling of a shared store; see [`TaskStore::cluster`].
+    /// The capability of a store shared by replicas; see [`TaskStore::cluster`].
     pub fn cluster(&self) -> Option<&dyn Cluster> {
         self.inner.cluster()
     }
 
-    /// Confirms a lease without writing; see [`TaskStore::confirm_lease`].
+    /// Confirms a lease without writing (at no cost on a store owned by one process); see
+    /// [`Cluster::confirm_lease`].
     pub async fn confirm_lease(&self, id: &str, seq: u64) -> Result<(), StoreError> {
-        self.inner.confirm_lease(id, seq).await
+        match self.inner.cluster() {
+            Some(cluster) => cluster.confirm_lease(id, seq).await,
+            None => Ok(()),
+        }
     }
 
-    /// Compares held leases with the stored ones; see [`TaskStore::reconcile`].
+    /// Compares held leases with the stored ones (nothing on a store owned by one process);
+    /// see [`Cluster::reconcile`].
     pub async fn reconcile(&self) -> Result<Reconciled, StoreError> {
-        self.inner.reconcile().await
+        match self.inner.cluster() {
+            Some(cluster) => cluster.reconcile().await,
+            None => Ok(Reconciled::default()),
+        }
     }
 
-    /// Wakes when a reconciliation is due early; see [`TaskStore::watch_reconcile`].
+    /// Wakes when a reconciliation is due early (`None` for a store owned by one process);
+    /// see [`Cluster::watch_reconcile`].
     pub fn watch_reconcile(&self) -> Option<Wakeup> {
-        self.inner.watch_reconcile()
+        self.inner.cluster().map(|c| c.watch_reconcile())
     }
 
     /// Opens a PostgreSQL store shared by replicas; see [`PostgresStore::open`].

@@ -12,13 +12,16 @@ use redb::{
     WriteTransaction,
 };
 
-use super::{AdminError, BackupReport, CompactReport, Dump, Row, Space, StatsReport};
-use crate::store::META_BOOT_EPOCH;
-use crate::store::RedbStore;
-use crate::store::redb_schema::{
+use super::schema::{
     DUE, LIVE, META, META_SCHEMA_VERSION, OWNERS, OwnerTables, RecordHeader, SCHEMA_VERSION, TASKS,
     USAGE, V1_DUE_BY_ID, V1_SEQ, create_private_file, old_due, owner_of_snapshot, replace_due,
     stored_schema_version, upgrade_layout,
+};
+use crate::store::META_BOOT_EPOCH;
+use crate::store::RedbStore;
+use crate::store::inspect::{
+    AdminError, BackupReport, CompactReport, Dump, InspectFuture, Inspector, Row, SCAN_BATCH,
+    SCAN_BYTES, Space, StatsReport,
 };
 /// redb's default page size, used to turn page counts into bytes.
 const PAGE_SIZE: u64 = 4096;
@@ -269,7 +272,7 @@ impl RedbReader {
                 let (id, bytes) = entry.map_err(|e| err(&e))?;
                 held += bytes.value().len();
                 out.push(indexes.row(path, id.value(), bytes.value())?);
-                if held >= super::SCAN_BYTES {
+                if held >= SCAN_BYTES {
                     break;
                 }
             }
@@ -504,12 +507,42 @@ impl RedbReader {
         let mut rows = Vec::new();
         let mut after = None;
         loop {
-            let batch = self.scan(after.clone(), super::SCAN_BATCH).await?;
+            let batch = self.scan(after.clone(), SCAN_BATCH).await?;
             let Some(last) = batch.last() else { break };
             after = Some(last.id.clone());
             rows.extend(batch);
         }
         Ok(Dump { rows, meta })
+    }
+}
+
+impl Inspector for RedbReader {
+    fn scan(&self, after: Option<String>, limit: usize) -> InspectFuture<'_, Vec<Row>> {
+        Box::pin(RedbReader::scan(self, after, limit))
+    }
+
+    fn row<'a>(&'a self, id: &'a str) -> InspectFuture<'a, Option<Row>> {
+        Box::pin(RedbReader::row(self, id))
+    }
+
+    fn index_problems(&self) -> InspectFuture<'_, Vec<String>> {
+        Box::pin(RedbReader::index_problems(self))
+    }
+
+    fn facts(&self, now_ms: u64) -> InspectFuture<'_, StatsReport> {
+        Box::pin(RedbReader::facts(self, now_ms))
+    }
+
+    fn usage_by_owner(&self) -> InspectFuture<'_, Option<Vec<(String, crate::store::Usage)>>> {
+        Box::pin(RedbReader::usage_by_owner(self))
+    }
+
+    fn socket_file(&self) -> Option<PathBuf> {
+        matches!(self.db, Db::Server(_)).then(|| self.path.clone())
+    }
+
+    fn backup<'a>(&'a self, to: &'a Path) -> InspectFuture<'a, BackupReport> {
+        Box::pin(RedbReader::backup(self, to))
     }
 }
 
@@ -632,9 +665,10 @@ fn copy_into(path: &Path, txn: &ReadTransaction, to: &Path) -> Result<(u64, u64)
     result
 }
 
-/// `store verify` on a file no server holds: redb's page check, then every record decoded
-/// and the indexes checked. [`AdminError::InUse`] when a server holds it.
-pub(crate) async fn verify_offline(path: &Path) -> Result<super::VerifyReport, AdminError> {
+/// `store verify`'s page check on a file no server holds: redb's integrity check, and a reader
+/// on the checked file (to decode every record and check the indexes) with what the check
+/// found. [`AdminError::InUse`] when a server holds it.
+pub(crate) async fn check_pages(path: &Path) -> Result<(RedbReader, Option<String>), AdminError> {
     let p = path.to_path_buf();
     let (db, problem) = blocking(move || {
         let mut db = open_writable(&p)?;
@@ -650,10 +684,7 @@ pub(crate) async fn verify_offline(path: &Path) -> Result<super::VerifyReport, A
         path: path.to_path_buf(),
         db: Db::Writable(Arc::new(db)),
     };
-    let mut report = super::verify_of(&super::Reader::Redb(reader)).await?;
-    report.pages_checked = true;
-    report.pages_problem = problem;
-    Ok(report)
+    Ok((reader, problem))
 }
 
 /// `store compact` (offline).
@@ -739,7 +770,7 @@ pub(crate) async fn load(path: &Path, dump: Dump) -> Result<(u64, u64), AdminErr
     blocking(move || {
         if !p.exists() {
             // A new store, created the way a server creates one (atomically, 0600).
-            crate::store::redb_schema::create_atomically(&p).map_err(AdminError::Store)?;
+            super::schema::create_atomically(&p).map_err(AdminError::Store)?;
         }
         let db = match open_writable(&p) {
             Err(AdminError::InUse { path, .. }) => {

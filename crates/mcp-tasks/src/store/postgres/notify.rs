@@ -23,8 +23,8 @@ use futures::StreamExt;
 use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, NoTls};
 
-use super::Wakeup;
-use super::postgres::pg_detail;
+use super::pg_detail;
+use crate::store::Wakeup;
 
 /// The advisory lock (with the schema's hash) whose holder sweeps finished tasks.
 const SWEEP_LOCK: i32 = 727302;

@@ -1,14 +1,16 @@
 //! The PostgreSQL side of store administration: one plain connection, reading the tables the
 //! PostgreSQL backend keeps (see `store::postgres`).
-#![cfg(feature = "postgres")]
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
 use tokio_postgres::{Client, NoTls};
 
-use super::{AdminError, Dump, Lease, NodeInfo, Row, Space, StatsReport, redact_url};
 use crate::store::META_BOOT_EPOCH;
+use crate::store::inspect::{
+    AdminError, Dump, InspectFuture, Inspector, Lease, NodeInfo, Row, SCAN_BYTES, Space,
+    StatsReport, redact_url,
+};
 use crate::store::postgres::SCHEMA_VERSION;
 
 /// A node whose heartbeat is younger than this is taken to be running: writing commands
@@ -118,7 +120,7 @@ impl PgReader {
                      ) AS page
                      WHERE running - octet_length(bytes) < $3 ORDER BY id"
                 ),
-                &[&after, &limit, &(super::SCAN_BYTES as i64)],
+                &[&after, &limit, &(SCAN_BYTES as i64)],
             )
             .await
             .map_err(|e| pg_err(&self.label, &e))?;
@@ -278,6 +280,24 @@ impl PgReader {
 /// would), in one transaction. Live tasks arrive unclaimed (`owner_node` NULL): the first
 /// replica to look for orphans takes them over and resumes them from their journal. Returns
 /// (tasks written, tasks already identical).
+impl Inspector for PgReader {
+    fn scan(&self, after: Option<String>, limit: usize) -> InspectFuture<'_, Vec<Row>> {
+        Box::pin(PgReader::scan(self, after, limit))
+    }
+
+    fn row<'a>(&'a self, id: &'a str) -> InspectFuture<'a, Option<Row>> {
+        Box::pin(PgReader::row(self, id))
+    }
+
+    fn facts(&self, now_ms: u64) -> InspectFuture<'_, StatsReport> {
+        Box::pin(PgReader::facts(self, now_ms))
+    }
+
+    fn usage_by_owner(&self) -> InspectFuture<'_, Option<Vec<(String, crate::store::Usage)>>> {
+        Box::pin(PgReader::usage_by_owner(self))
+    }
+}
+
 pub(crate) async fn load(url: &str, dump: Dump) -> Result<(u64, u64), AdminError> {
     let label = redact_url(url);
     // The schema, exactly as a server creates it (versioned migrations).

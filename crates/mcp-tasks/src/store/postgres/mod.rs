@@ -44,11 +44,14 @@ use futures::future::BoxFuture;
 use tokio::task::JoinHandle;
 use tokio_postgres::NoTls;
 
-use super::postgres_notify::{self, Hub};
+pub(crate) mod inspect;
+mod notify;
+
 use super::{
     Cause, Cluster, Expect, Reconciled, RemoteCommand, StoreError, StoreFuture, StoreStats,
     TaskStore, Wakeup, WriteOp,
 };
+use notify::{self as postgres_notify, Hub};
 
 /// The newest schema version this build knows.
 pub const SCHEMA_VERSION: i64 = 5;
@@ -214,6 +217,51 @@ async fn backfill_owners(
         }
     }
     Ok(filled)
+}
+
+/// The columns one [`WriteOp::Put`] writes, as PostgreSQL takes them.
+struct PutRow<'a> {
+    id: &'a str,
+    bytes: &'a Vec<u8>,
+    live: bool,
+    due: Option<i64>,
+    seq: Option<i64>,
+}
+
+/// Writes one meta op ([`WriteOp::PutMeta`], [`WriteOp::PutMetaIfAbsent`],
+/// [`WriteOp::DeleteMeta`]); nothing for any other op.
+async fn write_meta(
+    tx: &deadpool_postgres::Transaction<'_>,
+    op: &WriteOp,
+) -> Result<(), tokio_postgres::Error> {
+    match op {
+        WriteOp::PutMetaIfAbsent { key, value } => {
+            let st = tx
+                .prepare_cached(
+                    "INSERT INTO mcp_meta (key, value) VALUES ($1, $2)
+                     ON CONFLICT (key) DO NOTHING",
+                )
+                .await?;
+            tx.execute(&st, &[key, value]).await?;
+        }
+        WriteOp::PutMeta { key, value } => {
+            let st = tx
+                .prepare_cached(
+                    "INSERT INTO mcp_meta (key, value) VALUES ($1, $2)
+                     ON CONFLICT (key) DO UPDATE SET value = $2",
+                )
+                .await?;
+            tx.execute(&st, &[key, value]).await?;
+        }
+        WriteOp::DeleteMeta { key } => {
+            let st = tx
+                .prepare_cached("DELETE FROM mcp_meta WHERE key = $1")
+                .await?;
+            tx.execute(&st, &[key]).await?;
+        }
+        WriteOp::Put { .. } | WriteOp::Delete { .. } | WriteOp::SetDue { .. } => {}
+    }
+    Ok(())
 }
 
 /// Records the owner entry of task `id` in the transaction that creates it (the usage
@@ -604,89 +652,15 @@ impl Inner {
                     expect,
                     owner,
                 } => {
-                    let due = due_ms.map(to_i64);
-                    let seq = seq.map(to_i64);
-                    match *expect {
-                        Expect::Any => {
-                            let st = tx
-                                .prepare_cached(
-                                    "INSERT INTO mcp_tasks (id, bytes, live, due_ms, seq, owner_node, lease_epoch)
-                                     VALUES ($1, $2, $3, $4, $5, $6, 1)
-                                     ON CONFLICT (id) DO UPDATE SET bytes = $2, live = $3, due_ms = $4,
-                                        seq = $5, updated_at = now()",
-                                )
-                                .await?;
-                            tx.execute(&st, &[id, bytes, live, &due, &seq, &self.node])
-                                .await?;
-                        }
-                        Expect::Absent => {
-                            let st = tx
-                                .prepare_cached(
-                                    "INSERT INTO mcp_tasks (id, bytes, live, due_ms, seq, owner_node, lease_epoch)
-                                     VALUES ($1, $2, $3, $4, $5, $6, 1)
-                                     ON CONFLICT (id) DO NOTHING",
-                                )
-                                .await?;
-                            let n = tx
-                                .execute(&st, &[id, bytes, live, &due, &seq, &self.node])
-                                .await?;
-                            if n == 0 {
-                                let found = self.stored_seq(&tx, id).await?;
-                                return Err(StoreError::Conflict {
-                                    id: id.clone(),
-                                    expected: None,
-                                    found,
-                                }
-                                .into());
-                            }
-                            leases.push((id.clone(), live.then_some(1)));
-                        }
-                        Expect::Seq(expected) => {
-                            let held = self.held().get(id).copied();
-                            let n = match (held, self.skip_fencing) {
-                                (_, true) => {
-                                    let st = tx
-                                        .prepare_cached(
-                                            "UPDATE mcp_tasks SET bytes = $2, live = $3, due_ms = $4,
-                                                seq = $5, updated_at = now()
-                                             WHERE id = $1",
-                                        )
-                                        .await?;
-                                    tx.execute(&st, &[id, bytes, live, &due, &seq]).await?
-                                }
-                                (Some(epoch), false) => {
-                                    let st = tx
-                                        .prepare_cached(
-                                            "UPDATE mcp_tasks SET bytes = $2, live = $3, due_ms = $4,
-                                                seq = $5, updated_at = now()
-                                             WHERE id = $1 AND (seq = $6 OR seq IS NULL)
-                                               AND owner_node = $7 AND lease_epoch = $8",
-                                        )
-                                        .await?;
-                                    tx.execute(
-                                        &st,
-                                        &[
-                                            id,
-                                            bytes,
-                                            live,
-                                            &due,
-                                            &seq,
-                                            &to_i64(expected),
-                                            &self.node,
-                                            &epoch,
-                                        ],
-                                    )
-                                    .await?
-                                }
-                                (None, false) => 0,
-                            };
-                            if n == 0 {
-                                return Err(self.refusal(&tx, id, expected, held).await?.into());
-                            }
-                            if !*live {
-                                leases.push((id.clone(), None));
-                            }
-                        }
+                    let row = PutRow {
+                        id,
+                        bytes,
+                        live: *live,
+                        due: due_ms.map(to_i64),
+                        seq: seq.map(to_i64),
+                    };
+                    if let Some(lease) = self.put(&tx, &row, *expect).await? {
+                        leases.push(lease);
                     }
                     // The owner entry is written with the row's creation (it never changes).
                     if let Some(owner) = owner
@@ -708,29 +682,10 @@ impl Inner {
                         .await?;
                     tx.execute(&st, &[id, &due_ms.map(to_i64)]).await?;
                 }
-                WriteOp::PutMetaIfAbsent { key, value } => {
-                    let st = tx
-                        .prepare_cached(
-                            "INSERT INTO mcp_meta (key, value) VALUES ($1, $2)
-                             ON CONFLICT (key) DO NOTHING",
-                        )
-                        .await?;
-                    tx.execute(&st, &[key, value]).await?;
-                }
-                WriteOp::PutMeta { key, value } => {
-                    let st = tx
-                        .prepare_cached(
-                            "INSERT INTO mcp_meta (key, value) VALUES ($1, $2)
-                             ON CONFLICT (key) DO UPDATE SET value = $2",
-                        )
-                        .await?;
-                    tx.execute(&st, &[key, value]).await?;
-                }
-                WriteOp::DeleteMeta { key } => {
-                    let st = tx
-                        .prepare_cached("DELETE FROM mcp_meta WHERE key = $1")
-                        .await?;
-                    tx.execute(&st, &[key]).await?;
+                WriteOp::PutMetaIfAbsent { .. }
+                | WriteOp::PutMeta { .. }
+                | WriteOp::DeleteMeta { .. } => {
+                    write_meta(&tx, op).await?;
                 }
             }
         }
@@ -742,6 +697,119 @@ impl Inner {
         });
         tx.commit().await?;
         Ok((leases, deleted))
+    }
+
+    /// Writes the row of one [`WriteOp::Put`] as its [`Expect`] allows; the change to this
+    /// node's held leases it makes, if any (`Some(epoch)`: now held at it; `None`: released).
+    async fn put(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        row: &PutRow<'_>,
+        expect: Expect,
+    ) -> Result<Option<(String, Option<i64>)>, PgFailure> {
+        let id = row.id;
+        match expect {
+            Expect::Any => {
+                let st = tx
+                    .prepare_cached(
+                        "INSERT INTO mcp_tasks (id, bytes, live, due_ms, seq, owner_node, lease_epoch)
+                         VALUES ($1, $2, $3, $4, $5, $6, 1)
+                         ON CONFLICT (id) DO UPDATE SET bytes = $2, live = $3, due_ms = $4,
+                            seq = $5, updated_at = now()",
+                    )
+                    .await?;
+                tx.execute(
+                    &st,
+                    &[&id, row.bytes, &row.live, &row.due, &row.seq, &self.node],
+                )
+                .await?;
+                Ok(None)
+            }
+            Expect::Absent => {
+                let st = tx
+                    .prepare_cached(
+                        "INSERT INTO mcp_tasks (id, bytes, live, due_ms, seq, owner_node, lease_epoch)
+                         VALUES ($1, $2, $3, $4, $5, $6, 1)
+                         ON CONFLICT (id) DO NOTHING",
+                    )
+                    .await?;
+                let n = tx
+                    .execute(
+                        &st,
+                        &[&id, row.bytes, &row.live, &row.due, &row.seq, &self.node],
+                    )
+                    .await?;
+                if n == 0 {
+                    let found = self.stored_seq(tx, id).await?;
+                    return Err(StoreError::Conflict {
+                        id: id.to_owned(),
+                        expected: None,
+                        found,
+                    }
+                    .into());
+                }
+                Ok(Some((id.to_owned(), row.live.then_some(1))))
+            }
+            Expect::Seq(expected) => {
+                let held = self.held().get(id).copied();
+                let n = self.update_fenced(tx, row, expected, held).await?;
+                if n == 0 {
+                    return Err(self.refusal(tx, id, expected, held).await?.into());
+                }
+                Ok((!row.live).then(|| (id.to_owned(), None)))
+            }
+        }
+    }
+
+    /// The conditional update of a [`Expect::Seq`] put: at sequence number `expected`, under
+    /// this node's lease at epoch `held` (unfenced in the test mode that skips fencing). The
+    /// rows it changed (0: refused).
+    async fn update_fenced(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        row: &PutRow<'_>,
+        expected: u64,
+        held: Option<i64>,
+    ) -> Result<u64, PgFailure> {
+        let id = row.id;
+        Ok(match (held, self.skip_fencing) {
+            (_, true) => {
+                let st = tx
+                    .prepare_cached(
+                        "UPDATE mcp_tasks SET bytes = $2, live = $3, due_ms = $4,
+                            seq = $5, updated_at = now()
+                         WHERE id = $1",
+                    )
+                    .await?;
+                tx.execute(&st, &[&id, row.bytes, &row.live, &row.due, &row.seq])
+                    .await?
+            }
+            (Some(epoch), false) => {
+                let st = tx
+                    .prepare_cached(
+                        "UPDATE mcp_tasks SET bytes = $2, live = $3, due_ms = $4,
+                            seq = $5, updated_at = now()
+                         WHERE id = $1 AND (seq = $6 OR seq IS NULL)
+                           AND owner_node = $7 AND lease_epoch = $8",
+                    )
+                    .await?;
+                tx.execute(
+                    &st,
+                    &[
+                        &id,
+                        row.bytes,
+                        &row.live,
+                        &row.due,
+                        &row.seq,
+                        &to_i64(expected),
+                        &self.node,
+                        &epoch,
+                    ],
+                )
+                .await?
+            }
+            (None, false) => 0,
+        })
     }
 
     async fn stored_seq(
@@ -1123,6 +1191,117 @@ async fn channel_of(pool: &Pool) -> Result<String, String> {
 const COMMAND_RETENTION_SECS: f64 = 600.0;
 
 impl Cluster for PostgresStore {
+    fn node_id(&self) -> &str {
+        &self.inner.node
+    }
+    fn claim_live(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let mut all = self
+                .inner
+                .claim(true, 0)
+                .await
+                .map_err(|e| self.inner.fail(e, true))?;
+            loop {
+                let batch = self
+                    .inner
+                    .claim(false, CLAIM_BATCH)
+                    .await
+                    .map_err(|e| self.inner.fail(e, true))?;
+                let done = (batch.len() as i64) < CLAIM_BATCH;
+                all.extend(batch);
+                if done {
+                    break;
+                }
+            }
+            all.sort_by(|a, b| a.0.cmp(&b.0));
+            Ok(all)
+        })
+    }
+    fn claim_orphans(&self, limit: usize) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let limit = limit.min(i64::MAX as usize) as i64;
+            self.inner
+                .claim(false, limit)
+                .await
+                .map_err(|e| self.inner.fail(e, true))
+        })
+    }
+    fn holds(&self, id: &str) -> bool {
+        self.inner.held().contains_key(id)
+    }
+    fn claim_interval(&self) -> Duration {
+        self.inner.lease_ttl / 3
+    }
+    fn took_from_lapsed(&self, id: &str) -> bool {
+        self.inner
+            .lapsed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id)
+    }
+    fn confirm_lease<'a>(&'a self, id: &'a str, seq: u64) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            self.inner
+                .confirm_lease(id, seq)
+                .await
+                .map_err(|e| self.inner.fail(e, false))
+        })
+    }
+    fn reconcile(&self) -> StoreFuture<'_, Reconciled> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            self.inner
+                .reconcile()
+                .await
+                .map_err(|e| self.inner.fail(e, true))
+        })
+    }
+    fn watch_reconcile(&self) -> Wakeup {
+        Wakeup::new(self.inner.reconcile_now.clone(), None)
+    }
+    fn claim_one<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
+        Box::pin(async move {
+            self.inner
+                .run(true, |client| async move {
+                    // NOWAIT: a row locked by another session (a replica paused inside its
+                    // write) is not waited for; the request is answered "busy, retry".
+                    let st = client
+                        .prepare_cached(
+                            "WITH c AS (SELECT id FROM mcp_tasks WHERE id = $1 AND live
+                                        FOR UPDATE NOWAIT)
+                         UPDATE mcp_tasks t SET owner_node = $2, lease_epoch = t.lease_epoch + 1
+                         FROM c WHERE t.id = c.id
+                         RETURNING t.bytes, t.lease_epoch",
+                        )
+                        .await?;
+                    let row = match client.query_opt(&st, &[&id, &self.inner.node]).await {
+                        Err(e)
+                            if e.code()
+                                == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
+                        {
+                            tracing::warn!(task = id, node = %self.inner.node,
+                                "not taking the task over now: its row is locked by another session (a replica paused inside a write?)");
+                            return Err(PgFailure::Store(StoreError::Busy {
+                                detail: format!(
+                                    "task {id} is locked by another session's open transaction"
+                                ),
+                            }));
+                        }
+                        other => other?,
+                    };
+                    Ok::<_, PgFailure>(row.map(|r| {
+                        let epoch: i64 = r.get(1);
+                        self.inner.held().insert(id.to_owned(), epoch);
+                        self.inner.hub.inbox.notify_one();
+                        r.get::<_, Vec<u8>>(0)
+                    }))
+                })
+                .await
+        })
+    }
     fn reference_clock(&self) -> Option<Arc<crate::clock::ReferenceClock>> {
         Some(self.inner.reference.clone())
     }
@@ -1512,6 +1691,9 @@ async fn migrate(pool: &Pool, label: &str) -> Result<u64, StoreError> {
 }
 
 impl TaskStore for PostgresStore {
+    fn cluster(&self) -> Option<&dyn Cluster> {
+        Some(self)
+    }
     fn describe(&self) -> String {
         self.inner.label.clone()
     }
@@ -1888,123 +2070,6 @@ impl TaskStore for PostgresStore {
             }
             self.inner.held().clear();
             self.inner.pool.close();
-        })
-    }
-    fn is_shared(&self) -> bool {
-        true
-    }
-    fn node_id(&self) -> Option<&str> {
-        Some(&self.inner.node)
-    }
-    fn claim_live(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
-        Box::pin(async move {
-            self.inner.check_open()?;
-            let mut all = self
-                .inner
-                .claim(true, 0)
-                .await
-                .map_err(|e| self.inner.fail(e, true))?;
-            loop {
-                let batch = self
-                    .inner
-                    .claim(false, CLAIM_BATCH)
-                    .await
-                    .map_err(|e| self.inner.fail(e, true))?;
-                let done = (batch.len() as i64) < CLAIM_BATCH;
-                all.extend(batch);
-                if done {
-                    break;
-                }
-            }
-            all.sort_by(|a, b| a.0.cmp(&b.0));
-            Ok(all)
-        })
-    }
-    fn claim_orphans(&self, limit: usize) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
-        Box::pin(async move {
-            self.inner.check_open()?;
-            let limit = limit.min(i64::MAX as usize) as i64;
-            self.inner
-                .claim(false, limit)
-                .await
-                .map_err(|e| self.inner.fail(e, true))
-        })
-    }
-    fn holds(&self, id: &str) -> bool {
-        self.inner.held().contains_key(id)
-    }
-    fn claim_interval(&self) -> Option<Duration> {
-        Some(self.inner.lease_ttl / 3)
-    }
-    fn cluster(&self) -> Option<&dyn Cluster> {
-        Some(self)
-    }
-    fn took_from_lapsed(&self, id: &str) -> bool {
-        self.inner
-            .lapsed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id)
-    }
-    fn confirm_lease<'a>(&'a self, id: &'a str, seq: u64) -> StoreFuture<'a, ()> {
-        Box::pin(async move {
-            self.inner.check_open()?;
-            self.inner
-                .confirm_lease(id, seq)
-                .await
-                .map_err(|e| self.inner.fail(e, false))
-        })
-    }
-    fn reconcile(&self) -> StoreFuture<'_, Reconciled> {
-        Box::pin(async move {
-            self.inner.check_open()?;
-            self.inner
-                .reconcile()
-                .await
-                .map_err(|e| self.inner.fail(e, true))
-        })
-    }
-    fn watch_reconcile(&self) -> Option<Wakeup> {
-        Some(Wakeup::new(self.inner.reconcile_now.clone(), None))
-    }
-    fn claim_one<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
-        Box::pin(async move {
-            self.inner
-                .run(true, |client| async move {
-                    // NOWAIT: a row locked by another session (a replica paused inside its
-                    // write) is not waited for; the request is answered "busy, retry".
-                    let st = client
-                        .prepare_cached(
-                            "WITH c AS (SELECT id FROM mcp_tasks WHERE id = $1 AND live
-                                        FOR UPDATE NOWAIT)
-                         UPDATE mcp_tasks t SET owner_node = $2, lease_epoch = t.lease_epoch + 1
-                         FROM c WHERE t.id = c.id
-                         RETURNING t.bytes, t.lease_epoch",
-                        )
-                        .await?;
-                    let row = match client.query_opt(&st, &[&id, &self.inner.node]).await {
-                        Err(e)
-                            if e.code()
-                                == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
-                        {
-                            tracing::warn!(task = id, node = %self.inner.node,
-                                "not taking the task over now: its row is locked by another session (a replica paused inside a write?)");
-                            return Err(PgFailure::Store(StoreError::Busy {
-                                detail: format!(
-                                    "task {id} is locked by another session's open transaction"
-                                ),
-                            }));
-                        }
-                        other => other?,
-                    };
-                    Ok::<_, PgFailure>(row.map(|r| {
-                        let epoch: i64 = r.get(1);
-                        self.inner.held().insert(id.to_owned(), epoch);
-                        self.inner.hub.inbox.notify_one();
-                        r.get::<_, Vec<u8>>(0)
-                    }))
-                })
-                .await
         })
     }
 }

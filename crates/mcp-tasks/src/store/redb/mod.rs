@@ -29,6 +29,7 @@
 //! record cache), `recovery.rs` (reopening after an I/O error).
 
 mod cache;
+pub(crate) mod inspect;
 mod read;
 mod reader;
 mod recovery;
@@ -437,8 +438,11 @@ pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl crate::store::TaskStore for RedbStore {
-    fn as_redb(&self) -> Option<&RedbStore> {
-        Some(self)
+    fn inspector(&self) -> Option<Box<dyn crate::store::inspect::Inspector>> {
+        Some(Box::new(inspect::RedbReader::server(
+            self.clone(),
+            self.path().to_owned(),
+        )))
     }
 
     fn describe(&self) -> String {

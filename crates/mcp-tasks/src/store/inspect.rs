@@ -1,0 +1,320 @@
+//! What store administration reads, backend by backend: the [`Inspector`] a backend hands the
+//! `store …` commands for one store, and the types they exchange.
+//!
+//! Lives beside the backends (not in [`crate::admin`], which builds the commands on it) so
+//! that each backend's folder holds its own inspection code without naming the layer above.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+use crate::store::{StoreError, Usage};
+
+/// A boxed future of an inspection.
+pub type InspectFuture<'a, T> = BoxFuture<'a, Result<T, AdminError>>;
+
+/// One store opened for inspection (a file opened read-only, a database connection, or a
+/// running server's own store): what the reading `store …` commands need from a backend.
+/// Reached through [`crate::store::TaskStore::inspector`] on an open store (a running
+/// server's admin socket), or opened by the backend's own code from a location.
+pub trait Inspector: Send + Sync {
+    /// At most `limit` rows (and about [`SCAN_BYTES`] of records, at least one) after id
+    /// `after`, by id.
+    fn scan(&self, after: Option<String>, limit: usize) -> InspectFuture<'_, Vec<Row>>;
+    /// The row of task `id`.
+    fn row<'a>(&'a self, id: &'a str) -> InspectFuture<'a, Option<Row>>;
+    /// Index entries that disagree with the stored tasks (none for a backend that keeps its
+    /// indexes in the task rows).
+    fn index_problems(&self) -> InspectFuture<'_, Vec<String>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+    /// Backend facts: everything of [`StatsReport`] that is not counted from the records.
+    fn facts(&self, now_ms: u64) -> InspectFuture<'_, StatsReport>;
+    /// The usage counters per owner key; `None` when the store's layout keeps none.
+    fn usage_by_owner(&self) -> InspectFuture<'_, Option<Vec<(String, Usage)>>>;
+    /// The file a running server's admin socket is named after (`None`: no socket).
+    fn socket_file(&self) -> Option<PathBuf> {
+        None
+    }
+    /// A consistent copy of the store into the new file `to` (a backend that is a file).
+    fn backup<'a>(&'a self, to: &'a Path) -> InspectFuture<'a, BackupReport> {
+        let _ = to;
+        Box::pin(async {
+            Err(AdminError::Unsupported(
+                "this store cannot be backed up by copying it".into(),
+            ))
+        })
+    }
+}
+
+/// A URL without the password of its user info.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((user_info, host)) => {
+            let user = user_info.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}@{host}{tail}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// Said of a missing file named `memory`: the in-memory store of `serve` is no file.
+fn memory_hint(path: &std::path::Path) -> &'static str {
+    if path == std::path::Path::new("memory") {
+        " (`serve --store memory` keeps its tasks in the server's memory, where no store command can read them)"
+    } else {
+        ""
+    }
+}
+
+/// Errors of the store administration commands. Each is one line an operator can act on;
+/// nothing was modified when one is returned (unless it says otherwise).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdminError {
+    /// No file at the path.
+    #[error("{}: no such store file{}", .0.display(), memory_hint(.0))]
+    NotFound(PathBuf),
+    /// The file exists but is not an mcp-tasks store.
+    #[error("{path} is not an mcp-tasks store: {detail}")]
+    NotAStore {
+        /// The location.
+        path: String,
+        /// Why.
+        detail: String,
+    },
+    /// A running server holds the store and the command needs it for itself (or the server
+    /// has no admin socket).
+    #[error("{path} is held by a running mcp-tasks server: {detail}")]
+    InUse {
+        /// The location.
+        path: String,
+        /// What to do.
+        detail: String,
+    },
+    /// The store was written by a newer mcp-tasks.
+    #[error(
+        "{store} has schema version {found}, newer than the {supported} this build supports; upgrade mcp-tasks (nothing was changed)"
+    )]
+    SchemaTooNew {
+        /// The location.
+        store: String,
+        /// The version found.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
+    /// No task with this id.
+    #[error("no task {0} in this store")]
+    NoSuchTask(String),
+    /// A bad argument (a malformed id, a target that exists, …).
+    #[error("{0}")]
+    Invalid(String),
+    /// The store failed underneath.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// redb failed.
+    #[error("{path}: {detail}")]
+    Redb {
+        /// The file.
+        path: String,
+        /// redb's message.
+        detail: String,
+    },
+    /// PostgreSQL failed.
+    #[error("{store}: {detail}")]
+    Postgres {
+        /// The redacted URL.
+        store: String,
+        /// The server's message.
+        detail: String,
+    },
+    /// The running server refused or failed the request (its message).
+    #[error("the running server: {0}")]
+    Remote(String),
+    /// The admin socket of a running server failed.
+    #[error("the admin socket {}: {detail}", path.display())]
+    Socket {
+        /// The socket path.
+        path: PathBuf,
+        /// What failed.
+        detail: String,
+    },
+    /// This build lacks what the command needs.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// One stored task as the store keeps it.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// The task id.
+    pub id: String,
+    /// The snapshot bytes.
+    pub bytes: Vec<u8>,
+    /// Its due time in the reaper's index.
+    pub due_ms: Option<u64>,
+    /// In the live index.
+    pub live: bool,
+    /// The stored sequence number (compare-and-set).
+    pub seq: Option<u64>,
+    /// Its lease on a shared store.
+    pub lease: Option<Lease>,
+}
+
+/// Who holds a task on a shared (PostgreSQL) store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The node that runs the task (`None`: unclaimed, any node may take it).
+    pub node: Option<String>,
+    /// The lease epoch: bumped by every claim; writes are fenced on it.
+    pub epoch: u64,
+}
+
+/// `store stats`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct StatsReport {
+    /// `redb` or `postgres`.
+    pub backend: String,
+    /// The location (a URL without password).
+    pub location: String,
+    /// Whether the figures came from a running server (its admin socket).
+    pub via_server: bool,
+    /// Schema version (PostgreSQL migrations) or table layout version (redb).
+    pub schema_version: i64,
+    /// Snapshot encoding versions of the stored records, with their counts.
+    pub snapshot_versions: BTreeMap<String, u64>,
+    /// The boot epoch (incremented by every open by a server).
+    pub boot_epoch: Option<u64>,
+    /// Stored tasks.
+    pub tasks: u64,
+    /// By status.
+    pub by_status: BTreeMap<String, u64>,
+    /// By tool.
+    pub by_tool: BTreeMap<String, u64>,
+    /// Non-terminal tasks.
+    pub live: u64,
+    /// Live tasks past their expiry (the reaper fails them at its next pass).
+    pub due_for_expiry: u64,
+    /// Finished tasks whose reaper entry is due (deleted at the reaper's next pass).
+    pub due_for_deletion: u64,
+    /// The oldest live task.
+    pub oldest_live: Option<OldestLive>,
+    /// Records that do not decode.
+    pub undecodable: u64,
+    /// Bytes of all stored snapshots.
+    pub snapshot_bytes: u64,
+    /// redb: the file; PostgreSQL: table sizes.
+    pub space: Space,
+    /// Nodes known to a shared store, with the age of their last heartbeat.
+    pub nodes: Vec<NodeInfo>,
+}
+
+/// The oldest live task.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct OldestLive {
+    /// Its id.
+    pub id: String,
+    /// Created (ms since the epoch).
+    pub created_at_ms: u64,
+    /// Its status.
+    pub status: String,
+}
+
+/// Space used by a store.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Space {
+    /// redb: the file size.
+    pub file_bytes: Option<u64>,
+    /// redb: bytes in pages that tables use (the rest of the file is free or redb's own).
+    pub used_bytes: Option<u64>,
+    /// redb: `file_bytes - used_bytes`, what `store compact` can give back at most.
+    pub free_bytes: Option<u64>,
+    /// PostgreSQL: total size of each table (with indexes and TOAST).
+    pub tables: BTreeMap<String, u64>,
+}
+
+/// A node of a shared store.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// The node id.
+    pub node: String,
+    /// Seconds since its last heartbeat.
+    pub heartbeat_age_s: f64,
+    /// Live tasks it holds.
+    pub live_tasks: u64,
+}
+
+/// `store verify`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct VerifyReport {
+    /// Records read.
+    pub records: u64,
+    /// Ids of records that do not decode, with why.
+    pub undecodable: BTreeMap<String, String>,
+    /// Index entries that name no stored task, or stored tasks missing from an index.
+    pub index_problems: Vec<String>,
+    /// Whether redb's page checksums were verified (needs the file for itself: not while a
+    /// server holds it).
+    pub pages_checked: bool,
+    /// What redb's check found (`None` when it passed or did not run).
+    pub pages_problem: Option<String>,
+}
+
+impl VerifyReport {
+    /// No problem found.
+    pub fn is_clean(&self) -> bool {
+        self.undecodable.is_empty()
+            && self.index_problems.is_empty()
+            && self.pages_problem.is_none()
+    }
+}
+
+/// `store backup`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct BackupReport {
+    /// The copy.
+    pub to: String,
+    /// Tasks copied.
+    pub tasks: u64,
+    /// Meta entries copied.
+    pub meta: u64,
+    /// Size of the copy.
+    pub bytes: u64,
+    /// Whether a running server made it (in one of its read transactions).
+    pub via_server: bool,
+}
+
+/// `store compact`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CompactReport {
+    /// File size before.
+    pub before_bytes: u64,
+    /// File size after.
+    pub after_bytes: u64,
+}
+
+/// Records read per batch when scanning (at most; see [`SCAN_BYTES`]). A scan ends with an
+/// empty batch.
+pub const SCAN_BATCH: usize = 1024;
+
+/// Bytes of records one scan batch holds at most (at least one record): records may be
+/// megabytes each, and a running server answers `stats` and `list` in its own memory.
+pub const SCAN_BYTES: usize = 16 * 1024 * 1024;
+
+/// Everything a store holds, for a migration: every task row and every meta entry.
+pub struct Dump {
+    /// Every task row.
+    pub rows: Vec<Row>,
+    /// Every meta entry.
+    pub meta: Vec<(String, Vec<u8>)>,
+}
