@@ -37,7 +37,7 @@ impl Server {
     }
 
     async fn stored(&self) -> usize {
-        mcp_tasks::internals::runtime_store(&self.rt())
+        mcp_tasks::internals::runtime_store(self.rt())
             .tasks()
             .await
             .unwrap()
