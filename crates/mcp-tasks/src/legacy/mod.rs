@@ -43,7 +43,9 @@ use crate::wire::{self, LogLevel, TASKS_EXTENSION, keys, methods};
 pub(crate) use hub::Live;
 #[cfg(feature = "http")]
 pub(crate) use hub::parse_event_id;
-pub(crate) use session::{Session, SessionError, SessionState};
+#[cfg(feature = "http")]
+pub(crate) use session::SessionError;
+pub(crate) use session::{Session, SessionState};
 
 /// The legacy protocol versions this server negotiates, newest first.
 pub const LEGACY_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18"];
@@ -92,7 +94,7 @@ pub(crate) enum LegacyOutcome {
 pub(crate) struct Legacy {
     handle: RuntimeHandle,
     shared: Arc<Shared>,
-    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    #[cfg(feature = "http")]
     codec: session::SessionCodec,
     hub: hub::Hub,
     watchers: Arc<watch::Watchers>,
@@ -105,11 +107,13 @@ pub(crate) struct Legacy {
 impl Legacy {
     pub(crate) fn new(handle: RuntimeHandle) -> Arc<Self> {
         let shared = handle.shared().clone();
+        #[cfg(feature = "http")]
         let key = shared
             .request_state
             .derive_key("mcp-tasks legacy session v1");
         let legacy = Arc::new(Self {
             handle,
+            #[cfg(feature = "http")]
             codec: session::SessionCodec::new(key),
             hub: hub::Hub::new(shared.quotas.quotas().max_sessions),
             shared,
