@@ -417,11 +417,11 @@ enum Incoming {
 }
 
 impl Incoming {
-    async fn dispatch(&self, handle: &RuntimeHandle, ctx: &RequestContext) -> Dispatched {
+    async fn dispatch(self, handle: &RuntimeHandle, ctx: &RequestContext) -> Dispatched {
         match self {
             #[cfg(feature = "http")]
-            Incoming::Bytes(body) => handle.dispatch(body, ctx).await,
-            Incoming::Json(message) => handle.dispatch_json(message.clone(), ctx).await,
+            Incoming::Bytes(body) => handle.dispatch(&body, ctx).await,
+            Incoming::Json(message) => handle.dispatch_json(message, ctx).await,
         }
     }
 

@@ -801,62 +801,75 @@ impl Call {
                      stream: accept text/event-stream",
                 ));
             }
-            let requests = result
-                .get("inputRequests")
-                .and_then(Value::as_object)
-                .cloned()
-                .unwrap_or_default();
-            let state = result.get("requestState").cloned();
-            let mut waits = Vec::new();
-            let mut keys = Vec::new();
-            for (key, request) in &requests {
-                let (rid, rx) = live.expect_response(CALL_REQUEST_PREFIX);
-                let message = server_request(&rid, request, &self.session.version, None);
-                if out.send(message).await.is_err() {
-                    live.forget_request(&rid);
-                    return Err(RpcError::internal("the client went away"));
-                }
-                keys.push((key.clone(), rid));
-                waits.push(rx);
-            }
-            let answered = tokio::select! {
-                answers = tokio::time::timeout(INPUT_TIMEOUT, future::join_all(waits)) => answers,
-                _ = ended.wait_for(|e| *e) => {
-                    return Err(RpcError::invalid_request("the session ended"));
-                }
-            };
-            let Ok(answers) = answered else {
-                for (_, rid) in &keys {
-                    live.forget_request(rid);
-                }
-                return Err(RpcError::internal(format!(
-                    "the client did not answer the input requests within {} s",
-                    INPUT_TIMEOUT.as_secs()
-                )));
-            };
-            let mut responses = Map::new();
-            for ((key, _), answer) in keys.into_iter().zip(answers) {
-                let Ok(message) = answer else {
-                    return Err(RpcError::invalid_request("the session ended"));
-                };
-                match message.get("result") {
-                    Some(result) if result.is_object() => {
-                        responses.insert(key, result.clone());
-                    }
-                    _ => {
-                        let error = message.get("error").cloned().unwrap_or(Value::Null);
-                        return Err(RpcError::internal(format!(
-                            "the client refused the input request `{key}`: {error}"
-                        )));
-                    }
-                }
-            }
+            let (responses, state) = self.ask_client(&live, result, out, &mut ended).await?;
             params.insert("inputResponses".into(), Value::Object(responses));
             match state {
                 Some(s) => params.insert("requestState".into(), s),
                 None => params.remove("requestState"),
             };
         }
+    }
+
+    /// Sends one round's input requests to the client as server-to-client requests and
+    /// collects its answers: the `inputResponses` of the next round, and its `requestState`.
+    async fn ask_client(
+        &self,
+        live: &Live,
+        result: &Value,
+        out: &mpsc::Sender<Value>,
+        ended: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Result<(Map<String, Value>, Option<Value>), RpcError> {
+        let requests = result
+            .get("inputRequests")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let state = result.get("requestState").cloned();
+        let mut waits = Vec::new();
+        let mut keys = Vec::new();
+        for (key, request) in &requests {
+            let (rid, rx) = live.expect_response(CALL_REQUEST_PREFIX);
+            let message = server_request(&rid, request, &self.session.version, None);
+            if out.send(message).await.is_err() {
+                live.forget_request(&rid);
+                return Err(RpcError::internal("the client went away"));
+            }
+            keys.push((key.clone(), rid));
+            waits.push(rx);
+        }
+        let answered = tokio::select! {
+            answers = tokio::time::timeout(INPUT_TIMEOUT, future::join_all(waits)) => answers,
+            _ = ended.wait_for(|e| *e) => {
+                return Err(RpcError::invalid_request("the session ended"));
+            }
+        };
+        let Ok(answers) = answered else {
+            for (_, rid) in &keys {
+                live.forget_request(rid);
+            }
+            return Err(RpcError::internal(format!(
+                "the client did not answer the input requests within {} s",
+                INPUT_TIMEOUT.as_secs()
+            )));
+        };
+        let mut responses = Map::new();
+        for ((key, _), answer) in keys.into_iter().zip(answers) {
+            let Ok(message) = answer else {
+                return Err(RpcError::invalid_request("the session ended"));
+            };
+            match message.get("result") {
+                Some(result) if result.is_object() => {
+                    responses.insert(key, result.clone());
+                }
+                _ => {
+                    let error = message.get("error").cloned().unwrap_or(Value::Null);
+                    return Err(RpcError::internal(format!(
+                        "the client refused the input request `{key}`: {error}"
+                    )));
+                }
+            }
+        }
+        Ok((responses, state))
     }
 
     /// `tasks/get` etc. share the modern `tasks/get` as their first step.

@@ -1,28 +1,32 @@
 //! Streamable HTTP transport (MCP `2026-07-28` transports, SEP-2243): one `POST` endpoint, JSON or SSE
 //! responses, `202` for notifications, `405` for every other method.
 //!
-//! The transport only extracts, decodes and maps: the dispatcher ([`RuntimeHandle::dispatch`])
-//! validates the envelope, compares the routing headers with the body and chooses the HTTP
-//! status of every JSON-RPC answer. What happens here, in order:
+//! The transport only extracts, decodes and maps: the era entry (`era::Entry`) tells the
+//! protocol eras apart and handles legacy sessions, and the dispatcher
+//! ([`RuntimeHandle::dispatch`]) validates the envelope, compares the routing headers with the
+//! body and chooses the HTTP status of every JSON-RPC answer. What happens here, in order
+//! (steps 1 to 4 are tower layers around the route, in `http/guards.rs`):
 //!
 //! 1. `Host` not allowed, or `Origin` present and not allowed (DNS rebinding), either sent
-//!    twice, or a `Host` port that is not a port number → `403`;
+//!    twice, or a `Host` port that is not a port number → `403`; a method other than `POST`
+//!    (or `GET`/`DELETE` with an `Mcp-Session-Id`) → `405`;
 //! 2. the [`HttpConfig::authenticator`] runs on the request head, before any of the body is
 //!    read: no or a bad credential → `401`, a credential without a scope that
 //!    [`HttpConfig::resource`] requires (and not the read-only [`crate::auth::READ_ONLY_SCOPE`])
 //!    → `403`, both with `WWW-Authenticate: Bearer
 //!    resource_metadata="…"` (RFC 6750 §3, RFC 9728 §5.1); the verifier unavailable → `503`;
-//! 3. more than [`HttpConfig::max_requests_per_principal`] requests of this caller in progress
-//!    (an open SSE stream counts until it closes) → `429` with `Retry-After`;
+//! 3. more connections of this caller than [`ServeOptions::max_connections_per_principal`],
+//!    or more than [`HttpConfig::max_requests_per_principal`] requests of this caller in
+//!    progress (an open SSE stream counts until it closes) → `429` with `Retry-After`;
 //! 4. body larger than [`HttpConfig::max_body_bytes`] → `413`; not received within
 //!    [`HttpConfig::body_timeout`] → `408`; a read-only credential's message that changes
 //!    something (`tools/call`, `tasks/update`, `tasks/cancel`, ...) → `403`
 //!    `insufficient_scope`;
 //! 5. `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` are trimmed and `=?base64?…?=`-decoded
-//!    into [`RoutingHeaders`] and the message is dispatched;
-//! 6. [`Dispatched::Accepted`] → `202` (no body), [`Dispatched::Reply`] → its status with one compact
-//!    JSON body, [`Dispatched::Stream`] → `200 text/event-stream`, one message per `data:` line,
-//!    keep-alive comments in between.
+//!    into [`RoutingHeaders`], `Mcp-Session-Id` is read, and the message goes to the era entry;
+//! 6. its outcome: nothing → `202` (no body), one reply → its status with one compact JSON
+//!    body, a stream → `200 text/event-stream`, one message per `data:` line, keep-alive
+//!    comments in between (legacy streams with event ids).
 //!
 //! The dispatch runs on its own tokio task: a client that drops its connection while a
 //! `tools/call` is in flight never interrupts task creation half-way (the task is committed

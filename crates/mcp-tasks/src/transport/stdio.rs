@@ -135,7 +135,17 @@ where
         }
     };
     drop(reader);
+    finish(server, end, writer).await
+}
 
+/// Ends serving after the read loop ended for `end`: the requests in flight are answered
+/// (open listen streams end, given a grace at a shutdown), the output is flushed, and the
+/// first error of reading or writing is returned.
+async fn finish(
+    server: Server,
+    end: End,
+    writer: tokio::task::JoinHandle<io::Result<()>>,
+) -> io::Result<()> {
     // The connection was the legacy session: its in-process state goes (tasks stay).
     if let Some(session) = &server.session {
         server.entry.forget(session);

@@ -1,6 +1,6 @@
 //! Streamable HTTP for legacy (`2025-11-25`, `2025-06-18`) sessions on the same endpoint: the
 //! HTTP side only (the `Mcp-Session-Id` and `Last-Event-ID` headers, SSE events with ids);
-//! sessions themselves are the era entry's ([`crate::era`]).
+//! sessions themselves are the era entry's (`era::Entry`).
 //!
 //! - `POST` `initialize` (without `Mcp-Session-Id`): the response carries the new
 //!   `Mcp-Session-Id`; every later message of the session must carry it (a legacy request
