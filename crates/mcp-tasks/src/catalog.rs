@@ -451,22 +451,24 @@ impl UriPattern {
     }
 }
 
-/// Decodes `%XX` escapes; `None` for a malformed escape or bytes that are not UTF-8.
+/// Decodes `%XX` escapes; `None` for a malformed escape (a `%` not followed by two hex
+/// digits) or bytes that are not UTF-8.
 fn percent_decode(s: &str) -> Option<String> {
+    // `percent_decode_str` leaves a malformed escape as it is: refuse it first.
     let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
+    let well_formed = bytes.iter().enumerate().all(|(i, &b)| {
+        b != b'%'
+            || bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    });
+    if !well_formed {
+        return None;
     }
-    String::from_utf8(out).ok()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .ok()
+        .map(std::borrow::Cow::into_owned)
 }
 
 /// What a completion is for: a prompt's argument or a resource template's variable.

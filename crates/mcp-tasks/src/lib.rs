@@ -20,7 +20,8 @@
 //! - `shared`: the state one runtime shares (store, tools, live tasks, config).
 //! - `actor`: task actors, the supervisor, listen subscribers.
 //! - `protocol`: the dispatcher, and the one mapping of internal errors to JSON-RPC errors.
-//! - `runtime`, then `transport` and `client` on top.
+//! - `runtime`, then `legacy` (the `2025-11-25` adapter) and `era` (the one entry of both
+//!   protocol eras, which every transport calls), then `transport` and `client` on top.
 //!
 //! # Features
 //!
@@ -43,6 +44,7 @@ struct WorkspaceReadme;
 // The internal layers. Some of their items are public only through `internals` below, for the
 // workspace's tests: `missing_docs` is for the public API.
 mod actor;
+mod era;
 mod limits;
 #[allow(missing_docs)]
 mod persist;

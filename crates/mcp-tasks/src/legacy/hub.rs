@@ -8,8 +8,6 @@
 //! no open stream and no request waiting for the client (that one's state goes, as after a
 //! restart); when every one has, the new one is refused. Idle sessions are forgotten a few at
 //! a time as new ones arrive, so that making a session costs the same however many are held.
-// Session ids and resumable SSE streams exist only on the Streamable HTTP transport.
-#![cfg_attr(not(feature = "http"), allow(dead_code))]
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +31,7 @@ const IDLE: Duration = Duration::from_secs(3600);
 /// again after about `held / SWEEP_STEP` new ones).
 const SWEEP_STEP: usize = 2;
 /// How long a finished stream stays resumable.
+#[cfg(feature = "http")]
 const FINISHED_RETENTION: Duration = Duration::from_secs(300);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -99,6 +98,7 @@ impl StreamLog {
 
     /// Returns once nobody has read the stream for `grace` (its client went away and did not
     /// resume it).
+    #[cfg(feature = "http")]
     pub(crate) async fn unread_for(&self, grace: Duration) {
         let mut rx = self.readers.subscribe();
         loop {
@@ -148,6 +148,7 @@ impl StreamLog {
         lock(&self.inner).finished.is_some()
     }
 
+    #[cfg(feature = "http")]
     fn expired(&self, now: Instant) -> bool {
         lock(&self.inner)
             .finished
@@ -209,6 +210,7 @@ pub(crate) fn event_id(stream: u64, seq: u64) -> String {
 }
 
 /// Reads an SSE event id back.
+#[cfg(feature = "http")]
 pub(crate) fn parse_event_id(id: &str) -> Option<(u64, u64)> {
     let (stream, seq) = id.trim().split_once('-')?;
     Some((stream.parse().ok()?, seq.parse().ok()?))
@@ -219,6 +221,7 @@ pub(crate) struct Live {
     /// The standing stream (HTTP GET; unsolicited lines on stdio).
     pub(crate) standing: Arc<StreamLog>,
     streams: Mutex<HashMap<u64, Arc<StreamLog>>>,
+    #[cfg(feature = "http")]
     next_stream: AtomicU64,
     /// Server-to-client requests of synchronous calls waiting for the client's response.
     pending: Mutex<HashMap<String, oneshot::Sender<Value>>>,
@@ -246,6 +249,7 @@ impl Live {
             followed: Mutex::new(HashMap::new()),
             standing: StreamLog::new(0),
             streams: Mutex::new(HashMap::new()),
+            #[cfg(feature = "http")]
             next_stream: AtomicU64::new(1),
             pending: Mutex::new(HashMap::new()),
             next_request: AtomicU64::new(1),
@@ -257,6 +261,7 @@ impl Live {
     }
 
     /// A new resumable stream of this session.
+    #[cfg(feature = "http")]
     pub(crate) fn open_stream(&self) -> Arc<StreamLog> {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let log = StreamLog::new(id);
@@ -268,6 +273,7 @@ impl Live {
     }
 
     /// A stream by number (`0` is the standing stream), while it is retained.
+    #[cfg(feature = "http")]
     pub(crate) fn stream(&self, id: u64) -> Option<Arc<StreamLog>> {
         if id == 0 {
             return Some(self.standing.clone());
@@ -561,6 +567,7 @@ mod tests {
     use futures::StreamExt;
     use serde_json::json;
 
+    #[cfg(feature = "http")]
     #[tokio::test]
     async fn a_stream_resumes_after_an_event_id() {
         let live = Live::new(Owner::anonymous(), "2025-11-25");
@@ -602,6 +609,7 @@ mod tests {
         assert_eq!(rx.await.unwrap(), json!({"ok": true}));
     }
 
+    #[cfg(feature = "http")]
     #[tokio::test(start_paused = true)]
     async fn a_stream_is_abandoned_only_after_the_grace_without_a_reader() {
         let live = Live::new(Owner::anonymous(), V);
@@ -627,6 +635,7 @@ mod tests {
             .expect("abandoned after the grace");
     }
 
+    #[cfg(feature = "http")]
     #[test]
     fn event_ids_parse() {
         assert_eq!(parse_event_id("3-17"), Some((3, 17)));

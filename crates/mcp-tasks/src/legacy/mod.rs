@@ -43,8 +43,9 @@ use crate::wire::{self, LogLevel, TASKS_EXTENSION, keys, methods};
 pub(crate) use hub::Live;
 #[cfg(feature = "http")]
 pub(crate) use hub::parse_event_id;
-#[cfg_attr(not(feature = "http"), allow(unused_imports))]
-pub(crate) use session::{Session, SessionError, SessionState};
+#[cfg(feature = "http")]
+pub(crate) use session::SessionError;
+pub(crate) use session::{Session, SessionState};
 
 /// The legacy protocol versions this server negotiates, newest first.
 pub const LEGACY_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18"];
@@ -93,7 +94,7 @@ pub(crate) enum LegacyOutcome {
 pub(crate) struct Legacy {
     handle: RuntimeHandle,
     shared: Arc<Shared>,
-    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    #[cfg(feature = "http")]
     codec: session::SessionCodec,
     hub: hub::Hub,
     watchers: Arc<watch::Watchers>,
@@ -106,11 +107,13 @@ pub(crate) struct Legacy {
 impl Legacy {
     pub(crate) fn new(handle: RuntimeHandle) -> Arc<Self> {
         let shared = handle.shared().clone();
+        #[cfg(feature = "http")]
         let key = shared
             .request_state
             .derive_key("mcp-tasks legacy session v1");
         let legacy = Arc::new(Self {
             handle,
+            #[cfg(feature = "http")]
             codec: session::SessionCodec::new(key),
             hub: hub::Hub::new(shared.quotas.quotas().max_sessions),
             shared,
@@ -798,62 +801,75 @@ impl Call {
                      stream: accept text/event-stream",
                 ));
             }
-            let requests = result
-                .get("inputRequests")
-                .and_then(Value::as_object)
-                .cloned()
-                .unwrap_or_default();
-            let state = result.get("requestState").cloned();
-            let mut waits = Vec::new();
-            let mut keys = Vec::new();
-            for (key, request) in &requests {
-                let (rid, rx) = live.expect_response(CALL_REQUEST_PREFIX);
-                let message = server_request(&rid, request, &self.session.version, None);
-                if out.send(message).await.is_err() {
-                    live.forget_request(&rid);
-                    return Err(RpcError::internal("the client went away"));
-                }
-                keys.push((key.clone(), rid));
-                waits.push(rx);
-            }
-            let answered = tokio::select! {
-                answers = tokio::time::timeout(INPUT_TIMEOUT, future::join_all(waits)) => answers,
-                _ = ended.wait_for(|e| *e) => {
-                    return Err(RpcError::invalid_request("the session ended"));
-                }
-            };
-            let Ok(answers) = answered else {
-                for (_, rid) in &keys {
-                    live.forget_request(rid);
-                }
-                return Err(RpcError::internal(format!(
-                    "the client did not answer the input requests within {} s",
-                    INPUT_TIMEOUT.as_secs()
-                )));
-            };
-            let mut responses = Map::new();
-            for ((key, _), answer) in keys.into_iter().zip(answers) {
-                let Ok(message) = answer else {
-                    return Err(RpcError::invalid_request("the session ended"));
-                };
-                match message.get("result") {
-                    Some(result) if result.is_object() => {
-                        responses.insert(key, result.clone());
-                    }
-                    _ => {
-                        let error = message.get("error").cloned().unwrap_or(Value::Null);
-                        return Err(RpcError::internal(format!(
-                            "the client refused the input request `{key}`: {error}"
-                        )));
-                    }
-                }
-            }
+            let (responses, state) = self.ask_client(&live, result, out, &mut ended).await?;
             params.insert("inputResponses".into(), Value::Object(responses));
             match state {
                 Some(s) => params.insert("requestState".into(), s),
                 None => params.remove("requestState"),
             };
         }
+    }
+
+    /// Sends one round's input requests to the client as server-to-client requests and
+    /// collects its answers: the `inputResponses` of the next round, and its `requestState`.
+    async fn ask_client(
+        &self,
+        live: &Live,
+        result: &Value,
+        out: &mpsc::Sender<Value>,
+        ended: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Result<(Map<String, Value>, Option<Value>), RpcError> {
+        let requests = result
+            .get("inputRequests")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let state = result.get("requestState").cloned();
+        let mut waits = Vec::new();
+        let mut keys = Vec::new();
+        for (key, request) in &requests {
+            let (rid, rx) = live.expect_response(CALL_REQUEST_PREFIX);
+            let message = server_request(&rid, request, &self.session.version, None);
+            if out.send(message).await.is_err() {
+                live.forget_request(&rid);
+                return Err(RpcError::internal("the client went away"));
+            }
+            keys.push((key.clone(), rid));
+            waits.push(rx);
+        }
+        let answered = tokio::select! {
+            answers = tokio::time::timeout(INPUT_TIMEOUT, future::join_all(waits)) => answers,
+            _ = ended.wait_for(|e| *e) => {
+                return Err(RpcError::invalid_request("the session ended"));
+            }
+        };
+        let Ok(answers) = answered else {
+            for (_, rid) in &keys {
+                live.forget_request(rid);
+            }
+            return Err(RpcError::internal(format!(
+                "the client did not answer the input requests within {} s",
+                INPUT_TIMEOUT.as_secs()
+            )));
+        };
+        let mut responses = Map::new();
+        for ((key, _), answer) in keys.into_iter().zip(answers) {
+            let Ok(message) = answer else {
+                return Err(RpcError::invalid_request("the session ended"));
+            };
+            match message.get("result") {
+                Some(result) if result.is_object() => {
+                    responses.insert(key, result.clone());
+                }
+                _ => {
+                    let error = message.get("error").cloned().unwrap_or(Value::Null);
+                    return Err(RpcError::internal(format!(
+                        "the client refused the input request `{key}`: {error}"
+                    )));
+                }
+            }
+        }
+        Ok((responses, state))
     }
 
     /// `tasks/get` etc. share the modern `tasks/get` as their first step.

@@ -112,14 +112,12 @@ impl Dispatcher {
         ))
     }
 
-    /// `completion/complete` for a prompt argument or a template variable. A known prompt or
-    /// template without a completer gets no values; an unknown one, or an argument it does
-    /// not declare, is `-32602`.
-    pub(super) async fn complete(
+    /// The `ref` of a `completion/complete` request: a known prompt and one of its
+    /// arguments, or a known template and one of its variables.
+    fn completion_ref(
         &self,
         params: Option<&Map<String, Value>>,
-        ctx: &RequestContext,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<CompletionRef, RpcError> {
         let catalog = &self.shared.catalog;
         let reference = object_member(params, "ref")?
             .ok_or_else(|| RpcError::invalid_params("`ref` is required"))?;
@@ -161,23 +159,23 @@ impl Dispatcher {
                 )));
             }
         };
+        Ok(reference)
+    }
+
+    /// `completion/complete` for a prompt argument or a template variable. A known prompt or
+    /// template without a completer gets no values; an unknown one, or an argument it does
+    /// not declare, is `-32602`.
+    pub(super) async fn complete(
+        &self,
+        params: Option<&Map<String, Value>>,
+        ctx: &RequestContext,
+    ) -> Result<Value, RpcError> {
+        let catalog = &self.shared.catalog;
+        let reference = self.completion_ref(params)?;
         let argument = object_member(params, "argument")?.unwrap_or_default();
         let name = string_at(Some(&argument), "name", "argument.name")?;
         let value = string_at(Some(&argument), "value", "argument.value")?;
-        let mut context = BTreeMap::new();
-        if let Some(c) = object_member(params, "context")?
-            && let Some(arguments) = object_member(Some(&c), "arguments")?
-        {
-            for (k, v) in arguments {
-                let Value::String(v) = v else {
-                    return Err(RpcError::invalid_params(format!(
-                        "`context.arguments.{k}` must be a string, not {}",
-                        kind(&v)
-                    )));
-                };
-                context.insert(k, v);
-            }
-        }
+        let context = completion_context(params)?;
         let completion = match catalog.completer(&reference) {
             None => Completion::default(),
             Some(completer) => {
@@ -200,6 +198,27 @@ impl Dispatcher {
             completion.to_json(),
         ))
     }
+}
+
+/// The `context.arguments` of a `completion/complete` request (strings only).
+fn completion_context(
+    params: Option<&Map<String, Value>>,
+) -> Result<BTreeMap<String, String>, RpcError> {
+    let mut context = BTreeMap::new();
+    if let Some(c) = object_member(params, "context")?
+        && let Some(arguments) = object_member(Some(&c), "arguments")?
+    {
+        for (k, v) in arguments {
+            let Value::String(v) = v else {
+                return Err(RpcError::invalid_params(format!(
+                    "`context.arguments.{k}` must be a string, not {}",
+                    kind(&v)
+                )));
+            };
+            context.insert(k, v);
+        }
+    }
+    Ok(context)
 }
 
 /// `argument.name` of a `completion/complete` request.

@@ -20,7 +20,45 @@ use crate::wire::meta::RequestMeta;
 /// Most task ids one listen request may name.
 const MAX_TASK_IDS: usize = 1024;
 
+/// The `notifications.taskIds` of a listen's `params`; `None` when absent.
+fn requested_task_ids(
+    params: Option<&Map<String, Value>>,
+) -> Result<Option<Vec<String>>, RpcError> {
+    let filter = match params.and_then(|p| p.get("notifications")) {
+        Some(Value::Object(f)) => f,
+        Some(other) => {
+            return Err(RpcError::invalid_params(format!(
+                "`notifications` must be an object, not {}",
+                kind(other)
+            )));
+        }
+        None => return Err(RpcError::invalid_params("`notifications` is required")),
+    };
+    match filter.get("taskIds") {
+        None => Ok(None),
+        Some(Value::Array(ids)) if ids.len() <= MAX_TASK_IDS => {
+            let mut out = Vec::with_capacity(ids.len());
+            for v in ids {
+                let s = v.as_str().ok_or_else(|| {
+                    RpcError::invalid_params("`notifications.taskIds` must hold strings")
+                })?;
+                out.push(s.to_owned());
+            }
+            Ok(Some(out))
+        }
+        Some(Value::Array(_)) => Err(RpcError::invalid_params(format!(
+            "`notifications.taskIds` names more than {MAX_TASK_IDS} tasks"
+        ))),
+        Some(other) => Err(RpcError::invalid_params(format!(
+            "`notifications.taskIds` must be an array, not {}",
+            kind(other)
+        ))),
+    }
+}
+
 impl Dispatcher {
+    /// `subscriptions/listen`: the acknowledgement (naming the agreed tasks), then the
+    /// notifications of a subscriber actor, until the request ends or the runtime closes.
     pub(super) async fn listen(
         &self,
         id: &Value,
@@ -28,63 +66,13 @@ impl Dispatcher {
         meta: &RequestMeta,
         ctx: &RequestContext,
     ) -> Result<MessageStream, RpcError> {
-        let filter = match params.and_then(|p| p.get("notifications")) {
-            Some(Value::Object(f)) => f,
-            Some(other) => {
-                return Err(RpcError::invalid_params(format!(
-                    "`notifications` must be an object, not {}",
-                    kind(other)
-                )));
-            }
-            None => return Err(RpcError::invalid_params("`notifications` is required")),
-        };
-        let requested = match filter.get("taskIds") {
-            None => None,
-            Some(Value::Array(ids)) if ids.len() <= MAX_TASK_IDS => {
-                let mut out = Vec::with_capacity(ids.len());
-                for v in ids {
-                    let s = v.as_str().ok_or_else(|| {
-                        RpcError::invalid_params("`notifications.taskIds` must hold strings")
-                    })?;
-                    out.push(s.to_owned());
-                }
-                Some(out)
-            }
-            Some(Value::Array(_)) => {
-                return Err(RpcError::invalid_params(format!(
-                    "`notifications.taskIds` names more than {MAX_TASK_IDS} tasks"
-                )));
-            }
-            Some(other) => {
-                return Err(RpcError::invalid_params(format!(
-                    "`notifications.taskIds` must be an array, not {}",
-                    kind(other)
-                )));
-            }
-        };
+        let requested = requested_task_ids(params)?;
         if requested.is_some() && !meta.declares_tasks() {
             return Err(RpcError::tasks_extension_required());
         }
-
-        // Only the caller's own, known, unexpired tasks are agreed; the others are left out
-        // of the acknowledgement exactly like unknown ids.
-        let now = self.shared.now_ms();
-        let mut agreed = Vec::new();
-        let mut seen = BTreeSet::new();
-        for raw in requested.iter().flatten() {
-            let Ok(task) = TaskId::parse(raw) else {
-                continue;
-            };
-            if !seen.insert(task.clone()) {
-                continue;
-            }
-            if let Some(record) = self.shared.load_for(&task, &ctx.owner).await?
-                && record.owner.same_as(&ctx.owner)
-                && !record.is_expired(now)
-            {
-                agreed.push(task);
-            }
-        }
+        let agreed = self
+            .agreed_tasks(requested.iter().flatten(), &ctx.owner)
+            .await?;
 
         // Quotas on what this owner's listens hold, before anything is started.
         let permit = self.shared.quotas.admit_listen(&ctx.owner, agreed.len())?;
@@ -121,6 +109,33 @@ impl Dispatcher {
             "result": { "resultType": "complete", "_meta": { keys::SUBSCRIPTION_ID: id } }
         });
         Ok(stream(rx, out, self.shared.closing.clone(), done, permit))
+    }
+
+    /// Of the `requested` task ids, the caller's own, known, unexpired tasks (each once):
+    /// the others are left out of the acknowledgement exactly like unknown ids.
+    async fn agreed_tasks(
+        &self,
+        requested: impl Iterator<Item = &String>,
+        owner: &crate::task::Owner,
+    ) -> Result<Vec<TaskId>, RpcError> {
+        let now = self.shared.now_ms();
+        let mut agreed = Vec::new();
+        let mut seen = BTreeSet::new();
+        for raw in requested {
+            let Ok(task) = TaskId::parse(raw) else {
+                continue;
+            };
+            if !seen.insert(task.clone()) {
+                continue;
+            }
+            if let Some(record) = self.shared.load_for(&task, owner).await?
+                && record.owner.same_as(owner)
+                && !record.is_expired(now)
+            {
+                agreed.push(task);
+            }
+        }
+        Ok(agreed)
     }
 }
 

@@ -178,8 +178,7 @@ impl Dispatcher {
             .get(&call.name)
             .cloned()
             .ok_or_else(|| RpcError::invalid_params(format!("Unknown tool: {}", call.name)))?;
-        let descriptor = tool.descriptor();
-        let as_task = match descriptor.task_policy {
+        let as_task = match tool.descriptor().task_policy {
             TaskPolicy::Never => false,
             TaskPolicy::WhenSupported => meta.declares_tasks(),
             TaskPolicy::Always if meta.declares_tasks() => true,
@@ -187,78 +186,71 @@ impl Dispatcher {
         };
         self.shared.tools.validate(&call.name, &call.arguments)?;
         let capabilities = self.shared.capabilities.share(&meta.client_capabilities);
-        let binding = Binding {
-            owner: &ctx.owner,
-            method: methods::TOOLS_CALL,
-            name: &call.name,
-            arguments: &call.arguments,
-        };
-
-        if !as_task {
-            let wants_stream =
-                ctx.streams && (meta.progress_token.is_some() || meta.log_level.is_some());
-            if !wants_stream {
-                let tool_ctx = self.mrtr_context(
-                    &binding,
-                    call.request_state.as_deref(),
-                    call.input_responses.clone(),
-                    capabilities.clone(),
-                    None,
-                )?;
-                return run_sync(&self.shared, tool, tool_ctx, binding)
-                    .await
-                    .map(Answer::Result);
-            }
-            let (tx, rx) = mpsc::channel(PROGRESS_BUFFER);
-            let tool_ctx = self.mrtr_context(
-                &binding,
-                call.request_state.as_deref(),
-                call.input_responses.clone(),
-                capabilities.clone(),
-                Some(RequestSink::new(
-                    meta.progress_token.clone(),
-                    meta.log_level,
-                    tx,
-                )),
-            )?;
-            let shared = self.shared.clone();
-            let owner = ctx.owner.clone();
-            let handle = tokio::spawn(async move {
-                let binding = Binding {
-                    owner: &owner,
-                    method: methods::TOOLS_CALL,
-                    name: &call.name,
-                    arguments: &call.arguments,
-                };
-                run_sync(&shared, tool, tool_ctx, binding).await
-            });
-            let mut sync_call = SyncCall {
-                progress: rx,
-                call: Some(handle),
-                queued: VecDeque::new(),
-            };
-            return match sync_call.next().await {
-                Some(Step::Done(done)) => done.map(Answer::Result),
-                Some(Step::Progress(first)) => {
-                    let id = id.clone();
-                    let rest = futures::stream::unfold(sync_call, move |mut sync_call| {
-                        let id = id.clone();
-                        async move {
-                            let message = match sync_call.next().await? {
-                                Step::Progress(message) => message,
-                                Step::Done(Ok(result)) => jsonrpc::result_response(&id, result),
-                                Step::Done(Err(e)) => jsonrpc::error_response(Some(&id), &e),
-                            };
-                            Some((message, sync_call))
-                        }
-                    });
-                    let stream = futures::stream::once(async move { first }).chain(rest);
-                    Ok(Answer::Stream(MessageStream::new(stream.boxed())))
-                }
-                None => Err(RpcError::internal("the tool call ended without a result")),
-            };
+        if as_task {
+            self.create_task(call, tool, capabilities, ctx).await
+        } else {
+            self.call_sync(id, call, tool, capabilities, meta, ctx)
+                .await
         }
+    }
 
+    /// A synchronous call: its result, or (when the request asks for reports on a transport
+    /// that can stream) its reports as they come, then its response.
+    async fn call_sync(
+        &self,
+        id: &Value,
+        call: CallToolParams,
+        tool: Arc<dyn Tool>,
+        capabilities: Arc<Value>,
+        meta: &RequestMeta,
+        ctx: &RequestContext,
+    ) -> Result<Answer, RpcError> {
+        let binding = tools_call_binding(&ctx.owner, &call);
+        let wants_stream =
+            ctx.streams && (meta.progress_token.is_some() || meta.log_level.is_some());
+        let (sink, progress) = if wants_stream {
+            let (tx, rx) = mpsc::channel(PROGRESS_BUFFER);
+            let sink = RequestSink::new(meta.progress_token.clone(), meta.log_level, tx);
+            (Some(sink), Some(rx))
+        } else {
+            (None, None)
+        };
+        let tool_ctx = self.mrtr_context(
+            &binding,
+            call.request_state.as_deref(),
+            call.input_responses.clone(),
+            capabilities,
+            sink,
+        )?;
+        let Some(progress) = progress else {
+            return run_sync(&self.shared, tool, tool_ctx, binding)
+                .await
+                .map(Answer::Result);
+        };
+        let shared = self.shared.clone();
+        let owner = ctx.owner.clone();
+        let handle = tokio::spawn(async move {
+            let binding = tools_call_binding(&owner, &call);
+            run_sync(&shared, tool, tool_ctx, binding).await
+        });
+        let sync_call = SyncCall {
+            progress,
+            call: Some(handle),
+            queued: VecDeque::new(),
+        };
+        with_progress(id.clone(), sync_call).await
+    }
+
+    /// A task: prepared by its tool (which may end the round with `input_required`),
+    /// admitted by the quotas, then stored and started; the handle leaves once it is durable.
+    async fn create_task(
+        &self,
+        call: CallToolParams,
+        tool: Arc<dyn Tool>,
+        capabilities: Arc<Value>,
+        ctx: &RequestContext,
+    ) -> Result<Answer, RpcError> {
+        let binding = tools_call_binding(&ctx.owner, &call);
         let tool_ctx = self.mrtr_context(
             &binding,
             call.request_state.as_deref(),
@@ -279,7 +271,11 @@ impl Dispatcher {
             Ok(Err(e)) => return Err(e.into()),
             Err(_) => return Err(RpcError::internal(format!("tool `{}` panicked", call.name))),
         };
-
+        // Collected anew: the record keeps the arguments for the task's whole life, and a
+        // cloned map carries the spare capacity of its source.
+        let arguments = Value::Object(arguments.into_iter().collect());
+        let permit = self.admit_task(&ctx.owner, &arguments).await?;
+        let descriptor = tool.descriptor();
         let config = &self.shared.config;
         let ttl_ms = descriptor.ttl_ms.or_else(|| {
             config
@@ -289,26 +285,7 @@ impl Dispatcher {
         let poll_ms = u64::try_from(config.poll_interval.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
-        // Quotas before anything is stored: a refused creation leaves no trace.
-        // Collected anew: the record keeps the arguments for the task's whole life, and a
-        // cloned map carries the spare capacity of its source.
-        let arguments = Value::Object(arguments.into_iter().collect());
-        let argument_bytes = crate::limits::json_len(&arguments) as u64;
-        if self.shared.quotas.limits_stored_bytes() {
-            // The disk quota: what the owner already stores, finished tasks included.
-            let key = crate::store::owner_key(&ctx.owner.tenant, &ctx.owner.principal);
-            let stored = self.shared.store.usage(&key).await?.bytes;
-            self.shared
-                .quotas
-                .check_stored(&ctx.owner, stored, argument_bytes)?;
-        }
-        let permit = self.shared.quotas.admit_create(
-            &ctx.owner,
-            self.shared.live.usage_of(&ctx.owner),
-            argument_bytes,
-            std::time::Instant::now(),
-        )?;
-        let record = TaskRecord::new(
+        let record = Arc::new(TaskRecord::new(
             TaskId::generate(),
             ctx.owner.clone(),
             call.name.clone(),
@@ -318,27 +295,62 @@ impl Dispatcher {
             ttl_ms,
             Some(poll_ms),
             descriptor.initial_status_message.clone(),
-        );
-        // Durable before return: the handle leaves only after the commit holding the task.
-        // The actor is spawned while the commit is in flight (it starts the tool and waits
-        // for the commit's outcome before it handles anything or becomes visible to
-        // readers), and the handle leaves as soon as the commit returns, without waiting for
-        // the spawn. Commit and spawn run detached, so a caller that goes away mid-request
-        // (an HTTP client disconnecting) cannot leave a stored task without its actor.
-        let record = Arc::new(record);
+        ));
+        self.commit_and_spawn(record.clone(), permit).await?;
+        tracing::debug!(task = %record.id, tool = %record.tool, principal = %record.owner.log_id(), "task created");
+        tracing::Span::current().record("mcp.task.id", record.id.as_str());
+        crate::telemetry::transition(record.status);
+        Ok(Answer::Task(record, crate::task::json::Shape::Created))
+    }
+
+    /// The quotas of a new task with `arguments`, before anything is stored: a refused
+    /// creation leaves no trace.
+    async fn admit_task(
+        &self,
+        owner: &crate::task::Owner,
+        arguments: &Value,
+    ) -> Result<crate::quota::CreatePermit, RpcError> {
+        let argument_bytes = crate::limits::json_len(arguments) as u64;
+        if self.shared.quotas.limits_stored_bytes() {
+            // The disk quota: what the owner already stores, finished tasks included.
+            let key = crate::store::owner_key(&owner.tenant, &owner.principal);
+            let stored = self.shared.store.usage(&key).await?.bytes;
+            self.shared
+                .quotas
+                .check_stored(owner, stored, argument_bytes)?;
+        }
+        Ok(self.shared.quotas.admit_create(
+            owner,
+            self.shared.live.usage_of(owner),
+            argument_bytes,
+            std::time::Instant::now(),
+        )?)
+    }
+
+    /// Stores a new task and starts its actor. Durable before return: the handle leaves only
+    /// after the commit holding the task. The actor is spawned while the commit is in flight
+    /// (it starts the tool and waits for the commit's outcome before it handles anything or
+    /// becomes visible to readers), and this returns as soon as the commit does, without
+    /// waiting for the spawn. Commit and spawn run detached, so a caller that goes away
+    /// mid-request (an HTTP client disconnecting) cannot leave a stored task without its
+    /// actor.
+    async fn commit_and_spawn(
+        &self,
+        record: Arc<TaskRecord>,
+        permit: crate::quota::CreatePermit,
+    ) -> Result<(), RpcError> {
         let shared = self.shared.clone();
         let supervisor = self.supervisor.clone();
-        let detached = record.clone();
         let (answer_tx, answer_rx) = oneshot::channel::<Result<(), RpcError>>();
         tokio::spawn(async move {
             let (created_tx, created_rx) = oneshot::channel::<bool>();
-            let id = detached.id.clone();
+            let id = record.id.clone();
             let spawn = supervisor.call(
-                |port| SupervisorMsg::Spawn(detached.clone(), created_rx, port),
+                |port| SupervisorMsg::Spawn(record.clone(), created_rx, port),
                 None,
             );
             let commit = async {
-                let committed = shared.commit(&detached).await;
+                let committed = shared.commit(&record).await;
                 #[cfg(feature = "failpoints")]
                 fail::fail_point!("create::after_commit");
                 let _ = created_tx.send(committed.is_ok());
@@ -356,10 +368,40 @@ impl Dispatcher {
         });
         answer_rx
             .await
-            .map_err(|_| RpcError::internal("task creation was interrupted"))??;
-        tracing::debug!(task = %record.id, tool = %record.tool, principal = %record.owner.log_id(), "task created");
-        tracing::Span::current().record("mcp.task.id", record.id.as_str());
-        crate::telemetry::transition(record.status);
-        Ok(Answer::Task(record, crate::task::json::Shape::Created))
+            .map_err(|_| RpcError::internal("task creation was interrupted"))?
+    }
+}
+
+/// The binding of a `tools/call`'s signed request state: owner, tool and arguments.
+fn tools_call_binding<'a>(owner: &'a crate::task::Owner, call: &'a CallToolParams) -> Binding<'a> {
+    Binding {
+        owner,
+        method: methods::TOOLS_CALL,
+        name: &call.name,
+        arguments: &call.arguments,
+    }
+}
+
+/// The answer of a synchronous call that may report progress: its result when it ends
+/// without a report, else a stream of its reports then its response.
+async fn with_progress(id: Value, mut sync_call: SyncCall) -> Result<Answer, RpcError> {
+    match sync_call.next().await {
+        Some(Step::Done(done)) => done.map(Answer::Result),
+        Some(Step::Progress(first)) => {
+            let rest = futures::stream::unfold(sync_call, move |mut sync_call| {
+                let id = id.clone();
+                async move {
+                    let message = match sync_call.next().await? {
+                        Step::Progress(message) => message,
+                        Step::Done(Ok(result)) => jsonrpc::result_response(&id, result),
+                        Step::Done(Err(e)) => jsonrpc::error_response(Some(&id), &e),
+                    };
+                    Some((message, sync_call))
+                }
+            });
+            let stream = futures::stream::once(async move { first }).chain(rest);
+            Ok(Answer::Stream(MessageStream::new(stream.boxed())))
+        }
+        None => Err(RpcError::internal("the tool call ended without a result")),
     }
 }

@@ -96,6 +96,7 @@ impl RequestStateCodec {
 
     /// A key for another purpose, derived from this one (HMAC-SHA256 of `label`): as durable
     /// and as shared between replicas as the request-state key, and independent of it.
+    #[cfg(feature = "http")]
     pub(crate) fn derive_key(&self, label: &str) -> Vec<u8> {
         self.mac(label.as_bytes()).finalize().into_bytes().to_vec()
     }

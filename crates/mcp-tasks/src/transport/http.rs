@@ -1,28 +1,32 @@
 //! Streamable HTTP transport (MCP `2026-07-28` transports, SEP-2243): one `POST` endpoint, JSON or SSE
 //! responses, `202` for notifications, `405` for every other method.
 //!
-//! The transport only extracts, decodes and maps: the dispatcher ([`RuntimeHandle::dispatch`])
-//! validates the envelope, compares the routing headers with the body and chooses the HTTP
-//! status of every JSON-RPC answer. What happens here, in order:
+//! The transport only extracts, decodes and maps: the era entry (`era::Entry`) tells the
+//! protocol eras apart and handles legacy sessions, and the dispatcher
+//! ([`RuntimeHandle::dispatch`]) validates the envelope, compares the routing headers with the
+//! body and chooses the HTTP status of every JSON-RPC answer. What happens here, in order
+//! (steps 1 to 4 are tower layers around the route, in `http/guards.rs`):
 //!
 //! 1. `Host` not allowed, or `Origin` present and not allowed (DNS rebinding), either sent
-//!    twice, or a `Host` port that is not a port number → `403`;
+//!    twice, or a `Host` port that is not a port number → `403`; a method other than `POST`
+//!    (or `GET`/`DELETE` with an `Mcp-Session-Id`) → `405`;
 //! 2. the [`HttpConfig::authenticator`] runs on the request head, before any of the body is
 //!    read: no or a bad credential → `401`, a credential without a scope that
 //!    [`HttpConfig::resource`] requires (and not the read-only [`crate::auth::READ_ONLY_SCOPE`])
 //!    → `403`, both with `WWW-Authenticate: Bearer
 //!    resource_metadata="…"` (RFC 6750 §3, RFC 9728 §5.1); the verifier unavailable → `503`;
-//! 3. more than [`HttpConfig::max_requests_per_principal`] requests of this caller in progress
-//!    (an open SSE stream counts until it closes) → `429` with `Retry-After`;
+//! 3. more connections of this caller than [`ServeOptions::max_connections_per_principal`],
+//!    or more than [`HttpConfig::max_requests_per_principal`] requests of this caller in
+//!    progress (an open SSE stream counts until it closes) → `429` with `Retry-After`;
 //! 4. body larger than [`HttpConfig::max_body_bytes`] → `413`; not received within
 //!    [`HttpConfig::body_timeout`] → `408`; a read-only credential's message that changes
 //!    something (`tools/call`, `tasks/update`, `tasks/cancel`, ...) → `403`
 //!    `insufficient_scope`;
 //! 5. `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` are trimmed and `=?base64?…?=`-decoded
-//!    into [`RoutingHeaders`] and the message is dispatched;
-//! 6. [`Dispatched::Accepted`] → `202` (no body), [`Dispatched::Reply`] → its status with one compact
-//!    JSON body, [`Dispatched::Stream`] → `200 text/event-stream`, one message per `data:` line,
-//!    keep-alive comments in between.
+//!    into [`RoutingHeaders`], `Mcp-Session-Id` is read, and the message goes to the era entry;
+//! 6. its outcome: nothing → `202` (no body), one reply → its status with one compact JSON
+//!    body, a stream → `200 text/event-stream`, one message per `data:` line, keep-alive
+//!    comments in between (legacy streams with event ids).
 //!
 //! The dispatch runs on its own tokio task: a client that drops its connection while a
 //! `tools/call` is in flight never interrupts task creation half-way (the task is committed
@@ -44,10 +48,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
-use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use axum::http::{Method, StatusCode};
@@ -59,8 +62,9 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use serde_json::Value;
 
-use crate::auth::{Anonymous, AuthError, Authenticator, Identity, ProtectedResource};
-use crate::protocol::{Dispatched, RequestContext, RoutingHeaders};
+use crate::auth::{Anonymous, Authenticator, Identity, ProtectedResource};
+use crate::era::Outcome;
+use crate::protocol::RoutingHeaders;
 use crate::runtime::RuntimeHandle;
 use crate::task::Owner;
 use crate::wire::error::{RpcError, code};
@@ -215,15 +219,17 @@ impl HttpConfig {
     }
 }
 
+mod guards;
 mod legacy;
 
 pub use legacy::SESSION_HEADER;
 
+/// The state of the MCP route: the era entry and what the guards need.
 struct Endpoint {
     handle: RuntimeHandle,
     config: HttpConfig,
-    /// The adapter for `2025-11-25` and `2025-06-18` sessions.
-    legacy: Arc<crate::legacy::Legacy>,
+    /// The one entry of both protocol eras.
+    entry: crate::era::Entry,
     /// Requests in progress per owner.
     in_flight: std::sync::Mutex<HashMap<Owner, usize>>,
 }
@@ -231,38 +237,6 @@ struct Endpoint {
 impl Endpoint {
     fn in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<Owner, usize>> {
         self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Counts one more request of `owner`, unless it has the most allowed.
-    fn begin_request(self: &Arc<Self>, owner: &Owner) -> Option<InFlight> {
-        let mut map = self.in_flight();
-        let n = map.entry(owner.clone()).or_default();
-        if *n >= self.config.max_requests_per_principal {
-            return None;
-        }
-        *n += 1;
-        Some(InFlight {
-            endpoint: self.clone(),
-            owner: owner.clone(),
-        })
-    }
-}
-
-/// One request in progress; dropped when its response (or SSE stream) is done.
-struct InFlight {
-    endpoint: Arc<Endpoint>,
-    owner: Owner,
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let mut map = self.endpoint.in_flight();
-        if let Some(n) = map.get_mut(&self.owner) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                map.remove(&self.owner);
-            }
-        }
     }
 }
 
@@ -306,23 +280,24 @@ impl Drop for InFlight {
 /// ```
 pub fn router(handle: RuntimeHandle, config: HttpConfig) -> Router {
     let path = config.path.clone();
+    let endpoint = Arc::new(Endpoint {
+        entry: crate::era::Entry::new(handle.clone()),
+        handle,
+        config,
+        in_flight: std::sync::Mutex::new(HashMap::new()),
+    });
     let mut router = Router::new()
-        .route(&path, any(endpoint))
+        .route(&path, guards::guarded(any(mcp), &endpoint))
         .route(HEALTHZ, get(healthz))
         .route(READYZ, get(readyz));
-    if let Some(resource) = &config.resource {
+    if let Some(resource) = &endpoint.config.resource {
         let specific = resource.metadata_path();
         router = router.route(&specific, get(resource_metadata));
         if specific != WELL_KNOWN {
             router = router.route(WELL_KNOWN, get(resource_metadata));
         }
     }
-    router.with_state(Arc::new(Endpoint {
-        legacy: crate::legacy::Legacy::new(handle.clone()),
-        handle,
-        config,
-        in_flight: std::sync::Mutex::new(HashMap::new()),
-    }))
+    router.with_state(endpoint)
 }
 
 /// The RFC 9728 well-known prefix.
@@ -405,166 +380,53 @@ pub async fn serve(
 
 pub use super::server::{ServeOptions, serve_with};
 
-async fn endpoint(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Response {
-    let started = Instant::now();
-    let method_header = request
-        .headers()
-        .get(METHOD_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_default();
-    let (response, kind) = respond(&endpoint, request).await;
-    // 429s are counted where quota refusals are made (every transport); the others here.
-    crate::telemetry::refused(response.status().as_u16());
-    tracing::debug!(
-        method = %method_header,
-        status = response.status().as_u16(),
-        kind,
-        elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
-        "MCP HTTP request"
-    );
+/// The MCP route, behind its [`guards`]: the request, authenticated and (for a `POST`) read,
+/// goes to the era entry, and its outcome becomes the response.
+async fn mcp(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Response {
+    let (mut parts, _body) = request.into_parts();
+    let owner = match parts.extensions.remove::<Identity>() {
+        Some(identity) => identity.owner,
+        None => Owner::anonymous(),
+    };
+    let hold = parts.extensions.remove::<guards::Hold>();
+    let message = match parts.method {
+        Method::GET => crate::era::Message::OpenStream {
+            last_event_id: legacy::last_event_id(&parts.headers),
+        },
+        Method::DELETE => crate::era::Message::EndSession,
+        _ => crate::era::Message::Bytes(
+            parts
+                .extensions
+                .remove::<guards::BodyBytes>()
+                .map(|b| b.0)
+                .unwrap_or_default(),
+        ),
+    };
+    let config = &endpoint.config;
+    let ctx = crate::era::Context {
+        owner,
+        streams: accepts_event_stream(&parts.headers),
+        binding: crate::era::Binding::Id(legacy::session_id(
+            &parts.headers,
+            config.legacy_resume_grace,
+        )),
+        routing: Some(routing_headers(&parts.headers)),
+        strict_headers: config.strict_headers,
+        hold: hold
+            .clone()
+            .map(|h| Box::new(h) as Box<dyn std::any::Any + Send + Sync>),
+    };
+    let (outcome, kind) = endpoint.entry.handle(message, ctx).await;
+    let mut response = respond(outcome, config.keep_alive, hold);
+    response.extensions_mut().insert(guards::Kind(kind));
     response
 }
 
-async fn respond(endpoint: &Arc<Endpoint>, request: Request) -> (Response, &'static str) {
-    let config = &endpoint.config;
-    let (parts, body) = request.into_parts();
-
-    // (1) DNS-rebinding protection.
-    if let Err(why) = check_host(&parts.headers, parts.uri.authority(), config) {
-        return (transport_error(StatusCode::FORBIDDEN, None, &why), "host");
-    }
-    if let Err(why) = check_origin(&parts.headers, config) {
-        return (transport_error(StatusCode::FORBIDDEN, None, &why), "origin");
-    }
-    // A legacy session's GET stream or DELETE.
-    if (parts.method == Method::GET || parts.method == Method::DELETE)
-        && legacy::session_header(&parts.headers).is_some()
-    {
-        let identity = match authenticate(config, &parts).await {
-            Ok(identity) => identity,
-            Err(refusal) => return (refusal, "unauthorized"),
-        };
-        if let Some(refusal) = bind_connection(&parts, &identity) {
-            return (refusal, "too-many-connections");
-        }
-        let Some(in_flight) = endpoint.begin_request(&identity.owner) else {
-            return (too_many(config), "too-many");
-        };
-        return legacy::get_or_delete(
-            endpoint,
-            &parts.method,
-            &parts.headers,
-            identity.owner,
-            in_flight,
-        )
-        .await;
-    }
-    if parts.method != Method::POST {
-        let mut response = transport_error(
-            StatusCode::METHOD_NOT_ALLOWED,
-            None,
-            &format!(
-                "{} is not supported: every MCP message is its own POST",
-                parts.method
-            ),
-        );
-        response
-            .headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static("POST"));
-        return (response, "method");
-    }
-
-    // (2) Who is calling, from the head alone: nothing unauthenticated is buffered.
-    let identity = match authenticate(config, &parts).await {
-        Ok(identity) => identity,
-        Err(refusal) => return (refusal, "unauthorized"),
-    };
-
-    // (3) This caller's connections and requests in progress, bounded.
-    if let Some(refusal) = bind_connection(&parts, &identity) {
-        return (refusal, "too-many-connections");
-    }
-    let Some(in_flight) = endpoint.begin_request(&identity.owner) else {
-        return (too_many(config), "too-many");
-    };
-
-    // (4) The body, bounded in size and time.
-    let read = tokio::time::timeout(
-        config.body_timeout,
-        read_body(&parts.headers, body, config.max_body_bytes),
-    )
-    .await;
-    let body = match read {
-        Err(_) => {
-            let why = format!(
-                "the request body did not arrive within {} s",
-                config.body_timeout.as_secs_f64()
-            );
-            return (
-                transport_error(StatusCode::REQUEST_TIMEOUT, None, &why),
-                "body-timeout",
-            );
-        }
-        Ok(read) => read,
-    };
-    let body = match body {
-        Ok(body) => body,
-        Err(BodyError::TooLarge) => {
-            let why = format!(
-                "the request body exceeds the limit of {} bytes",
-                config.max_body_bytes
-            );
-            return (
-                transport_error(StatusCode::PAYLOAD_TOO_LARGE, None, &why),
-                "too-large",
-            );
-        }
-        Err(BodyError::Read(e)) => {
-            let why = format!("the request body could not be read: {e}");
-            return (transport_error(StatusCode::BAD_REQUEST, None, &why), "body");
-        }
-    };
-
-    // A read-only credential (`tasks:read`) reads, in both eras.
-    if let Some(refusal) = refuse_write(config, &identity, &body) {
-        return (refusal, "read-only");
-    }
-
-    // A legacy session's message (or initialize) goes to the legacy adapter.
-    if let Some(message) = legacy::is_legacy_post(&parts.headers, &body) {
-        return legacy::post(endpoint, &parts.headers, identity.owner, message, in_flight).await;
-    }
-
-    // (5) Routing headers; a malformed one is -32020 for a request (a notification and an
-    // unreadable message get the dispatcher's usual answer).
-    let headers = match routing_headers(&parts.headers) {
-        Ok(headers) => headers,
-        Err(error) => match jsonrpc::parse(&body) {
-            Ok(jsonrpc::Incoming::Request { id, .. }) => {
-                let body = jsonrpc::error_response(Some(&id), &error);
-                return (json_response(StatusCode::BAD_REQUEST, &body), "json");
-            }
-            _ => RoutingHeaders::default(),
-        },
-    };
-    let ctx = RequestContext::http(identity.owner, headers, config.strict_headers)
-        .with_streams(accepts_event_stream(&parts.headers));
-
-    // The dispatch runs to completion even if the client goes away meanwhile, and keeps the
-    // caller's place among its requests in progress until then (so that calls abandoned by
-    // their clients still count).
-    let handle = endpoint.handle.clone();
-    let outcome = tokio::spawn(async move {
-        let outcome = handle.dispatch(&body, &ctx).await;
-        (outcome, in_flight)
-    })
-    .await;
-
-    // (6) Map the outcome.
+/// The response for an outcome of the era entry.
+fn respond(outcome: Outcome, keep_alive: Duration, hold: Option<guards::Hold>) -> Response {
     match outcome {
-        Ok((Dispatched::Accepted, _)) => (StatusCode::ACCEPTED.into_response(), "accepted"),
-        Ok((Dispatched::Reply(reply), _)) => {
+        Outcome::Accepted => StatusCode::ACCEPTED.into_response(),
+        Outcome::Reply(reply) => {
             let status = StatusCode::from_u16(reply.http_status)
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             let retry_after = (status == StatusCode::TOO_MANY_REQUESTS).then(|| {
@@ -578,170 +440,46 @@ async fn respond(endpoint: &Arc<Endpoint>, request: Request) -> (Response, &'sta
                     .headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from(secs));
             }
-            (response, "json")
+            response
         }
-        Ok((Dispatched::Stream(stream), in_flight)) => (
-            sse_response(
-                stream.map(|m| Event::default().data(sse_data(&m))).boxed(),
-                config.keep_alive,
-                in_flight,
-            ),
-            "sse",
+        Outcome::Stream(stream) => sse_response(
+            stream.map(|m| Event::default().data(sse_data(&m))).boxed(),
+            keep_alive,
+            hold,
         ),
-        Err(e) => {
-            tracing::error!(error = %e, "the dispatcher task failed");
-            let error = RpcError::internal("the request could not be completed");
-            let body = jsonrpc::error_response(None, &error);
-            (
-                json_response(StatusCode::INTERNAL_SERVER_ERROR, &body),
-                "json",
-            )
-        }
-    }
-}
-
-/// `429` for a caller with too many requests in progress.
-fn too_many(config: &HttpConfig) -> Response {
-    quota_refusal(
-        crate::quota::QuotaKind::ConcurrentRequests,
-        config.max_requests_per_principal,
-    )
-}
-
-/// Counts the request's connection (when [`serve_with`] serves it) for the caller's
-/// principal; the `429` to send (quota `connections`, the connection closed after the answer)
-/// when the principal already holds its most connections.
-fn bind_connection(parts: &axum::http::request::Parts, identity: &Identity) -> Option<Response> {
-    let slot = parts.extensions.get::<super::server::ConnectionSlot>()?;
-    let refused = slot.authenticated(&identity.owner).err()?;
-    tracing::info!("request refused: the principal holds its most connections");
-    let mut response = quota_refusal(crate::quota::QuotaKind::Connections, refused.limit);
-    response
-        .headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    Some(response)
-}
-
-/// `429` with `Retry-After: 1` for a transport-level quota.
-fn quota_refusal(kind: crate::quota::QuotaKind, limit: usize) -> Response {
-    let error = RpcError::from(crate::quota::QuotaError {
-        kind,
-        limit: limit as u64,
-        retry_after: Duration::from_secs(1),
-    });
-    let mut response = json_response(
-        StatusCode::TOO_MANY_REQUESTS,
-        &jsonrpc::error_response(None, &error),
-    );
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    response
-}
-
-// ---------------------------------------------------------------------------------------------
-// Authentication
-
-/// The caller's identity, or the `401`/`403`/`503` refusal to send.
-async fn authenticate(
-    config: &HttpConfig,
-    parts: &axum::http::request::Parts,
-) -> Result<Identity, Response> {
-    let result = config.authenticator.authenticate(parts).await;
-    let result = result.and_then(|identity| match &config.resource {
-        Some(resource) => {
-            let missing = resource.missing_scopes(&identity);
-            // A read-only credential is admitted; what it asks for is checked once the
-            // message is read.
-            if missing.is_empty() || identity.scopes.contains(crate::auth::READ_ONLY_SCOPE) {
-                Ok(identity)
-            } else {
-                Err(AuthError::InsufficientScope(missing))
+        Outcome::Json(body) => json_response(StatusCode::OK, &body),
+        Outcome::Opened { body, id, .. } => {
+            let mut response = json_response(StatusCode::OK, &body);
+            if let Some(value) = id.and_then(|id| HeaderValue::from_str(&id).ok()) {
+                response
+                    .headers_mut()
+                    .insert(HeaderName::from_static(SESSION_HEADER), value);
             }
+            response
         }
-        None => Ok(identity),
-    });
-    let error = match result {
-        Ok(identity) => return Ok(identity),
-        Err(error) => error,
-    };
-    tracing::info!(reason = %error, "request refused by authentication");
-    Err(auth_refusal(config, &error, None))
+        // Only a connection (stdio) is handed a legacy request's messages as they are.
+        Outcome::Messages(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        Outcome::Ended => StatusCode::OK.into_response(),
+        Outcome::Events(events) => legacy::sse_response(events, keep_alive, hold),
+        Outcome::Refused {
+            status,
+            error,
+            retry_after,
+        } => {
+            let mut response =
+                json_response(status_code(status), &jsonrpc::error_response(None, &error));
+            if let Some(secs) = retry_after {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            }
+            response
+        }
+    }
 }
 
-/// Whether `identity` may only read on this server.
-fn read_only(config: &HttpConfig, identity: &Identity) -> bool {
-    let required = config.resource.as_ref().map_or(&[][..], |r| &r.scopes[..]);
-    identity.is_read_only(required)
-}
-
-/// `403 insufficient_scope` for a read-only caller whose message `body` changes something;
-/// `None` when it only reads.
-fn refuse_write(config: &HttpConfig, identity: &Identity, body: &[u8]) -> Option<Response> {
-    if !read_only(config, identity) {
-        return None;
-    }
-    let message: Value = serde_json::from_slice(body).ok()?;
-    if !crate::auth::is_write(&message) {
-        return None;
-    }
-    let what = message
-        .get("method")
-        .and_then(Value::as_str)
-        .unwrap_or("an answer to the server's request");
-    tracing::info!(
-        method = %crate::telemetry::method_label(what),
-        "request refused: a read-only credential asked for a write"
-    );
-    let required = config
-        .resource
-        .as_ref()
-        .map(|r| r.scopes.clone())
-        .unwrap_or_default();
-    let message = format!(
-        "Forbidden: the bearer token grants `{}` only, and {what} changes a task",
-        crate::auth::READ_ONLY_SCOPE
-    );
-    Some(auth_refusal(
-        config,
-        &AuthError::InsufficientScope(required),
-        Some(message),
-    ))
-}
-
-/// The `401`/`403`/`503` response for `error` (`message` replaces the default text).
-fn auth_refusal(config: &HttpConfig, error: &AuthError, message: Option<String>) -> Response {
-    let (status, default_message) = match error {
-        AuthError::InsufficientScope(_) => (StatusCode::FORBIDDEN, format!("Forbidden: {error}")),
-        AuthError::Unavailable(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("Service unavailable: {error}"),
-        ),
-        _ => (StatusCode::UNAUTHORIZED, format!("Unauthorized: {error}")),
-    };
-    let message = message.unwrap_or(default_message);
-    let mut response = transport_error(status, None, &message);
-    let challenge = match &config.resource {
-        Some(resource) => resource.challenge(error),
-        None => match error {
-            AuthError::InvalidToken(_) => "Bearer error=\"invalid_token\"".to_owned(),
-            AuthError::InsufficientScope(_) => "Bearer error=\"insufficient_scope\"".to_owned(),
-            _ => "Bearer".to_owned(),
-        },
-    };
-    if status != StatusCode::SERVICE_UNAVAILABLE
-        && let Ok(value) = HeaderValue::from_str(&challenge)
-    {
-        response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, value);
-    }
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-    }
-    response
+fn status_code(status: u16) -> StatusCode {
+    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -884,32 +622,6 @@ fn check_origin(headers: &HeaderMap, config: &HttpConfig) -> Result<(), String> 
 // ---------------------------------------------------------------------------------------------
 // Body
 
-enum BodyError {
-    TooLarge,
-    Read(axum::Error),
-}
-
-async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, BodyError> {
-    if let Some(length) = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        && length > limit as u64
-    {
-        return Err(BodyError::TooLarge);
-    }
-    let mut stream = body.into_data_stream();
-    let mut buf = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(BodyError::Read)?;
-        if buf.len() + chunk.len() > limit {
-            return Err(BodyError::TooLarge);
-        }
-        buf.extend_from_slice(&chunk);
-    }
-    Ok(Bytes::from(buf))
-}
-
 /// Whether the client accepts an SSE response (`Accept` lists `text/event-stream`): only then
 /// may a request other than `subscriptions/listen` be answered with request-scoped
 /// notifications before its response.
@@ -1031,14 +743,14 @@ fn transport_error(status: StatusCode, id: Option<&Value>, message: &str) -> Res
 /// A `text/event-stream` response (axum's [`Sse`]) of `events`, each carrying one JSON-RPC
 /// message on a single `data:` line, with a `: keep-alive` comment after every `keep_alive` of
 /// silence (none when zero). Dropping the body drops `events` (and what it holds) and releases
-/// the caller's place among the requests in flight. Both eras' streams are written through it.
+/// the caller's place among the requests in flight (`hold`). Both eras' streams are written through it.
 fn sse_response(
     events: BoxStream<'static, Event>,
     keep_alive: Duration,
-    in_flight: InFlight,
+    hold: Option<guards::Hold>,
 ) -> Response {
     let events = events.map(move |event| {
-        let _in_flight = &in_flight;
+        let _hold = &hold;
         Ok::<_, Infallible>(event)
     });
     // Proxies (nginx) would otherwise buffer the stream.

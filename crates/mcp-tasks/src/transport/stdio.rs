@@ -36,7 +36,8 @@ use tokio::task::{JoinError, JoinSet};
 use tokio_util::bytes::{Bytes, BytesMut};
 use tokio_util::codec::{AnyDelimiterCodec, AnyDelimiterCodecError, Decoder, FramedRead};
 
-use crate::protocol::{Dispatched, RequestContext};
+use crate::era::{Binding, Context, Entry, Era, Message, Outcome};
+use crate::legacy::{Live, Session};
 use crate::runtime::RuntimeHandle;
 use crate::task::Owner;
 use crate::wire::error::RpcError;
@@ -85,10 +86,9 @@ where
     let (out, rx) = mpsc::channel::<Vec<u8>>(OUTPUT_QUEUE);
     let mut writer = tokio::spawn(write_lines(output, rx));
     let mut server = Server {
-        legacy: crate::legacy::Legacy::new(handle.clone()),
-        handle,
+        entry: Arc::new(Entry::new(handle)),
         session: None,
-        ctx: Arc::new(RequestContext::new(owner).with_streams(true)),
+        owner,
         out,
         registry: Arc::new(Mutex::new(Registry::default())),
         permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
@@ -135,10 +135,20 @@ where
         }
     };
     drop(reader);
+    finish(server, end, writer).await
+}
 
+/// Ends serving after the read loop ended for `end`: the requests in flight are answered
+/// (open listen streams end, given a grace at a shutdown), the output is flushed, and the
+/// first error of reading or writing is returned.
+async fn finish(
+    server: Server,
+    end: End,
+    writer: tokio::task::JoinHandle<io::Result<()>>,
+) -> io::Result<()> {
     // The connection was the legacy session: its in-process state goes (tasks stay).
     if let Some(session) = &server.session {
-        server.legacy.forget(session);
+        server.entry.forget(session);
     }
     let Server {
         out,
@@ -207,12 +217,12 @@ fn log_join(joined: Result<(), JoinError>) {
 
 /// The state of the read loop.
 struct Server {
-    handle: RuntimeHandle,
-    /// The adapter for `2025-11-25` and `2025-06-18` clients.
-    legacy: Arc<crate::legacy::Legacy>,
+    /// The one entry of both protocol eras.
+    entry: Arc<Entry>,
     /// Set once the client opened with a legacy `initialize`: the connection is its session.
-    session: Option<crate::legacy::Session>,
-    ctx: Arc<RequestContext>,
+    session: Option<Session>,
+    /// Who the peer is.
+    owner: Owner,
     out: mpsc::Sender<Vec<u8>>,
     registry: Arc<Mutex<Registry>>,
     permits: Arc<Semaphore>,
@@ -262,8 +272,11 @@ impl Server {
             }
         };
 
-        if let Some(accepted) = self.accept_legacy(&message).await {
-            return accepted;
+        let has_session = self.session.is_some();
+        match Era::of(&message, has_session, has_session) {
+            Era::Initialize => return self.initialize(message).await,
+            Era::Legacy => return self.accept_legacy(message).await,
+            Era::Modern => {}
         }
         let method = message.get("method").and_then(Value::as_str);
         let id = message.get("id").filter(|id| is_request_id(id)).cloned();
@@ -283,8 +296,8 @@ impl Server {
             return true; // never closed
         };
         let job = Job {
-            handle: self.handle.clone(),
-            ctx: self.ctx.clone(),
+            entry: self.entry.clone(),
+            ctx: self.context(),
             out: self.out.clone(),
             id,
             registration,
@@ -297,85 +310,91 @@ impl Server {
 }
 
 impl Server {
-    /// Handles a message of the legacy surface: `initialize` (which makes this connection a
-    /// legacy session) and, once there is a session, every message that does not declare the
-    /// `2026-07-28` era. `None` for any other message. `Some(false)` when the writer is gone.
-    async fn accept_legacy(&mut self, message: &Value) -> Option<bool> {
-        use crate::legacy::{self, LegacyOutcome};
-        if legacy::is_initialize(message) && self.session.is_none() {
-            return Some(match self.legacy.initialize(message, &self.ctx.owner) {
-                Ok((response, session)) => {
-                    // The standing stream: task status notifications and input requests of
-                    // tasks, written as they come, until the connection ends.
-                    let live = match self.legacy.live(&session, &self.ctx.owner) {
-                        Ok(live) => live,
-                        Err(e) => {
-                            let id = message.get("id").cloned().unwrap_or(Value::Null);
-                            let error = crate::wire::jsonrpc::error_response(
-                                Some(&id),
-                                &crate::wire::error::RpcError::from(e),
-                            );
-                            return Some(self.out.send(encode(&error)).await.is_ok());
-                        }
-                    };
-                    let out = self.out.clone();
-                    self.jobs.spawn(async move {
-                        let mut ended = live.ended.subscribe();
-                        let mut standing = std::pin::pin!(live.standing.read(None));
-                        loop {
-                            let next = tokio::select! {
-                                next = standing.next() => next,
-                                _ = ended.wait_for(|e| *e) => None,
-                            };
-                            let Some((_, message)) = next else { break };
-                            if out.send(encode(&message)).await.is_err() {
-                                break;
-                            }
-                        }
-                    });
-                    self.session = Some(session);
-                    self.out.send(encode(&response)).await.is_ok()
-                }
-                Err(error) => self.out.send(encode(&error)).await.is_ok(),
-            });
-        }
-        let session = self.session.clone()?;
-        if legacy::is_modern(message) {
-            return None;
-        }
-        let Ok(permit) = self.permits.clone().acquire_owned().await else {
-            return Some(true);
+    /// The era entry's context of a message read now.
+    fn context(&self) -> Context {
+        Context::new(
+            self.owner.clone(),
+            true,
+            Binding::Connection(self.session.clone()),
+        )
+    }
+
+    /// A legacy `initialize`: the connection becomes its session, whose standing stream
+    /// (task status notifications and input requests of tasks) is written as it comes until
+    /// the connection ends. `false` when the writer is gone.
+    async fn initialize(&mut self, message: Value) -> bool {
+        let (outcome, _) = self
+            .entry
+            .handle(Message::Json(message), self.context())
+            .await;
+        let body = match outcome {
+            Outcome::Opened {
+                body,
+                session,
+                live,
+                ..
+            } => {
+                let out = self.out.clone();
+                self.jobs.spawn(forward_standing(live, out));
+                self.session = Some(*session);
+                body
+            }
+            Outcome::Json(body) => body,
+            _ => return true,
         };
-        let legacy = self.legacy.clone();
-        let owner = self.ctx.owner.clone();
+        self.out.send(encode(&body)).await.is_ok()
+    }
+
+    /// Starts handling a message of the connection's legacy session. `false` when the
+    /// writer is gone.
+    async fn accept_legacy(&mut self, message: Value) -> bool {
+        let Ok(permit) = self.permits.clone().acquire_owned().await else {
+            return true;
+        };
+        let entry = self.entry.clone();
+        let ctx = self.context();
         let out = self.out.clone();
-        let message = message.clone();
         self.jobs.spawn(async move {
-            let state = legacy.state(&session).await;
-            let outcome = legacy.handle(&session, &state, &owner, message, true).await;
+            let (outcome, _) = entry.handle(Message::Json(message), ctx).await;
             drop(permit);
             match outcome {
-                LegacyOutcome::Accepted => {}
-                LegacyOutcome::Reply(body) => {
+                Outcome::Json(body) => {
                     let _ = out.send(encode(&body)).await;
                 }
-                LegacyOutcome::Stream(mut stream) => {
+                Outcome::Messages(mut stream) => {
                     while let Some(message) = stream.next().await {
                         if out.send(encode(&message)).await.is_err() {
                             break;
                         }
                     }
                 }
+                _ => {}
             }
         });
-        Some(true)
+        true
+    }
+}
+
+/// Writes a session's standing stream until the session ends (or the writer is gone).
+async fn forward_standing(live: Arc<Live>, out: mpsc::Sender<Vec<u8>>) {
+    let mut ended = live.ended.subscribe();
+    let mut standing = std::pin::pin!(live.standing.read(None));
+    loop {
+        let next = tokio::select! {
+            next = standing.next() => next,
+            _ = ended.wait_for(|e| *e) => None,
+        };
+        let Some((_, message)) = next else { break };
+        if out.send(encode(&message)).await.is_err() {
+            break;
+        }
     }
 }
 
 /// One incoming message being handled.
 struct Job {
-    handle: RuntimeHandle,
-    ctx: Arc<RequestContext>,
+    entry: Arc<Entry>,
+    ctx: Context,
     out: mpsc::Sender<Vec<u8>>,
     /// The request id (`None` for a notification or an unreadable id).
     id: Option<Value>,
@@ -387,7 +406,7 @@ struct Job {
 impl Job {
     async fn run(mut self, message: Value, cancellable: bool) {
         let dispatch =
-            AssertUnwindSafe(self.handle.dispatch_json(message, &self.ctx)).catch_unwind();
+            AssertUnwindSafe(self.entry.handle(Message::Json(message), self.ctx)).catch_unwind();
         let dispatched = match (cancellable, self.registration.as_mut()) {
             (true, Some(reg)) => tokio::select! {
                 biased;
@@ -399,15 +418,17 @@ impl Job {
             },
             _ => dispatch.await,
         };
-        let outcome = dispatched.unwrap_or_else(|_| {
-            tracing::error!(id = ?self.id, "handling a request panicked");
-            let error = RpcError::internal("the request could not be handled");
-            Dispatched::Reply(crate::protocol::Reply::error(self.id.as_ref(), &error))
-        });
+        let outcome = dispatched.map_or_else(
+            |_| {
+                tracing::error!(id = ?self.id, "handling a request panicked");
+                let error = RpcError::internal("the request could not be handled");
+                Outcome::Reply(crate::protocol::Reply::error(self.id.as_ref(), &error))
+            },
+            |(outcome, _)| outcome,
+        );
         drop(self.permit);
         match outcome {
-            Dispatched::Accepted => {}
-            Dispatched::Reply(reply) => {
+            Outcome::Reply(reply) => {
                 if self
                     .registration
                     .as_mut()
@@ -420,7 +441,7 @@ impl Job {
                 line.push(b'\n');
                 let _ = self.out.send(line).await;
             }
-            Dispatched::Stream(mut stream) => {
+            Outcome::Stream(mut stream) => {
                 tracing::debug!(id = ?self.id, "stream opened");
                 let mut registration = self.registration;
                 let mut stop = self.stop;
@@ -446,6 +467,8 @@ impl Job {
                 }
                 tracing::debug!(id = ?self.id, "stream closed");
             }
+            // Accepted (a notification): nothing to write. A modern message gets nothing else.
+            _ => {}
         }
     }
 }
