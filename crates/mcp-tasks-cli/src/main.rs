@@ -612,13 +612,10 @@ fn parse_ttl(s: &str) -> Result<Ttl, String> {
 /// `--store memory`: the in-memory store (nothing survives the process).
 const MEMORY_STORE: &str = "memory";
 
-/// Whether `store` names a PostgreSQL database rather than a redb file (the one rule the
-/// store commands use too: `admin::Location::parse`).
+/// Whether `store` names a PostgreSQL database rather than a redb file: the one rule the
+/// store commands use too (`admin::Location::parse`).
 fn is_postgres_url(store: &str) -> bool {
-    matches!(
-        mcp_tasks::admin::Location::parse(store),
-        mcp_tasks::admin::Location::Postgres(_)
-    )
+    mcp_tasks::admin::Location::parse(store).kind() == "postgres"
 }
 
 /// The runtime builder over the store `--store` names; with the node id on a shared store.
@@ -633,6 +630,13 @@ async fn store_builder(args: &ServeArgs) -> Result<(RuntimeBuilder, Option<Strin
         return Ok((
             Runtime::builder_with_store(mcp_tasks::store::Store::memory()),
             None,
+        ));
+    }
+    let location = mcp_tasks::admin::Location::parse(&args.store);
+    if location.kind() == "unknown" {
+        return Err(format!(
+            "--store {}: not a store this server can open (a path to a redb file, a postgres:// URL, or `memory`)",
+            location.display()
         ));
     }
     if !is_postgres_url(&args.store) {

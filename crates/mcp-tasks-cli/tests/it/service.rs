@@ -662,3 +662,40 @@ fn serve_store_memory_warns_and_keeps_nothing_across_a_restart() {
         "{stderr}"
     );
 }
+
+/// A URL of no store this build has is refused, by `serve` and by the store commands alike
+/// (the one location rule, `admin::Location::parse`), its password left out; it is never
+/// taken for the path of a redb file.
+#[test]
+fn a_url_of_no_known_store_is_refused_not_taken_for_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = "mysql://app:secret@db/tasks";
+    let out = bin(&["serve", "--store", url, "--listen", "127.0.0.1:0"])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--store mysql://app@db/tasks: not a store this server can open"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("secret"), "{stderr}");
+    let out = bin(&["store", "stats", "--store", url])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("no store of this build is reached by this kind of URL"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "no file was created"
+    );
+}

@@ -127,7 +127,7 @@ async fn stats_list_and_show_see_every_status() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tasks.redb");
     let ids = every_status(&path).await;
-    let location = Location::Redb(path.clone());
+    let location = Location::parse(path.to_str().unwrap());
 
     let stats = admin::stats(&location).await.unwrap();
     assert_eq!(stats.backend, "redb");
@@ -318,7 +318,7 @@ async fn a_backup_taken_while_a_workload_runs_holds_every_acknowledged_task() {
     // Every task acknowledged before the backup starts must be in it.
     let before: Vec<String> = acked.lock().unwrap().clone();
     let backup = dir.path().join("backup.redb");
-    let report = admin::backup(&Location::Redb(path.clone()), &backup)
+    let report = admin::backup(&Location::parse(path.to_str().unwrap()), &backup)
         .await
         .unwrap();
     assert!(
@@ -331,7 +331,9 @@ async fn a_backup_taken_while_a_workload_runs_holds_every_acknowledged_task() {
         w.await.unwrap();
     }
     // Reading through the socket while the server runs.
-    let stats = admin::stats(&Location::Redb(path.clone())).await.unwrap();
+    let stats = admin::stats(&Location::parse(path.to_str().unwrap()))
+        .await
+        .unwrap();
     assert!(stats.via_server);
     assert!(stats.tasks as usize >= before.len());
     drop(socket);
@@ -347,7 +349,7 @@ async fn a_backup_taken_while_a_workload_runs_holds_every_acknowledged_task() {
         );
     }
     restored.shutdown().await;
-    let verify = admin::verify(&Location::Redb(backup.clone()))
+    let verify = admin::verify(&Location::parse(backup.to_str().unwrap()))
         .await
         .unwrap();
     assert!(verify.is_clean(), "{verify:?}");
@@ -369,7 +371,7 @@ async fn purge_then_compact_shrinks_a_store_after_mass_deletion() {
         wait_status(&rt, id, "completed").await;
     }
     rt.shutdown().await;
-    let location = Location::Redb(path.clone());
+    let location = Location::parse(path.to_str().unwrap());
     let filter = Filter {
         status: vec!["completed".into()],
         ..Filter::default()
@@ -416,7 +418,9 @@ async fn verify_names_a_corrupted_record() {
             .unwrap();
         w.commit().unwrap();
     }
-    let report = admin::verify(&Location::Redb(path.clone())).await.unwrap();
+    let report = admin::verify(&Location::parse(path.to_str().unwrap()))
+        .await
+        .unwrap();
     assert_eq!(report.records, 5);
     assert_eq!(report.undecodable.keys().collect::<Vec<_>>(), vec![&victim]);
     assert!(!report.is_clean());
@@ -427,7 +431,9 @@ async fn verify_names_a_corrupted_record() {
         "{stdout}"
     );
     // The other records still read; stats count the bad one.
-    let stats = admin::stats(&Location::Redb(path)).await.unwrap();
+    let stats = admin::stats(&Location::parse(path.to_str().unwrap()))
+        .await
+        .unwrap();
     assert_eq!(stats.undecodable, 1);
     assert_eq!(stats.tasks, 5);
 }
@@ -468,7 +474,7 @@ async fn migrate_round_trips_to_postgres_and_back_and_live_tasks_finish_there() 
     let ids = every_status(&source).await;
     let original = redb_snapshots(&source);
     let url = pg.url_with_schema();
-    let from = Location::Redb(source.clone());
+    let from = Location::parse(source.to_str().unwrap());
     let to = Location::parse(&url);
 
     let first = admin::migrate(&from, &to).await.unwrap();
@@ -503,12 +509,14 @@ async fn migrate_round_trips_to_postgres_and_back_and_live_tasks_finish_there() 
 
     // And back to a new redb file: the same bytes again.
     let back = dir.path().join("back.redb");
-    let report = admin::migrate(&to, &Location::Redb(back.clone()))
+    let report = admin::migrate(&to, &Location::parse(back.to_str().unwrap()))
         .await
         .unwrap();
     assert_eq!(report.tasks, 5);
     assert_eq!(redb_snapshots(&back), original);
-    let verify = admin::verify(&Location::Redb(back)).await.unwrap();
+    let verify = admin::verify(&Location::parse(back.to_str().unwrap()))
+        .await
+        .unwrap();
     assert!(verify.is_clean(), "{verify:?}");
 
     // The live tasks finish on PostgreSQL.
@@ -543,7 +551,7 @@ async fn migrate_round_trips_to_postgres_and_back_and_live_tasks_finish_there() 
 
     // While a replica heartbeats, migrating from or to the database is refused.
     let other = dir.path().join("other.redb");
-    let refused = admin::migrate(&to, &Location::Redb(other.clone()))
+    let refused = admin::migrate(&to, &Location::parse(other.to_str().unwrap()))
         .await
         .unwrap_err();
     assert!(refused.to_string().contains("replicas run"), "{refused}");
@@ -758,7 +766,9 @@ async fn bad_input_is_one_line_and_changes_nothing() {
         "a server started with `serve --no-admin-socket`",
     );
     rt.shutdown().await;
-    let stats = admin::stats(&Location::Redb(path.clone())).await.unwrap();
+    let stats = admin::stats(&Location::parse(path.to_str().unwrap()))
+        .await
+        .unwrap();
     assert_eq!(stats.tasks, 5, "nothing was removed");
     assert!(ids.contains_key("working"));
     let _ = PathBuf::new();
@@ -808,14 +818,18 @@ async fn a_store_left_by_a_killed_server_reads_after_recovery() {
         "a killed server leaves its socket file behind"
     );
     // Not closed cleanly: the read recovers the file as a server start would.
-    let stats = admin::stats(&Location::Redb(path.clone())).await.unwrap();
+    let stats = admin::stats(&Location::parse(path.to_str().unwrap()))
+        .await
+        .unwrap();
     assert!(!stats.via_server, "the stale socket is not asked");
     assert_eq!(stats.tasks, 5);
     assert_eq!(stats.live, 2);
     // A new server replaces the stale socket.
     let rt = tools(Runtime::builder(&path)).start().await.unwrap();
     let fresh = rt.admin_socket().unwrap().unwrap();
-    let through = admin::stats(&Location::Redb(path.clone())).await.unwrap();
+    let through = admin::stats(&Location::parse(path.to_str().unwrap()))
+        .await
+        .unwrap();
     assert!(through.via_server);
     drop(fresh);
     rt.shutdown().await;
@@ -941,11 +955,13 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
     expected.sort_unstable();
     assert_eq!(listed, expected, "{quiet}");
     // The due time comes from `due_by_id`.
-    let shown = admin::show(&Location::Redb(path.clone()), &expiring)
+    let shown = admin::show(&Location::parse(path.to_str().unwrap()), &expiring)
         .await
         .unwrap();
     assert!(shown.due_ms.is_some(), "{shown:?}");
-    let report = admin::verify(&Location::Redb(path.clone())).await.unwrap();
+    let report = admin::verify(&Location::parse(path.to_str().unwrap()))
+        .await
+        .unwrap();
     assert!(report.is_clean(), "{report:?}");
     assert_eq!(report.records, 3);
     let backup = dir.path().join("backup.redb");
@@ -963,8 +979,8 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
     // A migration reads it as it is into a new (layout-2) file, with the same tasks.
     let migrated = dir.path().join("migrated.redb");
     let report = admin::migrate(
-        &Location::Redb(path.clone()),
-        &Location::Redb(migrated.clone()),
+        &Location::parse(path.to_str().unwrap()),
+        &Location::parse(migrated.to_str().unwrap()),
     )
     .await
     .unwrap();
@@ -974,7 +990,9 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
         redb_tables(&migrated),
         vec!["due", "live", "meta", "owners", "tasks", "usage"]
     );
-    let report = admin::verify(&Location::Redb(migrated)).await.unwrap();
+    let report = admin::verify(&Location::parse(migrated.to_str().unwrap()))
+        .await
+        .unwrap();
     assert!(report.is_clean(), "{report:?}");
     // `store purge` writes: it converts a copy in the transaction of its deletion.
     let purged = dir.path().join("purged.redb");
@@ -992,9 +1010,13 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
         redb_tables(&purged),
         vec!["due", "live", "meta", "owners", "tasks", "usage"]
     );
-    let stats = admin::stats(&Location::Redb(purged.clone())).await.unwrap();
+    let stats = admin::stats(&Location::parse(purged.to_str().unwrap()))
+        .await
+        .unwrap();
     assert_eq!((stats.schema_version, stats.tasks, stats.live), (3, 2, 2));
-    let report = admin::verify(&Location::Redb(purged)).await.unwrap();
+    let report = admin::verify(&Location::parse(purged.to_str().unwrap()))
+        .await
+        .unwrap();
     assert!(report.is_clean(), "{report:?}");
 
     // A server converts it; its tasks go on.
@@ -1026,9 +1048,13 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
         redb_tables(&path),
         vec!["due", "live", "meta", "owners", "tasks", "usage"]
     );
-    let stats = admin::stats(&Location::Redb(path.clone())).await.unwrap();
+    let stats = admin::stats(&Location::parse(path.to_str().unwrap()))
+        .await
+        .unwrap();
     assert_eq!((stats.schema_version, stats.tasks, stats.live), (3, 2, 0));
-    let report = admin::verify(&Location::Redb(path.clone())).await.unwrap();
+    let report = admin::verify(&Location::parse(path.to_str().unwrap()))
+        .await
+        .unwrap();
     assert!(report.is_clean(), "{report:?}");
     // The layout-1 backup converts the same way.
     let rt = tools(Runtime::builder(&backup)).start().await.unwrap();

@@ -1,13 +1,8 @@
-//! `store compact`: giving a redb file's free pages back.
+//! `store compact`: giving a store's free space back.
 
-use super::{AdminError, CompactReport, Location, redb};
+use super::{AdminError, CompactReport, Location};
 
-/// `store compact` (redb, offline).
+/// `store compact` (redb, offline: refuses while a server holds the file).
 pub async fn compact(location: &Location) -> Result<CompactReport, AdminError> {
-    let Location::Redb(path) = location else {
-        return Err(AdminError::Unsupported(
-            "store compact applies to redb files; PostgreSQL reclaims space with VACUUM".into(),
-        ));
-    };
-    redb::compact(path).await
+    location.store_kind().compact(location.as_str()).await
 }

@@ -23,8 +23,6 @@ mod backup;
 mod compact;
 mod list;
 mod migrate;
-#[cfg(not(feature = "redb"))]
-mod no_redb;
 mod purge;
 mod show;
 pub mod socket;
@@ -32,20 +30,14 @@ mod stats;
 mod verify;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::persist;
-#[cfg(feature = "postgres")]
-use crate::store::postgres::inspect as pg;
-#[cfg(feature = "redb")]
-use crate::store::redb::inspect as redb;
+use crate::store::inspect::StoreKind;
 use crate::task::TaskRecord;
-#[cfg(not(feature = "redb"))]
-use no_redb as redb;
 
 pub use backup::backup;
 pub use compact::compact;
@@ -65,34 +57,63 @@ pub use crate::store::inspect::{
     AdminError, BackupReport, CompactReport, Lease, NodeInfo, OldestLive, Space, StatsReport,
     VerifyReport,
 };
-pub(crate) use crate::store::inspect::{Dump, Inspector, Row, SCAN_BATCH, redact_url};
+pub(crate) use crate::store::inspect::{Inspector, Row, SCAN_BATCH};
 
-/// Where a store is: a redb file or a PostgreSQL database.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Location {
-    /// A redb file.
-    Redb(PathBuf),
-    /// A PostgreSQL URL (`postgres://` or `postgresql://`).
-    Postgres(String),
+/// Where a store is: a path to a redb file or a PostgreSQL URL, with the kind of store that
+/// serves it (the registered backend that claims it; see `store::kinds`).
+#[derive(Clone)]
+pub struct Location {
+    kind: &'static dyn StoreKind,
+    text: String,
 }
 
 impl Location {
-    /// A `postgres://…` or `postgresql://…` URL, else a path to a redb file.
+    /// A `postgres://…` or `postgresql://…` URL names a PostgreSQL database, anything else
+    /// that is not a URL a redb file. A location of a backend this build lacks still parses:
+    /// every command on it then says which cargo feature it needs.
     pub fn parse(s: &str) -> Location {
-        if s.starts_with("postgres://") || s.starts_with("postgresql://") {
-            Location::Postgres(s.to_owned())
-        } else {
-            Location::Redb(PathBuf::from(s))
+        Location {
+            kind: crate::store::kind_of(s),
+            text: s.to_owned(),
         }
     }
 
     /// The location as it may be printed (a URL without its password).
     pub fn display(&self) -> String {
-        match self {
-            Location::Redb(p) => p.display().to_string(),
-            Location::Postgres(url) => redact_url(url),
-        }
+        self.kind.display(&self.text)
+    }
+
+    /// The kind of store: `redb`, `postgres` (or the name of a backend this build lacks).
+    pub fn kind(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    /// Whether the store is shared by replicas (each `serve` on it has a node id).
+    pub fn is_shared(&self) -> bool {
+        self.kind.is_shared()
+    }
+
+    /// The location as given.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    fn store_kind(&self) -> &'static dyn StoreKind {
+        self.kind
+    }
+}
+
+impl PartialEq for Location {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind.name() == other.kind.name() && self.text == other.text
+    }
+}
+
+impl Eq for Location {}
+
+impl std::fmt::Debug for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Location({}: {})", self.kind.name(), self.display())
     }
 }
 
@@ -285,48 +306,17 @@ pub const MAX_LIST_LIMIT: usize = 1000;
 /// A store opened for reading.
 pub(crate) type Reader = Box<dyn Inspector>;
 
-/// What a command does with a redb file that a running server holds.
-enum WhenHeld {
-    /// Ask the server through its admin socket.
-    AskServer,
-    /// Refuse (the command needs the file for itself).
-    Refuse(&'static str),
-}
-
 /// Opens `location` for reading; `Ok(None)` when a running server holds the redb file (ask it
 /// through its socket).
 async fn open_reader(location: &Location) -> Result<Option<Reader>, AdminError> {
-    match location {
-        Location::Redb(path) => match redb::RedbReader::open(path).await {
-            Ok(r) => Ok(Some(Box::new(r))),
-            Err(AdminError::InUse { .. }) => Ok(None),
-            Err(e) => Err(e),
-        },
-        Location::Postgres(url) => open_pg(url).await.map(Some),
-    }
+    location.store_kind().open(location.as_str()).await
 }
 
-#[cfg(feature = "postgres")]
-async fn open_pg(url: &str) -> Result<Reader, AdminError> {
-    Ok(Box::new(pg::PgReader::connect(url).await?))
-}
-
-#[cfg(not(feature = "postgres"))]
-async fn open_pg(_url: &str) -> Result<Reader, AdminError> {
-    Err(no_postgres())
-}
-
-fn held(location: &Location, when: WhenHeld) -> AdminError {
-    let path = location.display();
-    match when {
-        WhenHeld::AskServer => AdminError::InUse {
-            path,
-            detail: "it has no admin socket to answer through; stop the server or start it with its admin socket".into(),
-        },
-        WhenHeld::Refuse(what) => AdminError::InUse {
-            path,
-            detail: format!("{what} needs the file for itself; stop the server first (nothing was changed)"),
-        },
+/// A store a running server holds, and no socket to ask it through.
+fn held(location: &Location) -> AdminError {
+    AdminError::InUse {
+        path: location.display(),
+        detail: "it has no admin socket to answer through; stop the server or start it with its admin socket".into(),
     }
 }
 
@@ -343,13 +333,6 @@ fn decode(row: &Row) -> Result<TaskRecord, String> {
 }
 
 /// Without the `postgres` feature, every PostgreSQL location answers this.
-#[cfg(not(feature = "postgres"))]
-fn no_postgres() -> AdminError {
-    AdminError::Unsupported(
-        "this build has no PostgreSQL support (cargo feature `postgres`)".into(),
-    )
-}
-
 /// A duration such as `90s`, `15m`, `2h`, `7d` or `250ms` (for `--older-than`): the syntax of
 /// [`crate::units::parse_duration`], which it calls (a unit is required; overflow is refused).
 pub fn parse_age(s: &str) -> Result<Duration, String> {
@@ -359,6 +342,7 @@ pub fn parse_age(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::inspect::redact_url;
 
     #[test]
     fn urls_lose_their_password() {
@@ -367,11 +351,16 @@ mod tests {
             "postgres://app@db:5432/tasks"
         );
         assert_eq!(redact_url("postgres://db/tasks"), "postgres://db/tasks");
+        #[cfg(feature = "postgres")]
+        assert!(Location::parse("postgresql://u@h/d").is_shared());
+        assert_eq!(Location::parse("postgresql://u@h/d").kind(), "postgres");
+        assert_eq!(Location::parse("t.redb").kind(), "redb");
+        assert!(!Location::parse("t.redb").is_shared());
+        assert_eq!(Location::parse("mysql://h/d").kind(), "unknown");
         assert_eq!(
-            Location::parse("postgresql://u@h/d"),
-            Location::Postgres("postgresql://u@h/d".into())
+            Location::parse("postgres://app:secret@db/tasks").display(),
+            "postgres://app@db/tasks"
         );
-        assert_eq!(Location::parse("t.redb"), Location::Redb("t.redb".into()));
     }
 
     #[test]

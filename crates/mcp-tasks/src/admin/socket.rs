@@ -43,26 +43,24 @@ enum Response {
     Error(String),
 }
 
-/// The socket path of the store at `store`.
+/// The socket path of the store at `store`: `<store>.admin.sock`.
 pub fn socket_path(store: &Path) -> PathBuf {
-    let mut name = store.as_os_str().to_owned();
-    name.push(".admin.sock");
-    PathBuf::from(name)
+    crate::store::inspect::admin_socket_path(store)
 }
 
-/// Asks the server that holds `location` (a redb file).
+/// Asks the server that holds `location` (a redb file) through its admin socket.
 pub(crate) async fn ask<T: DeserializeOwned>(
     location: &Location,
     request: Request,
 ) -> Result<T, AdminError> {
-    let Location::Redb(store) = location else {
-        return Err(AdminError::Invalid(
-            "only a redb store has an admin socket".into(),
-        ));
+    let Some(path) = location.store_kind().admin_socket(location.as_str()) else {
+        return Err(AdminError::Invalid(format!(
+            "a {} store has no admin socket",
+            location.kind()
+        )));
     };
-    let path = socket_path(store);
     let held = |detail: String| AdminError::InUse {
-        path: store.display().to_string(),
+        path: location.display(),
         detail,
     };
     #[cfg(unix)]
@@ -144,17 +142,12 @@ impl Drop for AdminSocket {
     }
 }
 
-impl crate::runtime::Runtime {
-    /// Starts the admin socket beside the runtime's redb store (`<store>.admin.sock`), through
-    /// which `mcp-tasks store stats|list|show|verify|backup` read the store while this runtime
-    /// holds it. `Ok(None)` for other stores. Keep the returned guard: dropping it closes the
-    /// socket and removes its file.
-    pub fn admin_socket(&self) -> Result<Option<AdminSocket>, AdminError> {
-        let store = self.shared_store();
-        match store.backend().inspector().and_then(|i| i.socket_file()) {
-            Some(file) => bind(store.clone(), &file).map(Some),
-            None => Ok(None),
-        }
+/// Starts the admin socket of `store` (held by this process) if its backend has one (a redb
+/// file: `<store>.admin.sock`); `Ok(None)` for other stores. For `Runtime::admin_socket`.
+pub(crate) fn serve_store(store: &Store) -> Result<Option<AdminSocket>, AdminError> {
+    match store.backend().inspector().and_then(|i| i.socket_file()) {
+        Some(file) => bind(store.clone(), &file).map(Some),
+        None => Ok(None),
     }
 }
 

@@ -1,30 +1,28 @@
 //! `store verify`: every record decoded, the indexes checked and, on a redb file no server holds, the page checksums.
 
 use super::{
-    AdminError, Location, Reader, SCAN_BATCH, VerifyReport, WhenHeld, decode, held, open_reader,
-    redb, socket,
+    AdminError, Location, Reader, SCAN_BATCH, VerifyReport, decode, held, open_reader, socket,
 };
 
 /// `store verify`: decodes every record and checks the indexes; on a redb file no server
 /// holds, also redb's page checksums.
 pub async fn verify(location: &Location) -> Result<VerifyReport, AdminError> {
-    if let Location::Redb(path) = location {
-        match redb::check_pages(path).await {
-            Err(AdminError::InUse { .. }) => {
-                return socket::ask(location, socket::Request::Verify).await;
-            }
-            Err(e) => return Err(e),
-            Ok((reader, problem)) => {
-                let mut report = verify_of(&(Box::new(reader) as Reader)).await?;
-                report.pages_checked = true;
-                report.pages_problem = problem;
-                return Ok(report);
-            }
+    match location.store_kind().check_pages(location.as_str()).await {
+        Err(AdminError::InUse { .. }) => {
+            return socket::ask(location, socket::Request::Verify).await;
         }
+        Err(e) => return Err(e),
+        Ok(Some(crate::store::inspect::PageCheck { reader, problem })) => {
+            let mut report = verify_of(&reader).await?;
+            report.pages_checked = true;
+            report.pages_problem = problem;
+            return Ok(report);
+        }
+        Ok(None) => {}
     }
     match open_reader(location).await? {
         Some(reader) => verify_of(&reader).await,
-        None => Err(held(location, WhenHeld::AskServer)),
+        None => Err(held(location)),
     }
 }
 

@@ -495,6 +495,16 @@ impl Runtime {
         &self.dispatcher.shared.store
     }
 
+    /// Starts the admin socket beside the runtime's redb store (`<store>.admin.sock`), through
+    /// which `mcp-tasks store stats|list|show|verify|backup` read the store while this runtime
+    /// holds it. `Ok(None)` for other stores. Keep the returned guard: dropping it closes the
+    /// socket and removes its file.
+    pub fn admin_socket(
+        &self,
+    ) -> Result<Option<crate::admin::socket::AdminSocket>, crate::admin::AdminError> {
+        crate::admin::socket::serve_store(self.shared_store())
+    }
+
     /// How far this replica's clock is ahead of the shared store's (negative: behind), in
     /// milliseconds, as last read; `None` when the runtime decides by its own clock (a store
     /// owned by one process, or a clock set with [`RuntimeBuilder::clock`]).

@@ -49,6 +49,157 @@ pub trait Inspector: Send + Sync {
     }
 }
 
+/// A kind of store, as the `store …` commands reach it: by its location (a path or a URL)
+/// rather than open in a runtime. Each backend's folder implements it beside its
+/// [`Inspector`]; [`crate::store::kinds`] lists them, one line per backend, and the first
+/// that [claims](StoreKind::claims) a location serves it.
+///
+/// The offline operations default to a refusal naming the store's kind, for a backend that
+/// has no such thing (PostgreSQL is not a file to back up or compact).
+pub trait StoreKind: Send + Sync + 'static {
+    /// Its name in messages and reports (`redb`, `postgres`).
+    fn name(&self) -> &'static str;
+    /// Whether `location` names a store of this kind.
+    fn claims(&self, location: &str) -> bool;
+    /// `location` as it may be printed (a URL without its password).
+    fn display(&self, location: &str) -> String {
+        if is_url(location) {
+            redact_url(location)
+        } else {
+            location.to_owned()
+        }
+    }
+    /// Whether stores of this kind are shared by replicas (each `serve` needs a node id).
+    fn is_shared(&self) -> bool {
+        false
+    }
+    /// A reader for the reading commands; `Ok(None)` when a running server holds the store
+    /// and must be asked through its [admin socket](StoreKind::admin_socket) instead.
+    fn open<'a>(&'a self, location: &'a str) -> InspectFuture<'a, Option<Box<dyn Inspector>>>;
+    /// The admin socket a server holding the store at `location` answers on (`None`: the
+    /// store can be read while servers run, or this kind has no socket).
+    fn admin_socket(&self, location: &str) -> Option<PathBuf> {
+        let _ = location;
+        None
+    }
+    /// A reader for a command that is about to change the store (`what`, e.g. `store purge`):
+    /// refuses while a server or replica may be running its tasks.
+    fn open_exclusive<'a>(
+        &'a self,
+        location: &'a str,
+        what: &'static str,
+    ) -> InspectFuture<'a, Box<dyn Inspector>>;
+    /// Deletes tasks `ids` (after [`StoreKind::open_exclusive`] allowed it).
+    fn delete<'a>(&'a self, location: &'a str, ids: Vec<String>) -> InspectFuture<'a, ()>;
+    /// Every task and meta entry, for `store migrate` (refuses while the store is in use).
+    fn dump<'a>(&'a self, location: &'a str) -> InspectFuture<'a, Dump>;
+    /// Writes a dump into the store (created if missing); `(written, unchanged)`.
+    fn load<'a>(&'a self, location: &'a str, dump: Dump) -> InspectFuture<'a, (u64, u64)>;
+    /// `store compact`: gives free space back.
+    fn compact<'a>(&'a self, location: &'a str) -> InspectFuture<'a, CompactReport> {
+        let _ = location;
+        let name = self.name();
+        Box::pin(async move {
+            Err(AdminError::Unsupported(format!(
+                "store compact does not apply to a {name} store"
+            )))
+        })
+    }
+    /// `store backup`: a consistent copy into the new file `to`.
+    fn backup<'a>(&'a self, location: &'a str, to: &'a Path) -> InspectFuture<'a, BackupReport> {
+        let _ = (location, to);
+        let name = self.name();
+        Box::pin(async move {
+            Err(AdminError::Unsupported(format!(
+                "store backup does not apply to a {name} store"
+            )))
+        })
+    }
+    /// For `store verify`: the store's own integrity check (redb's page checksums) with a
+    /// reader of the store it leaves open; `Ok(None)` when this kind has no such check (the
+    /// records and indexes are still verified).
+    fn check_pages<'a>(&'a self, location: &'a str) -> InspectFuture<'a, Option<PageCheck>> {
+        let _ = location;
+        Box::pin(async { Ok(None) })
+    }
+}
+
+/// What a store's own integrity check found ([`StoreKind::check_pages`]), with a reader of
+/// the store it leaves open for the rest of `store verify`.
+pub struct PageCheck {
+    /// The store, open for reading.
+    pub reader: Box<dyn Inspector>,
+    /// The problem the check found, if any.
+    pub problem: Option<String>,
+}
+
+/// The kind of a location no backend of this build claims: every operation refuses with
+/// `message` (which names the cargo feature that would serve it, where there is one).
+pub(crate) struct Unsupported {
+    /// The name reports give it.
+    pub(crate) name: &'static str,
+    /// Why it cannot be opened.
+    pub(crate) message: &'static str,
+}
+
+impl Unsupported {
+    fn refuse<T: Send + 'static>(&self) -> InspectFuture<'static, T> {
+        let message = self.message;
+        Box::pin(async move { Err(AdminError::Unsupported(message.into())) })
+    }
+}
+
+impl StoreKind for Unsupported {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn claims(&self, _location: &str) -> bool {
+        true
+    }
+    fn open<'a>(&'a self, _location: &'a str) -> InspectFuture<'a, Option<Box<dyn Inspector>>> {
+        self.refuse()
+    }
+    fn open_exclusive<'a>(
+        &'a self,
+        _location: &'a str,
+        _what: &'static str,
+    ) -> InspectFuture<'a, Box<dyn Inspector>> {
+        self.refuse()
+    }
+    fn delete<'a>(&'a self, _location: &'a str, _ids: Vec<String>) -> InspectFuture<'a, ()> {
+        self.refuse()
+    }
+    fn dump<'a>(&'a self, _location: &'a str) -> InspectFuture<'a, Dump> {
+        self.refuse()
+    }
+    fn load<'a>(&'a self, _location: &'a str, _dump: Dump) -> InspectFuture<'a, (u64, u64)> {
+        self.refuse()
+    }
+    fn compact<'a>(&'a self, _location: &'a str) -> InspectFuture<'a, CompactReport> {
+        self.refuse()
+    }
+    fn backup<'a>(&'a self, _location: &'a str, _to: &'a Path) -> InspectFuture<'a, BackupReport> {
+        self.refuse()
+    }
+}
+
+/// The admin socket of a server holding the store file `store`: `<store>.admin.sock`.
+pub fn admin_socket_path(store: &Path) -> PathBuf {
+    let mut name = store.as_os_str().to_owned();
+    name.push(".admin.sock");
+    PathBuf::from(name)
+}
+
+/// Whether `location` is a URL (`scheme://…`) rather than a path.
+pub(crate) fn is_url(location: &str) -> bool {
+    location.split_once("://").is_some_and(|(scheme, _)| {
+        !scheme.is_empty()
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    })
+}
+
 /// A URL without the password of its user info.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {

@@ -48,6 +48,47 @@ pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{Lease, PostgresOptions, PostgresStore};
 
+/// Every kind of store this build reaches by location (`mcp-tasks store …`, `serve --store`),
+/// in the order they are asked whether a location is theirs: **a backend registers here, one
+/// line**, and keeps everything else in its folder. A location none of them claims names a
+/// backend this build lacks ([`kind_of`] says which feature it needs).
+pub(crate) fn kinds() -> &'static [&'static dyn inspect::StoreKind] {
+    &[
+        #[cfg(feature = "postgres")]
+        &postgres::inspect::PostgresKind,
+        #[cfg(feature = "redb")]
+        &redb::inspect::RedbKind,
+    ]
+}
+
+/// The kind of store `location` names: the first registered kind that claims it, else a
+/// kind that refuses every operation, naming the cargo feature that would serve it (a
+/// `postgres://` URL without `postgres`, a path without `redb`).
+pub(crate) fn kind_of(location: &str) -> &'static dyn inspect::StoreKind {
+    static NO_POSTGRES: inspect::Unsupported = inspect::Unsupported {
+        name: "postgres",
+        message: "this build has no PostgreSQL support (cargo feature `postgres`)",
+    };
+    static NO_REDB: inspect::Unsupported = inspect::Unsupported {
+        name: "redb",
+        message: "this build has no redb support (cargo feature `redb`)",
+    };
+    static UNKNOWN_URL: inspect::Unsupported = inspect::Unsupported {
+        name: "unknown",
+        message: "no store of this build is reached by this kind of URL (postgres:// and postgresql:// name PostgreSQL databases; anything else is a path to a redb file)",
+    };
+    if let Some(kind) = kinds().iter().find(|k| k.claims(location)) {
+        return *kind;
+    }
+    if location.starts_with("postgres://") || location.starts_with("postgresql://") {
+        &NO_POSTGRES
+    } else if inspect::is_url(location) {
+        &UNKNOWN_URL
+    } else {
+        &NO_REDB
+    }
+}
+
 /// The meta key of the boot epoch (u64, little endian), incremented by every [`Store::open`].
 pub const META_BOOT_EPOCH: &str = "boot_epoch";
 

@@ -8,8 +8,8 @@ use tokio_postgres::{Client, NoTls};
 
 use crate::store::META_BOOT_EPOCH;
 use crate::store::inspect::{
-    AdminError, Dump, InspectFuture, Inspector, Lease, NodeInfo, Row, SCAN_BYTES, Space,
-    StatsReport, redact_url,
+    AdminError, BackupReport, CompactReport, Dump, InspectFuture, Inspector, Lease, NodeInfo, Row,
+    SCAN_BYTES, Space, StatsReport, redact_url,
 };
 use crate::store::postgres::SCHEMA_VERSION;
 
@@ -393,4 +393,83 @@ pub(crate) async fn load(url: &str, dump: Dump) -> Result<(u64, u64), AdminError
     }
     tx.commit().await.map_err(|e| pg_err(&label, &e))?;
     Ok((written, unchanged))
+}
+
+/// PostgreSQL databases as the `store …` commands reach them: `postgres://` and
+/// `postgresql://` URLs, read over one plain connection; commands that write refuse while a
+/// replica's heartbeat is fresh.
+pub(crate) struct PostgresKind;
+
+impl crate::store::inspect::StoreKind for PostgresKind {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn claims(&self, location: &str) -> bool {
+        location.starts_with("postgres://") || location.starts_with("postgresql://")
+    }
+
+    fn display(&self, location: &str) -> String {
+        redact_url(location)
+    }
+
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    fn open<'a>(&'a self, location: &'a str) -> InspectFuture<'a, Option<Box<dyn Inspector>>> {
+        Box::pin(async move {
+            Ok(Some(
+                Box::new(PgReader::connect(location).await?) as Box<dyn Inspector>
+            ))
+        })
+    }
+
+    fn open_exclusive<'a>(
+        &'a self,
+        location: &'a str,
+        what: &'static str,
+    ) -> InspectFuture<'a, Box<dyn Inspector>> {
+        Box::pin(async move {
+            let reader = PgReader::connect(location).await?;
+            reader.refuse_if_nodes_alive(what).await?;
+            Ok(Box::new(reader) as Box<dyn Inspector>)
+        })
+    }
+
+    fn delete<'a>(&'a self, location: &'a str, ids: Vec<String>) -> InspectFuture<'a, ()> {
+        Box::pin(async move { PgReader::connect(location).await?.delete(ids).await })
+    }
+
+    fn dump<'a>(&'a self, location: &'a str) -> InspectFuture<'a, Dump> {
+        Box::pin(async move {
+            let reader = PgReader::connect(location).await?;
+            reader.refuse_if_nodes_alive("store migrate").await?;
+            reader.dump().await
+        })
+    }
+
+    fn load<'a>(&'a self, location: &'a str, dump: Dump) -> InspectFuture<'a, (u64, u64)> {
+        Box::pin(load(location, dump))
+    }
+
+    fn compact<'a>(&'a self, _location: &'a str) -> InspectFuture<'a, CompactReport> {
+        Box::pin(async {
+            Err(AdminError::Unsupported(
+                "store compact applies to redb files; PostgreSQL reclaims space with VACUUM".into(),
+            ))
+        })
+    }
+
+    fn backup<'a>(
+        &'a self,
+        _location: &'a str,
+        _to: &'a std::path::Path,
+    ) -> InspectFuture<'a, BackupReport> {
+        Box::pin(async {
+            Err(AdminError::Unsupported(
+                "store backup copies a redb file; back up PostgreSQL with pg_dump (or `store migrate` it to a redb file)".into(),
+            ))
+        })
+    }
 }

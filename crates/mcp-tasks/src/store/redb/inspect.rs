@@ -20,8 +20,8 @@ use super::schema::{
 use crate::store::META_BOOT_EPOCH;
 use crate::store::RedbStore;
 use crate::store::inspect::{
-    AdminError, BackupReport, CompactReport, Dump, InspectFuture, Inspector, Row, SCAN_BATCH,
-    SCAN_BYTES, Space, StatsReport,
+    AdminError, BackupReport, CompactReport, Dump, InspectFuture, Inspector, PageCheck, Row,
+    SCAN_BATCH, SCAN_BYTES, Space, StatsReport,
 };
 /// redb's default page size, used to turn page counts into bytes.
 const PAGE_SIZE: u64 = 4096;
@@ -862,5 +862,91 @@ fn upgrade(path: &Path, w: &WriteTransaction) -> Result<(), AdminError> {
         }
         Ok(None) => Ok(()),
         Err(e) => Err(AdminError::Store(e.into_store_error(path))),
+    }
+}
+
+/// redb files as the `store …` commands reach them: every location that is not a URL is a
+/// path to one. A file a running server holds is read through its admin socket.
+pub(crate) struct RedbKind;
+
+impl crate::store::inspect::StoreKind for RedbKind {
+    fn name(&self) -> &'static str {
+        "redb"
+    }
+
+    fn claims(&self, location: &str) -> bool {
+        !crate::store::inspect::is_url(location)
+    }
+
+    fn open<'a>(&'a self, location: &'a str) -> InspectFuture<'a, Option<Box<dyn Inspector>>> {
+        Box::pin(async move {
+            match RedbReader::open(Path::new(location)).await {
+                Ok(reader) => Ok(Some(Box::new(reader) as Box<dyn Inspector>)),
+                Err(AdminError::InUse { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn admin_socket(&self, location: &str) -> Option<PathBuf> {
+        Some(crate::store::inspect::admin_socket_path(Path::new(
+            location,
+        )))
+    }
+
+    fn open_exclusive<'a>(
+        &'a self,
+        location: &'a str,
+        what: &'static str,
+    ) -> InspectFuture<'a, Box<dyn Inspector>> {
+        Box::pin(async move {
+            match RedbReader::open(Path::new(location)).await {
+                Ok(reader) => Ok(Box::new(reader) as Box<dyn Inspector>),
+                Err(AdminError::InUse { path, .. }) => Err(AdminError::InUse {
+                    path,
+                    detail: format!(
+                        "{what} needs the file for itself; stop the server first (nothing was changed)"
+                    ),
+                }),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn delete<'a>(&'a self, location: &'a str, ids: Vec<String>) -> InspectFuture<'a, ()> {
+        Box::pin(delete(Path::new(location), ids))
+    }
+
+    fn dump<'a>(&'a self, location: &'a str) -> InspectFuture<'a, Dump> {
+        Box::pin(dump(Path::new(location)))
+    }
+
+    fn load<'a>(&'a self, location: &'a str, dump: Dump) -> InspectFuture<'a, (u64, u64)> {
+        Box::pin(load(Path::new(location), dump))
+    }
+
+    fn compact<'a>(&'a self, location: &'a str) -> InspectFuture<'a, CompactReport> {
+        Box::pin(compact(Path::new(location)))
+    }
+
+    /// [`AdminError::InUse`] when a server holds the file: it makes the copy (admin socket).
+    fn backup<'a>(&'a self, location: &'a str, to: &'a Path) -> InspectFuture<'a, BackupReport> {
+        Box::pin(async move {
+            RedbReader::open(Path::new(location))
+                .await?
+                .backup(to)
+                .await
+        })
+    }
+
+    /// [`AdminError::InUse`] when a server holds the file (it verifies the records instead).
+    fn check_pages<'a>(&'a self, location: &'a str) -> InspectFuture<'a, Option<PageCheck>> {
+        Box::pin(async move {
+            let (reader, problem) = check_pages(Path::new(location)).await?;
+            Ok(Some(PageCheck {
+                reader: Box::new(reader),
+                problem,
+            }))
+        })
     }
 }
