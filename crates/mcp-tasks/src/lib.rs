@@ -15,7 +15,7 @@
 //! naming only the ones below it (checked by the workspace's `tests/it/layering.rs`):
 //!
 //! - `wire`: JSON-RPC and MCP wire shapes, error codes; no IO.
-//! - `task`, `persist`, `store`: the domain, its snapshot format, the redb store.
+//! - `task`, `persist`, `store`: the domain, its snapshot format, the stores.
 //! - `tool`, `catalog`, `content`, `quota`, `limits`, `clock`, `auth`: what hosts provide.
 //! - `shared`: the state one runtime shares (store, tools, live tasks, config).
 //! - `actor`: task actors, the supervisor, listen subscribers.

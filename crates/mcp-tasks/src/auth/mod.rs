@@ -270,7 +270,7 @@ pub(crate) fn check_name(what: &str, value: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks a tenant and principal pair as [`StaticTokens`] and [`JwtVerifier`] do.
+/// Checks a tenant and principal pair as [`StaticTokens`] and `JwtVerifier` (feature `jwt`) do.
 pub fn check_owner(tenant: &str, principal: &str) -> Result<(), String> {
     check_name("tenant", tenant)?;
     check_name("principal", principal)

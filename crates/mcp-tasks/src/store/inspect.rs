@@ -51,7 +51,7 @@ pub trait Inspector: Send + Sync {
 
 /// A kind of store, as the `store …` commands reach it: by its location (a path or a URL)
 /// rather than open in a runtime. Each backend's folder implements it beside its
-/// [`Inspector`]; [`crate::store::kinds`] lists them, one line per backend, and the first
+/// [`Inspector`]; `store::kinds` (internal) lists them, one line per backend, and the first
 /// that [claims](StoreKind::claims) a location serves it.
 ///
 /// The offline operations default to a refusal naming the store's kind, for a backend that
