@@ -10,8 +10,11 @@
 //! ```
 //!
 //! Options (after `--`): `--peer URL` (another MCP `2026-07-28` server with a `sleep_task
-//! {ms}` tool, measured in the same run, workload by workload), `--reps N` (default 3, the
-//! median is printed), `--tasks1 N` / `--tasks16 N` (lifecycles per measurement at 1 and 16
+//! {ms}` tool, measured in the same run, workload by workload), or `--peer-cmd 'CMD {port}'`
+//! (the peer started by the bench, a fresh process for every repetition, on a free port put
+//! in place of `{port}`; its endpoint `http://127.0.0.1:{port}/mcp`), `--reps N` (default 3,
+//! the median is printed; the servers take turns going first from one repetition to the
+//! next), `--tasks1 N` / `--tasks16 N` (lifecycles per measurement at 1 and 16
 //! clients, default 500 / 3000), `--secs S` (length of the create and get runs, default 8),
 //! `--only http|inprocess`.
 //!
@@ -36,11 +39,12 @@ use mcp_tasks::store::Store;
 use mcp_tasks::{Owner, Runtime};
 use serde_json::{Value, json};
 
-const USAGE: &str = "usage: cargo bench --bench http -- [--peer URL] [--reps N] [--tasks1 N] \
+const USAGE: &str = "usage: cargo bench --bench http -- [--peer URL | --peer-cmd 'CMD {port}'] [--reps N] [--tasks1 N] \
                      [--tasks16 N] [--secs S] [--only http|inprocess]";
 
 struct Args {
     peer: Option<String>,
+    peer_cmd: Option<String>,
     reps: usize,
     tasks1: usize,
     tasks16: usize,
@@ -52,6 +56,7 @@ struct Args {
 fn parse_args() -> Args {
     let mut args = Args {
         peer: None,
+        peer_cmd: None,
         reps: 3,
         tasks1: 500,
         tasks16: 3000,
@@ -74,6 +79,10 @@ fn parse_args() -> Args {
         match arg.as_str() {
             "--bench" => {}
             "--peer" => args.peer = Some(it.next().unwrap_or_else(|| fail("--peer URL".into()))),
+            "--peer-cmd" => match it.next() {
+                Some(cmd) if cmd.contains("{port}") => args.peer_cmd = Some(cmd),
+                _ => fail("--peer-cmd 'CMD {port}' (the command must take the port)".into()),
+            },
             "--reps" => args.reps = num("--reps", it.next()),
             "--tasks1" => args.tasks1 = num("--tasks1", it.next()),
             "--tasks16" => args.tasks16 = num("--tasks16", it.next()),
@@ -85,6 +94,9 @@ fn parse_args() -> Args {
             },
             other => fail(format!("unknown argument {other:?}")),
         }
+    }
+    if args.peer.is_some() && args.peer_cmd.is_some() {
+        fail("--peer and --peer-cmd exclude each other".into());
     }
     args
 }
@@ -268,6 +280,27 @@ impl Server {
     }
 }
 
+impl Server {
+    /// The peer of `--peer-cmd`, started on a free port (`{port}` in the command).
+    fn peer(cmd: &str) -> Server {
+        let port = free_port();
+        let line = cmd.replace("{port}", &port.to_string());
+        let child = Command::new("sh")
+            .args(["-c", &format!("exec {line}")])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting the peer `{line}`: {e}"));
+        let url = format!("http://127.0.0.1:{port}/mcp");
+        let server = Server { child, url };
+        wait_ready(
+            &server.url,
+            Duration::from_secs(60),
+            Duration::from_millis(20),
+        );
+        server
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -321,28 +354,44 @@ fn fmt(m: &Measure) -> String {
     }
 }
 
-fn http_part(args: &Args, dir: &Path) {
+fn http_part(args: &Args, dir: &Path, fdatasync_p50: Option<Duration>) {
     println!("## over HTTP (this crate's client, single-threaded, one connection per client)\n");
     let n = Workload::ALL.len();
     let mut durable: Vec<Vec<Measure>> = vec![Vec::new(); n];
     let mut memory: Vec<Vec<Measure>> = vec![Vec::new(); n];
     let mut peer: Vec<Vec<Measure>> = vec![Vec::new(); n];
     for rep in 0..args.reps {
-        // Fresh stores per repetition; the servers run the whole repetition. Each workload
-        // runs on the durable server, the in-memory one and the peer, one after the other.
+        // Fresh stores (and a fresh peer with `--peer-cmd`) per repetition; the servers run
+        // the whole repetition. Each workload runs on every server, one after the other, and
+        // the server that goes first changes from one repetition to the next.
         let on_disk = Server::start(&dir.join(format!("http-{rep}.redb")));
         let in_memory = Server::start(Path::new("memory"));
+        let started_peer = args.peer_cmd.as_deref().map(Server::peer);
+        let peer_url = started_peer
+            .as_ref()
+            .map(|p| p.url.clone())
+            .or_else(|| args.peer.clone());
         for (i, w) in Workload::ALL.iter().enumerate() {
-            let m = w.run(&on_disk.url, args);
-            println!("rep {rep} mcp-tasks durable {}: {}", w.name(), fmt(&m));
-            durable[i].push(m);
-            let m = w.run(&in_memory.url, args);
-            println!("rep {rep} mcp-tasks memory  {}: {}", w.name(), fmt(&m));
-            memory[i].push(m);
-            if let Some(url) = &args.peer {
-                let m = w.run(url, args);
-                println!("rep {rep} peer              {}: {}", w.name(), fmt(&m));
-                peer[i].push(m);
+            for turn in 0..3 {
+                match (rep + turn) % 3 {
+                    0 => {
+                        let m = w.run(&on_disk.url, args);
+                        println!("rep {rep} mcp-tasks durable {}: {}", w.name(), fmt(&m));
+                        durable[i].push(m);
+                    }
+                    1 => {
+                        let m = w.run(&in_memory.url, args);
+                        println!("rep {rep} mcp-tasks memory  {}: {}", w.name(), fmt(&m));
+                        memory[i].push(m);
+                    }
+                    _ => {
+                        if let Some(url) = &peer_url {
+                            let m = w.run(url, args);
+                            println!("rep {rep} peer              {}: {}", w.name(), fmt(&m));
+                            peer[i].push(m);
+                        }
+                    }
+                }
             }
         }
     }
@@ -369,6 +418,23 @@ fn http_part(args: &Args, dir: &Path) {
         }
     }
     println!();
+    // The physical bound of a durable lifecycle at one client (`sleep_task {"ms":0}`: the
+    // tool's tick is 0): one `fdatasync` of the pages a completion writes, measured above.
+    if let (Some(sync), false) = (fdatasync_p50, durable[0].is_empty()) {
+        let p50 = median_p50(&durable[0]);
+        let bound = sync.as_secs_f64() * 1000.0;
+        println!(
+            "durable lifecycle at 1 client: p50 {p50:.3} ms; bound (tool tick 0 ms + one fdatasync p50 {bound:.3} ms) = {bound:.3} ms; p50 / bound = {:.2}\n",
+            p50 / bound
+        );
+    }
+}
+
+/// The median of the measurements' p50 latencies.
+fn median_p50(measures: &[Measure]) -> f64 {
+    let mut p50s: Vec<f64> = measures.iter().map(|m| m.p50_ms).collect();
+    p50s.sort_by(f64::total_cmp);
+    p50s[p50s.len() / 2]
 }
 
 /// In process: lifecycles through `RuntimeHandle::handle_json` (no HTTP), `concurrency`
@@ -501,7 +567,7 @@ fn main() {
         .prefix("bench-http-")
         .tempdir_in(&target)
         .expect("creating the temp dir under target/");
-    conditions::print(
+    let fdatasync_p50 = conditions::print(
         dir.path(),
         "the durable server: redb, every commit fsync'd before it is acknowledged (Durability::Immediate); `--store memory`: nothing written",
     );
@@ -511,10 +577,13 @@ fn main() {
         args.tasks1,
         args.tasks16,
         args.secs,
-        args.peer.as_deref().unwrap_or("none")
+        args.peer
+            .as_deref()
+            .or(args.peer_cmd.as_deref())
+            .unwrap_or("none")
     );
     if args.http {
-        http_part(&args, dir.path());
+        http_part(&args, dir.path(), fdatasync_p50);
     }
     if args.inprocess {
         inprocess_part(&args, dir.path());

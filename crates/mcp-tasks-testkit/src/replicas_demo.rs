@@ -169,7 +169,7 @@ async fn play(url: &str, schema: &str, out: &mut impl Write) -> Result<(), Repli
 
     // a pauses: no heartbeat, and its tool will not finish until it wakes.
     paused.store(true, Ordering::SeqCst);
-    a_store.pause_heartbeat(true);
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&a_store, true);
     let paused_at = Instant::now();
     writeln!(
         out,
@@ -202,7 +202,7 @@ async fn play(url: &str, schema: &str, out: &mut impl Write) -> Result<(), Repli
     writeln!(out, "4. b: task completed: \"{}\"", text(&done))?;
 
     // a wakes: its tool finishes, and its completion is refused.
-    a_store.pause_heartbeat(false);
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&a_store, false);
     paused.store(false, Ordering::SeqCst);
     let deadline = Instant::now() + Duration::from_secs(10);
     while a_store.holds(&task) {

@@ -79,6 +79,36 @@ pub mod internals {
         pub use crate::wire::*;
     }
 
+    /// Faults a test injects into one replica's PostgreSQL store.
+    #[cfg(feature = "postgres")]
+    pub mod pg_faults {
+        use crate::store::PostgresStore;
+
+        /// Drops (or stops dropping) the notifications this node receives, as if they were
+        /// lost: only the polling fallback delivers other nodes' changes meanwhile.
+        pub fn lose_notifications(store: &PostgresStore, lose: bool) {
+            store.lose_notifications(lose)
+        }
+
+        /// Stops (or resumes) this node's heartbeats, as if the process were paused: once the
+        /// TTL passes, other nodes take its tasks over.
+        pub fn pause_heartbeat(store: &PostgresStore, paused: bool) {
+            store.pause_heartbeat(paused)
+        }
+
+        /// The next `n` commits are applied and committed, but reported failed (as if the
+        /// answer to `COMMIT` were lost on the network).
+        pub fn lose_commit_acks(store: &PostgresStore, n: u64) {
+            store.lose_commit_acks(n)
+        }
+
+        /// Makes every statement of this node fail (or stops doing so) as if the database
+        /// could not be reached (the listening connection is left alone).
+        pub fn simulate_outage(store: &PostgresStore, down: bool) {
+            store.simulate_outage(down)
+        }
+    }
+
     /// The raw store of a runtime, which can break every invariant of the runtime (delete a
     /// live task, replace the signing key): only for tests.
     pub fn runtime_store(runtime: &crate::Runtime) -> &crate::store::Store {

@@ -18,8 +18,9 @@ const PAGE: usize = 4096;
 const FILE_PAGES: u64 = 64;
 
 /// Prints the conditions of a run whose store lives in `store_dir`, with `durability` saying
-/// what a commit waits for (e.g. "redb, every commit fsync'd").
-pub fn print(store_dir: &Path, durability: &str) {
+/// what a commit waits for (e.g. "redb, every commit fsync'd"). Returns the measured
+/// `fdatasync` p50 (the physical bound of a durable commit there), if the probe ran.
+pub fn print(store_dir: &Path, durability: &str) -> Option<Duration> {
     println!("## conditions\n");
     println!("- kernel: {}", kernel());
     println!(
@@ -31,15 +32,22 @@ pub fn print(store_dir: &Path, durability: &str) {
         store_dir.display(),
         file_system(store_dir)
     );
-    match fdatasync_probe(store_dir, 200) {
-        Ok((p50, p99)) => println!(
-            "- fdatasync after writing {PAGES} × 4 KiB pages there, 200 rounds: p50 {:.3} ms, p99 {:.3} ms",
-            ms(p50),
-            ms(p99)
-        ),
-        Err(e) => println!("- fdatasync probe failed: {e}"),
-    }
+    let p50 = match fdatasync_probe(store_dir, 200) {
+        Ok((p50, p99)) => {
+            println!(
+                "- fdatasync after writing {PAGES} × 4 KiB pages there, 200 rounds: p50 {:.3} ms, p99 {:.3} ms",
+                ms(p50),
+                ms(p99)
+            );
+            Some(p50)
+        }
+        Err(e) => {
+            println!("- fdatasync probe failed: {e}");
+            None
+        }
+    };
     println!("- durability: {durability}\n");
+    p50
 }
 
 fn ms(d: Duration) -> f64 {

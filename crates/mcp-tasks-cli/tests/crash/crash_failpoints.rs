@@ -3,9 +3,10 @@
 //! fails the batch), and the one checker judges the seeds. The test-only breakers
 //! (`break::reply_before_commit`, `break::skip_step_journal`) must make the checker fail.
 //!
-//! Run with `cargo test -p mcp-tasks-cli --features failpoints --test crash crash_failpoints::`. Failpoints are
-//! process-global: every test here holds `fail::FailScenario` (one at a time).
-#![cfg(feature = "failpoints")]
+//! The library's `failpoints` feature is on in every test build (the test crate's
+//! dev-dependency). Failpoints are process-global, so each test runs in a process of its own
+//! (`support::own_process`) and, there, holds `fail::FailScenario`: `cargo test` runs them
+//! with the rest (`cargo test --test crash crash_failpoints::` alone).
 
 use crate::sim;
 
@@ -78,7 +79,7 @@ fn assert_clean(name: &str, runs: &[(u64, SeedRun)], fired: u64) {
     for (seed, run) in runs {
         assert!(
             run.report.is_clean(),
-            "failpoint {name}, seed {seed:#x}: {}\nreplay: MCP_TASKS_SEED={seed:#x} cargo test -p mcp-tasks-cli --features failpoints --test crash crash_failpoints::",
+            "failpoint {name}, seed {seed:#x}: {}\nreplay: MCP_TASKS_SEED={seed:#x} cargo test --test crash crash_failpoints::",
             run.report.summary(10)
         );
     }
@@ -87,6 +88,10 @@ fn assert_clean(name: &str, runs: &[(u64, SeedRun)], fired: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_loss_after_commit_before_reply() {
+    if !crate::support::own_process("crash_failpoints::power_loss_after_commit_before_reply").await
+    {
+        return;
+    }
     let scenario = FailScenario::setup();
     let (runs, fired) = crash_at_failpoint("task::after_commit", 0xAF7E_0001, 20).await;
     assert_clean("task::after_commit", &runs, fired);
@@ -97,6 +102,11 @@ async fn power_loss_after_commit_before_reply() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_loss_between_a_step_and_its_commit() {
+    if !crate::support::own_process("crash_failpoints::power_loss_between_a_step_and_its_commit")
+        .await
+    {
+        return;
+    }
     let scenario = FailScenario::setup();
     let (runs, fired) = crash_at_failpoint("step::before_commit", 0x57E9_0001, 12).await;
     assert_clean("step::before_commit", &runs, fired);
@@ -108,6 +118,9 @@ async fn power_loss_between_a_step_and_its_commit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_loss_during_rehydration() {
+    if !crate::support::own_process("crash_failpoints::power_loss_during_rehydration").await {
+        return;
+    }
     let scenario = FailScenario::setup();
     let (runs, fired) = crash_at_failpoint("supervisor::rehydrate", 0x4E4D_0001, 4).await;
     assert_clean("supervisor::rehydrate", &runs, fired);
@@ -116,6 +129,9 @@ async fn power_loss_during_rehydration() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_loss_inside_a_group_commit() {
+    if !crate::support::own_process("crash_failpoints::power_loss_inside_a_group_commit").await {
+        return;
+    }
     let scenario = FailScenario::setup();
     let (runs, fired) = crash_at_failpoint("store::group_commit", 0x6C0D_0001, 30).await;
     assert_clean("store::group_commit", &runs, fired);
@@ -126,6 +142,13 @@ async fn power_loss_inside_a_group_commit() {
 /// with -32603; the store reopens and nothing acknowledged is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_group_commit_fails_its_batch_and_recovers() {
+    if !crate::support::own_process(
+        "crash_failpoints::a_failing_group_commit_fails_its_batch_and_recovers",
+    )
+    .await
+    {
+        return;
+    }
     let scenario = FailScenario::setup();
     let mut failures = 0;
     for (i, seed) in seeds(0x6C0D_0002, seed_count()).into_iter().enumerate() {
@@ -149,7 +172,7 @@ async fn a_failing_group_commit_fails_its_batch_and_recovers() {
         if !run.report.is_clean() {
             failures += 1;
             eprintln!(
-                "seed {seed:#x}: {}\nreplay: MCP_TASKS_SEED={seed:#x} cargo test -p mcp-tasks-cli --features failpoints --test crash crash_failpoints::a_failing_group_commit",
+                "seed {seed:#x}: {}\nreplay: MCP_TASKS_SEED={seed:#x} cargo test --test crash crash_failpoints::a_failing_group_commit",
                 run.report.summary(10)
             );
         }
@@ -165,6 +188,11 @@ async fn a_failing_group_commit_fails_its_batch_and_recovers() {
 /// clients saw: the checker must report it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checker_catches_reply_before_commit() {
+    if !crate::support::own_process("crash_failpoints::the_checker_catches_reply_before_commit")
+        .await
+    {
+        return;
+    }
     let scenario = FailScenario::setup();
     fail::cfg("break::reply_before_commit", "return").unwrap();
     // Crash right after the publish, before the commit: at the failpoint after the commit of
@@ -195,6 +223,11 @@ async fn the_checker_catches_reply_before_commit() {
 /// side-effect log proves it and the checker must report it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checker_catches_a_skipped_step_journal() {
+    if !crate::support::own_process("crash_failpoints::the_checker_catches_a_skipped_step_journal")
+        .await
+    {
+        return;
+    }
     let scenario = FailScenario::setup();
     fail::cfg("break::skip_step_journal", "return").unwrap();
     let mut caught = 0;

@@ -364,13 +364,13 @@ async fn readyz_on_postgres_needs_a_current_heartbeat() {
     let readyz = format!("{base}/readyz");
     assert_eq!(get(&readyz, None).await, (200, "ready\n".into()));
 
-    handle.pause_heartbeat(true);
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&handle, true);
     let body = until_status(&readyz, 503, "still ready without heartbeats").await;
     assert!(
         body.starts_with("not ready: this node's lease was last renewed"),
         "{body}"
     );
-    handle.pause_heartbeat(false);
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&handle, false);
     until_status(&readyz, 200, "not ready again after heartbeats resumed").await;
 
     // The database stops answering (the store's simulated outage: every connection it asks
@@ -379,9 +379,9 @@ async fn readyz_on_postgres_needs_a_current_heartbeat() {
     // (then the answer names the lease instead): try again from a ready node.
     let mut seen = Vec::new();
     for _ in 0..5 {
-        handle.simulate_outage(true);
+        mcp_tasks::internals::pg_faults::simulate_outage(&handle, true);
         let (status, body) = get(&readyz, None).await;
-        handle.simulate_outage(false);
+        mcp_tasks::internals::pg_faults::simulate_outage(&handle, false);
         assert_eq!(status, 503, "{body}");
         if body.starts_with("not ready: the database is unreachable") {
             seen.clear();

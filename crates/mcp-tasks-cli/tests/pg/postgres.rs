@@ -205,7 +205,7 @@ async fn a_node_past_its_lease_is_fenced_after_the_takeover() {
     let task = create(&a, "hold", json!({})).await;
     assert!(a_store.holds(&task));
     // Node a stops renewing its lease (as if paused); b takes the task over and completes it.
-    a_store.pause_heartbeat(true);
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&a_store, true);
     let done = wait_status(&b, &task, "completed").await;
     assert_eq!(done["result"]["content"][0]["text"], "done on node b");
     // Any replica answers with the committed state, a's included.
@@ -223,7 +223,7 @@ async fn a_node_past_its_lease_is_fenced_after_the_takeover() {
     assert!(epoch >= 2, "the takeover bumped the epoch: {epoch}");
 
     // Node a wakes up: its tool completes late, and its write is refused (fenced).
-    a_store.pause_heartbeat(false);
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&a_store, false);
     release.store(true, Ordering::SeqCst);
     for _ in 0..100 {
         if !a_store.holds(&task) {
@@ -290,7 +290,7 @@ async fn a_takeover_by_a_node_whose_clock_is_behind_still_moves_last_updated_at_
     let task = create(&a, "hold", json!({})).await;
     let working = get(&a, &task).await["result"].clone();
     assert_eq!(working["status"], "working");
-    a_store.pause_heartbeat(true);
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&a_store, true);
     let done = wait_status(&b, &task, "completed").await;
     let ms = |v: &Value| {
         let s = v["lastUpdatedAt"].as_str().unwrap().to_owned();
@@ -305,7 +305,7 @@ async fn a_takeover_by_a_node_whose_clock_is_behind_still_moves_last_updated_at_
         "one millisecond after the state it replaces: {done}"
     );
     release.store(true, Ordering::SeqCst);
-    a_store.pause_heartbeat(false);
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&a_store, false);
     a.shutdown().await;
     b.shutdown().await;
     pg.drop().await;
@@ -431,8 +431,8 @@ async fn a_lost_notification_only_delays() {
     let (a, a_store, b, b_store) = pair(&pg, Duration::from_millis(700), &runs).await;
     let task = create(&a, "journaled", json!({})).await;
     wait_status(&a, &task, "input_required").await;
-    a_store.lose_notifications(true);
-    b_store.lose_notifications(true);
+    mcp_tasks::internals::pg_faults::lose_notifications(&a_store, true);
+    mcp_tasks::internals::pg_faults::lose_notifications(&b_store, true);
     let mut stream = listen(&b, &task).await;
     let first = next_task_state(&mut stream).await;
     assert_eq!(first["status"], "input_required", "{first}");
@@ -512,12 +512,12 @@ async fn a_reconnected_listener_catches_up_with_what_it_missed() {
         next_task_state(&mut stream).await["status"],
         "input_required"
     );
-    b_store.lose_notifications(true);
+    mcp_tasks::internals::pg_faults::lose_notifications(&b_store, true);
     let r = call(&a, "tasks/update", confirm(&task)).await;
     assert!(r.get("result").is_some(), "{r}");
     wait_status(&a, &task, "completed").await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    b_store.lose_notifications(false);
+    mcp_tasks::internals::pg_faults::lose_notifications(&b_store, false);
     let client = pg.client().await;
     let ended: i64 = client
         .query_one(
@@ -796,7 +796,7 @@ async fn the_lease_epoch_refuses_a_write_the_sequence_number_would_let_through()
             .unwrap();
         a.commit(vec![put(&id, 1, true)]).await.unwrap();
         assert!(a.holds(&id) && !b.holds(&id));
-        a.pause_heartbeat(true);
+        mcp_tasks::internals::pg_faults::pause_heartbeat(&a, true);
         let mut claimed = Vec::new();
         for _ in 0..100 {
             claimed = b.claim_orphans(16).await.unwrap();
@@ -959,13 +959,13 @@ async fn takeovers_of_lapsed_leases_spend_one_cluster_wide_restart_budget() {
     owner_is(b_store.clone(), task.clone(), "b").await;
     // b stops heartbeating: c takes the task over, which counts the run b had (2 of 2).
     let (c, c_store) = node("c").await;
-    b_store.pause_heartbeat(true);
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&b_store, true);
     owner_is(c_store.clone(), task.clone(), "c").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let working = get(&c, &task).await;
     assert_eq!(working["result"]["status"], "working", "{working}");
     // c stops too: whoever takes the task over next finds the budget spent.
-    c_store.pause_heartbeat(true);
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&c_store, true);
     let (d, _d_store) = node("d").await;
     let failed = wait_status(&d, &task, "failed").await;
     let message = failed["error"]["message"].as_str().unwrap_or_default();

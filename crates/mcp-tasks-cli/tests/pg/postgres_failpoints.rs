@@ -1,8 +1,8 @@
 //! Schedules over two PostgreSQL nodes in process that need a failpoint or a breaker to be
-//! exact (feature `failpoints`; run with
-//! `cargo test -p mcp-tasks-cli --features failpoints --test pg postgres_failpoints::`). Failpoints are
-//! process-global: every test here holds `fail::FailScenario` (one at a time).
-#![cfg(all(feature = "postgres", feature = "failpoints"))]
+//! exact (the library's feature `failpoints`, on in every test build). Failpoints are
+//! process-global, so each test runs in a process of its own (`support::own_process`) and,
+//! there, holds `fail::FailScenario` (`cargo test --test pg postgres_failpoints::` alone).
+#![cfg(feature = "postgres")]
 
 use crate::pg;
 use crate::support;
@@ -71,6 +71,13 @@ async fn node(pg: &pg::Pg, name: &str, ttl: Duration) -> (Runtime, Arc<PostgresS
 /// which applies it: acknowledged means applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_reaching_an_actor_from_a_lost_lease_is_applied_not_dropped() {
+    if !crate::support::own_process(
+        "postgres_failpoints::an_answer_reaching_an_actor_from_a_lost_lease_is_applied_not_dropped",
+    )
+    .await
+    {
+        return;
+    }
     let Some(pg) = pg::fresh().await else { return };
     let scenario = FailScenario::setup();
     // A minute: no periodic reconciliation (every 20 s) stops a's actor during the test.
@@ -125,6 +132,9 @@ async fn an_answer_reaching_an_actor_from_a_lost_lease_is_applied_not_dropped() 
 /// acknowledge. Without the confirmation c acknowledges an answer that was dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_recorded_for_a_node_whose_actor_is_stale_is_applied_not_dropped() {
+    if !crate::support::own_process("postgres_failpoints::an_answer_recorded_for_a_node_whose_actor_is_stale_is_applied_not_dropped").await {
+        return;
+    }
     let Some(pg) = pg::fresh().await else { return };
     let scenario = FailScenario::setup();
     let ttl = Duration::from_secs(60);
@@ -173,6 +183,9 @@ async fn an_answer_recorded_for_a_node_whose_actor_is_stale_is_applied_not_dropp
 /// (the frozen node blocks one of the test runtime's workers).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_left_open_by_a_frozen_node_releases_its_row_locks_within_the_bound() {
+    if !crate::support::own_process("postgres_failpoints::a_transaction_left_open_by_a_frozen_node_releases_its_row_locks_within_the_bound").await {
+        return;
+    }
     let Some(pg) = pg::fresh().await else { return };
     let scenario = FailScenario::setup();
     let ttl = Duration::from_secs(3);

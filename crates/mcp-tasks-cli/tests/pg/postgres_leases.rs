@@ -136,14 +136,14 @@ async fn a_listen_on_the_old_owner_follows_the_task_another_node_completed() {
         .unwrap();
     assert_eq!(first["status"], "input_required", "{first}");
 
-    a_store.pause_heartbeat(true);
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&a_store, true);
     eventually(
         "b took the task over",
         Duration::from_secs(30),
         async || b_store.holds(&task),
     )
     .await;
-    a_store.pause_heartbeat(false);
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&a_store, false);
     for key in ["k0", "k1"] {
         let r = call(&b, "tasks/update", answer(&task, key)).await;
         assert!(r.get("result").is_some(), "{r}");
@@ -194,7 +194,7 @@ async fn a_listen_on_the_old_owner_follows_the_task_another_node_completed() {
 async fn a_creation_whose_commit_ack_was_lost_still_runs() {
     let Some(pg) = pg::fresh().await else { return };
     let (a, a_store) = node(&pg, "a", Duration::from_secs(60)).await;
-    a_store.lose_commit_acks(1);
+    mcp_tasks::internals::pg_faults::lose_commit_acks(&a_store, 1);
     let r = call(
         &a,
         "tools/call",

@@ -217,7 +217,7 @@ async fn a_replica_whose_clock_is_ahead_does_not_expire_live_tasks() {
         "{own}"
     );
     // a stops heartbeating; b takes the task over seconds into its 15 minutes and runs it.
-    a_store.pause_heartbeat(true);
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&a_store, true);
     let done = wait_status(&b, &task, "completed").await;
     assert_eq!(
         done["result"]["content"][0]["text"], "done on node b",
@@ -232,7 +232,7 @@ async fn a_replica_whose_clock_is_ahead_does_not_expire_live_tasks() {
         "{fresh}"
     );
     release.store(true, Ordering::SeqCst);
-    a_store.pause_heartbeat(false);
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&a_store, false);
     a.shutdown().await;
     b.shutdown().await;
     pg.drop().await;
@@ -277,7 +277,7 @@ async fn a_takeover_does_not_wait_for_a_row_a_paused_replica_keeps_locked() {
         )
         .await
         .unwrap();
-    a_store.pause_heartbeat(true);
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&a_store, true);
     tokio::time::sleep(ttl * 2).await;
 
     let bound = Duration::from_secs(10);
@@ -342,7 +342,7 @@ async fn a_takeover_does_not_wait_for_a_row_a_paused_replica_keeps_locked() {
         Some("b")
     );
     release.store(true, Ordering::SeqCst);
-    a_store.pause_heartbeat(false);
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&a_store, false);
     a.shutdown().await;
     b.shutdown().await;
     pg.drop().await;
@@ -500,13 +500,13 @@ async fn database_outages_longer_than_the_lease_ttl_do_not_spend_the_restart_bud
     let mut other = ("b", &b, &b_store);
     for outage in 1..=3 {
         // The database goes away for both nodes, longer than the TTL.
-        a_store.simulate_outage(true);
-        b_store.simulate_outage(true);
+        mcp_tasks::internals::pg_faults::simulate_outage(&a_store, true);
+        mcp_tasks::internals::pg_faults::simulate_outage(&b_store, true);
         tokio::time::sleep(ttl * 2).await;
         // It comes back for the other node first, which takes the task over.
-        other.2.simulate_outage(false);
+        mcp_tasks::internals::pg_faults::simulate_outage(other.2, false);
         owner_is(other.2, &task, other.0).await;
-        owner.2.simulate_outage(false);
+        mcp_tasks::internals::pg_faults::simulate_outage(owner.2, false);
         std::mem::swap(&mut owner, &mut other);
         tokio::time::sleep(Duration::from_millis(300)).await;
         let seen = get(owner.1, &task).await;
@@ -548,7 +548,7 @@ async fn pauses_past_the_lease_do_not_spend_the_restart_budget() {
     let mut owner = ("a", &a, &a_store);
     let mut other = ("b", &b, &b_store);
     for pause in 1..=3 {
-        owner.2.pause_heartbeat(true);
+        mcp_tasks::internals::pg_faults::pause_heartbeat(owner.2, true);
         owner_is(other.2, &task, other.0).await;
         let seen = get(other.1, &task).await;
         assert_eq!(
@@ -556,7 +556,7 @@ async fn pauses_past_the_lease_do_not_spend_the_restart_budget() {
             "after pause {pause}: {seen}"
         );
         // The paused node wakes (the same process): the takeover's attempt is given back.
-        owner.2.pause_heartbeat(false);
+        mcp_tasks::internals::pg_faults::pause_heartbeat(owner.2, false);
         let mut attempts = 0;
         for _ in 0..400 {
             attempts = stored_attempts(other.2, &task).await;

@@ -14,7 +14,7 @@ use crate::store::StoreError;
 use crate::task::{Event, TaskError, TaskOutcome, TaskRecord, TransitionError, apply};
 use crate::telemetry::{self, TaskGauge};
 use crate::tool::context::{EventSink, TaskLink};
-use crate::tool::{ToolContext, ToolError};
+use crate::tool::{CallToolResult, ToolContext, ToolError};
 use crate::wire::error::{RpcError, code};
 
 /// A running tool's events go to its task actor as [`TaskMsg::Tool`].
@@ -498,37 +498,7 @@ impl TaskActor {
             }
             TaskMsg::ToolExited(outcome) => {
                 state.tool = None;
-                let event = match outcome {
-                    Ok(result) => {
-                        let result = result.to_json();
-                        match self.shared.config.limits.check_result(&result) {
-                            Ok(()) => Event::Finish(TaskOutcome::Result(result)),
-                            Err(e) => Event::Finish(TaskOutcome::Error(TaskError {
-                                code: e.code,
-                                message: e.message,
-                                data: None,
-                            })),
-                        }
-                    }
-                    Err(ToolError::Rpc(e)) => Event::Finish(TaskOutcome::Error(TaskError {
-                        code: e.code,
-                        message: e.message,
-                        data: e.data,
-                    })),
-                    Err(ToolError::Cancelled) => Event::Cancelled {
-                        status_message: None,
-                    },
-                    Err(ToolError::InputRequired(_)) => {
-                        Event::Finish(TaskOutcome::Error(TaskError {
-                            code: code::INTERNAL_ERROR,
-                            message: "the tool asked for input outside a task".into(),
-                            data: None,
-                        }))
-                    }
-                    // The runtime could not record the tool's progress (store failure): fail
-                    // the actor; the supervisor restarts it from the last durable snapshot.
-                    Err(e @ ToolError::Runtime { .. }) => return Err(Box::new(e)),
-                };
+                let event = self.finish_event(outcome)?;
                 match self.transition(&myself, state, event).await {
                     Ok(_) | Err(RuntimeError::Transition(TransitionError::Terminal(_))) => {}
                     Err(e) => return or_store_failure(Err(e)),
@@ -537,21 +507,7 @@ impl TaskActor {
             TaskMsg::ToolPanicked(detail) => {
                 return Err(format!("tool `{}` panicked: {detail}", state.record.tool).into());
             }
-            TaskMsg::RefundLapse => {
-                // Only the attempt this actor's start counted, and only while no progress
-                // (a step, an input request) started the count again since.
-                if let Some(charged) = state.lapse_charge.take()
-                    && state.record.attempts >= charged
-                    && !state.record.status.is_terminal()
-                {
-                    tracing::info!(task = %state.record.id, attempts = state.record.attempts,
-                        "the node this task was taken over from was paused, not crashed: the attempt its takeover counted is given back");
-                    or_store_failure(
-                        self.transition(&myself, state, Event::RestartRefunded)
-                            .await,
-                    )?;
-                }
-            }
+            TaskMsg::RefundLapse => self.refund_lapse(&myself, state).await?,
             TaskMsg::CancelGraceElapsed => {
                 if !state.record.status.is_terminal() {
                     state.tool = None;
@@ -562,6 +518,61 @@ impl TaskActor {
                     or_store_failure(self.transition(&myself, state, event).await)?;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// The event that ends the task with what its tool returned (a result over the size limit
+    /// fails it); `Err` when the runtime could not record the tool's progress (store failure:
+    /// the actor fails and the supervisor restarts it from the last durable snapshot).
+    fn finish_event(
+        &self,
+        outcome: Result<CallToolResult, ToolError>,
+    ) -> Result<Event, ActorProcessingErr> {
+        Ok(match outcome {
+            Ok(result) => {
+                let result = result.to_json();
+                match self.shared.config.limits.check_result(&result) {
+                    Ok(()) => Event::Finish(TaskOutcome::Result(result)),
+                    Err(e) => Event::Finish(TaskOutcome::Error(TaskError {
+                        code: e.code,
+                        message: e.message,
+                        data: None,
+                    })),
+                }
+            }
+            Err(ToolError::Rpc(e)) => Event::Finish(TaskOutcome::Error(TaskError {
+                code: e.code,
+                message: e.message,
+                data: e.data,
+            })),
+            Err(ToolError::Cancelled) => Event::Cancelled {
+                status_message: None,
+            },
+            Err(ToolError::InputRequired(_)) => Event::Finish(TaskOutcome::Error(TaskError {
+                code: code::INTERNAL_ERROR,
+                message: "the tool asked for input outside a task".into(),
+                data: None,
+            })),
+            Err(e @ ToolError::Runtime { .. }) => return Err(Box::new(e)),
+        })
+    }
+
+    /// Gives back the attempt this actor's start counted when the node the task was taken
+    /// over from turned out paused, not crashed — only while no progress (a step, an input
+    /// request) started the count again since.
+    async fn refund_lapse(
+        &self,
+        myself: &ActorRef<TaskMsg>,
+        state: &mut TaskState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(charged) = state.lapse_charge.take()
+            && state.record.attempts >= charged
+            && !state.record.status.is_terminal()
+        {
+            tracing::info!(task = %state.record.id, attempts = state.record.attempts,
+                "the node this task was taken over from was paused, not crashed: the attempt its takeover counted is given back");
+            or_store_failure(self.transition(myself, state, Event::RestartRefunded).await)?;
         }
         Ok(())
     }

@@ -742,51 +742,14 @@ impl Client {
             match result.get("resultType").and_then(Value::as_str) {
                 Some("task") => {
                     let task = Task::from_value(&result)?;
-                    let handle = self.handle(task.task_id.clone());
-                    if let Some(store) = &self.inner.store {
-                        store
-                            .put(SavedTask {
-                                version: 1,
-                                task_id: task.task_id.clone(),
-                                endpoint: self.inner.endpoint.clone(),
-                                tool: name.to_owned(),
-                                arguments: arguments.clone(),
-                                created_at_ms: now_ms(),
-                                status: task.status.as_str().to_owned(),
-                                answered: Vec::new(),
-                            })
-                            .await?;
-                    }
-                    *handle.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
-                    return Ok(CallOutcome::Task(handle));
+                    return self.task_created(task, name, &arguments).await;
                 }
                 Some("input_required") => {
-                    let requests = result
-                        .get("inputRequests")
-                        .and_then(Value::as_object)
-                        .cloned()
-                        .unwrap_or_default();
                     state = result
                         .get("requestState")
                         .and_then(Value::as_str)
                         .map(str::to_owned);
-                    let mut answers = Map::new();
-                    if let Some(handler) = &self.inner.handler {
-                        for (key, request) in &requests {
-                            if let Some(answer) = handler.answer(key, request).await {
-                                answers.insert(key.clone(), answer);
-                            }
-                        }
-                    }
-                    let missing: Map<String, Value> = requests
-                        .iter()
-                        .filter(|(k, _)| !answers.contains_key(*k))
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect();
-                    if !missing.is_empty() {
-                        return Err(ClientError::InputRequired { requests: missing });
-                    }
-                    responses = Some(answers);
+                    responses = Some(self.answer_round(&result).await?);
                 }
                 None | Some("complete") => return Ok(CallOutcome::Complete(result)),
                 Some(other) => {
@@ -799,6 +762,59 @@ impl Client {
         Err(ClientError::Protocol(format!(
             "`{name}` still asked for input after {MAX_MRTR_ROUNDS} rounds"
         )))
+    }
+
+    /// The handle of a task `tools/call` created, saved in the handle store if there is one.
+    async fn task_created(
+        &self,
+        task: Task,
+        tool: &str,
+        arguments: &Value,
+    ) -> Result<CallOutcome, ClientError> {
+        let handle = self.handle(task.task_id.clone());
+        if let Some(store) = &self.inner.store {
+            store
+                .put(SavedTask {
+                    version: 1,
+                    task_id: task.task_id.clone(),
+                    endpoint: self.inner.endpoint.clone(),
+                    tool: tool.to_owned(),
+                    arguments: arguments.clone(),
+                    created_at_ms: now_ms(),
+                    status: task.status.as_str().to_owned(),
+                    answered: Vec::new(),
+                })
+                .await?;
+        }
+        *handle.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+        Ok(CallOutcome::Task(handle))
+    }
+
+    /// The answers of the input handler to one `input_required` round of a call;
+    /// [`ClientError::InputRequired`] with the requests it left unanswered.
+    async fn answer_round(&self, result: &Value) -> Result<Map<String, Value>, ClientError> {
+        let requests = result
+            .get("inputRequests")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let mut answers = Map::new();
+        if let Some(handler) = &self.inner.handler {
+            for (key, request) in &requests {
+                if let Some(answer) = handler.answer(key, request).await {
+                    answers.insert(key.clone(), answer);
+                }
+            }
+        }
+        let missing: Map<String, Value> = requests
+            .iter()
+            .filter(|(k, _)| !answers.contains_key(*k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if !missing.is_empty() {
+            return Err(ClientError::InputRequired { requests: missing });
+        }
+        Ok(answers)
     }
 
     /// A `-32602` of `tools/call`: an unknown tool (with the server's list) when the tool is

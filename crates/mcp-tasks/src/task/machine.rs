@@ -94,45 +94,10 @@ pub fn apply(
         Event::RequestInputs {
             requests,
             status_message,
-        } => {
-            refuse_if_terminal(record)?;
-            if requests.is_empty() {
-                return Err(TransitionError::NoInputRequests);
-            }
-            if let Some(key) = requests.keys().find(|k| record.issued_keys.contains(*k)) {
-                return Err(TransitionError::DuplicateInputKey(key.clone()));
-            }
-            for (key, request) in requests {
-                next.issued_keys.insert(key.clone());
-                next.pending_inputs.insert(key, request);
-            }
-            next.status = TaskStatus::InputRequired;
-            next.attempts = 1;
-            if status_message.is_some() {
-                next.status_message = status_message;
-            }
-        }
+        } => request_inputs(record, &mut next, requests, status_message)?,
         Event::ProvideInputs { responses } => {
-            if terminal {
+            if terminal || !provide_inputs(record, &mut next, responses)? {
                 return Ok(None);
-            }
-            let mut changed = false;
-            for (key, response) in responses {
-                if !record.pending_inputs.contains_key(&key) {
-                    continue; // never issued, already answered, or superseded: ignored
-                }
-                if let Err(reason) = super::answer::check(&record.pending_inputs[&key], &response) {
-                    return Err(TransitionError::InvalidInputResponse { key, reason });
-                }
-                next.pending_inputs.remove(&key);
-                next.answers.insert(key, response);
-                changed = true;
-            }
-            if !changed {
-                return Ok(None);
-            }
-            if next.pending_inputs.is_empty() && next.status == TaskStatus::InputRequired {
-                next.status = TaskStatus::Working;
             }
         }
         Event::RequestCancel => {
@@ -146,19 +111,7 @@ pub fn apply(
         }
         Event::Finish(outcome) => {
             refuse_if_terminal(record)?;
-            next.pending_inputs.clear();
-            match &outcome {
-                TaskOutcome::Result(_) => {
-                    // No status message of an earlier state survives on a finished task.
-                    next.status = TaskStatus::Completed;
-                    next.status_message = None;
-                }
-                TaskOutcome::Error(TaskError { message, .. }) => {
-                    next.status = TaskStatus::Failed;
-                    next.status_message = Some(message.clone());
-                }
-            }
-            next.outcome = Some(outcome);
+            finish(&mut next, outcome);
         }
         Event::Cancelled { status_message } => {
             refuse_if_terminal(record)?;
@@ -172,14 +125,15 @@ pub fn apply(
             if !record.is_expired(now_ms) {
                 return Err(TransitionError::NotExpired);
             }
-            next.pending_inputs.clear();
-            next.status = TaskStatus::Failed;
+            finish(
+                &mut next,
+                TaskOutcome::Error(TaskError {
+                    code: crate::wire::error::code::INTERNAL_ERROR,
+                    message: "Task has expired before it finished".into(),
+                    data: None,
+                }),
+            );
             next.status_message = Some("Task has expired.".into());
-            next.outcome = Some(TaskOutcome::Error(TaskError {
-                code: crate::wire::error::code::INTERNAL_ERROR,
-                message: "Task has expired before it finished".into(),
-                data: None,
-            }));
         }
         Event::Restarted => {
             refuse_if_terminal(record)?;
@@ -202,6 +156,76 @@ pub fn apply(
         next.last_updated_at_ms = now_ms.max(record.last_updated_at_ms.saturating_add(1));
     }
     Ok(Some(next))
+}
+
+/// `RequestInputs`: new keys become pending and the task `input_required` (a key issued
+/// before, even answered, is refused).
+fn request_inputs(
+    record: &TaskRecord,
+    next: &mut TaskRecord,
+    requests: BTreeMap<String, Value>,
+    status_message: Option<String>,
+) -> Result<(), TransitionError> {
+    refuse_if_terminal(record)?;
+    if requests.is_empty() {
+        return Err(TransitionError::NoInputRequests);
+    }
+    if let Some(key) = requests.keys().find(|k| record.issued_keys.contains(*k)) {
+        return Err(TransitionError::DuplicateInputKey(key.clone()));
+    }
+    for (key, request) in requests {
+        next.issued_keys.insert(key.clone());
+        next.pending_inputs.insert(key, request);
+    }
+    next.status = TaskStatus::InputRequired;
+    next.attempts = 1;
+    if status_message.is_some() {
+        next.status_message = status_message;
+    }
+    Ok(())
+}
+
+/// `ProvideInputs` on an unfinished task: each answer to a pending key is checked against its
+/// request and recorded (others are ignored); the task works again once nothing is pending.
+/// `false` when no answer was for a pending key (nothing changes).
+fn provide_inputs(
+    record: &TaskRecord,
+    next: &mut TaskRecord,
+    responses: BTreeMap<String, Value>,
+) -> Result<bool, TransitionError> {
+    let mut changed = false;
+    for (key, response) in responses {
+        if !record.pending_inputs.contains_key(&key) {
+            continue; // never issued, already answered, or superseded: ignored
+        }
+        if let Err(reason) = super::answer::check(&record.pending_inputs[&key], &response) {
+            return Err(TransitionError::InvalidInputResponse { key, reason });
+        }
+        next.pending_inputs.remove(&key);
+        next.answers.insert(key, response);
+        changed = true;
+    }
+    if changed && next.pending_inputs.is_empty() && next.status == TaskStatus::InputRequired {
+        next.status = TaskStatus::Working;
+    }
+    Ok(changed)
+}
+
+/// Ends the task with `outcome`: `completed` without a status message (none of an earlier
+/// state survives on a finished task), or `failed` with the error's message.
+fn finish(next: &mut TaskRecord, outcome: TaskOutcome) {
+    next.pending_inputs.clear();
+    match &outcome {
+        TaskOutcome::Result(_) => {
+            next.status = TaskStatus::Completed;
+            next.status_message = None;
+        }
+        TaskOutcome::Error(TaskError { message, .. }) => {
+            next.status = TaskStatus::Failed;
+            next.status_message = Some(message.clone());
+        }
+    }
+    next.outcome = Some(outcome);
 }
 
 fn refuse_if_terminal(record: &TaskRecord) -> Result<(), TransitionError> {

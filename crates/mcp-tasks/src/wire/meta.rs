@@ -36,101 +36,12 @@ impl RequestMeta {
             }
             None => return Err(RpcError::invalid_params("`params._meta` is missing")),
         };
-        let protocol_version = match meta.get(keys::PROTOCOL_VERSION) {
-            Some(Value::String(v)) if v.len() <= limits::MAX_VERSION_LEN => v.clone(),
-            Some(Value::String(_)) => {
-                return Err(RpcError::invalid_params(format!(
-                    "`_meta[\"{}\"]` is longer than {} characters",
-                    keys::PROTOCOL_VERSION,
-                    limits::MAX_VERSION_LEN
-                )));
-            }
-            Some(other) => {
-                return Err(RpcError::invalid_params(format!(
-                    "`_meta[\"{}\"]` must be a string, not {}",
-                    keys::PROTOCOL_VERSION,
-                    super::jsonrpc::kind(other)
-                )));
-            }
-            None => {
-                return Err(RpcError::invalid_params(format!(
-                    "required `_meta[\"{}\"]` is missing",
-                    keys::PROTOCOL_VERSION
-                )));
-            }
-        };
-        let client_capabilities = match meta.get(keys::CLIENT_CAPABILITIES) {
-            Some(Value::Object(c)) => c.clone(),
-            Some(other) => {
-                return Err(RpcError::invalid_params(format!(
-                    "`_meta[\"{}\"]` must be an object, not {}",
-                    keys::CLIENT_CAPABILITIES,
-                    super::jsonrpc::kind(other)
-                )));
-            }
-            None => {
-                return Err(RpcError::invalid_params(format!(
-                    "required `_meta[\"{}\"]` is missing",
-                    keys::CLIENT_CAPABILITIES
-                )));
-            }
-        };
-        if let Some(ext) = client_capabilities.get("extensions")
-            && !ext.is_object()
-        {
-            return Err(RpcError::invalid_params(
-                "`clientCapabilities.extensions` must be an object",
-            ));
-        }
-        let client_info = match meta.get(keys::CLIENT_INFO) {
-            None => None,
-            Some(info @ Value::Object(o))
-                if o.get("name").is_some_and(Value::is_string)
-                    && o.get("version").is_some_and(Value::is_string) =>
-            {
-                Some(info.clone())
-            }
-            Some(_) => {
-                return Err(RpcError::invalid_params(format!(
-                    "`_meta[\"{}\"]` must be an object with string `name` and `version`",
-                    keys::CLIENT_INFO
-                )));
-            }
-        };
-        let progress_token = match meta.get("progressToken") {
-            None => None,
-            Some(token @ Value::String(s)) if s.len() <= limits::MAX_NAME_LEN => {
-                Some(token.clone())
-            }
-            Some(token @ Value::Number(n)) if n.is_i64() || n.is_u64() => Some(token.clone()),
-            Some(other) => {
-                return Err(RpcError::invalid_params(format!(
-                    "`_meta.progressToken` must be a string of at most {} characters or an integer, not {}",
-                    limits::MAX_NAME_LEN,
-                    super::jsonrpc::kind(other)
-                )));
-            }
-        };
-        let log_level = match meta.get(keys::LOG_LEVEL) {
-            None => None,
-            Some(Value::String(s)) if super::LogLevel::from_wire(s).is_some() => {
-                super::LogLevel::from_wire(s)
-            }
-            Some(other) => {
-                return Err(RpcError::invalid_params(format!(
-                    "`_meta[\"{}\"]` must be one of debug, info, notice, warning, error, \
-                     critical, alert, emergency (got {})",
-                    keys::LOG_LEVEL,
-                    super::jsonrpc::kind(other)
-                )));
-            }
-        };
         Ok(Self {
-            protocol_version,
-            client_capabilities,
-            client_info,
-            progress_token,
-            log_level,
+            protocol_version: protocol_version(meta)?,
+            client_capabilities: client_capabilities(meta)?,
+            client_info: client_info(meta)?,
+            progress_token: progress_token(meta)?,
+            log_level: log_level(meta)?,
         })
     }
 
@@ -154,6 +65,118 @@ impl RequestMeta {
             .and_then(Value::as_object)
             .is_some_and(|e| e.get(id).is_some_and(Value::is_object))
     }
+}
+
+/// The required protocol version, a string of bounded length.
+fn protocol_version(meta: &Map<String, Value>) -> Result<String, RpcError> {
+    let value = match meta.get(keys::PROTOCOL_VERSION) {
+        Some(Value::String(v)) if v.len() <= limits::MAX_VERSION_LEN => v.clone(),
+        Some(Value::String(_)) => {
+            return Err(RpcError::invalid_params(format!(
+                "`_meta[\"{}\"]` is longer than {} characters",
+                keys::PROTOCOL_VERSION,
+                limits::MAX_VERSION_LEN
+            )));
+        }
+        Some(other) => {
+            return Err(RpcError::invalid_params(format!(
+                "`_meta[\"{}\"]` must be a string, not {}",
+                keys::PROTOCOL_VERSION,
+                super::jsonrpc::kind(other)
+            )));
+        }
+        None => {
+            return Err(RpcError::invalid_params(format!(
+                "required `_meta[\"{}\"]` is missing",
+                keys::PROTOCOL_VERSION
+            )));
+        }
+    };
+    Ok(value)
+}
+
+/// The required client capabilities, an object whose `extensions` (if any) is an object.
+fn client_capabilities(meta: &Map<String, Value>) -> Result<Map<String, Value>, RpcError> {
+    let value = match meta.get(keys::CLIENT_CAPABILITIES) {
+        Some(Value::Object(c)) => c.clone(),
+        Some(other) => {
+            return Err(RpcError::invalid_params(format!(
+                "`_meta[\"{}\"]` must be an object, not {}",
+                keys::CLIENT_CAPABILITIES,
+                super::jsonrpc::kind(other)
+            )));
+        }
+        None => {
+            return Err(RpcError::invalid_params(format!(
+                "required `_meta[\"{}\"]` is missing",
+                keys::CLIENT_CAPABILITIES
+            )));
+        }
+    };
+    if let Some(ext) = value.get("extensions")
+        && !ext.is_object()
+    {
+        return Err(RpcError::invalid_params(
+            "`clientCapabilities.extensions` must be an object",
+        ));
+    }
+    Ok(value)
+}
+
+/// The optional client info: an object with string `name` and `version`.
+fn client_info(meta: &Map<String, Value>) -> Result<Option<Value>, RpcError> {
+    let value = match meta.get(keys::CLIENT_INFO) {
+        None => None,
+        Some(info @ Value::Object(o))
+            if o.get("name").is_some_and(Value::is_string)
+                && o.get("version").is_some_and(Value::is_string) =>
+        {
+            Some(info.clone())
+        }
+        Some(_) => {
+            return Err(RpcError::invalid_params(format!(
+                "`_meta[\"{}\"]` must be an object with string `name` and `version`",
+                keys::CLIENT_INFO
+            )));
+        }
+    };
+    Ok(value)
+}
+
+/// The optional progress token: a short string or an integer.
+fn progress_token(meta: &Map<String, Value>) -> Result<Option<Value>, RpcError> {
+    let value = match meta.get("progressToken") {
+        None => None,
+        Some(token @ Value::String(s)) if s.len() <= limits::MAX_NAME_LEN => Some(token.clone()),
+        Some(token @ Value::Number(n)) if n.is_i64() || n.is_u64() => Some(token.clone()),
+        Some(other) => {
+            return Err(RpcError::invalid_params(format!(
+                "`_meta.progressToken` must be a string of at most {} characters or an integer, not {}",
+                limits::MAX_NAME_LEN,
+                super::jsonrpc::kind(other)
+            )));
+        }
+    };
+    Ok(value)
+}
+
+/// The optional log level, by its wire name.
+fn log_level(meta: &Map<String, Value>) -> Result<Option<super::LogLevel>, RpcError> {
+    let value = match meta.get(keys::LOG_LEVEL) {
+        None => None,
+        Some(Value::String(s)) if super::LogLevel::from_wire(s).is_some() => {
+            super::LogLevel::from_wire(s)
+        }
+        Some(other) => {
+            return Err(RpcError::invalid_params(format!(
+                "`_meta[\"{}\"]` must be one of debug, info, notice, warning, error, \
+                     critical, alert, emergency (got {})",
+                keys::LOG_LEVEL,
+                super::jsonrpc::kind(other)
+            )));
+        }
+    };
+    Ok(value)
 }
 
 #[cfg(test)]

@@ -1138,33 +1138,29 @@ impl PostgresStore {
         self.inner.hub.listening.load(Ordering::SeqCst)
     }
 
-    /// **Test only.** Drops (or stops dropping) the notifications this node receives, as if
+    /// **Test only** (`mcp_tasks::internals::pg_faults`). Drops (or stops dropping) the notifications this node receives, as if
     /// they were lost: only the polling fallback delivers other nodes' changes meanwhile.
-    #[doc(hidden)]
-    pub fn lose_notifications(&self, lose: bool) {
+    pub(crate) fn lose_notifications(&self, lose: bool) {
         self.inner.hub.lose.store(lose, Ordering::SeqCst);
     }
 
-    /// **Test only.** Stops (or resumes) this node's heartbeats, as if the process were
+    /// **Test only** (`mcp_tasks::internals::pg_faults`). Stops (or resumes) this node's heartbeats, as if the process were
     /// paused: once the TTL passes, other nodes take its tasks over.
-    #[doc(hidden)]
-    pub fn pause_heartbeat(&self, paused: bool) {
+    pub(crate) fn pause_heartbeat(&self, paused: bool) {
         self.inner.heartbeat_paused.store(paused, Ordering::SeqCst);
     }
 
-    /// **Test only.** The next `n` commits are applied and committed, but reported failed
+    /// **Test only** (`mcp_tasks::internals::pg_faults`). The next `n` commits are applied and committed, but reported failed
     /// (as if the answer to `COMMIT` were lost on the network): their outcome is unknown to
     /// the runtime.
-    #[doc(hidden)]
-    pub fn lose_commit_acks(&self, n: u64) {
+    pub(crate) fn lose_commit_acks(&self, n: u64) {
         self.inner.lose_commit_acks.store(n, Ordering::SeqCst);
     }
 
-    /// **Test only.** Makes every statement of this node fail (or stops doing so) as if the
+    /// **Test only** (`mcp_tasks::internals::pg_faults`). Makes every statement of this node fail (or stops doing so) as if the
     /// database could not be reached: heartbeats, claims and requests fail as in an outage
     /// (the listening connection is left alone).
-    #[doc(hidden)]
-    pub fn simulate_outage(&self, down: bool) {
+    pub(crate) fn simulate_outage(&self, down: bool) {
         self.inner.outage.store(down, Ordering::SeqCst);
     }
 }

@@ -16,7 +16,7 @@ use super::schema::{
     replace_due,
 };
 use super::{Counters, DbState, RecordCache, panic_message, redb_cause};
-use crate::store::{Cause, Durability, Expect, StoreError, WriteOp};
+use crate::store::{Cause, Durability, Expect, OwnerEntry, StoreError, WriteOp};
 
 /// One [`RedbStore::commit`] call waiting on the writer.
 pub(super) struct Job {
@@ -312,137 +312,176 @@ fn apply_jobs_to(
     txn: &WriteTransaction,
     jobs: &[Vec<WriteOp>],
 ) -> Result<Vec<Result<(), StoreError>>, redb::Error> {
-    let mut tasks = txn.open_table(TASKS)?;
-    let mut live = txn.open_table(LIVE)?;
-    let mut due = txn.open_table(DUE)?;
-    let mut meta = txn.open_table(META)?;
-    let mut owners = OwnerTables::open(txn)?;
+    let mut tables = JobTables {
+        tasks: txn.open_table(TASKS)?,
+        live: txn.open_table(LIVE)?,
+        due: txn.open_table(DUE)?,
+        meta: txn.open_table(META)?,
+        owners: OwnerTables::open(txn)?,
+    };
     let mut results = Vec::with_capacity(jobs.len());
     'jobs: for job in jobs {
         for op in job {
-            if let WriteOp::Put { id, expect, .. } = op {
-                let id = id.as_str();
-                // One lookup: the sequence number is in the stored record's header.
-                let conflict = match *expect {
-                    Expect::Any => None,
-                    Expect::Absent => stored_header(&tasks, id)?.map(|header| (None, header.seq)),
-                    Expect::Seq(n) => match stored_header(&tasks, id)? {
-                        Some(RecordHeader {
-                            seq: Some(found), ..
-                        }) if found == n => None,
-                        // Stored before sequence numbers were kept: accepted once.
-                        Some(RecordHeader { seq: None, .. }) => None,
-                        Some(header) => Some((Some(n), header.seq)),
-                        None => Some((Some(n), None)),
-                    },
-                };
-                if let Some((expected, found)) = conflict {
-                    results.push(Err(StoreError::Conflict {
-                        id: id.to_owned(),
-                        expected,
-                        found,
-                    }));
-                    continue 'jobs;
-                }
+            if let Some(conflict) = tables.conflict(op)? {
+                results.push(Err(conflict));
+                continue 'jobs;
             }
         }
         for op in job {
-            match op {
-                WriteOp::Put {
-                    id,
-                    bytes,
-                    live: is_live,
-                    due_ms,
-                    seq,
-                    expect: _,
-                    owner,
-                } => {
-                    let id = id.as_str();
-                    // The old due time and owner come from the header of the record this put
-                    // replaces (a put without an owner keeps the stored one).
-                    let (old, previous) = {
-                        let stored = tasks.get(id)?;
-                        let value = stored.as_ref().map(|v| v.value());
-                        let previous = value.map(|v| {
-                            let owner = RecordHeader::decode(v).ok().and_then(|(h, _)| h.owner);
-                            (owner, v.len())
-                        });
-                        (old_due(value), previous)
-                    };
-                    let header = RecordHeader {
-                        seq: *seq,
-                        due_ms: *due_ms,
-                        owner: owner
-                            .clone()
-                            .or_else(|| previous.as_ref().and_then(|(o, _)| o.clone())),
-                    };
-                    let value = header.encode(bytes);
-                    owners.replace(id, previous, &value)?;
-                    tasks.insert(id, value.as_slice())?;
-                    if *is_live {
-                        if live.get(id)?.is_none() {
-                            live.insert(id, ())?;
-                        }
-                    } else if live.get(id)?.is_some() {
-                        live.remove(id)?;
-                    }
-                    replace_due(&mut due, id, old, *due_ms)?;
-                }
-                WriteOp::Delete { id } => {
-                    let id = id.as_str();
-                    let removed = tasks.remove(id)?;
-                    if let Some(value) = &removed {
-                        owners.account(id, value.value(), -1)?;
-                    }
-                    let old = old_due(removed.as_ref().map(|v| v.value()));
-                    if live.get(id)?.is_some() {
-                        live.remove(id)?;
-                    }
-                    replace_due(&mut due, id, old, None)?;
-                }
-                WriteOp::SetDue { id, due_ms } => {
-                    let id = id.as_str();
-                    // Only a stored task has a due entry: a task that is not stored has none
-                    // (a delete removes it with the record). A good record keeps its due time
-                    // in its header; a damaged one (the reaper quarantines records it cannot
-                    // decode) is left as it is, and only its due entries change.
-                    let rewritten = match tasks.get(id)? {
-                        None => None,
-                        Some(value) => match RecordHeader::decode(value.value()) {
-                            Ok((header, snapshot)) => (header.due_ms != *due_ms).then(|| {
-                                let old = header.due_ms;
-                                let new = RecordHeader {
-                                    due_ms: *due_ms,
-                                    ..header
-                                };
-                                (OldDue::Known(old), Some(new.encode(snapshot)))
-                            }),
-                            Err(_) => Some((OldDue::Damaged, None)),
-                        },
-                    };
-                    if let Some((old, value)) = rewritten {
-                        if let Some(value) = value {
-                            // The header's size does not change with the due time: the
-                            // owner's usage stays as it is.
-                            tasks.insert(id, value.as_slice())?;
-                        }
-                        replace_due(&mut due, id, old, *due_ms)?;
-                    }
-                }
-                WriteOp::PutMetaIfAbsent { key, value } => {
-                    if meta.get(key.as_str())?.is_none() {
-                        meta.insert(key.as_str(), value.as_slice())?;
-                    }
-                }
-                WriteOp::PutMeta { key, value } => {
-                    meta.insert(key.as_str(), value.as_slice())?;
-                }
-                WriteOp::DeleteMeta { key } => {
-                    meta.remove(key.as_str())?;
-                }
-            }
+            tables.apply(op)?;
         }
         results.push(Ok(()));
     }
     Ok(results)
+}
+
+/// The tables one write transaction changes, open for the whole batch.
+struct JobTables<'t> {
+    tasks: redb::Table<'t, &'static str, &'static [u8]>,
+    live: redb::Table<'t, &'static str, ()>,
+    due: redb::Table<'t, (u64, &'static str), ()>,
+    meta: redb::Table<'t, &'static str, &'static [u8]>,
+    owners: OwnerTables<'t>,
+}
+
+impl JobTables<'_> {
+    /// The conflict a `Put`'s precondition finds in the stored record (one lookup: the
+    /// sequence number is in the record's header); `None` when it holds or `op` has none.
+    fn conflict(&self, op: &WriteOp) -> Result<Option<StoreError>, redb::Error> {
+        let WriteOp::Put { id, expect, .. } = op else {
+            return Ok(None);
+        };
+        let id = id.as_str();
+        let conflict = match *expect {
+            Expect::Any => None,
+            Expect::Absent => stored_header(&self.tasks, id)?.map(|header| (None, header.seq)),
+            Expect::Seq(n) => match stored_header(&self.tasks, id)? {
+                Some(RecordHeader {
+                    seq: Some(found), ..
+                }) if found == n => None,
+                // Stored before sequence numbers were kept: accepted once.
+                Some(RecordHeader { seq: None, .. }) => None,
+                Some(header) => Some((Some(n), header.seq)),
+                None => Some((Some(n), None)),
+            },
+        };
+        Ok(conflict.map(|(expected, found)| StoreError::Conflict {
+            id: id.to_owned(),
+            expected,
+            found,
+        }))
+    }
+
+    /// Writes one operation of a job whose preconditions held.
+    fn apply(&mut self, op: &WriteOp) -> Result<(), redb::Error> {
+        match op {
+            WriteOp::Put {
+                id,
+                bytes,
+                live,
+                due_ms,
+                seq,
+                expect: _,
+                owner,
+            } => self.put(id.as_str(), bytes, *live, *due_ms, *seq, owner.as_ref()),
+            WriteOp::Delete { id } => self.delete(id.as_str()),
+            WriteOp::SetDue { id, due_ms } => self.set_due(id.as_str(), *due_ms),
+            WriteOp::PutMetaIfAbsent { key, value } => {
+                if self.meta.get(key.as_str())?.is_none() {
+                    self.meta.insert(key.as_str(), value.as_slice())?;
+                }
+                Ok(())
+            }
+            WriteOp::PutMeta { key, value } => {
+                self.meta.insert(key.as_str(), value.as_slice())?;
+                Ok(())
+            }
+            WriteOp::DeleteMeta { key } => {
+                self.meta.remove(key.as_str())?;
+                Ok(())
+            }
+        }
+    }
+
+    /// A `Put`: the record with its header; `live`, `due` and the owner's tables only where
+    /// they change.
+    fn put(
+        &mut self,
+        id: &str,
+        bytes: &[u8],
+        is_live: bool,
+        due_ms: Option<u64>,
+        seq: Option<u64>,
+        owner: Option<&OwnerEntry>,
+    ) -> Result<(), redb::Error> {
+        // The old due time and owner come from the header of the record this put replaces
+        // (a put without an owner keeps the stored one).
+        let (old, previous) = {
+            let stored = self.tasks.get(id)?;
+            let value = stored.as_ref().map(|v| v.value());
+            let previous = value.map(|v| {
+                let owner = RecordHeader::decode(v).ok().and_then(|(h, _)| h.owner);
+                (owner, v.len())
+            });
+            (old_due(value), previous)
+        };
+        let header = RecordHeader {
+            seq,
+            due_ms,
+            owner: owner
+                .cloned()
+                .or_else(|| previous.as_ref().and_then(|(o, _)| o.clone())),
+        };
+        let value = header.encode(bytes);
+        self.owners.replace(id, previous, &value)?;
+        self.tasks.insert(id, value.as_slice())?;
+        if is_live {
+            if self.live.get(id)?.is_none() {
+                self.live.insert(id, ())?;
+            }
+        } else if self.live.get(id)?.is_some() {
+            self.live.remove(id)?;
+        }
+        replace_due(&mut self.due, id, old, due_ms)
+    }
+
+    /// A `Delete`: the record, its live and due entries, and its share of the owner's usage.
+    fn delete(&mut self, id: &str) -> Result<(), redb::Error> {
+        let removed = self.tasks.remove(id)?;
+        if let Some(value) = &removed {
+            self.owners.account(id, value.value(), -1)?;
+        }
+        let old = old_due(removed.as_ref().map(|v| v.value()));
+        if self.live.get(id)?.is_some() {
+            self.live.remove(id)?;
+        }
+        replace_due(&mut self.due, id, old, None)
+    }
+
+    /// A `SetDue`. Only a stored task has a due entry: a task that is not stored has none (a
+    /// delete removes it with the record). A good record keeps its due time in its header; a
+    /// damaged one (the reaper quarantines records it cannot decode) is left as it is, and
+    /// only its due entries change.
+    fn set_due(&mut self, id: &str, due_ms: Option<u64>) -> Result<(), redb::Error> {
+        let rewritten = match self.tasks.get(id)? {
+            None => None,
+            Some(value) => match RecordHeader::decode(value.value()) {
+                Ok((header, snapshot)) => (header.due_ms != due_ms).then(|| {
+                    let old = header.due_ms;
+                    let new = RecordHeader { due_ms, ..header };
+                    (OldDue::Known(old), Some(new.encode(snapshot)))
+                }),
+                Err(_) => Some((OldDue::Damaged, None)),
+            },
+        };
+        if let Some((old, value)) = rewritten {
+            if let Some(value) = value {
+                // The header's size does not change with the due time: the owner's usage stays
+                // as it is.
+                self.tasks.insert(id, value.as_slice())?;
+            }
+            replace_due(&mut self.due, id, old, due_ms)?;
+        }
+        Ok(())
+    }
 }
