@@ -269,6 +269,13 @@ impl Server {
             .stdout(Stdio::null())
             .spawn()
             .expect("starting mcp-tasks serve");
+        Server::ready(child, port)
+    }
+}
+
+impl Server {
+    /// `child`, once its MCP endpoint on `port` answers.
+    fn ready(child: Child, port: u16) -> Server {
         let url = format!("http://127.0.0.1:{port}/mcp");
         let server = Server { child, url };
         wait_ready(
@@ -278,9 +285,7 @@ impl Server {
         );
         server
     }
-}
 
-impl Server {
     /// The peer of `--peer-cmd`, started on a free port (`{port}` in the command).
     fn peer(cmd: &str) -> Server {
         let port = free_port();
@@ -290,14 +295,7 @@ impl Server {
             .stdout(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("starting the peer `{line}`: {e}"));
-        let url = format!("http://127.0.0.1:{port}/mcp");
-        let server = Server { child, url };
-        wait_ready(
-            &server.url,
-            Duration::from_secs(60),
-            Duration::from_millis(20),
-        );
-        server
+        Server::ready(child, port)
     }
 }
 

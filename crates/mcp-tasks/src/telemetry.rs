@@ -184,7 +184,7 @@ pub(crate) fn transition(to: TaskStatus) {
 }
 
 /// One group commit of `ops` operations.
-#[cfg_attr(not(any(feature = "redb", feature = "postgres")), allow(dead_code))]
+#[cfg(any(feature = "redb", feature = "postgres"))]
 pub(crate) fn commit(elapsed: Duration, ops: usize) {
     histogram!(STORE_COMMIT_DURATION).record(elapsed.as_secs_f64());
     histogram!(STORE_COMMIT_BATCH_OPS).record(ops as f64);

@@ -321,10 +321,7 @@ fn held(location: &Location) -> AdminError {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    crate::clock::Clock::now_ms(&crate::clock::SystemClock)
 }
 
 /// Decodes a stored snapshot for reporting.

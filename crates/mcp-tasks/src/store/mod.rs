@@ -465,8 +465,9 @@ pub enum WriteOp {
 }
 
 impl WriteOp {
-    /// The task this op writes (`None` for meta keys).
-    #[cfg_attr(not(feature = "redb"), allow(dead_code))]
+    /// The task this op writes (`None` for meta keys): the redb store drops it from its
+    /// record cache.
+    #[cfg(feature = "redb")]
     pub(crate) fn task_id(&self) -> Option<&str> {
         match self {
             WriteOp::Put { id, .. } | WriteOp::Delete { id } | WriteOp::SetDue { id, .. } => {
@@ -509,7 +510,7 @@ pub fn parse_owner_key(key: &str) -> Option<(&str, &str)> {
 /// The owner entry of a snapshot, read from the snapshot itself (the conversion of a store
 /// written before the owner index, and administration commands that write records they
 /// did not get an owner entry for). `None` for a snapshot that does not decode.
-#[cfg_attr(not(any(feature = "redb", feature = "postgres")), allow(dead_code))]
+#[cfg(any(feature = "redb", feature = "postgres"))]
 pub(crate) fn owner_of_snapshot(snapshot: &[u8]) -> Option<OwnerEntry> {
     let record = crate::persist::decode(snapshot).ok()?;
     Some(OwnerEntry {
