@@ -14,6 +14,7 @@ use mcp_tasks::{Owner, Runtime, RuntimeBuilder, units};
 use mcp_tasks_testkit::{demo, fixtures};
 mod cli;
 mod cli_store;
+mod gateway_args;
 mod serve_config;
 
 #[derive(Parser)]
@@ -226,6 +227,8 @@ struct ServeArgs {
     http_auth: HttpAuthArgs,
     #[command(flatten)]
     limits: LimitArgs,
+    #[command(flatten)]
+    gateway: gateway_args::GatewayArgs,
 }
 
 /// Per-principal quotas and connection limits (defaults in the README).
@@ -669,13 +672,21 @@ async fn store_builder(args: &ServeArgs) -> Result<(RuntimeBuilder, Option<Strin
     Err("this build has no PostgreSQL store (cargo feature `postgres`)".into())
 }
 
-/// The runtime builder for `serve`: the demo's tool, or a fixture set.
-fn builder(args: &ServeArgs, builder: RuntimeBuilder, node: Option<String>) -> RuntimeBuilder {
+/// The runtime builder for `serve`: the demo's tool, a fixture set, or a gateway's upstreams.
+fn builder(
+    args: &ServeArgs,
+    builder: RuntimeBuilder,
+    node: Option<String>,
+    gateway: Option<Arc<mcp_tasks::gateway::Gateway>>,
+) -> RuntimeBuilder {
     let builder = builder
         .default_ttl(args.task_ttl.0)
         .expired_retention(args.expired_retention)
         .restart_budget(args.restart_budget)
         .quotas(args.limits.quotas());
+    if let Some(gateway) = gateway {
+        return builder.tool_source(gateway);
+    }
     match args.fixtures {
         None => builder.tool(demo::generate_report(Duration::from_millis(1500))),
         Some(Fixtures::Conformance) => fixtures::conformance::install(builder),
@@ -728,6 +739,28 @@ async fn start(
     args: &ServeArgs,
     started: &OnceLock<mcp_tasks::RuntimeHandle>,
 ) -> Option<(Runtime, Option<mcp_tasks::admin::socket::AdminSocket>)> {
+    let gateway = if args.gateway.is_set() {
+        if args.fixtures.is_some() {
+            eprintln!("error: --fixtures and --upstream both choose the tools; give one");
+            return None;
+        }
+        let started = args
+            .gateway
+            .upstreams()
+            .and_then(|u| mcp_tasks::gateway::Gateway::start(u).map_err(|e| e.to_string()));
+        match started {
+            Ok(gateway) => {
+                tracing::info!(upstreams = ?gateway.upstreams(), "serving the tools of upstream MCP servers as durable tasks");
+                Some(gateway)
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                return None;
+            }
+        }
+    } else {
+        None
+    };
     let (base, node) = match store_builder(args).await {
         Ok(opened) => opened,
         Err(e) => {
@@ -735,7 +768,7 @@ async fn start(
             return None;
         }
     };
-    match builder(args, base, node).start().await {
+    match builder(args, base, node, gateway).start().await {
         Ok(runtime) => {
             let _ = started.set(runtime.handle());
             let admin = if args.no_admin_socket {

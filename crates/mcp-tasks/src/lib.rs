@@ -126,6 +126,8 @@ pub mod clock;
 pub mod content;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
+#[cfg(feature = "gateway")]
+pub mod gateway;
 pub mod legacy;
 #[cfg(feature = "otel")]
 pub mod otel;

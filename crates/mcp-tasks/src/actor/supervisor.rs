@@ -215,7 +215,7 @@ impl Supervisor {
                         .shared
                         .capabilities
                         .share_arc(record.client_capabilities);
-                    if self.shared.tools.get(&record.tool).is_none() {
+                    if self.shared.tools.recover(&record.tool).is_none() {
                         missing
                             .entry(record.tool.clone())
                             .or_default()

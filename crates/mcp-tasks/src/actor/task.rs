@@ -188,7 +188,7 @@ impl TaskActor {
     /// Starts the tool; `false` when it is not registered (the task then waits for it).
     fn start_tool(&self, myself: &ActorRef<TaskMsg>, state: &mut TaskState) -> bool {
         let record = &state.record;
-        let Some(tool) = self.shared.tools.get(&record.tool).cloned() else {
+        let Some(tool) = self.shared.tools.recover(&record.tool) else {
             return false;
         };
         let link = TaskLink {
@@ -242,7 +242,7 @@ impl TaskActor {
         };
         // Only a run of the tool counts: not a wait for input, not a tool that is missing.
         if state.record.status != crate::task::TaskStatus::Working
-            || self.shared.tools.get(&state.record.tool).is_none()
+            || self.shared.tools.recover(&state.record.tool).is_none()
         {
             return Ok(true);
         }

@@ -40,7 +40,7 @@
 
 mod error;
 mod store;
-mod transport;
+pub(crate) mod transport;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;

@@ -341,7 +341,7 @@ fn snippet(body: &[u8]) -> String {
 /// Server-sent events to JSON-RPC messages: one message per event (its `data:` lines joined),
 /// comments (`:` keep-alives) and other fields ignored. Ends with an error when no byte
 /// arrives within the idle timeout.
-struct SseStream {
+pub(crate) struct SseStream {
     chunks: BoxStream<'static, Result<Bytes, ClientError>>,
     buffer: Vec<u8>,
     data: String,
@@ -353,7 +353,7 @@ struct SseStream {
 }
 
 impl SseStream {
-    fn new(
+    pub(crate) fn new(
         chunks: BoxStream<'static, Result<Bytes, ClientError>>,
         idle: Duration,
         url: String,

@@ -404,7 +404,7 @@ impl Dispatcher {
             let arguments = params
                 .and_then(|p| p.get("arguments"))
                 .and_then(Value::as_object);
-            check_param_headers(self.shared.tools.header_params(tool), arguments, headers)?;
+            check_param_headers(&self.shared.tools.header_params(tool), arguments, headers)?;
         }
         Ok(())
     }

@@ -176,7 +176,6 @@ impl Dispatcher {
             .shared
             .tools
             .get(&call.name)
-            .cloned()
             .ok_or_else(|| RpcError::invalid_params(format!("Unknown tool: {}", call.name)))?;
         let as_task = match tool.descriptor().task_policy {
             TaskPolicy::Never => false,

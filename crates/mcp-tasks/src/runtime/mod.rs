@@ -24,7 +24,7 @@ use crate::store::BackendFactory;
 use crate::store::{Store, StoreError, StoreOptions, WriteOp};
 use crate::task::Owner;
 use crate::tool::RegistryError;
-use crate::tool::{Tool, ToolRegistry};
+use crate::tool::{Tool, ToolRegistry, ToolSet, ToolSource};
 use crate::wire::ServerInfo;
 
 /// Why a runtime did not start.
@@ -97,6 +97,7 @@ pub enum StartError {
 pub struct RuntimeBuilder {
     path: PathBuf,
     tools: Vec<Arc<dyn Tool>>,
+    sources: Vec<Arc<dyn ToolSource>>,
     catalog: Catalog,
     /// The first catalog entry that could not be added; `start` reports it.
     catalog_error: Option<CatalogError>,
@@ -121,6 +122,15 @@ impl RuntimeBuilder {
     /// Registers several tools.
     pub fn tools(mut self, tools: impl IntoIterator<Item = Arc<dyn Tool>>) -> Self {
         self.tools.extend(tools);
+        self
+    }
+
+    /// Serves the tools of a [`ToolSource`] beside the registered ones: tools that change
+    /// while the runtime runs, such as a gateway's upstream servers
+    /// (`mcp_tasks::gateway::Gateway`). A registered tool hides a source's tool of the same
+    /// name.
+    pub fn tool_source(mut self, source: Arc<dyn ToolSource>) -> Self {
+        self.sources.push(source);
         self
     }
 
@@ -234,10 +244,11 @@ impl RuntimeBuilder {
             return Err(e.into());
         }
         self.catalog.check()?;
-        let mut tools = ToolRegistry::new();
+        let mut fixed = ToolSet::new();
         for tool in self.tools {
-            tools.register(tool)?;
+            fixed.register(tool)?;
         }
+        let tools = ToolRegistry::new(fixed, self.sources);
         #[cfg(feature = "redb")]
         let store = match (self.store, self.backend) {
             (Some(store), _) => store,
@@ -429,6 +440,7 @@ impl Runtime {
             path: path.as_ref().to_owned(),
             store: None,
             tools: Vec::new(),
+            sources: Vec::new(),
             catalog: Catalog::default(),
             catalog_error: None,
             config: RuntimeConfig::default(),

@@ -362,6 +362,14 @@ impl ToolContext {
         link.events.record(event).await
     }
 
+    /// The value the task's journal holds for step `name` (`None` in a synchronous call, or
+    /// when no run of the tool recorded it yet).
+    #[cfg_attr(not(feature = "gateway"), allow(dead_code))]
+    pub(crate) fn recorded(&self, name: &str) -> Option<Value> {
+        self.snapshot()
+            .and_then(|snap| snap.journal.get(name).cloned())
+    }
+
     /// A journaled step: runs `f` and commits its result under `name` before returning; when
     /// the tool runs again after a restart and the journal has `name`, the recorded value is
     /// returned and `f` is not called.

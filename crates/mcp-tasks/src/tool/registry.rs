@@ -1,4 +1,5 @@
-//! The set of tools a runtime serves, with compiled argument validators.
+//! The tools a runtime serves: a [`ToolSet`] (tools with compiled argument validators) fixed
+//! at start, and the [`ToolSource`]s whose tools change while it runs (a gateway's upstreams).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -77,10 +78,10 @@ fn header_params(schema: &Value) -> Result<Vec<HeaderParam>, String> {
 /// Longest validation detail quoted back to a client.
 const MAX_DETAIL: usize = 256;
 
-/// Tools by name, listed in the order they were registered (a deterministic `tools/list`
-/// whose order the host chooses).
+/// Tools by name with their compiled argument validators, listed in the order they were
+/// registered (a deterministic `tools/list` whose order the host chooses).
 #[derive(Default)]
-pub struct ToolRegistry {
+pub struct ToolSet {
     tools: BTreeMap<String, Entry>,
     /// Names in registration order.
     order: Vec<String>,
@@ -108,7 +109,8 @@ pub enum RegistryError {
     InvalidName(String),
 }
 
-impl ToolRegistry {
+impl ToolSet {
+    /// An empty set.
     pub fn new() -> Self {
         Self::default()
     }
@@ -159,18 +161,34 @@ impl ToolRegistry {
         Ok(())
     }
 
+    /// The tool named `name`.
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
         self.tools.get(name).map(|e| &e.tool)
     }
 
+    /// How many tools the set has.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Whether the set has no tool.
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// The tools' names in registration order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.order.iter().map(String::as_str)
+    }
+
     /// The arguments of tool `name` mirrored in `Mcp-Param-*` headers (empty for an unknown
     /// tool).
-    pub fn header_params(&self, name: &str) -> &[HeaderParam] {
+    pub(crate) fn header_params(&self, name: &str) -> &[HeaderParam] {
         self.tools.get(name).map_or(&[], |e| e.headers.as_slice())
     }
 
     /// The `tools/list` objects in registration order.
-    pub fn list(&self) -> Vec<Value> {
+    pub(crate) fn list(&self) -> Vec<Value> {
         self.order
             .iter()
             .filter_map(|name| self.tools.get(name))
@@ -180,7 +198,7 @@ impl ToolRegistry {
 
     /// `-32602` naming the first offending field when `arguments` do not match the tool's
     /// `inputSchema`.
-    pub fn validate(&self, name: &str, arguments: &Map<String, Value>) -> Result<(), RpcError> {
+    pub(crate) fn validate(&self, name: &str, arguments: &Map<String, Value>) -> Result<(), RpcError> {
         let entry = self
             .tools
             .get(name)
@@ -213,6 +231,95 @@ impl ToolRegistry {
     }
 }
 
+/// Tools that appear, change and disappear while the runtime runs: a gateway's upstream
+/// servers (see `mcp_tasks::gateway`), or any other catalogue a host keeps outside the
+/// runtime. Register one with `RuntimeBuilder::tool_source`.
+///
+/// The runtime asks [`ToolSource::current`] on every `tools/list` and `tools/call` (keep it
+/// cheap: hand out an `Arc` built when the tools changed), and [`ToolSource::recover`] when a
+/// stored task of a tool no longer listed runs again (after a restart, or on a replica that
+/// took the task over): a source that can still run such a task (or fail it with a clear
+/// error) answers `Some`, so that the task does not wait for a tool that may never come back.
+pub trait ToolSource: Send + Sync + 'static {
+    /// The tools offered now.
+    fn current(&self) -> Arc<ToolSet>;
+    /// A tool for a task of `name` that exists already, when [`ToolSource::current`] does not
+    /// list it (its server is unreachable, say). The default: none.
+    fn recover(&self, _name: &str) -> Option<Arc<dyn Tool>> {
+        None
+    }
+}
+
+/// Every tool of a runtime: the fixed [`ToolSet`] the host registered, then its
+/// [`ToolSource`]s in registration order (a name in the fixed set hides the same name in a
+/// source).
+#[derive(Default)]
+pub(crate) struct ToolRegistry {
+    fixed: ToolSet,
+    sources: Vec<Arc<dyn ToolSource>>,
+}
+
+impl ToolRegistry {
+    pub(crate) fn new(fixed: ToolSet, sources: Vec<Arc<dyn ToolSource>>) -> Self {
+        Self { fixed, sources }
+    }
+
+    /// Runs `f` on the set that holds `name` now.
+    fn with<R>(&self, name: &str, f: impl FnOnce(&ToolSet) -> R) -> Option<R> {
+        if self.fixed.get(name).is_some() {
+            return Some(f(&self.fixed));
+        }
+        let set = self
+            .sources
+            .iter()
+            .map(|source| source.current())
+            .find(|set| set.get(name).is_some())?;
+        Some(f(&set))
+    }
+
+    /// The tool `name` as listed now.
+    pub(crate) fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        self.with(name, |set| set.get(name).cloned()).flatten()
+    }
+
+    /// The tool that runs a stored task of `name`: the listed one, else one a source can
+    /// still run it with.
+    pub(crate) fn recover(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        self.get(name)
+            .or_else(|| self.sources.iter().find_map(|s| s.recover(name)))
+    }
+
+    /// The `tools/list` objects: the fixed tools, then each source's.
+    pub(crate) fn list(&self) -> Vec<Value> {
+        let mut tools = self.fixed.list();
+        for source in &self.sources {
+            let set = source.current();
+            tools.extend(
+                set.list()
+                    .into_iter()
+                    .filter(|t| {
+                        t.get("name")
+                            .and_then(Value::as_str)
+                            .is_none_or(|n| self.fixed.get(n).is_none())
+                    }),
+            );
+        }
+        tools
+    }
+
+    /// See [`ToolSet::header_params`].
+    pub(crate) fn header_params(&self, name: &str) -> Vec<HeaderParam> {
+        self.with(name, |set| set.header_params(name).to_vec())
+            .unwrap_or_default()
+    }
+
+    /// See [`ToolSet::validate`].
+    pub(crate) fn validate(&self, name: &str, arguments: &Map<String, Value>) -> Result<(), RpcError> {
+        self.with(name, |set| set.validate(name, arguments))
+            .unwrap_or_else(|| Err(RpcError::invalid_params(format!("Unknown tool: {name}"))))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,7 +331,7 @@ mod tests {
             ToolDescriptor::new("t", "d").input_schema(schema),
             |_, _| async { Ok(CallToolResult::text("x")) },
         );
-        ToolRegistry::new().register(tool)
+        ToolSet::new().register(tool)
     }
 
     #[test]
@@ -234,7 +341,7 @@ mod tests {
             "priority": { "type": "integer", "x-mcp-header": "Priority" },
             "query": { "type": "string" }
         }});
-        let mut registry = ToolRegistry::new();
+        let mut registry = ToolSet::new();
         registry
             .register(tool_fn(
                 ToolDescriptor::new("t", "d").input_schema(ok),

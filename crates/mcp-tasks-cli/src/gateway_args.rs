@@ -1,0 +1,220 @@
+//! `serve --upstream …`: the gateway's options and how they become
+//! [`mcp_tasks::gateway::Upstream`]s.
+
+use std::time::Duration;
+
+use clap::Args;
+use mcp_tasks::gateway::Upstream;
+use mcp_tasks::units;
+
+/// Serve the tools of other MCP servers as durable tasks (docs/GATEWAY.md).
+#[derive(Args, Default)]
+#[command(next_help_heading = "Gateway")]
+pub(crate) struct GatewayArgs {
+    /// An upstream MCP server on Streamable HTTP, `[NAME=]URL` (repeatable): its tools are
+    /// served as durable tasks instead of the demo's tool. Either era: 2026-07-28, or
+    /// 2025-11-25 with a session. With several upstreams each tool is named `NAME_tool`.
+    #[arg(
+        long = "upstream",
+        env = "MCP_TASKS_UPSTREAM",
+        value_delimiter = ',',
+        value_name = "[NAME=]URL"
+    )]
+    pub(crate) http: Vec<String>,
+    /// An upstream MCP server on stdio, `[NAME=]COMMAND ARGS…` split like a shell would
+    /// (repeatable): spawned by the gateway, restarted with backoff when it exits, its stderr
+    /// in the log.
+    #[arg(long = "upstream-command", value_name = "[NAME=]COMMAND")]
+    pub(crate) command: Vec<String>,
+    /// A header sent to an HTTP upstream, `[UPSTREAM=]NAME: VALUE` (repeatable; the upstream
+    /// may be left out when there is one). A VALUE of `env:VAR` is read from the environment
+    /// variable VAR. Values are never logged.
+    #[arg(
+        long = "upstream-header",
+        env = "MCP_TASKS_UPSTREAM_HEADER",
+        value_name = "[UPSTREAM=]NAME: VALUE"
+    )]
+    pub(crate) headers: Vec<String>,
+    /// How long to wait for an upstream that says nothing (no response, progress or
+    /// request); a call that waits longer fails. Time a task waits for its client's input
+    /// does not count.
+    #[arg(long = "upstream-timeout", env = "MCP_TASKS_UPSTREAM_TIMEOUT", value_name = "DURATION", default_value = "5m", value_parser = units::parse_duration)]
+    pub(crate) timeout: Duration,
+    /// A tool that is safe to call twice (repeatable), named as `tools/list` shows it: a call
+    /// in flight when the gateway stopped runs again from the start afterwards. Any other
+    /// such call ends `failed`.
+    #[arg(
+        long = "upstream-idempotent",
+        env = "MCP_TASKS_UPSTREAM_IDEMPOTENT",
+        value_delimiter = ',',
+        value_name = "TOOL"
+    )]
+    pub(crate) idempotent: Vec<String>,
+    /// Take an upstream tool's `idempotentHint: true` as --upstream-idempotent (an
+    /// upstream's annotations are its own claims, not trusted by default).
+    #[arg(
+        long = "trust-upstream-annotations",
+        env = "MCP_TASKS_TRUST_UPSTREAM_ANNOTATIONS"
+    )]
+    pub(crate) trust_annotations: bool,
+}
+
+impl GatewayArgs {
+    /// Whether any upstream is configured.
+    pub(crate) fn is_set(&self) -> bool {
+        !self.http.is_empty() || !self.command.is_empty()
+    }
+
+    /// The upstreams, or a message saying which option is wrong.
+    pub(crate) fn upstreams(&self) -> Result<Vec<Upstream>, String> {
+        self.upstreams_with(|var| std::env::var(var).ok())
+    }
+
+    fn upstreams_with(&self, env: impl Fn(&str) -> Option<String>) -> Result<Vec<Upstream>, String> {
+        let total = self.http.len() + self.command.len();
+        let mut upstreams = Vec::new();
+        for (i, spec) in self.http.iter().enumerate() {
+            let (name, url) = split_name(spec, || default_name(total, "upstream", i));
+            if url.is_empty() {
+                return Err(format!("--upstream {spec}: no URL"));
+            }
+            upstreams.push(Upstream::http(name, url));
+        }
+        for (i, spec) in self.command.iter().enumerate() {
+            let (name, command) = split_name(spec, || default_name(total, "command", i));
+            let words = shlex::split(command)
+                .ok_or_else(|| format!("--upstream-command {spec}: unbalanced quotes"))?;
+            let Some((program, args)) = words.split_first() else {
+                return Err(format!("--upstream-command {spec}: no command"));
+            };
+            upstreams.push(Upstream::command(name, program, args));
+        }
+        for spec in &self.headers {
+            let (target, header) = match spec.split_once(':') {
+                Some((before, _)) if before.contains('=') => {
+                    let (u, h) = spec.split_once('=').expect("has =");
+                    (Some(u.trim()), h)
+                }
+                _ => (None, spec.as_str()),
+            };
+            let (name, value) = header.split_once(':').ok_or_else(|| {
+                "--upstream-header: expected `NAME: VALUE` (or `UPSTREAM=NAME: VALUE`)".to_owned()
+            })?;
+            let (name, value) = (name.trim(), value.trim());
+            let value = match value.strip_prefix("env:") {
+                Some(var) => env(var).ok_or_else(|| {
+                    format!("--upstream-header {name}: the environment variable {var} is not set")
+                })?,
+                None => value.to_owned(),
+            };
+            let index = match target {
+                Some(t) => upstreams
+                    .iter()
+                    .position(|u| u.name() == t)
+                    .ok_or_else(|| format!("--upstream-header {name}: no upstream named `{t}`"))?,
+                None if upstreams.len() == 1 => 0,
+                None => {
+                    return Err(format!(
+                        "--upstream-header {name}: with several upstreams, say which: `UPSTREAM={name}: …`"
+                    ));
+                }
+            };
+            let u = upstreams.remove(index);
+            upstreams.insert(index, u.header(name, value));
+        }
+        for tool in &self.idempotent {
+            let index = if upstreams.len() == 1 {
+                0
+            } else {
+                upstreams
+                    .iter()
+                    .position(|u| tool.starts_with(&format!("{}_", u.name())))
+                    .ok_or_else(|| {
+                        format!(
+                            "--upstream-idempotent {tool}: with several upstreams, name the tool as tools/list shows it (`UPSTREAM_tool`)"
+                        )
+                    })?
+            };
+            let u = upstreams.remove(index);
+            upstreams.insert(index, u.idempotent(tool));
+        }
+        Ok(upstreams
+            .into_iter()
+            .map(|u| u.timeout(self.timeout).trust_annotations(self.trust_annotations))
+            .collect())
+    }
+}
+
+/// `NAME=REST` when the text before the first `=` is a plausible upstream name (not part of
+/// a URL or command), else the default name and the whole text.
+fn split_name<'a>(spec: &'a str, default: impl FnOnce() -> String) -> (String, &'a str) {
+    if let Some((name, rest)) = spec.split_once('=')
+        && !name.is_empty()
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        return (name.to_owned(), rest.trim());
+    }
+    (default(), spec.trim())
+}
+
+/// `upstream` for a lone upstream; `upstream1`, `command2`, … when there are several.
+fn default_name(total: usize, kind: &str, index: usize) -> String {
+    if total == 1 {
+        "upstream".to_owned()
+    } else {
+        format!("{kind}{}", index + 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mcp_tasks::gateway::UpstreamTransport;
+
+    fn args() -> GatewayArgs {
+        GatewayArgs {
+            timeout: Duration::from_secs(300),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn names_commands_headers_and_idempotent_tools_are_read() {
+        let mut a = args();
+        a.http = vec!["search=http://127.0.0.1:3001/mcp".into()];
+        a.command = vec!["everything=node 'my dir/index.js' stdio".into()];
+        a.headers = vec!["search=Authorization: env:TOKEN".into()];
+        a.idempotent = vec!["everything_echo".into()];
+        let ups = a
+            .upstreams_with(|v| (v == "TOKEN").then(|| "Bearer s3cret".to_owned()))
+            .unwrap();
+        assert_eq!(ups[0].name(), "search");
+        assert!(matches!(ups[0].transport(), UpstreamTransport::Http { url } if url == "http://127.0.0.1:3001/mcp"));
+        assert!(matches!(ups[1].transport(), UpstreamTransport::Command { program, args }
+            if program == "node" && args == &["my dir/index.js".to_owned(), "stdio".to_owned()]));
+        assert!(!format!("{ups:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let mut a = args();
+        a.http = vec!["http://a/mcp".into(), "http://b/mcp".into()];
+        a.headers = vec!["Authorization: x".into()];
+        assert!(a.upstreams_with(|_| None).unwrap_err().contains("say which"));
+        let mut a = args();
+        a.http = vec!["http://a/mcp".into()];
+        a.headers = vec!["Authorization: env:NOPE".into()];
+        assert!(a.upstreams_with(|_| None).unwrap_err().contains("NOPE is not set"));
+        let mut a = args();
+        a.command = vec!["x='unbalanced".into()];
+        assert!(a.upstreams_with(|_| None).unwrap_err().contains("unbalanced"));
+        let mut a = args();
+        a.http = vec!["a=http://a/mcp".into(), "b=http://b/mcp".into()];
+        a.idempotent = vec!["echo".into()];
+        assert!(a.upstreams_with(|_| None).unwrap_err().contains("UPSTREAM_tool"));
+        // A URL with `=` in its query is not taken for a name.
+        let mut a = args();
+        a.http = vec!["http://a/mcp?x=1".into()];
+        assert_eq!(a.upstreams_with(|_| None).unwrap()[0].name(), "upstream");
+    }
+}

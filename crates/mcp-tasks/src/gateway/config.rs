@@ -1,0 +1,205 @@
+//! What a gateway is told about one upstream server: [`Upstream`].
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use super::GatewayError;
+
+/// How the gateway reaches an upstream server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UpstreamTransport {
+    /// Streamable HTTP at this URL, either era: MCP `2026-07-28` (stateless, found with
+    /// `server/discover`) or `2025-11-25` (`initialize` and an `Mcp-Session-Id` session).
+    Http {
+        /// The MCP endpoint, e.g. `http://127.0.0.1:3001/mcp`.
+        url: String,
+    },
+    /// A child process speaking newline-delimited JSON-RPC on its stdin and stdout
+    /// (`2025-11-25`, with `initialize`), restarted with backoff when it exits; its stderr
+    /// goes to the log.
+    Command {
+        /// The program.
+        program: String,
+        /// Its arguments.
+        args: Vec<String>,
+    },
+}
+
+/// One upstream MCP server a [`super::Gateway`] serves the tools of, as durable tasks.
+///
+/// ```
+/// use std::time::Duration;
+/// use mcp_tasks::gateway::Upstream;
+///
+/// let everything = Upstream::command("everything", "npx", ["-y", "@modelcontextprotocol/server-everything"])
+///     .idempotent("echo")
+///     .timeout(Duration::from_secs(60));
+/// let search = Upstream::http("search", "http://127.0.0.1:3001/mcp")
+///     .header("Authorization", "Bearer s3cret");
+/// assert_eq!(everything.name(), "everything");
+/// assert_eq!(format!("{search:?}").contains("s3cret"), false, "credentials are never printed");
+/// ```
+#[derive(Clone)]
+pub struct Upstream {
+    pub(crate) name: String,
+    pub(crate) transport: UpstreamTransport,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) timeout: Duration,
+    pub(crate) idempotent: BTreeSet<String>,
+    pub(crate) trust_annotations: bool,
+}
+
+/// How long the gateway waits for an upstream that says nothing, by default.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Header values and the child's environment may hold credentials: names only.
+        f.debug_struct("Upstream")
+            .field("name", &self.name)
+            .field("transport", &self.transport)
+            .field(
+                "headers",
+                &self.headers.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .field("env", &self.env.iter().map(|(n, _)| n).collect::<Vec<_>>())
+            .field("timeout", &self.timeout)
+            .field("idempotent", &self.idempotent)
+            .field("trust_annotations", &self.trust_annotations)
+            .finish()
+    }
+}
+
+impl Upstream {
+    fn new(name: impl Into<String>, transport: UpstreamTransport) -> Self {
+        Self {
+            name: name.into(),
+            transport,
+            headers: Vec::new(),
+            env: Vec::new(),
+            timeout: DEFAULT_TIMEOUT,
+            idempotent: BTreeSet::new(),
+            trust_annotations: false,
+        }
+    }
+
+    /// An upstream on Streamable HTTP.
+    pub fn http(name: impl Into<String>, url: impl Into<String>) -> Self {
+        Self::new(name, UpstreamTransport::Http { url: url.into() })
+    }
+
+    /// An upstream on stdio: `program` with `args`, spawned by the gateway.
+    pub fn command(
+        name: impl Into<String>,
+        program: impl Into<String>,
+        args: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        Self::new(
+            name,
+            UpstreamTransport::Command {
+                program: program.into(),
+                args: args.into_iter().map(Into::into).collect(),
+            },
+        )
+    }
+
+    /// The upstream's name: tool names get the prefix `NAME_` when a gateway has several
+    /// upstreams, and messages about the upstream name it by this (never by its URL or
+    /// command).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How the gateway reaches it.
+    pub fn transport(&self) -> &UpstreamTransport {
+        &self.transport
+    }
+
+    /// A header sent with every HTTP request to the upstream (credentials, say; never
+    /// logged). For a stdio upstream it is ignored.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// An environment variable of a stdio upstream's process (never logged).
+    pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((name.into(), value.into()));
+        self
+    }
+
+    /// How long the gateway waits for the upstream when it says nothing: no response, no
+    /// progress, no request (default [`DEFAULT_TIMEOUT`]). A call whose upstream stays silent
+    /// that long fails; time spent waiting for a client's input does not count.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Declares the upstream's tool `tool` safe to call twice: a call in flight when the
+    /// gateway stopped runs again from the start afterwards, instead of failing. Name it as
+    /// the upstream does (without the `NAME_` prefix) or as the gateway lists it.
+    pub fn idempotent(mut self, tool: impl Into<String>) -> Self {
+        self.idempotent.insert(tool.into());
+        self
+    }
+
+    /// Takes the upstream's `idempotentHint: true` annotations as [`Upstream::idempotent`]
+    /// declarations. Off by default: an upstream's annotations are its own claims.
+    pub fn trust_annotations(mut self, trust: bool) -> Self {
+        self.trust_annotations = trust;
+        self
+    }
+
+    /// The checks a gateway makes before it starts: a name of `A-Z a-z 0-9 -` (1 to 64), a
+    /// URL it can use, a program, header names and values HTTP can carry, a timeout above 0.
+    pub(crate) fn check(&self) -> Result<(), GatewayError> {
+        let bad = |reason: String| GatewayError::InvalidUpstream {
+            upstream: self.name.clone(),
+            reason,
+        };
+        let valid_name = !self.name.is_empty()
+            && self.name.len() <= 64
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        if !valid_name {
+            return Err(bad(
+                "an upstream name is 1 to 64 characters of A-Z a-z 0-9 - (no `_`: it separates the name from the tool's in prefixed tool names)".into(),
+            ));
+        }
+        if self.timeout.is_zero() {
+            return Err(bad("the timeout must be above 0".into()));
+        }
+        match &self.transport {
+            UpstreamTransport::Http { url } => {
+                let parsed = reqwest::Url::parse(url)
+                    .map_err(|e| bad(format!("the URL does not parse: {e}")))?;
+                if !matches!(parsed.scheme(), "http" | "https") {
+                    return Err(bad(format!(
+                        "the URL's scheme is `{}`; http or https",
+                        parsed.scheme()
+                    )));
+                }
+            }
+            UpstreamTransport::Command { program, .. } => {
+                if program.trim().is_empty() {
+                    return Err(bad("the command is empty".into()));
+                }
+            }
+        }
+        for (name, value) in &self.headers {
+            reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| bad(format!("`{name}` is not an HTTP header name")))?;
+            reqwest::header::HeaderValue::from_str(value).map_err(|_| {
+                bad(format!(
+                    "the value of header `{name}` has characters HTTP cannot carry"
+                ))
+            })?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,121 @@
+//! The gateway's errors: configuration ([`GatewayError`]) and calls to an upstream
+//! ([`UpstreamError`]), mapped to JSON-RPC errors in [`UpstreamError::to_rpc`].
+
+use serde_json::Value;
+
+use crate::wire::error::RpcError;
+
+/// A gateway that cannot start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GatewayError {
+    /// An upstream's configuration is wrong.
+    #[error("upstream `{upstream}`: {reason}")]
+    InvalidUpstream {
+        /// The upstream's name.
+        upstream: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Two upstreams could list the same tool name.
+    #[error("upstreams `{first}` and `{second}` {reason}")]
+    Collision {
+        /// One upstream.
+        first: String,
+        /// The other.
+        second: String,
+        /// Why their tool names could collide.
+        reason: String,
+    },
+    /// A gateway needs at least one upstream.
+    #[error("a gateway needs at least one upstream")]
+    NoUpstream,
+}
+
+/// A call to an upstream that did not produce its answer. Every message names the upstream
+/// by its configured name, never by its URL, command or credentials.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UpstreamError {
+    /// No connection: refused, reset, the process could not start or exited.
+    #[error("upstream `{upstream}` is unreachable: {reason}")]
+    Unreachable {
+        /// The upstream's name.
+        upstream: String,
+        /// Why, in the gateway's words.
+        reason: String,
+    },
+    /// The upstream answered with an HTTP error status and no JSON-RPC answer.
+    #[error("upstream `{upstream}` answered HTTP {status}")]
+    Http {
+        /// The upstream's name.
+        upstream: String,
+        /// The status code.
+        status: u16,
+    },
+    /// The upstream said nothing for longer than its timeout.
+    #[error("upstream `{upstream}` did not answer within {seconds} s")]
+    Timeout {
+        /// The upstream's name.
+        upstream: String,
+        /// The timeout.
+        seconds: f64,
+    },
+    /// The upstream sent something MCP does not allow here.
+    #[error("upstream `{upstream}` broke the protocol: {reason}")]
+    Protocol {
+        /// The upstream's name.
+        upstream: String,
+        /// What it sent.
+        reason: String,
+    },
+    /// The upstream answered with a JSON-RPC error.
+    #[error("upstream `{upstream}`: {message}")]
+    Rpc {
+        /// The upstream's name.
+        upstream: String,
+        /// The error's code.
+        code: i64,
+        /// The error's message.
+        message: String,
+        /// The error's data.
+        data: Option<Value>,
+    },
+}
+
+impl UpstreamError {
+    /// The upstream it is about.
+    pub fn upstream(&self) -> &str {
+        match self {
+            Self::Unreachable { upstream, .. }
+            | Self::Http { upstream, .. }
+            | Self::Timeout { upstream, .. }
+            | Self::Protocol { upstream, .. }
+            | Self::Rpc { upstream, .. } => upstream,
+        }
+    }
+
+    /// A short label for metrics: `unreachable`, `http`, `timeout`, `protocol`, `rpc`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Unreachable { .. } => "unreachable",
+            Self::Http { .. } => "http",
+            Self::Timeout { .. } => "timeout",
+            Self::Protocol { .. } => "protocol",
+            Self::Rpc { .. } => "rpc",
+        }
+    }
+
+    /// The JSON-RPC error a client gets: the upstream's own error with its code (its message
+    /// prefixed with the upstream's name), `-32603` for everything else.
+    pub fn to_rpc(&self) -> RpcError {
+        match self {
+            Self::Rpc { code, data, .. } => {
+                let mut e = RpcError::new(*code, self.to_string());
+                e.data = data.clone();
+                e
+            }
+            _ => RpcError::internal(self.to_string()),
+        }
+    }
+}

@@ -1,0 +1,839 @@
+//! An upstream on Streamable HTTP, either era.
+//!
+//! The gateway first asks `server/discover` (MCP `2026-07-28`): a server that answers it is
+//! called statelessly, each request carrying its `_meta`; an input request comes back as an
+//! `input_required` result (core MRTR) and is asked of the task's client, then the call is
+//! repeated with the answers; a server with the Tasks extension runs the call as its own task,
+//! which the gateway records and follows (and, after a restart, follows again rather than
+//! calling twice). Any other answer means a `2025-11-25` server: `initialize`, an
+//! `Mcp-Session-Id` session, each call a `POST` whose event stream carries its progress and
+//! the server's requests, answered by `POST`s of their responses.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use reqwest::StatusCode;
+use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
+use serde_json::{Map, Value, json};
+use tokio::sync::{Notify, mpsc, oneshot};
+
+use super::config::Upstream;
+use super::error::UpstreamError;
+use super::link::{self, CallError, CallSpec, Inbound, Link, Reply};
+use crate::client::transport::SseStream;
+use crate::tool::ToolError;
+use crate::wire::{PROTOCOL_VERSION, TASKS_EXTENSION, keys};
+
+/// Largest JSON response body read.
+const MAX_BODY: usize = 64 * 1024 * 1024;
+
+/// Which revision the upstream speaks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Era {
+    /// `2026-07-28`: stateless; whether it has the Tasks extension.
+    Stateless { tasks: bool },
+    /// `2025-11-25` (or the revision `initialize` settled on) with a session.
+    Session { version: String },
+}
+
+/// A connection to an HTTP upstream.
+pub(crate) struct HttpLink {
+    upstream: String,
+    url: String,
+    client: reqwest::Client,
+    headers: HeaderMap,
+    timeout: Duration,
+    era: Era,
+    session: Mutex<Option<String>>,
+    next_id: AtomicU64,
+    refresh: Arc<Notify>,
+    /// The calls in flight by request id (= progress token): some servers send a call's
+    /// progress on the session's standalone stream rather than the call's own.
+    calls: Mutex<std::collections::HashMap<u64, mpsc::UnboundedSender<Inbound>>>,
+}
+
+/// What one POST brought back.
+enum Reply1 {
+    Accepted,
+    Message(Value),
+    Stream(SseStream),
+    /// 404 on a request with a session: the server forgot it.
+    SessionGone,
+}
+
+impl HttpLink {
+    /// Finds the upstream's era and, for a session-era server, opens a session.
+    pub(crate) async fn connect(
+        config: &Upstream,
+        url: &str,
+        refresh: Arc<Notify>,
+    ) -> Result<Arc<Self>, UpstreamError> {
+        let mut headers = HeaderMap::new();
+        for (name, value) in &config.headers {
+            // Checked by `Upstream::check`.
+            if let (Ok(n), Ok(mut v)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                v.set_sensitive(true);
+                headers.append(n, v);
+            }
+        }
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10).min(config.timeout))
+            .user_agent(concat!("mcp-tasks-gateway/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| UpstreamError::Unreachable {
+                upstream: config.name.clone(),
+                reason: format!("cannot set up an HTTP client: {e}"),
+            })?;
+        let mut link = Self {
+            upstream: config.name.clone(),
+            url: url.to_owned(),
+            client,
+            headers,
+            timeout: config.timeout,
+            era: Era::Stateless { tasks: false },
+            session: Mutex::new(None),
+            next_id: AtomicU64::new(1),
+            refresh,
+            calls: Mutex::new(std::collections::HashMap::new()),
+        };
+        match link.discover().await? {
+            Some(tasks) => link.era = Era::Stateless { tasks },
+            None => {
+                link.era = Era::Session {
+                    version: link::SESSION_VERSION.into(),
+                };
+                let version = link.initialize().await?;
+                link.era = Era::Session { version };
+            }
+        }
+        let link = Arc::new(link);
+        if matches!(link.era, Era::Session { .. }) {
+            tokio::spawn(listen(Arc::downgrade(&link)));
+        }
+        tracing::info!(upstream = %link.upstream, era = link.era(), "upstream connected");
+        Ok(link)
+    }
+
+    fn id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn unreachable(&self, e: &reqwest::Error) -> UpstreamError {
+        let mut reason = if e.is_connect() {
+            "the connection failed".to_owned()
+        } else if e.is_timeout() {
+            "the request timed out".to_owned()
+        } else {
+            "the request failed".to_owned()
+        };
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            if let Some(io) = s.downcast_ref::<std::io::Error>() {
+                reason = match io.kind() {
+                    std::io::ErrorKind::ConnectionRefused => "connection refused".to_owned(),
+                    kind => format!("{reason} ({kind})"),
+                };
+                break;
+            }
+            source = s.source();
+        }
+        UpstreamError::Unreachable {
+            upstream: self.upstream.clone(),
+            reason,
+        }
+    }
+
+    /// `server/discover`: `Some(has_tasks)` from a `2026-07-28` server, `None` from any other.
+    async fn discover(&self) -> Result<Option<bool>, UpstreamError> {
+        let message = self.stateless_message(self.id(), "server/discover", Map::new(), false);
+        let reply = match self.post(&message, None).await {
+            Ok(reply) => reply,
+            Err(UpstreamError::Http { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let Ok(response) = self.response_of(reply, &message["id"]).await else {
+            return Ok(None);
+        };
+        let Ok(result) = link::decode(&self.upstream, response) else {
+            return Ok(None);
+        };
+        let modern = result
+            .get("supportedVersions")
+            .and_then(Value::as_array)
+            .is_some_and(|v| v.iter().any(|v| v == PROTOCOL_VERSION));
+        Ok(modern.then(|| {
+            result
+                .pointer("/capabilities/extensions")
+                .and_then(|e| e.get(TASKS_EXTENSION))
+                .is_some()
+        }))
+    }
+
+    /// `initialize` and `notifications/initialized`; returns the negotiated revision.
+    async fn initialize(&self) -> Result<String, UpstreamError> {
+        *lock(&self.session) = None;
+        let message = link::initialize_request(self.id());
+        let reply = self.post(&message, None).await?;
+        let session = match &reply {
+            (_, Some(session)) => Some(session.clone()),
+            _ => None,
+        };
+        let result = link::decode(
+            &self.upstream,
+            self.response_of(reply, &message["id"]).await?,
+        )?;
+        *lock(&self.session) = session;
+        let version = result
+            .get("protocolVersion")
+            .and_then(Value::as_str)
+            .unwrap_or(link::SESSION_VERSION)
+            .to_owned();
+        let initialized = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+        self.post(&initialized, Some(&version)).await?;
+        Ok(version)
+    }
+
+    /// One POST: the reply and the session id the server set, if any.
+    async fn post(
+        &self,
+        message: &Value,
+        version: Option<&str>,
+    ) -> Result<(Reply1, Option<String>), UpstreamError> {
+        let mut request = self
+            .client
+            .post(&self.url)
+            .headers(self.headers.clone())
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ACCEPT, "application/json, text/event-stream")
+            .timeout(self.timeout);
+        let session = lock(&self.session).clone();
+        match &self.era {
+            Era::Stateless { .. } => {
+                request = request.header("MCP-Protocol-Version", PROTOCOL_VERSION);
+                if let Some(method) = message.get("method").and_then(Value::as_str) {
+                    request = request.header("Mcp-Method", method);
+                    let name = crate::wire::methods::named_member(method)
+                        .and_then(|m| message.get("params").and_then(|p| p.get(m)))
+                        .and_then(Value::as_str);
+                    if let Some(name) = name {
+                        request =
+                            request.header("Mcp-Name", crate::client::transport::header_value(name));
+                    }
+                }
+            }
+            Era::Session { version: v } => {
+                if let Some(v) = version.or(session.as_ref().map(|_| v.as_str())) {
+                    request = request.header("MCP-Protocol-Version", v);
+                }
+                if let Some(s) = &session {
+                    request = request.header("Mcp-Session-Id", s);
+                }
+            }
+        }
+        let response = request
+            .body(message.to_string())
+            .send()
+            .await
+            .map_err(|e| self.unreachable(&e))?;
+        let status = response.status();
+        let set_session = response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        if status == StatusCode::ACCEPTED {
+            return Ok((Reply1::Accepted, set_session));
+        }
+        if status == StatusCode::NOT_FOUND && session.is_some() {
+            return Ok((Reply1::SessionGone, set_session));
+        }
+        let is_sse = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        if status.is_success() && is_sse {
+            let url = self.upstream.clone();
+            let chunks = response.bytes_stream().map(move |r| {
+                r.map_err(|e| crate::client::ClientError::Io {
+                    url: url.clone(),
+                    reason: format!("the event stream broke: {e}"),
+                    source: None,
+                })
+            });
+            return Ok((
+                Reply1::Stream(SseStream::new(
+                    chunks.boxed(),
+                    self.timeout,
+                    self.upstream.clone(),
+                )),
+                set_session,
+            ));
+        }
+        let body = self.body(response).await?;
+        // A forgotten session is 404 (the binding's rule); some servers answer 400 naming it.
+        if status == StatusCode::BAD_REQUEST
+            && session.is_some()
+            && String::from_utf8_lossy(&body)
+                .to_ascii_lowercase()
+                .contains("session")
+        {
+            return Ok((Reply1::SessionGone, set_session));
+        }
+        if let Ok(value) = serde_json::from_slice::<Value>(&body)
+            && value.get("jsonrpc").is_some()
+        {
+            return Ok((Reply1::Message(value), set_session));
+        }
+        if !status.is_success() {
+            return Err(UpstreamError::Http {
+                upstream: self.upstream.clone(),
+                status: status.as_u16(),
+            });
+        }
+        Err(UpstreamError::Protocol {
+            upstream: self.upstream.clone(),
+            reason: format!("HTTP {status} with a body that is not JSON-RPC"),
+        })
+    }
+
+    async fn body(&self, mut response: reqwest::Response) -> Result<Vec<u8>, UpstreamError> {
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| self.unreachable(&e))? {
+            if body.len() + chunk.len() > MAX_BODY {
+                return Err(UpstreamError::Protocol {
+                    upstream: self.upstream.clone(),
+                    reason: format!("a response over {MAX_BODY} bytes"),
+                });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
+    }
+
+    /// The response to request `id` in what a POST brought back (other messages on a stream
+    /// are routed as [`Self::route`] does).
+    async fn response_of(
+        &self,
+        reply: (Reply1, Option<String>),
+        id: &Value,
+    ) -> Result<Value, UpstreamError> {
+        match reply.0 {
+            Reply1::Message(m) => Ok(m),
+            Reply1::Stream(mut s) => {
+                while let Some(m) = s.next().await {
+                    let m = m.map_err(|e| UpstreamError::Unreachable {
+                        upstream: self.upstream.clone(),
+                        reason: e.to_string(),
+                    })?;
+                    if m.get("id") == Some(id) && m.get("method").is_none() {
+                        return Ok(m);
+                    }
+                    self.route(&m, None);
+                }
+                Err(self.ended())
+            }
+            Reply1::Accepted => Err(UpstreamError::Protocol {
+                upstream: self.upstream.clone(),
+                reason: "a request was accepted without an answer".into(),
+            }),
+            Reply1::SessionGone => Err(UpstreamError::Http {
+                upstream: self.upstream.clone(),
+                status: 404,
+            }),
+        }
+    }
+
+    fn ended(&self) -> UpstreamError {
+        UpstreamError::Unreachable {
+            upstream: self.upstream.clone(),
+            reason: "the response stream ended without the response".into(),
+        }
+    }
+
+    /// A message on a stream that is not the awaited response: progress and requests go to
+    /// `events` (the call of that stream), a changed tool list triggers a refresh.
+    fn route(&self, message: &Value, events: Option<&mpsc::UnboundedSender<Inbound>>) {
+        let method = message.get("method").and_then(Value::as_str);
+        let params = message.get("params").cloned().unwrap_or_default();
+        match (method, message.get("id"), events) {
+            (Some("notifications/tools/list_changed"), None, _) => self.refresh.notify_one(),
+            (Some("notifications/progress"), None, Some(events)) => {
+                if let Some(event) = Inbound::progress(&params) {
+                    let _ = events.send(event);
+                }
+            }
+            (Some(m), Some(id), Some(events)) => {
+                let _ = events.send(Inbound::Request {
+                    id: id.clone(),
+                    method: m.to_owned(),
+                    params,
+                });
+            }
+            (Some(m), _, _) => {
+                tracing::debug!(upstream = %self.upstream, method = m, "upstream message ignored");
+            }
+            (None, _, _) => {}
+        }
+    }
+
+    /// A message on the session's standalone stream: a changed tool list, or progress of a
+    /// call in flight (by its token).
+    fn standalone(&self, message: &Value) {
+        match message.get("method").and_then(Value::as_str) {
+            Some("notifications/tools/list_changed") => self.refresh.notify_one(),
+            Some("notifications/progress") => {
+                let params = message.get("params").cloned().unwrap_or_default();
+                let token = params.get("progressToken").and_then(Value::as_u64);
+                if let (Some(token), Some(event)) = (token, Inbound::progress(&params))
+                    && let Some(call) = lock(&self.calls).get(&token)
+                {
+                    let _ = call.send(event);
+                }
+            }
+            Some(m) => tracing::debug!(upstream = %self.upstream, method = m, "upstream message ignored"),
+            None => {}
+        }
+    }
+
+    /// A session-era request; on a forgotten session, a new one and the request again (it
+    /// did not run: the server refused it unknown).
+    async fn session_request(&self, make: impl Fn(u64) -> Value) -> Result<Value, UpstreamError> {
+        for _ in 0..2 {
+            let message = make(self.id());
+            let reply = self.post(&message, None).await?;
+            if matches!(reply.0, Reply1::SessionGone) {
+                tracing::info!(upstream = %self.upstream, "upstream session expired; initializing again");
+                self.initialize().await?;
+                continue;
+            }
+            let response = self.response_of(reply, &message["id"]).await?;
+            return link::decode(&self.upstream, response);
+        }
+        Err(UpstreamError::Http {
+            upstream: self.upstream.clone(),
+            status: 404,
+        })
+    }
+
+    /// A `2026-07-28` request with its `_meta`.
+    fn stateless_message(
+        &self,
+        id: u64,
+        method: &str,
+        mut params: Map<String, Value>,
+        tasks: bool,
+    ) -> Value {
+        let mut capabilities = json!({ "elicitation": { "form": {} }, "sampling": {} });
+        if tasks {
+            capabilities["extensions"] = json!({ (TASKS_EXTENSION): {} });
+        }
+        params.insert(
+            "_meta".into(),
+            json!({
+                (keys::PROTOCOL_VERSION): PROTOCOL_VERSION,
+                (keys::CLIENT_CAPABILITIES): capabilities,
+                (keys::CLIENT_INFO): { "name": "mcp-tasks-gateway", "version": env!("CARGO_PKG_VERSION") },
+            }),
+        );
+        json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params })
+    }
+
+    async fn stateless_request(
+        &self,
+        method: &str,
+        params: Map<String, Value>,
+        tasks: bool,
+    ) -> Result<Value, UpstreamError> {
+        let message = self.stateless_message(self.id(), method, params, tasks);
+        let reply = self.post(&message, None).await?;
+        let response = self.response_of(reply, &message["id"]).await?;
+        link::decode(&self.upstream, response)
+    }
+
+    async fn request(&self, method: &str, params: Map<String, Value>) -> Result<Value, UpstreamError> {
+        match self.era {
+            Era::Stateless { .. } => self.stateless_request(method, params, false).await,
+            Era::Session { .. } => {
+                self.session_request(|id| {
+                    json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params })
+                })
+                .await
+            }
+        }
+    }
+
+    /// A session-era call: its POST's stream pumped into the call's events.
+    async fn session_call(&self, spec: CallSpec<'_>) -> Result<Value, CallError> {
+        let mut attempt = 0;
+        let (id, reply) = loop {
+            let id = self.id();
+            let message = link::call_request(id, spec.name, spec.arguments.clone());
+            let reply = self.post(&message, None).await?;
+            if matches!(reply.0, Reply1::SessionGone) && attempt == 0 {
+                attempt += 1;
+                self.initialize().await?;
+                continue;
+            }
+            break (id, reply);
+        };
+        let (tx, rx) = oneshot::channel();
+        let (events_tx, events) = mpsc::unbounded_channel();
+        lock(&self.calls).insert(id, events_tx.clone());
+        let _forget = Forget { link: self, id };
+        match reply.0 {
+            Reply1::Stream(mut stream) => {
+                let key = json!(id);
+                let me = self.upstream.clone();
+                let refresh = self.refresh.clone();
+                tokio::spawn(async move {
+                    let mut tx = Some(tx);
+                    while let Some(m) = stream.next().await {
+                        let Ok(m) = m else { break };
+                        if m.get("id") == Some(&key) && m.get("method").is_none() {
+                            if let Some(tx) = tx.take() {
+                                let _ = tx.send(Ok(m));
+                            }
+                            break;
+                        }
+                        route_detached(&me, &refresh, &m, &events_tx);
+                    }
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(Err(UpstreamError::Unreachable {
+                            upstream: me,
+                            reason: "the response stream ended without the response".into(),
+                        }));
+                    }
+                });
+            }
+            other => {
+                let response = self.response_of((other, None), &json!(id)).await;
+                let _ = tx.send(response);
+            }
+        }
+        link::drive(&self.upstream, self, id, rx, events, spec.hooks, self.timeout).await
+    }
+
+    /// A stateless call: core MRTR rounds, or the upstream's own task followed to its end.
+    async fn stateless_call(&self, spec: CallSpec<'_>, tasks: bool) -> Result<Value, CallError> {
+        let hooks = spec.hooks;
+        let as_task = tasks && hooks.is_task();
+        if as_task && let Some(task_id) = hooks.upstream_task() {
+            tracing::info!(upstream = %self.upstream, task = %task_id, "following the upstream task again");
+            return self.follow(&task_id, hooks).await;
+        }
+        let mut params = Map::new();
+        params.insert("name".into(), json!(spec.name));
+        params.insert("arguments".into(), Value::Object(spec.arguments));
+        for round in 1..=MAX_ROUNDS {
+            let call = self.stateless_request("tools/call", params.clone(), as_task);
+            let result = tokio::select! {
+                r = call => r?,
+                () = hooks.cancelled() => return Err(CallError::Tool(ToolError::Cancelled)),
+            };
+            match result.get("resultType").and_then(Value::as_str) {
+                Some("task") => {
+                    let task_id = result
+                        .get("taskId")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| self.protocol("a task result without a taskId"))?
+                        .to_owned();
+                    hooks.remember_task(&task_id).await?;
+                    tracing::info!(upstream = %self.upstream, task = %task_id, "the upstream runs the call as its task");
+                    return self.follow(&task_id, hooks).await;
+                }
+                Some("input_required") => {
+                    let requests = result
+                        .get("inputRequests")
+                        .and_then(Value::as_object)
+                        .cloned()
+                        .unwrap_or_default();
+                    let mut answers = Map::new();
+                    for (key, request) in requests {
+                        let ours = format!("round{round}-{key}");
+                        answers.insert(key, hooks.input(Some(&ours), request).await?);
+                    }
+                    params.insert("inputResponses".into(), Value::Object(answers));
+                    match result.get("requestState") {
+                        Some(state) => params.insert("requestState".into(), state.clone()),
+                        None => params.remove("requestState"),
+                    };
+                }
+                _ => return Ok(strip(result)),
+            }
+        }
+        Err(self
+            .protocol(&format!("asked for input more than {MAX_ROUNDS} times in one call"))
+            .into())
+    }
+
+    fn protocol(&self, reason: &str) -> UpstreamError {
+        UpstreamError::Protocol {
+            upstream: self.upstream.clone(),
+            reason: reason.to_owned(),
+        }
+    }
+
+    /// Polls the upstream's task until it ends: its input requests asked of our task's
+    /// client (each key once) and answered with `tasks/update`, a cancellation sent with
+    /// `tasks/cancel`.
+    async fn follow(&self, task_id: &str, hooks: &dyn link::Hooks) -> Result<Value, CallError> {
+        let mut answered = std::collections::BTreeSet::new();
+        let mut cancel_sent = false;
+        loop {
+            let mut params = Map::new();
+            params.insert("taskId".into(), json!(task_id));
+            let task = self.stateless_request("tasks/get", params.clone(), true).await?;
+            let status = task.get("status").and_then(Value::as_str).unwrap_or_default();
+            match status {
+                "completed" => {
+                    return Ok(strip(task.get("result").cloned().unwrap_or_default()));
+                }
+                "failed" => {
+                    let error = task.get("error").cloned().unwrap_or_default();
+                    return Err(UpstreamError::Rpc {
+                        upstream: self.upstream.clone(),
+                        code: error
+                            .get("code")
+                            .and_then(Value::as_i64)
+                            .unwrap_or(crate::wire::error::code::INTERNAL_ERROR),
+                        message: error
+                            .get("message")
+                            .and_then(Value::as_str)
+                            .unwrap_or("the upstream task failed")
+                            .to_owned(),
+                        data: error.get("data").cloned(),
+                    }
+                    .into());
+                }
+                "cancelled" => return Err(CallError::Tool(ToolError::Cancelled)),
+                "input_required" if !cancel_sent => {
+                    let requests = task
+                        .get("inputRequests")
+                        .and_then(Value::as_object)
+                        .cloned()
+                        .unwrap_or_default();
+                    let mut answers = Map::new();
+                    for (key, request) in requests {
+                        if answered.contains(&key) {
+                            continue;
+                        }
+                        let answer = tokio::select! {
+                            a = hooks.input(Some(&key), request) => a,
+                            () = hooks.cancelled() => Err(ToolError::Cancelled),
+                        };
+                        match answer {
+                            Ok(a) => {
+                                answered.insert(key.clone());
+                                answers.insert(key, a);
+                            }
+                            Err(ToolError::Cancelled) => break,
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                    if !answers.is_empty() {
+                        let mut update = params.clone();
+                        update.insert("inputResponses".into(), Value::Object(answers));
+                        self.stateless_request("tasks/update", update, true).await?;
+                        continue;
+                    }
+                }
+                _ => {}
+            }
+            let interval = task
+                .get("pollIntervalMs")
+                .and_then(Value::as_u64)
+                .unwrap_or(1000)
+                .clamp(50, 30_000);
+            if cancel_sent {
+                tokio::time::sleep(Duration::from_millis(interval)).await;
+                continue;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(interval)) => {}
+                () = hooks.cancelled() => {
+                    self.stateless_request("tasks/cancel", params, true).await?;
+                    cancel_sent = true;
+                }
+            }
+        }
+    }
+}
+
+/// Removes a call's route when it ends, however it ends.
+struct Forget<'a> {
+    link: &'a HttpLink,
+    id: u64,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        lock(&self.link.calls).remove(&self.id);
+    }
+}
+
+/// Most MRTR rounds of one call.
+const MAX_ROUNDS: usize = 16;
+
+/// A `CallToolResult` without what the wire layer adds again (`resultType`, `_meta`).
+fn strip(mut result: Value) -> Value {
+    if let Some(r) = result.as_object_mut() {
+        r.remove("resultType");
+        r.remove("_meta");
+    }
+    result
+}
+
+/// [`HttpLink::route`] for a stream pumped apart from its link.
+fn route_detached(
+    upstream: &str,
+    refresh: &Notify,
+    message: &Value,
+    events: &mpsc::UnboundedSender<Inbound>,
+) {
+    let method = message.get("method").and_then(Value::as_str);
+    let params = message.get("params").cloned().unwrap_or_default();
+    match (method, message.get("id")) {
+        (Some("notifications/tools/list_changed"), None) => refresh.notify_one(),
+        (Some("notifications/progress"), None) => {
+            if let Some(event) = Inbound::progress(&params) {
+                let _ = events.send(event);
+            }
+        }
+        (Some(m), Some(id)) => {
+            let _ = events.send(Inbound::Request {
+                id: id.clone(),
+                method: m.to_owned(),
+                params,
+            });
+        }
+        (Some(m), None) => tracing::debug!(upstream, method = m, "upstream message ignored"),
+        (None, _) => {}
+    }
+}
+
+/// The session's standalone event stream (`GET`), for `notifications/tools/list_changed`; a
+/// server without one (405) is refreshed on reconnect only.
+async fn listen(link: std::sync::Weak<HttpLink>) {
+    let mut delay = Duration::from_secs(1);
+    loop {
+        let Some(me) = link.upgrade() else { return };
+        let session = lock(&me.session).clone();
+        let Era::Session { version } = &me.era else {
+            return;
+        };
+        let mut request = me
+            .client
+            .get(&me.url)
+            .headers(me.headers.clone())
+            .header(header::ACCEPT, "text/event-stream")
+            .header("MCP-Protocol-Version", version.as_str());
+        if let Some(s) = &session {
+            request = request.header("Mcp-Session-Id", s);
+        }
+        let response = request.send().await;
+        let ok = matches!(&response, Ok(r) if r.status().is_success());
+        if let Ok(r) = &response
+            && (r.status() == StatusCode::METHOD_NOT_ALLOWED)
+        {
+            tracing::debug!(upstream = %me.upstream, "upstream has no standalone event stream");
+            return;
+        }
+        if ok && let Ok(r) = response {
+            delay = Duration::from_secs(1);
+            let name = me.upstream.clone();
+            let weak = Arc::downgrade(&me);
+            drop(me);
+            let mut stream = SseStream::new(
+                r.bytes_stream()
+                    .map(|c| {
+                        c.map_err(|e| crate::client::ClientError::Io {
+                            url: String::new(),
+                            reason: e.to_string(),
+                            source: None,
+                        })
+                    })
+                    .boxed(),
+                Duration::from_secs(24 * 3600),
+                name.clone(),
+            );
+            while let Some(Ok(m)) = stream.next().await {
+                let Some(me) = weak.upgrade() else { return };
+                me.standalone(&m);
+            }
+        } else {
+            drop(me);
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(60));
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Reply for HttpLink {
+    fn send(&self, message: Value) -> BoxFuture<'_, Result<(), UpstreamError>> {
+        Box::pin(async move {
+            match self.post(&message, None).await?.0 {
+                Reply1::SessionGone => Err(UpstreamError::Http {
+                    upstream: self.upstream.clone(),
+                    status: 404,
+                }),
+                _ => Ok(()),
+            }
+        })
+    }
+}
+
+impl Link for HttpLink {
+    fn list_tools(&self) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>> {
+        Box::pin(async move {
+            let mut tools = Vec::new();
+            let mut cursor: Option<String> = None;
+            for _ in 0..link::MAX_PAGES {
+                let mut params = Map::new();
+                if let Some(c) = &cursor {
+                    params.insert("cursor".into(), json!(c));
+                }
+                let result = self.request("tools/list", params).await?;
+                let (page, next) = link::tools_page(&result);
+                tools.extend(page);
+                match next {
+                    Some(c) => cursor = Some(c),
+                    None => break,
+                }
+            }
+            Ok(tools)
+        })
+    }
+
+    fn call<'a>(&'a self, spec: CallSpec<'a>) -> BoxFuture<'a, Result<Value, CallError>> {
+        Box::pin(async move {
+            match self.era {
+                Era::Stateless { tasks } => self.stateless_call(spec, tasks).await,
+                Era::Session { .. } => self.session_call(spec).await,
+            }
+        })
+    }
+
+    fn closed(&self) -> BoxFuture<'_, ()> {
+        // HTTP has no connection to lose: a failed request says the upstream is down.
+        Box::pin(futures::future::pending())
+    }
+
+    fn era(&self) -> &'static str {
+        match self.era {
+            Era::Stateless { .. } => PROTOCOL_VERSION,
+            Era::Session { .. } => link::SESSION_VERSION,
+        }
+    }
+}

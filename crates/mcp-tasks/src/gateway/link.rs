@@ -1,0 +1,316 @@
+//! A connection to an upstream, whatever its era and transport: the [`Link`] trait the
+//! gateway's tools call through, the [`Hooks`] through which a call reaches its task (progress,
+//! input, cancellation, the journal), and the loop that drives one call of a session-era
+//! (`2025-11-25`) upstream, shared by stdio and HTTP.
+
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde_json::{Map, Value, json};
+use tokio::sync::{mpsc, oneshot};
+
+use super::error::UpstreamError;
+use crate::tool::ToolError;
+use crate::wire::error::RpcError;
+
+/// The protocol revision the gateway speaks to session-era upstreams.
+pub(crate) const SESSION_VERSION: &str = "2025-11-25";
+
+/// Why a call of an upstream tool produced no result.
+#[derive(Debug)]
+pub(crate) enum CallError {
+    /// The upstream failed (unreachable, silent, an error).
+    Upstream(UpstreamError),
+    /// The task did: cancelled, its input could not be asked, the runtime failed.
+    Tool(ToolError),
+}
+
+impl From<UpstreamError> for CallError {
+    fn from(e: UpstreamError) -> Self {
+        Self::Upstream(e)
+    }
+}
+
+impl From<ToolError> for CallError {
+    fn from(e: ToolError) -> Self {
+        Self::Tool(e)
+    }
+}
+
+/// What a call may do to the task (or synchronous call) it runs in.
+pub(crate) trait Hooks: Send + Sync {
+    /// Whether the call runs in a durable task (input can be asked; upstream tasks followed).
+    fn is_task(&self) -> bool;
+    /// The upstream reported progress.
+    fn progress<'a>(
+        &'a self,
+        progress: f64,
+        total: Option<f64>,
+        message: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<(), ToolError>>;
+    /// Asks the task's client `request` (an `InputRequest`: `method` and `params`) under
+    /// `key`, or under the next numbered key; resolves with the answer.
+    fn input<'a>(
+        &'a self,
+        key: Option<&'a str>,
+        request: Value,
+    ) -> BoxFuture<'a, Result<Value, ToolError>>;
+    /// Resolves when the task's client asks to cancel.
+    fn cancelled(&self) -> BoxFuture<'_, ()>;
+    /// The upstream task this call follows, recorded by an earlier run.
+    fn upstream_task(&self) -> Option<String>;
+    /// Records the upstream task this call follows (durably, before following it).
+    fn remember_task<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), ToolError>>;
+}
+
+/// One call of an upstream tool.
+pub(crate) struct CallSpec<'a> {
+    /// The tool's name as the upstream lists it.
+    pub(crate) name: &'a str,
+    pub(crate) arguments: Map<String, Value>,
+    pub(crate) hooks: &'a dyn Hooks,
+}
+
+/// A connection to one upstream.
+pub(crate) trait Link: Send + Sync + 'static {
+    /// The upstream's `tools/list`, every page.
+    fn list_tools(&self) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>>;
+    /// Calls a tool; resolves with its `CallToolResult`.
+    fn call<'a>(&'a self, spec: CallSpec<'a>) -> BoxFuture<'a, Result<Value, CallError>>;
+    /// Resolves when the connection is gone for good (a new one must be made).
+    fn closed(&self) -> BoxFuture<'_, ()>;
+    /// `2025-11-25` or `2026-07-28`, for the log.
+    fn era(&self) -> &'static str;
+}
+
+/// Something a session-era upstream sent about one call.
+#[derive(Debug)]
+pub(crate) enum Inbound {
+    /// `notifications/progress` for the call's progress token.
+    Progress {
+        progress: f64,
+        total: Option<f64>,
+        message: Option<String>,
+    },
+    /// A request of the server (`elicitation/create`, `sampling/createMessage`,
+    /// `roots/list`, `ping`) made while the call runs.
+    Request {
+        id: Value,
+        method: String,
+        params: Value,
+    },
+}
+
+impl Inbound {
+    /// Reads a progress notification's params.
+    pub(crate) fn progress(params: &Value) -> Option<Self> {
+        Some(Self::Progress {
+            progress: params.get("progress")?.as_f64()?,
+            total: params.get("total").and_then(Value::as_f64),
+            message: params
+                .get("message")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+        })
+    }
+}
+
+/// How a session-era call answers the upstream's requests and tells it of a cancellation.
+pub(crate) trait Reply: Send + Sync {
+    /// Sends one JSON-RPC message (a response or a notification) to the upstream.
+    fn send(&self, message: Value) -> BoxFuture<'_, Result<(), UpstreamError>>;
+}
+
+/// The JSON-RPC `tools/call` request of a session-era call, with its id as progress token.
+pub(crate) fn call_request(id: u64, name: &str, arguments: Map<String, Value>) -> Value {
+    json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "method": "tools/call",
+        "params": { "name": name, "arguments": arguments, "_meta": { "progressToken": id } }
+    })
+}
+
+/// The result of a JSON-RPC response message, or its error as [`UpstreamError::Rpc`].
+pub(crate) fn decode(upstream: &str, response: Value) -> Result<Value, UpstreamError> {
+    if let Some(error) = response.get("error") {
+        return Err(UpstreamError::Rpc {
+            upstream: upstream.to_owned(),
+            code: error
+                .get("code")
+                .and_then(Value::as_i64)
+                .unwrap_or(crate::wire::error::code::INTERNAL_ERROR),
+            message: error
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("(no message)")
+                .to_owned(),
+            data: error.get("data").cloned(),
+        });
+    }
+    match response.get("result") {
+        Some(r @ Value::Object(_)) => Ok(r.clone()),
+        _ => Err(UpstreamError::Protocol {
+            upstream: upstream.to_owned(),
+            reason: "a response without a result object".into(),
+        }),
+    }
+}
+
+/// Drives one session-era call until its response: relays progress and the upstream's
+/// requests to the task, sends `notifications/cancelled` when the task is cancelled or the
+/// upstream stays silent past `timeout` (time spent waiting for the client does not count).
+pub(crate) async fn drive(
+    upstream: &str,
+    reply: &dyn Reply,
+    id: u64,
+    response: oneshot::Receiver<Result<Value, UpstreamError>>,
+    mut events: mpsc::UnboundedReceiver<Inbound>,
+    hooks: &dyn Hooks,
+    timeout: Duration,
+) -> Result<Value, CallError> {
+    tokio::pin!(response);
+    let silent = tokio::time::sleep(timeout);
+    tokio::pin!(silent);
+    loop {
+        tokio::select! {
+            r = &mut response => {
+                let message = r.map_err(|_| UpstreamError::Unreachable {
+                    upstream: upstream.to_owned(),
+                    reason: "the connection closed during the call".into(),
+                })??;
+                return Ok(decode(upstream, message)?);
+            }
+            Some(event) = events.recv() => {
+                match event {
+                    Inbound::Progress { progress, total, message } => {
+                        hooks.progress(progress, total, message.as_deref()).await?;
+                    }
+                    Inbound::Request { id: request_id, method, params } => {
+                        let answer = tokio::select! {
+                            a = answer_request(upstream, hooks, &method, params) => a,
+                            () = hooks.cancelled() => Err(Answer::Cancelled),
+                        };
+                        let message = match answer {
+                            Ok(result) => json!({ "jsonrpc": "2.0", "id": request_id, "result": result }),
+                            Err(Answer::Refused(e)) => json!({ "jsonrpc": "2.0", "id": request_id, "error": e.to_json() }),
+                            Err(Answer::Cancelled) => {
+                                cancel(reply, id, "the task was cancelled").await;
+                                return Err(CallError::Tool(ToolError::Cancelled));
+                            }
+                            Err(Answer::Failed(e)) => {
+                                cancel(reply, id, "the gateway could not record the task's input").await;
+                                return Err(CallError::Tool(e));
+                            }
+                        };
+                        reply.send(message).await?;
+                    }
+                }
+                silent.as_mut().reset(tokio::time::Instant::now() + timeout);
+            }
+            () = hooks.cancelled() => {
+                cancel(reply, id, "the task was cancelled").await;
+                return Err(CallError::Tool(ToolError::Cancelled));
+            }
+            () = &mut silent => {
+                cancel(reply, id, "the gateway's timeout for this upstream passed").await;
+                return Err(CallError::Upstream(UpstreamError::Timeout {
+                    upstream: upstream.to_owned(),
+                    seconds: timeout.as_secs_f64(),
+                }));
+            }
+        }
+    }
+}
+
+/// Tells the upstream that the gateway gave up on request `id` (best effort: the call ends
+/// either way).
+async fn cancel(reply: &dyn Reply, id: u64, reason: &str) {
+    let message = json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": { "requestId": id, "reason": reason }
+    });
+    if let Err(e) = reply.send(message).await {
+        tracing::debug!(error = %e, "could not send notifications/cancelled upstream");
+    }
+}
+
+/// Why an upstream's request gets no result.
+enum Answer {
+    /// Refused with this error (the call goes on).
+    Refused(RpcError),
+    /// The task was cancelled meanwhile.
+    Cancelled,
+    /// The runtime failed to record the input request.
+    Failed(ToolError),
+}
+
+/// The result for a request the upstream made during a call: `ping` at once; an input
+/// request (`elicitation/create`, `sampling/createMessage`, `roots/list`) becomes the task's
+/// input request and its answer the result; anything else is refused.
+async fn answer_request(
+    upstream: &str,
+    hooks: &dyn Hooks,
+    method: &str,
+    mut params: Value,
+) -> Result<Value, Answer> {
+    match method {
+        "ping" => Ok(json!({})),
+        "elicitation/create" | "sampling/createMessage" | "roots/list" => {
+            if !hooks.is_task() {
+                return Err(Answer::Refused(RpcError::internal(format!(
+                    "the gateway cannot relay `{method}` from upstream `{upstream}`: the client called this tool without the Tasks extension (call it as a task to answer input)"
+                ))));
+            }
+            // 2025-11-25 allows a form elicitation without `mode`; 2026-07-28 wants it.
+            if method == "elicitation/create"
+                && let Some(p) = params.as_object_mut()
+                && !p.contains_key("mode")
+                && p.contains_key("requestedSchema")
+            {
+                p.insert("mode".into(), json!("form"));
+            }
+            let request = json!({ "method": method, "params": params });
+            match hooks.input(None, request).await {
+                Ok(answer) => Ok(answer),
+                Err(ToolError::Cancelled) => Err(Answer::Cancelled),
+                Err(ToolError::Rpc(e)) => Err(Answer::Refused(e)),
+                Err(e) => Err(Answer::Failed(e)),
+            }
+        }
+        other => Err(Answer::Refused(RpcError::method_not_found(other))),
+    }
+}
+
+/// The `initialize` request the gateway sends a session-era upstream: it can answer
+/// elicitation and sampling (relayed to the task's client); it declares no roots.
+pub(crate) fn initialize_request(id: u64) -> Value {
+    json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": SESSION_VERSION,
+            "capabilities": { "elicitation": { "form": {} }, "sampling": {} },
+            "clientInfo": { "name": "mcp-tasks-gateway", "version": env!("CARGO_PKG_VERSION") }
+        }
+    })
+}
+
+/// Reads the tools of a `tools/list` result and its next cursor.
+pub(crate) fn tools_page(result: &Value) -> (Vec<Value>, Option<String>) {
+    let tools = result
+        .get("tools")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let cursor = result
+        .get("nextCursor")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    (tools, cursor)
+}
+
+/// Most pages of `tools/list` read from one upstream (a loop guard).
+pub(crate) const MAX_PAGES: usize = 100;

@@ -1,0 +1,193 @@
+//! Durable Tasks for MCP servers that have none: a gateway in front of them.
+//!
+//! A [`Gateway`] connects to upstream MCP servers ([`Upstream`]: Streamable HTTP of either
+//! era, or a child process on stdio) and serves their tools through the runtime as a
+//! [`ToolSource`]: `tools/list` is the upstreams' (names, descriptions, schemas,
+//! annotations; with several upstreams each name gets the prefix `NAME_`), and a `tools/call`
+//! from a client that declares the Tasks extension becomes a durable task — stored before its
+//! handle returns, the upstream called from the task's actor. A call without the extension
+//! passes through synchronously.
+//!
+//! During a task's call the upstream's progress becomes the task's `statusMessage`; its
+//! `elicitation/create` (and `sampling/createMessage`, `roots/list`) becomes the task's
+//! `input_required` with that request, and the client's `tasks/update` answer (checked
+//! against the request) is the upstream's response; `tasks/cancel` is sent upstream as
+//! `notifications/cancelled`. An upstream with the Tasks extension (`2026-07-28`) runs the
+//! call as its own task: the gateway records the upstream's task id in the task's journal and
+//! follows it (after a restart too, without calling again).
+//!
+//! **An upstream call cannot be resumed.** When the gateway stops (a crash, `kill -9`, a
+//! deploy, a replica taking the task over) while a call is in flight or waits for input, the
+//! task runs again from the start if the tool is declared idempotent
+//! ([`Upstream::idempotent`], or its `idempotentHint` with [`Upstream::trust_annotations`]);
+//! any other ends `failed`, its `statusMessage` saying that the gateway restarted during the
+//! call and that it may or may not have taken effect. It is never left `working`.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use mcp_tasks::Runtime;
+//! use mcp_tasks::gateway::{Gateway, Upstream};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let gateway = Gateway::start(vec![
+//!     Upstream::command("everything", "npx", ["-y", "@modelcontextprotocol/server-everything"])
+//!         .idempotent("echo"),
+//! ])?;
+//! let runtime = Runtime::builder("gateway.redb").tool_source(gateway).start().await?;
+//! # let _ = runtime; Ok(()) }
+//! ```
+//!
+//! Metrics (see [`crate::telemetry`]): `mcp_tasks_upstream_calls_total`,
+//! `mcp_tasks_upstream_errors_total` (by `kind`) and `mcp_tasks_upstream_call_duration_seconds`,
+//! each by `upstream`; every call runs in a span `upstream call` with the upstream, the tool
+//! and the task.
+
+mod config;
+mod error;
+mod http;
+mod link;
+mod stdio;
+mod tool;
+mod upstream;
+
+pub use config::{DEFAULT_TIMEOUT, Upstream, UpstreamTransport};
+pub use error::{GatewayError, UpstreamError};
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, RwLock};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::tool::{Tool, ToolDescriptor, ToolSet, ToolSource};
+use tool::GatewayTool;
+use upstream::UpstreamState;
+
+/// `mcp_tasks_upstream_calls_total`.
+pub const UPSTREAM_CALLS: &str = "mcp_tasks_upstream_calls_total";
+/// `mcp_tasks_upstream_errors_total`.
+pub const UPSTREAM_ERRORS: &str = "mcp_tasks_upstream_errors_total";
+/// `mcp_tasks_upstream_call_duration_seconds`.
+pub const UPSTREAM_CALL_DURATION: &str = "mcp_tasks_upstream_call_duration_seconds";
+
+/// Upstream MCP servers whose tools the runtime serves as durable tasks; see the
+/// [module docs](self). Register it with `RuntimeBuilder::tool_source`.
+pub struct Gateway {
+    upstreams: Vec<Arc<UpstreamState>>,
+    tools: RwLock<Arc<ToolSet>>,
+    stop: CancellationToken,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field(
+                "upstreams",
+                &self.upstreams.iter().map(|u| u.name()).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl Gateway {
+    /// Checks the upstreams and starts connecting to each in the background (so it must run
+    /// inside a tokio runtime). It does not wait for them: an upstream that is down now is
+    /// tried again with backoff (up to every 30 s), and its tools appear once it answers.
+    ///
+    /// Refused: no upstream, two with one name, a name that is not 1 to 64 characters of
+    /// `A-Z a-z 0-9 -` (with several upstreams the tools are named `NAME_tool`, so names
+    /// without `_` keep two upstreams' tools apart), a URL or header HTTP cannot use, a zero
+    /// timeout.
+    pub fn start(upstreams: Vec<Upstream>) -> Result<Arc<Self>, GatewayError> {
+        if upstreams.is_empty() {
+            return Err(GatewayError::NoUpstream);
+        }
+        let mut names = BTreeSet::new();
+        for u in &upstreams {
+            u.check()?;
+            if !names.insert(u.name.clone()) {
+                return Err(GatewayError::Collision {
+                    first: u.name.clone(),
+                    second: u.name.clone(),
+                    reason: "have the same name: each upstream needs its own".into(),
+                });
+            }
+        }
+        let prefixed = upstreams.len() > 1;
+        let gateway = Arc::new(Self {
+            upstreams: upstreams
+                .into_iter()
+                .map(|u| Arc::new(UpstreamState::new(u, prefixed)))
+                .collect(),
+            tools: RwLock::new(Arc::new(ToolSet::new())),
+            stop: CancellationToken::new(),
+        });
+        for upstream in &gateway.upstreams {
+            let weak = Arc::downgrade(&gateway);
+            let stop = gateway.stop.child_token();
+            tokio::spawn(upstream.clone().run(stop, move || {
+                if let Some(g) = weak.upgrade() {
+                    g.rebuild();
+                }
+            }));
+        }
+        Ok(gateway)
+    }
+
+    /// The upstreams' names, in the order given.
+    pub fn upstreams(&self) -> Vec<&str> {
+        self.upstreams.iter().map(|u| u.name()).collect()
+    }
+
+    /// Stops connecting; the upstream processes end. (Dropping the gateway does too.)
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+
+    /// Builds the tool set from every upstream's last listing. A tool the runtime cannot
+    /// serve (a bad name or schema, a name listed twice) is left out with a warning.
+    fn rebuild(&self) {
+        let mut set = ToolSet::new();
+        for upstream in &self.upstreams {
+            for (descriptor, remote) in upstream.descriptors() {
+                let name = descriptor.name.clone();
+                let tool = Arc::new(GatewayTool {
+                    descriptor,
+                    upstream: upstream.clone(),
+                    remote,
+                });
+                if let Err(e) = set.register(tool) {
+                    tracing::warn!(upstream = %upstream.name(), tool = %name, error = %e, "upstream tool left out");
+                }
+            }
+        }
+        *self.tools.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(set);
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl ToolSource for Gateway {
+    fn current(&self) -> Arc<ToolSet> {
+        self.tools
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// A stored task of an upstream tool not listed now (its upstream is down, say) still
+    /// runs: it waits for the upstream (up to its timeout) or fails naming it.
+    fn recover(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        let upstream = self.upstreams.iter().find(|u| u.remote(name).is_some())?;
+        let remote = upstream.remote(name)?.to_owned();
+        let descriptor = ToolDescriptor::new(name, "");
+        Some(Arc::new(GatewayTool {
+            descriptor,
+            upstream: upstream.clone(),
+            remote,
+        }))
+    }
+}

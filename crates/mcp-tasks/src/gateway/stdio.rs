@@ -1,0 +1,470 @@
+//! A session-era upstream on stdio: a child process, newline-delimited JSON-RPC on its stdin
+//! and stdout, its stderr in the log.
+//!
+//! stdio carries no link between a server's request and the call it is about: an
+//! `elicitation/create` on stdout could belong to any call in flight on that process, and
+//! guessing could show one client's question to another. So a [`StdioPool`] gives each call
+//! a process of its own: the first process lists the tools and takes a call when it is free;
+//! a call that finds every process busy starts another one (up to [`MAX_PROCESSES`]; more
+//! wait for one to be free), and a process beyond the first that stays idle for
+//! [`IDLE_PROCESS`] is stopped. (An upstream that keeps state in its process between calls
+//! sees calls spread over several processes.) Should a request still arrive with no call or
+//! with several in flight, it is refused with an error saying why.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
+
+use super::config::Upstream;
+use super::error::UpstreamError;
+use super::link::{self, CallError, CallSpec, Inbound, Link, Reply};
+use crate::wire::error::RpcError;
+
+/// Most processes of one stdio upstream at once.
+pub(crate) const MAX_PROCESSES: usize = 32;
+/// How long a process beyond the first may stay idle before it is stopped.
+pub(crate) const IDLE_PROCESS: Duration = Duration::from_secs(60);
+
+/// Longest line read from an upstream's stdout (a larger message closes the connection).
+const MAX_LINE: usize = 64 * 1024 * 1024;
+
+type Pending = Mutex<HashMap<u64, oneshot::Sender<Result<Value, UpstreamError>>>>;
+
+/// A running child process and its JSON-RPC session.
+pub(crate) struct StdioLink {
+    upstream: String,
+    timeout: Duration,
+    writer: mpsc::UnboundedSender<String>,
+    pending: Pending,
+    /// The `tools/call`s in flight, by request id (= progress token).
+    calls: Mutex<HashMap<u64, mpsc::UnboundedSender<Inbound>>>,
+    next_id: AtomicU64,
+    closed: watch::Receiver<bool>,
+    refresh: Arc<Notify>,
+    /// Dropped with the link: the process is then stopped.
+    _kill: oneshot::Sender<()>,
+}
+
+impl StdioLink {
+    /// Starts the process and completes `initialize`.
+    pub(crate) async fn connect(
+        config: &Upstream,
+        program: &str,
+        args: &[String],
+        refresh: Arc<Notify>,
+    ) -> Result<Arc<Self>, UpstreamError> {
+        let name = config.name.clone();
+        let unreachable = |reason: String| UpstreamError::Unreachable {
+            upstream: name.clone(),
+            reason,
+        };
+        let mut child = tokio::process::Command::new(program)
+            .args(args)
+            .envs(config.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| unreachable(format!("its command could not start: {}", e.kind())))?;
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(unreachable("its standard streams are not available".into()));
+        };
+        tracing::info!(upstream = %name, pid = child.id(), "upstream process started");
+        let (writer, mut lines) = mpsc::unbounded_channel::<String>();
+        let (closed_tx, closed) = watch::channel(false);
+        let (kill, killed) = oneshot::channel::<()>();
+        let link = Arc::new(Self {
+            upstream: name.clone(),
+            timeout: config.timeout,
+            writer,
+            pending: Mutex::new(HashMap::new()),
+            calls: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            closed,
+            refresh,
+            _kill: kill,
+        });
+        tokio::spawn(async move {
+            let mut stdin = stdin;
+            while let Some(line) = lines.recv().await {
+                let written = async {
+                    stdin.write_all(line.as_bytes()).await?;
+                    stdin.write_all(b"\n").await?;
+                    stdin.flush().await
+                };
+                if written.await.is_err() {
+                    break;
+                }
+            }
+        });
+        let log_name = name.clone();
+        tokio::spawn(async move {
+            let mut err = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = err.next_line().await {
+                tracing::info!(target: "mcp_tasks::gateway::upstream", upstream = %log_name, "{line}");
+            }
+        });
+        let weak = Arc::downgrade(&link);
+        tokio::spawn(async move {
+            let dropped = tokio::select! {
+                () = read_loop(weak, stdout) => false,
+                _ = killed => true,
+            };
+            let _ = closed_tx.send(true);
+            if dropped {
+                let _ = child.start_kill();
+            }
+            let status = match tokio::time::timeout(Duration::from_secs(5), child.wait()).await {
+                Ok(status) => status,
+                Err(_) => {
+                    let _ = child.start_kill();
+                    child.wait().await
+                }
+            };
+            match status {
+                Ok(status) if dropped => tracing::debug!(upstream = %name, %status, "upstream process stopped"),
+                Ok(status) => tracing::warn!(upstream = %name, %status, "upstream process exited"),
+                Err(e) => tracing::warn!(upstream = %name, error = %e, "upstream process lost"),
+            }
+        });
+        let init = link.request_with(|id| link::initialize_request(id)).await?;
+        let version = init
+            .get("protocolVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        tracing::info!(upstream = %link.upstream, protocol = version, server = %init.get("serverInfo").cloned().unwrap_or_default(), "upstream initialized");
+        link.send_line(&json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }))?;
+        Ok(link)
+    }
+
+    fn send_line(&self, message: &Value) -> Result<(), UpstreamError> {
+        self.writer
+            .send(message.to_string())
+            .map_err(|_| self.gone())
+    }
+
+    fn gone(&self) -> UpstreamError {
+        UpstreamError::Unreachable {
+            upstream: self.upstream.clone(),
+            reason: "its process exited".into(),
+        }
+    }
+
+    /// Sends the request `make(id)` and waits (up to the timeout) for its result.
+    async fn request_with(&self, make: impl FnOnce(u64) -> Value) -> Result<Value, UpstreamError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pending).insert(id, tx);
+        if let Err(e) = self.send_line(&make(id)) {
+            lock(&self.pending).remove(&id);
+            return Err(e);
+        }
+        let outcome = tokio::time::timeout(self.timeout, rx).await;
+        lock(&self.pending).remove(&id);
+        match outcome {
+            Err(_) => Err(UpstreamError::Timeout {
+                upstream: self.upstream.clone(),
+                seconds: self.timeout.as_secs_f64(),
+            }),
+            Ok(Err(_)) => Err(self.gone()),
+            Ok(Ok(message)) => link::decode(&self.upstream, message?),
+        }
+    }
+
+    /// Routes one message from the process.
+    fn dispatch(&self, message: Value) {
+        let id = message.get("id").and_then(Value::as_u64);
+        let method = message.get("method").and_then(Value::as_str);
+        match (method, id) {
+            (None, Some(id)) => {
+                if let Some(tx) = lock(&self.pending).remove(&id) {
+                    let _ = tx.send(Ok(message));
+                }
+            }
+            (Some("notifications/progress"), _) => {
+                let params = message.get("params").cloned().unwrap_or_default();
+                let token = params.get("progressToken").and_then(Value::as_u64);
+                if let (Some(token), Some(event)) = (token, Inbound::progress(&params))
+                    && let Some(call) = lock(&self.calls).get(&token)
+                {
+                    let _ = call.send(event);
+                }
+            }
+            (Some("notifications/tools/list_changed"), _) => self.refresh.notify_one(),
+            (Some(m), None) => tracing::debug!(upstream = %self.upstream, method = m, "upstream notification"),
+            (Some(m), Some(_)) => self.server_request(message.clone(), m),
+            (None, None) => tracing::debug!(upstream = %self.upstream, "upstream message without method or id ignored"),
+        }
+    }
+
+    /// A request of the server: `ping` answered here, others given to the one call in flight.
+    fn server_request(&self, message: Value, method: &str) {
+        let id = message.get("id").cloned().unwrap_or(Value::Null);
+        let params = message.get("params").cloned().unwrap_or_default();
+        if method == "ping" {
+            let _ = self.send_line(&json!({ "jsonrpc": "2.0", "id": id, "result": {} }));
+            return;
+        }
+        let refusal = {
+            let calls = lock(&self.calls);
+            match calls.len() {
+                1 => {
+                    let call = calls.values().next().expect("one call");
+                    let event = Inbound::Request {
+                        id: id.clone(),
+                        method: method.to_owned(),
+                        params,
+                    };
+                    call.send(event)
+                        .err()
+                        .map(|_| "the call it belongs to has ended".to_owned())
+                }
+                0 => Some("no call is in flight".to_owned()),
+                n => Some(format!(
+                    "{n} calls are in flight and stdio does not say which one it is about"
+                )),
+            }
+        };
+        if let Some(why) = refusal {
+            tracing::warn!(upstream = %self.upstream, method, why, "upstream request refused");
+            let error = RpcError::internal(format!(
+                "the gateway cannot relay `{method}`: {why}"
+            ));
+            let _ = self.send_line(&json!({ "jsonrpc": "2.0", "id": id, "error": error.to_json() }));
+        }
+    }
+
+    async fn call_inner(&self, spec: CallSpec<'_>) -> Result<Value, CallError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let (events_tx, events) = mpsc::unbounded_channel();
+        lock(&self.pending).insert(id, tx);
+        lock(&self.calls).insert(id, events_tx);
+        let _forget = Forget { link: self, id };
+        self.send_line(&link::call_request(id, spec.name, spec.arguments))?;
+        link::drive(&self.upstream, self, id, rx, events, spec.hooks, self.timeout).await
+    }
+}
+
+/// Removes a call's routes when it ends, however it ends.
+struct Forget<'a> {
+    link: &'a StdioLink,
+    id: u64,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        lock(&self.link.pending).remove(&self.id);
+        lock(&self.link.calls).remove(&self.id);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Reads the process's stdout line by line until it closes (or sends a line over
+/// [`MAX_LINE`]); every pending request then fails.
+async fn read_loop(link: Weak<StdioLink>, stdout: tokio::process::ChildStdout) {
+    let mut reader = BufReader::new(stdout);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let read = (&mut reader)
+            .take(MAX_LINE as u64)
+            .read_until(b'\n', &mut line)
+            .await;
+        let Some(link) = link.upgrade() else { return };
+        match read {
+            Ok(0) | Err(_) => break,
+            Ok(_) if line.last() != Some(&b'\n') && line.len() >= MAX_LINE => {
+                tracing::error!(upstream = %link.upstream, "upstream sent a line over {MAX_LINE} bytes; closing");
+                break;
+            }
+            Ok(_) => {}
+        }
+        let text = String::from_utf8_lossy(&line);
+        let text = text.trim();
+        if text.is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Value>(text) {
+            Ok(message) => link.dispatch(message),
+            Err(_) => tracing::info!(target: "mcp_tasks::gateway::upstream", upstream = %link.upstream, "stdout (not JSON-RPC): {text}"),
+        }
+    }
+    if let Some(link) = link.upgrade() {
+        let gone = link.gone();
+        for (_, tx) in lock(&link.pending).drain() {
+            let _ = tx.send(Err(gone.clone()));
+        }
+        lock(&link.calls).clear();
+    }
+}
+
+impl Reply for StdioLink {
+    fn send(&self, message: Value) -> BoxFuture<'_, Result<(), UpstreamError>> {
+        Box::pin(async move { self.send_line(&message) })
+    }
+}
+
+impl Link for StdioLink {
+    fn list_tools(&self) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>> {
+        Box::pin(async move {
+            let mut tools = Vec::new();
+            let mut cursor: Option<String> = None;
+            for _ in 0..link::MAX_PAGES {
+                let params = match &cursor {
+                    Some(c) => json!({ "cursor": c }),
+                    None => json!({}),
+                };
+                let result = self
+                    .request_with(|id| {
+                        json!({ "jsonrpc": "2.0", "id": id, "method": "tools/list", "params": params })
+                    })
+                    .await?;
+                let (page, next) = link::tools_page(&result);
+                tools.extend(page);
+                match next {
+                    Some(c) => cursor = Some(c),
+                    None => break,
+                }
+            }
+            Ok(tools)
+        })
+    }
+
+    fn call<'a>(&'a self, spec: CallSpec<'a>) -> BoxFuture<'a, Result<Value, CallError>> {
+        Box::pin(self.call_inner(spec))
+    }
+
+    fn closed(&self) -> BoxFuture<'_, ()> {
+        let mut closed = self.closed.clone();
+        Box::pin(async move {
+            let _ = closed.wait_for(|c| *c).await;
+        })
+    }
+
+    fn era(&self) -> &'static str {
+        link::SESSION_VERSION
+    }
+}
+
+/// The processes of one stdio upstream, one call in flight on each.
+pub(crate) struct StdioPool {
+    config: Upstream,
+    program: String,
+    args: Vec<String>,
+    refresh: Arc<Notify>,
+    /// The first process: lists the tools; its exit ends the pool's connection.
+    first: Arc<StdioLink>,
+    /// Processes with no call in flight, with when they became idle.
+    idle: Mutex<Vec<(Arc<StdioLink>, tokio::time::Instant)>>,
+    /// Permits for processes: one per process in use or idle.
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+impl StdioPool {
+    pub(crate) async fn connect(
+        config: &Upstream,
+        program: &str,
+        args: &[String],
+        refresh: Arc<Notify>,
+    ) -> Result<Arc<Self>, UpstreamError> {
+        let first = StdioLink::connect(config, program, args, refresh.clone()).await?;
+        let pool = Arc::new(Self {
+            config: config.clone(),
+            program: program.to_owned(),
+            args: args.to_vec(),
+            refresh,
+            first: first.clone(),
+            idle: Mutex::new(vec![(first, tokio::time::Instant::now())]),
+            permits: Arc::new(tokio::sync::Semaphore::new(MAX_PROCESSES)),
+        });
+        tokio::spawn(reap(Arc::downgrade(&pool)));
+        Ok(pool)
+    }
+
+    /// A process with no call in flight: an idle one, or a new one.
+    async fn take(&self) -> Result<(Arc<StdioLink>, tokio::sync::OwnedSemaphorePermit), UpstreamError> {
+        loop {
+            let popped = lock(&self.idle).pop();
+            match popped {
+                Some((link, _)) if !*link.closed.borrow() => {
+                    // An idle process holds no permit: take one for the call.
+                    let permit = self.permits.clone().acquire_owned().await.map_err(|_| self.first.gone())?;
+                    return Ok((link, permit));
+                }
+                Some(_) => continue, // exited while idle: dropped
+                None => {}
+            }
+            let permit = self
+                .permits
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| self.first.gone())?;
+            // While this call waited for a permit, a process may have become idle.
+            if let Some((link, _)) = lock(&self.idle).pop() {
+                if !*link.closed.borrow() {
+                    return Ok((link, permit));
+                }
+            }
+            tracing::info!(upstream = %self.config.name, "every upstream process is busy; starting another");
+            let link = StdioLink::connect(&self.config, &self.program, &self.args, self.refresh.clone()).await?;
+            return Ok((link, permit));
+        }
+    }
+
+    fn give_back(&self, link: Arc<StdioLink>) {
+        if !*link.closed.borrow() {
+            lock(&self.idle).push((link, tokio::time::Instant::now()));
+        }
+    }
+}
+
+/// Stops the processes beyond the first that stayed idle for [`IDLE_PROCESS`].
+async fn reap(pool: Weak<StdioPool>) {
+    loop {
+        tokio::time::sleep(IDLE_PROCESS / 4).await;
+        let Some(pool) = pool.upgrade() else { return };
+        let now = tokio::time::Instant::now();
+        lock(&pool.idle).retain(|(link, since)| {
+            Arc::ptr_eq(link, &pool.first) || now.duration_since(*since) < IDLE_PROCESS
+        });
+    }
+}
+
+impl Link for StdioPool {
+    fn list_tools(&self) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>> {
+        self.first.list_tools()
+    }
+
+    fn call<'a>(&'a self, spec: CallSpec<'a>) -> BoxFuture<'a, Result<Value, CallError>> {
+        Box::pin(async move {
+            let (link, permit) = self.take().await?;
+            let outcome = link.call_inner(spec).await;
+            drop(permit);
+            self.give_back(link);
+            outcome
+        })
+    }
+
+    fn closed(&self) -> BoxFuture<'_, ()> {
+        self.first.closed()
+    }
+
+    fn era(&self) -> &'static str {
+        link::SESSION_VERSION
+    }
+}

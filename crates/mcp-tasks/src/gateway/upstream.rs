@@ -1,0 +1,198 @@
+//! One upstream's life in the gateway: connected (again) with backoff, its tool list fetched
+//! at each connection and on `notifications/tools/list_changed`, its tools' descriptors.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::config::{Upstream, UpstreamTransport};
+use super::error::UpstreamError;
+use super::http::HttpLink;
+use super::link::Link;
+use super::stdio::StdioPool;
+use crate::tool::{TaskPolicy, ToolDescriptor};
+
+/// First wait before connecting again; it doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// One upstream: its configuration, its current connection, its listed tools.
+pub(crate) struct UpstreamState {
+    pub(crate) config: Upstream,
+    /// `NAME_` when the gateway has several upstreams.
+    pub(crate) prefix: Option<String>,
+    link: watch::Sender<Option<Arc<dyn Link>>>,
+    /// The tools as the upstream listed them last (its names).
+    listed: Mutex<Vec<Value>>,
+    refresh: Arc<Notify>,
+}
+
+impl UpstreamState {
+    pub(crate) fn new(config: Upstream, prefixed: bool) -> Self {
+        let prefix = prefixed.then(|| format!("{}_", config.name));
+        Self {
+            config,
+            prefix,
+            link: watch::channel(None).0,
+            listed: Mutex::new(Vec::new()),
+            refresh: Arc::new(Notify::new()),
+        }
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// The name the gateway lists for the upstream's tool `remote`.
+    pub(crate) fn exposed(&self, remote: &str) -> String {
+        match &self.prefix {
+            Some(p) => format!("{p}{remote}"),
+            None => remote.to_owned(),
+        }
+    }
+
+    /// The upstream's name for the gateway's tool `exposed`, if it is one of this upstream's.
+    pub(crate) fn remote<'a>(&self, exposed: &'a str) -> Option<&'a str> {
+        match &self.prefix {
+            Some(p) => exposed.strip_prefix(p.as_str()),
+            None => Some(exposed),
+        }
+    }
+
+    /// Descriptors of the listed tools, under the gateway's names.
+    pub(crate) fn descriptors(&self) -> Vec<(ToolDescriptor, String)> {
+        let listed = self.listed.lock().unwrap_or_else(|e| e.into_inner());
+        listed
+            .iter()
+            .filter_map(|tool| {
+                let remote = tool.get("name")?.as_str()?.to_owned();
+                Some((descriptor(&self.exposed(&remote), tool), remote))
+            })
+            .collect()
+    }
+
+    /// Whether a call of the upstream's tool `remote` may run twice.
+    pub(crate) fn idempotent(&self, remote: &str) -> bool {
+        if self.config.idempotent.contains(remote)
+            || self.config.idempotent.contains(&self.exposed(remote))
+        {
+            return true;
+        }
+        self.config.trust_annotations && {
+            let listed = self.listed.lock().unwrap_or_else(|e| e.into_inner());
+            listed.iter().any(|t| {
+                t.get("name").and_then(Value::as_str) == Some(remote)
+                    && t.pointer("/annotations/idempotentHint") == Some(&json!(true))
+            })
+        }
+    }
+
+    /// The current connection, waiting for one up to the upstream's timeout.
+    pub(crate) async fn connected(&self) -> Result<Arc<dyn Link>, UpstreamError> {
+        let mut rx = self.link.subscribe();
+        let wait = rx.wait_for(Option::is_some);
+        match tokio::time::timeout(self.config.timeout, wait).await {
+            Ok(Ok(link)) => Ok(link.clone().expect("waited for a connection")),
+            _ => Err(UpstreamError::Unreachable {
+                upstream: self.config.name.clone(),
+                reason: format!(
+                    "not connected within {} s (the gateway keeps trying in the background)",
+                    self.config.timeout.as_secs_f64()
+                ),
+            }),
+        }
+    }
+
+    async fn connect(&self) -> Result<Arc<dyn Link>, UpstreamError> {
+        Ok(match &self.config.transport {
+            UpstreamTransport::Http { url } => {
+                HttpLink::connect(&self.config, url, self.refresh.clone()).await?
+            }
+            UpstreamTransport::Command { program, args } => {
+                StdioPool::connect(&self.config, program, args, self.refresh.clone()).await?
+            }
+        })
+    }
+
+    /// Connects, lists, follows list changes, and connects again when the connection goes,
+    /// until `stop`. `changed` runs whenever the listed tools change.
+    pub(crate) async fn run(self: Arc<Self>, stop: CancellationToken, changed: impl Fn()) {
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            let connected = tokio::select! {
+                c = self.connect() => c,
+                () = stop.cancelled() => return,
+            };
+            let link = match connected {
+                Ok(link) => link,
+                Err(e) => {
+                    metrics::counter!(super::UPSTREAM_ERRORS, "upstream" => self.config.name.clone(), "kind" => e.kind()).increment(1);
+                    tracing::warn!(upstream = %self.config.name, error = %e, retry_in_ms = backoff.as_millis() as u64, "upstream not available");
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        () = stop.cancelled() => return,
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    continue;
+                }
+            };
+            self.link.send_replace(Some(link.clone()));
+            let up_since = tokio::time::Instant::now();
+            loop {
+                match link.list_tools().await {
+                    Ok(tools) => {
+                        tracing::info!(upstream = %self.config.name, tools = tools.len(), "upstream tools listed");
+                        *self.listed.lock().unwrap_or_else(|e| e.into_inner()) = tools;
+                        changed();
+                    }
+                    Err(e) => {
+                        tracing::warn!(upstream = %self.config.name, error = %e, "cannot list the upstream's tools");
+                    }
+                }
+                tokio::select! {
+                    () = self.refresh.notified() => {}
+                    () = link.closed() => break,
+                    () = stop.cancelled() => return,
+                }
+            }
+            self.link.send_replace(None);
+            // A connection that lasted resets the backoff; one that died at once does not.
+            if up_since.elapsed() > MAX_BACKOFF {
+                backoff = FIRST_BACKOFF;
+            }
+            tracing::warn!(upstream = %self.config.name, retry_in_ms = backoff.as_millis() as u64, "upstream connection lost; connecting again");
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = stop.cancelled() => return,
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+}
+
+/// The gateway's descriptor of an upstream tool: its title, description, schemas and
+/// annotations as listed; a task when the client declares the Tasks extension.
+pub(crate) fn descriptor(exposed: &str, tool: &Value) -> ToolDescriptor {
+    let text = |k: &str| tool.get(k).and_then(Value::as_str).map(str::to_owned);
+    let input_schema = match tool.get("inputSchema") {
+        Some(s @ Value::Object(_)) => s.clone(),
+        _ => json!({ "type": "object" }),
+    };
+    ToolDescriptor {
+        name: exposed.to_owned(),
+        title: text("title"),
+        description: text("description").unwrap_or_default(),
+        input_schema,
+        output_schema: tool
+            .get("outputSchema")
+            .filter(|s| s.is_object())
+            .cloned(),
+        annotations: tool.get("annotations").filter(|a| a.is_object()).cloned(),
+        task_policy: TaskPolicy::WhenSupported,
+        ttl_ms: None,
+        initial_status_message: None,
+    }
+}
