@@ -70,7 +70,10 @@ impl GatewayArgs {
         self.upstreams_with(|var| std::env::var(var).ok())
     }
 
-    fn upstreams_with(&self, env: impl Fn(&str) -> Option<String>) -> Result<Vec<Upstream>, String> {
+    fn upstreams_with(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Vec<Upstream>, String> {
         let total = self.http.len() + self.command.len();
         let mut upstreams = Vec::new();
         for (i, spec) in self.http.iter().enumerate() {
@@ -140,7 +143,10 @@ impl GatewayArgs {
         }
         Ok(upstreams
             .into_iter()
-            .map(|u| u.timeout(self.timeout).trust_annotations(self.trust_annotations))
+            .map(|u| {
+                u.timeout(self.timeout)
+                    .trust_annotations(self.trust_annotations)
+            })
             .collect())
     }
 }
@@ -189,9 +195,13 @@ mod tests {
             .upstreams_with(|v| (v == "TOKEN").then(|| "Bearer s3cret".to_owned()))
             .unwrap();
         assert_eq!(ups[0].name(), "search");
-        assert!(matches!(ups[0].transport(), UpstreamTransport::Http { url } if url == "http://127.0.0.1:3001/mcp"));
-        assert!(matches!(ups[1].transport(), UpstreamTransport::Command { program, args }
-            if program == "node" && args == &["my dir/index.js".to_owned(), "stdio".to_owned()]));
+        assert!(
+            matches!(ups[0].transport(), UpstreamTransport::Http { url } if url == "http://127.0.0.1:3001/mcp")
+        );
+        assert!(
+            matches!(ups[1].transport(), UpstreamTransport::Command { program, args }
+            if program == "node" && args == &["my dir/index.js".to_owned(), "stdio".to_owned()])
+        );
         assert!(!format!("{ups:?}").contains("s3cret"));
     }
 
@@ -200,18 +210,34 @@ mod tests {
         let mut a = args();
         a.http = vec!["http://a/mcp".into(), "http://b/mcp".into()];
         a.headers = vec!["Authorization: x".into()];
-        assert!(a.upstreams_with(|_| None).unwrap_err().contains("say which"));
+        assert!(
+            a.upstreams_with(|_| None)
+                .unwrap_err()
+                .contains("say which")
+        );
         let mut a = args();
         a.http = vec!["http://a/mcp".into()];
         a.headers = vec!["Authorization: env:NOPE".into()];
-        assert!(a.upstreams_with(|_| None).unwrap_err().contains("NOPE is not set"));
+        assert!(
+            a.upstreams_with(|_| None)
+                .unwrap_err()
+                .contains("NOPE is not set")
+        );
         let mut a = args();
         a.command = vec!["x='unbalanced".into()];
-        assert!(a.upstreams_with(|_| None).unwrap_err().contains("unbalanced"));
+        assert!(
+            a.upstreams_with(|_| None)
+                .unwrap_err()
+                .contains("unbalanced")
+        );
         let mut a = args();
         a.http = vec!["a=http://a/mcp".into(), "b=http://b/mcp".into()];
         a.idempotent = vec!["echo".into()];
-        assert!(a.upstreams_with(|_| None).unwrap_err().contains("UPSTREAM_tool"));
+        assert!(
+            a.upstreams_with(|_| None)
+                .unwrap_err()
+                .contains("UPSTREAM_tool")
+        );
         // A URL with `=` in its query is not taken for a name.
         let mut a = args();
         a.http = vec!["http://a/mcp?x=1".into()];

@@ -26,6 +26,7 @@ mod client;
 mod deploy;
 mod features;
 mod fixtures;
+mod gateway;
 mod http;
 mod layering;
 mod legacy_http;

@@ -15,6 +15,7 @@ mod sim;
 mod support;
 
 mod crash_replicas;
+mod gateway_replicas;
 mod postgres;
 mod postgres_failpoints;
 mod postgres_leases;

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-struct Replica {
-    child: Child,
+pub(crate) struct Replica {
+    pub(crate) child: Child,
     addr: SocketAddr,
     log: Arc<Mutex<Vec<String>>>,
 }
@@ -31,8 +31,14 @@ impl Drop for Replica {
 
 impl Replica {
     fn spawn(store: &str, node: &str, lease_ttl: &str) -> Replica {
+        Self::spawn_with(store, node, lease_ttl, &["--fixtures", "bench"])
+    }
+
+    /// A replica serving what `tools` says (`--fixtures …`, `--upstream …`).
+    pub(crate) fn spawn_with(store: &str, node: &str, lease_ttl: &str, tools: &[&str]) -> Replica {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-tasks"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--fixtures", "bench"])
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(tools)
             .args([
                 "--store",
                 store,
@@ -80,16 +86,21 @@ impl Replica {
         }
     }
 
-    async fn call(&self, method: &str, params: Value) -> Value {
+    pub(crate) async fn call(&self, method: &str, params: Value) -> Value {
         let body = support::request(json!(1), method, params);
         support::post(self.addr, None, &body).await.json()
     }
 
-    async fn get(&self, task: &str) -> Value {
+    pub(crate) async fn get(&self, task: &str) -> Value {
         self.call("tasks/get", json!({ "taskId": task })).await
     }
 
-    fn logged(&self, needle: &str) -> bool {
+    /// Everything the replica logged so far.
+    pub(crate) fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    pub(crate) fn logged(&self, needle: &str) -> bool {
         self.log.lock().unwrap().iter().any(|l| l.contains(needle))
     }
 }

@@ -225,3 +225,90 @@ pub async fn own_process(test: &str) -> bool {
     );
     false
 }
+
+/// Where `scripts/upstreams.sh` installed the upstream MCP servers of the gateway tests
+/// (`MCP_TASKS_UPSTREAMS_DIR`, by default `~/.cache/mcp-tasks-upstreams`), or `None` after
+/// saying that the test skips; with `MCP_TASKS_REQUIRE_UPSTREAMS=1` (CI) a missing install
+/// fails the test instead.
+pub fn upstreams_dir() -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let dir = std::env::var_os("MCP_TASKS_UPSTREAMS_DIR")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mcp-tasks-upstreams"))
+        })?;
+    if dir.join("bin/server-everything").exists() && dir.join("venv/bin/python").exists() {
+        return Some(dir);
+    }
+    if std::env::var("MCP_TASKS_REQUIRE_UPSTREAMS").as_deref() == Ok("1") {
+        panic!(
+            "the upstream MCP servers are not installed in {} (run scripts/upstreams.sh)",
+            dir.display()
+        );
+    }
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED: the upstream MCP servers are not installed in {} (scripts/upstreams.sh installs them)",
+        dir.display()
+    );
+    None
+}
+
+/// The Python upstream of the gateway tests (`tests/upstream/python_server.py`) over HTTP on
+/// a free port, its side effects appended to `side_effects`; killed when dropped. Returns the
+/// process and its MCP URL.
+pub fn python_upstream(
+    dir: &std::path::Path,
+    side_effects: &std::path::Path,
+) -> (KillOnDrop, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let child = python_upstream_on(dir, port, side_effects);
+    (child, format!("http://127.0.0.1:{port}/mcp"))
+}
+
+/// [`python_upstream`] on a given port.
+pub fn python_upstream_on(
+    dir: &std::path::Path,
+    port: u16,
+    side_effects: &std::path::Path,
+) -> KillOnDrop {
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/upstream/python_server.py");
+    let child = std::process::Command::new(dir.join("venv/bin/python"))
+        .arg(script)
+        .args(["http", &port.to_string()])
+        .env("SIDE_EFFECTS", side_effects)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the Python upstream");
+    let deadline = std::time::Instant::now() + WAIT;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the Python upstream did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    KillOnDrop(child)
+}
+
+/// A child process killed (and reaped) when dropped.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl KillOnDrop {
+    pub fn kill9(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}

@@ -223,8 +223,8 @@ impl HttpLink {
                         .and_then(|m| message.get("params").and_then(|p| p.get(m)))
                         .and_then(Value::as_str);
                     if let Some(name) = name {
-                        request =
-                            request.header("Mcp-Name", crate::client::transport::header_value(name));
+                        request = request
+                            .header("Mcp-Name", crate::client::transport::header_value(name));
                     }
                 }
             }
@@ -398,7 +398,9 @@ impl HttpLink {
                     let _ = call.send(event);
                 }
             }
-            Some(m) => tracing::debug!(upstream = %self.upstream, method = m, "upstream message ignored"),
+            Some(m) => {
+                tracing::debug!(upstream = %self.upstream, method = m, "upstream message ignored")
+            }
             None => {}
         }
     }
@@ -458,13 +460,17 @@ impl HttpLink {
         link::decode(&self.upstream, response)
     }
 
-    async fn request(&self, method: &str, params: Map<String, Value>) -> Result<Value, UpstreamError> {
+    async fn request(
+        &self,
+        method: &str,
+        params: Map<String, Value>,
+    ) -> Result<Value, UpstreamError> {
         match self.era {
             Era::Stateless { .. } => self.stateless_request(method, params, false).await,
             Era::Session { .. } => {
-                self.session_request(|id| {
-                    json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params })
-                })
+                self.session_request(
+                    |id| json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }),
+                )
                 .await
             }
         }
@@ -518,7 +524,16 @@ impl HttpLink {
                 let _ = tx.send(response);
             }
         }
-        link::drive(&self.upstream, self, id, rx, events, spec.hooks, self.timeout).await
+        link::drive(
+            &self.upstream,
+            self,
+            id,
+            rx,
+            events,
+            spec.hooks,
+            self.timeout,
+        )
+        .await
     }
 
     /// A stateless call: core MRTR rounds, or the upstream's own task followed to its end.
@@ -570,7 +585,9 @@ impl HttpLink {
             }
         }
         Err(self
-            .protocol(&format!("asked for input more than {MAX_ROUNDS} times in one call"))
+            .protocol(&format!(
+                "asked for input more than {MAX_ROUNDS} times in one call"
+            ))
             .into())
     }
 
@@ -590,8 +607,13 @@ impl HttpLink {
         loop {
             let mut params = Map::new();
             params.insert("taskId".into(), json!(task_id));
-            let task = self.stateless_request("tasks/get", params.clone(), true).await?;
-            let status = task.get("status").and_then(Value::as_str).unwrap_or_default();
+            let task = self
+                .stateless_request("tasks/get", params.clone(), true)
+                .await?;
+            let status = task
+                .get("status")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
             match status {
                 "completed" => {
                     return Ok(strip(task.get("result").cloned().unwrap_or_default()));

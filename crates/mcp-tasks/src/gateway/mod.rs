@@ -146,6 +146,9 @@ impl Gateway {
     /// Builds the tool set from every upstream's last listing. A tool the runtime cannot
     /// serve (a bad name or schema, a name listed twice) is left out with a warning.
     fn rebuild(&self) {
+        // Held while building: two upstreams listing at once must not publish their sets in
+        // the wrong order (the older one, without the other's tools, last).
+        let mut current = self.tools.write().unwrap_or_else(|e| e.into_inner());
         let mut set = ToolSet::new();
         for upstream in &self.upstreams {
             for (descriptor, remote) in upstream.descriptors() {
@@ -160,7 +163,7 @@ impl Gateway {
                 }
             }
         }
-        *self.tools.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(set);
+        *current = Arc::new(set);
     }
 }
 
@@ -172,10 +175,7 @@ impl Drop for Gateway {
 
 impl ToolSource for Gateway {
     fn current(&self) -> Arc<ToolSet> {
-        self.tools
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.tools.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// A stored task of an upstream tool not listed now (its upstream is down, say) still

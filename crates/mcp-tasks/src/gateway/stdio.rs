@@ -132,7 +132,9 @@ impl StdioLink {
                 }
             };
             match status {
-                Ok(status) if dropped => tracing::debug!(upstream = %name, %status, "upstream process stopped"),
+                Ok(status) if dropped => {
+                    tracing::debug!(upstream = %name, %status, "upstream process stopped")
+                }
                 Ok(status) => tracing::warn!(upstream = %name, %status, "upstream process exited"),
                 Err(e) => tracing::warn!(upstream = %name, error = %e, "upstream process lost"),
             }
@@ -201,9 +203,13 @@ impl StdioLink {
                 }
             }
             (Some("notifications/tools/list_changed"), _) => self.refresh.notify_one(),
-            (Some(m), None) => tracing::debug!(upstream = %self.upstream, method = m, "upstream notification"),
+            (Some(m), None) => {
+                tracing::debug!(upstream = %self.upstream, method = m, "upstream notification")
+            }
             (Some(m), Some(_)) => self.server_request(message.clone(), m),
-            (None, None) => tracing::debug!(upstream = %self.upstream, "upstream message without method or id ignored"),
+            (None, None) => {
+                tracing::debug!(upstream = %self.upstream, "upstream message without method or id ignored")
+            }
         }
     }
 
@@ -237,10 +243,9 @@ impl StdioLink {
         };
         if let Some(why) = refusal {
             tracing::warn!(upstream = %self.upstream, method, why, "upstream request refused");
-            let error = RpcError::internal(format!(
-                "the gateway cannot relay `{method}`: {why}"
-            ));
-            let _ = self.send_line(&json!({ "jsonrpc": "2.0", "id": id, "error": error.to_json() }));
+            let error = RpcError::internal(format!("the gateway cannot relay `{method}`: {why}"));
+            let _ =
+                self.send_line(&json!({ "jsonrpc": "2.0", "id": id, "error": error.to_json() }));
         }
     }
 
@@ -252,7 +257,16 @@ impl StdioLink {
         lock(&self.calls).insert(id, events_tx);
         let _forget = Forget { link: self, id };
         self.send_line(&link::call_request(id, spec.name, spec.arguments))?;
-        link::drive(&self.upstream, self, id, rx, events, spec.hooks, self.timeout).await
+        link::drive(
+            &self.upstream,
+            self,
+            id,
+            rx,
+            events,
+            spec.hooks,
+            self.timeout,
+        )
+        .await
     }
 }
 
@@ -300,7 +314,9 @@ async fn read_loop(link: Weak<StdioLink>, stdout: tokio::process::ChildStdout) {
         }
         match serde_json::from_str::<Value>(text) {
             Ok(message) => link.dispatch(message),
-            Err(_) => tracing::info!(target: "mcp_tasks::gateway::upstream", upstream = %link.upstream, "stdout (not JSON-RPC): {text}"),
+            Err(_) => {
+                tracing::info!(target: "mcp_tasks::gateway::upstream", upstream = %link.upstream, "stdout (not JSON-RPC): {text}")
+            }
         }
     }
     if let Some(link) = link.upgrade() {
@@ -396,13 +412,20 @@ impl StdioPool {
     }
 
     /// A process with no call in flight: an idle one, or a new one.
-    async fn take(&self) -> Result<(Arc<StdioLink>, tokio::sync::OwnedSemaphorePermit), UpstreamError> {
+    async fn take(
+        &self,
+    ) -> Result<(Arc<StdioLink>, tokio::sync::OwnedSemaphorePermit), UpstreamError> {
         loop {
             let popped = lock(&self.idle).pop();
             match popped {
                 Some((link, _)) if !*link.closed.borrow() => {
                     // An idle process holds no permit: take one for the call.
-                    let permit = self.permits.clone().acquire_owned().await.map_err(|_| self.first.gone())?;
+                    let permit = self
+                        .permits
+                        .clone()
+                        .acquire_owned()
+                        .await
+                        .map_err(|_| self.first.gone())?;
                     return Ok((link, permit));
                 }
                 Some(_) => continue, // exited while idle: dropped
@@ -421,7 +444,13 @@ impl StdioPool {
                 }
             }
             tracing::info!(upstream = %self.config.name, "every upstream process is busy; starting another");
-            let link = StdioLink::connect(&self.config, &self.program, &self.args, self.refresh.clone()).await?;
+            let link = StdioLink::connect(
+                &self.config,
+                &self.program,
+                &self.args,
+                self.refresh.clone(),
+            )
+            .await?;
             return Ok((link, permit));
         }
     }

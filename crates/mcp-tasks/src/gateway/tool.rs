@@ -71,8 +71,11 @@ async fn run(
         }
         if !started_before {
             let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
-            ctx.step(CALL_STEP, || async move { Ok(json!({ "startedAtMs": now })) })
-                .await?;
+            ctx.step(
+                CALL_STEP,
+                || async move { Ok(json!({ "startedAtMs": now })) },
+            )
+            .await?;
         }
     }
     let name = upstream.name().to_owned();

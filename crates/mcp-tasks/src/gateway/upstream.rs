@@ -149,7 +149,9 @@ impl UpstreamState {
                         changed();
                     }
                     Err(e) => {
+                        // A connection that cannot list its tools is of no use: a new one.
                         tracing::warn!(upstream = %self.config.name, error = %e, "cannot list the upstream's tools");
+                        break;
                     }
                 }
                 tokio::select! {
@@ -186,10 +188,7 @@ pub(crate) fn descriptor(exposed: &str, tool: &Value) -> ToolDescriptor {
         title: text("title"),
         description: text("description").unwrap_or_default(),
         input_schema,
-        output_schema: tool
-            .get("outputSchema")
-            .filter(|s| s.is_object())
-            .cloned(),
+        output_schema: tool.get("outputSchema").filter(|s| s.is_object()).cloned(),
         annotations: tool.get("annotations").filter(|a| a.is_object()).cloned(),
         task_policy: TaskPolicy::WhenSupported,
         ttl_ms: None,

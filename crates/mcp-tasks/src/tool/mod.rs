@@ -11,8 +11,8 @@ pub(crate) mod registry;
 mod typed;
 
 pub use context::{ElicitAction, ElicitResponse, InputRequest, LogLevel, StepKey, ToolContext};
-pub use registry::{RegistryError, ToolSet, ToolSource};
 pub(crate) use registry::ToolRegistry;
+pub use registry::{RegistryError, ToolSet, ToolSource};
 pub use typed::{Elicited, elicitation_schema_for, schema_for, typed_tool};
 
 use std::future::Future;

@@ -198,7 +198,11 @@ impl ToolSet {
 
     /// `-32602` naming the first offending field when `arguments` do not match the tool's
     /// `inputSchema`.
-    pub(crate) fn validate(&self, name: &str, arguments: &Map<String, Value>) -> Result<(), RpcError> {
+    pub(crate) fn validate(
+        &self,
+        name: &str,
+        arguments: &Map<String, Value>,
+    ) -> Result<(), RpcError> {
         let entry = self
             .tools
             .get(name)
@@ -294,15 +298,11 @@ impl ToolRegistry {
         let mut tools = self.fixed.list();
         for source in &self.sources {
             let set = source.current();
-            tools.extend(
-                set.list()
-                    .into_iter()
-                    .filter(|t| {
-                        t.get("name")
-                            .and_then(Value::as_str)
-                            .is_none_or(|n| self.fixed.get(n).is_none())
-                    }),
-            );
+            tools.extend(set.list().into_iter().filter(|t| {
+                t.get("name")
+                    .and_then(Value::as_str)
+                    .is_none_or(|n| self.fixed.get(n).is_none())
+            }));
         }
         tools
     }
@@ -314,7 +314,11 @@ impl ToolRegistry {
     }
 
     /// See [`ToolSet::validate`].
-    pub(crate) fn validate(&self, name: &str, arguments: &Map<String, Value>) -> Result<(), RpcError> {
+    pub(crate) fn validate(
+        &self,
+        name: &str,
+        arguments: &Map<String, Value>,
+    ) -> Result<(), RpcError> {
         self.with(name, |set| set.validate(name, arguments))
             .unwrap_or_else(|| Err(RpcError::invalid_params(format!("Unknown tool: {name}"))))
     }

@@ -1,0 +1,707 @@
+//! The gateway (`serve --upstream URL`, `--upstream-command 'CMD'`) against real upstream
+//! MCP servers, installed from their registries at pinned versions by `scripts/upstreams.sh`:
+//! the official reference server `@modelcontextprotocol/server-everything` (npm) over stdio and
+//! over Streamable HTTP, a server written with the official MCP Python SDK 1.x
+//! (`tests/upstream/python_server.py`), and `mcp-tasks serve` itself as an upstream that has
+//! the Tasks extension. Every test runs the `mcp-tasks` binary as a process.
+//!
+//! Without the upstreams installed the tests print that they skip; with
+//! `MCP_TASKS_REQUIRE_UPSTREAMS=1` (CI) they fail instead.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::KillOnDrop;
+use mcp_tasks::TaskStatus;
+use mcp_tasks::client::{CallOutcome, Client, Task, TaskHandle};
+use serde_json::{Map, Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_mcp-tasks");
+/// Bound of every wait.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Where `scripts/upstreams.sh` installed the upstreams, if it did.
+struct Upstreams {
+    dir: PathBuf,
+}
+
+fn upstreams() -> Option<Upstreams> {
+    crate::support::upstreams_dir().map(|dir| Upstreams { dir })
+}
+
+impl Upstreams {
+    fn everything(&self) -> String {
+        self.dir.join("bin/server-everything").display().to_string()
+    }
+
+    /// The Python server over HTTP on a free port: the process and its URL.
+    fn start_python(&self, side_effects: &Path) -> (KillOnDrop, String) {
+        crate::support::python_upstream(&self.dir, side_effects)
+    }
+
+    /// server-everything over Streamable HTTP on `port`.
+    fn start_everything_http(&self, port: u16) -> Proc {
+        let child = Command::new(self.everything())
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start server-everything");
+        wait_port(port);
+        KillOnDrop(child)
+    }
+}
+
+use crate::support::KillOnDrop as Proc;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+fn wait_port(port: u16) {
+    let deadline = Instant::now() + WAIT;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on port {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `mcp-tasks serve` with `args`, on a free port and the redb file `store`.
+struct Gateway {
+    proc: Proc,
+    url: String,
+    log: PathBuf,
+}
+
+impl Gateway {
+    fn start(store: &Path, args: &[String]) -> Self {
+        Self::start_on(free_port(), store, args)
+    }
+
+    fn start_on(port: u16, store: &Path, args: &[String]) -> Self {
+        let log = store.with_extension(format!("{port}.log"));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("log file");
+        let child = Command::new(BIN)
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--store"])
+            .arg(store)
+            .args(["--no-admin-socket", "--no-quotas"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()
+            .expect("start mcp-tasks serve");
+        wait_port(port);
+        Self {
+            proc: Proc(child),
+            url: format!("http://127.0.0.1:{port}/mcp"),
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn client(&self) -> Client {
+        Client::http(&self.url)
+            .unwrap()
+            .capabilities(json!({ "elicitation": {}, "sampling": {} }))
+            .build()
+            .await
+            .unwrap()
+    }
+}
+
+/// Polls `tools/list` until every name in `names` is listed; returns the tools.
+async fn wait_tools(client: &Client, names: &[&str]) -> Vec<Value> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let tools = client
+            .request("tools/list", Map::new())
+            .await
+            .map(|r| r["tools"].as_array().cloned().unwrap_or_default())
+            .unwrap_or_default();
+        let listed = |n: &&str| tools.iter().any(|t| t["name"] == **n);
+        if names.iter().all(listed) {
+            return tools;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tools {names:?} not listed: {tools:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn start_task(client: &Client, tool: &str, arguments: Value) -> TaskHandle {
+    match client.call_tool(tool, arguments).await.unwrap() {
+        CallOutcome::Task(task) => task,
+        CallOutcome::Complete(result) => panic!("{tool} answered at once: {result}"),
+    }
+}
+
+/// Polls the task until `done` holds (or [`WAIT`] passes).
+async fn wait_for(task: &TaskHandle, what: &str, done: impl Fn(&Task) -> bool) -> Task {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let t = task.get().await.unwrap();
+        if done(&t) {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "{what}: the task is still {t:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn terminal(t: &Task) -> bool {
+    matches!(
+        t.status,
+        TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Cancelled
+    )
+}
+
+fn text(result: &Value) -> String {
+    result["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+// ---------------------------------------------------------------------------------------------
+// A direct session with server-everything on stdio: what a client of the upstream sees.
+
+struct Direct {
+    child: Child,
+    out: BufReader<std::process::ChildStdout>,
+    next: u64,
+}
+
+impl Direct {
+    fn start(program: &str) -> Self {
+        let mut child = Command::new(program)
+            .arg("stdio")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let mut me = Self {
+            child,
+            out,
+            next: 1,
+        };
+        me.request(
+            "initialize",
+            json!({
+                "protocolVersion": "2025-11-25",
+                "capabilities": { "elicitation": { "form": {} }, "sampling": {} },
+                "clientInfo": { "name": "direct", "version": "1" }
+            }),
+        );
+        me.send(json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }));
+        me
+    }
+
+    fn send(&mut self, message: Value) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{message}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next;
+        self.next += 1;
+        self.send(json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }));
+        loop {
+            let mut line = String::new();
+            assert!(
+                self.out.read_line(&mut line).unwrap() > 0,
+                "server-everything closed"
+            );
+            let Ok(m) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            if m["id"] == json!(id) && m.get("method").is_none() {
+                return m["result"].clone();
+            }
+        }
+    }
+}
+
+impl Drop for Direct {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn stdio_upstream_lists_and_answers_like_a_direct_call() {
+    let Some(up) = upstreams() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &[
+            "--upstream-command".into(),
+            format!("everything={}", up.everything()),
+        ],
+    );
+    let client = gw.client().await;
+    let listed = wait_tools(&client, &["echo", "get-sum", "trigger-elicitation-request"]).await;
+    let mut direct = Direct::start(&up.everything());
+    // The direct list is fetched after the deferred tools registered (they follow
+    // notifications/initialized).
+    std::thread::sleep(Duration::from_millis(300));
+    let upstream_tools = direct.request("tools/list", json!({}))["tools"]
+        .as_array()
+        .unwrap()
+        .clone();
+    for tool in &upstream_tools {
+        let name = tool["name"].as_str().unwrap();
+        let ours = listed
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("{name} is not listed by the gateway"));
+        for field in [
+            "title",
+            "description",
+            "inputSchema",
+            "outputSchema",
+            "annotations",
+        ] {
+            assert_eq!(ours.get(field), tool.get(field), "{name}.{field}");
+        }
+    }
+    for (tool, args) in [
+        ("echo", json!({ "message": "hello" })),
+        ("get-sum", json!({ "a": 2, "b": 40 })),
+        ("get-structured-content", json!({ "location": "Chicago" })),
+    ] {
+        let expected = direct.request("tools/call", json!({ "name": tool, "arguments": args }));
+        let task = start_task(&client, tool, args.clone()).await;
+        let done = wait_for(&task, tool, terminal).await;
+        assert_eq!(done.status, TaskStatus::Completed, "{tool}: {done:?}");
+        let result = done.result.unwrap();
+        assert_eq!(result["content"], expected["content"], "{tool}");
+        assert_eq!(
+            result.get("structuredContent"),
+            expected.get("structuredContent"),
+            "{tool}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn stdio_progress_input_and_cancellation_reach_the_task() {
+    let Some(up) = upstreams() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &[
+            "--upstream-command".into(),
+            format!("everything={}", up.everything()),
+        ],
+    );
+    let client = gw.client().await;
+    wait_tools(
+        &client,
+        &[
+            "trigger-long-running-operation",
+            "trigger-elicitation-request",
+        ],
+    )
+    .await;
+
+    // Progress becomes the statusMessage.
+    let task = start_task(
+        &client,
+        "trigger-long-running-operation",
+        json!({ "duration": 2, "steps": 4 }),
+    )
+    .await;
+    let seen = wait_for(&task, "progress", |t| {
+        t.status_message
+            .as_deref()
+            .is_some_and(|m| m.ends_with("/4"))
+    })
+    .await;
+    assert_eq!(seen.status, TaskStatus::Working);
+    let done = wait_for(&task, "long-running", terminal).await;
+    assert_eq!(done.status, TaskStatus::Completed);
+    assert!(text(&done.result.unwrap()).contains("Long running operation completed"));
+
+    // Two elicitations at once: each on a process of its own, each asked of its own task,
+    // with the upstream's schema kept.
+    let first = start_task(&client, "trigger-elicitation-request", json!({})).await;
+    let second = start_task(&client, "trigger-elicitation-request", json!({})).await;
+    for task in [&first, &second] {
+        let waiting = wait_for(task, "input", |t| t.status == TaskStatus::InputRequired).await;
+        let request = &waiting.input_requests["input-1"];
+        assert_eq!(request["method"], "elicitation/create");
+        assert_eq!(
+            request["params"]["requestedSchema"]["required"],
+            json!(["name"])
+        );
+        assert_eq!(request["params"]["mode"], "form");
+    }
+    // An answer that does not fit the requested schema is refused; the task still waits.
+    let bad = first
+        .answer(Map::from_iter([(
+            "input-1".to_owned(),
+            json!({ "action": "accept", "content": { "check": true } }),
+        )]))
+        .await;
+    assert!(
+        bad.is_err(),
+        "an answer without the required `name` is refused: {bad:?}"
+    );
+    first
+        .answer(Map::from_iter([(
+            "input-1".to_owned(),
+            json!({ "action": "accept", "content": { "name": "Ada" } }),
+        )]))
+        .await
+        .unwrap();
+    second
+        .answer(Map::from_iter([(
+            "input-1".to_owned(),
+            json!({ "action": "decline" }),
+        )]))
+        .await
+        .unwrap();
+    let a = wait_for(&first, "first", terminal).await;
+    let b = wait_for(&second, "second", terminal).await;
+    assert!(
+        text(a.result.as_ref().unwrap()).contains("Name: Ada"),
+        "{a:?}"
+    );
+    assert!(
+        text(b.result.as_ref().unwrap()).contains("declined"),
+        "{b:?}"
+    );
+
+    // tasks/cancel stops the call (notifications/cancelled upstream).
+    let long = start_task(
+        &client,
+        "trigger-long-running-operation",
+        json!({ "duration": 60, "steps": 60 }),
+    )
+    .await;
+    wait_for(&long, "started", |t| t.status_message.is_some()).await;
+    long.cancel().await.unwrap();
+    let cancelled = wait_for(&long, "cancel", terminal).await;
+    assert_eq!(cancelled.status, TaskStatus::Cancelled, "{cancelled:?}");
+}
+
+#[tokio::test]
+async fn a_call_without_the_tasks_extension_passes_through() {
+    let Some(up) = upstreams() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &["--upstream-command".into(), up.everything() + " stdio"],
+    );
+    let client = gw.client().await;
+    wait_tools(&client, &["echo"]).await;
+    let response = reqwest::Client::new()
+        .post(&gw.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "echo")
+        .body(
+            json!({
+                "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": { "name": "echo", "arguments": { "message": "direct" }, "_meta": {
+                    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                    "io.modelcontextprotocol/clientCapabilities": {}
+                } }
+            })
+            .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let body: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+    assert_eq!(body["result"]["resultType"], "complete", "{body}");
+    assert_eq!(text(&body["result"]), "Echo: direct");
+}
+
+#[tokio::test]
+async fn http_upstream_of_the_session_era() {
+    let Some(up) = upstreams() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _everything = up.start_everything_http(port);
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &[
+            "--upstream".into(),
+            format!("everything=http://127.0.0.1:{port}/mcp"),
+        ],
+    );
+    let client = gw.client().await;
+    wait_tools(&client, &["echo", "trigger-elicitation-request"]).await;
+    let echo = start_task(&client, "echo", json!({ "message": "over http" })).await;
+    let done = wait_for(&echo, "echo", terminal).await;
+    assert_eq!(text(&done.result.unwrap()), "Echo: over http");
+
+    let task = start_task(
+        &client,
+        "trigger-long-running-operation",
+        json!({ "duration": 2, "steps": 4 }),
+    )
+    .await;
+    wait_for(&task, "progress", |t| {
+        t.status_message
+            .as_deref()
+            .is_some_and(|m| m.ends_with("/4"))
+    })
+    .await;
+    assert_eq!(
+        wait_for(&task, "done", terminal).await.status,
+        TaskStatus::Completed
+    );
+
+    let ask = start_task(&client, "trigger-elicitation-request", json!({})).await;
+    wait_for(&ask, "input", |t| t.status == TaskStatus::InputRequired).await;
+    ask.answer(Map::from_iter([(
+        "input-1".to_owned(),
+        json!({ "action": "accept", "content": { "name": "Grace" } }),
+    )]))
+    .await
+    .unwrap();
+    let done = wait_for(&ask, "answered", terminal).await;
+    assert!(
+        text(done.result.as_ref().unwrap()).contains("Name: Grace"),
+        "{done:?}"
+    );
+}
+
+#[tokio::test]
+async fn python_sdk_upstream_over_http() {
+    let Some(up) = upstreams() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (_py, url) = up.start_python(&dir.path().join("effects"));
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &["--upstream".into(), format!("py={url}")],
+    );
+    let client = gw.client().await;
+    wait_tools(&client, &["slow", "ask", "echo", "fail"]).await;
+
+    // The Python SDK sends progress on the session's standalone stream.
+    let slow = start_task(&client, "slow", json!({ "seconds": 2, "steps": 4 })).await;
+    wait_for(&slow, "progress", |t| {
+        t.status_message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("step "))
+    })
+    .await;
+    let done = wait_for(&slow, "slow", terminal).await;
+    assert_eq!(text(&done.result.unwrap()), "slept 2s in 4 steps");
+
+    let ask = start_task(&client, "ask", json!({ "question": "Who?" })).await;
+    let waiting = wait_for(&ask, "input", |t| t.status == TaskStatus::InputRequired).await;
+    assert_eq!(
+        waiting.input_requests["input-1"]["params"]["message"],
+        "Who?"
+    );
+    ask.answer(Map::from_iter([(
+        "input-1".to_owned(),
+        json!({ "action": "accept", "content": { "name": "Lin" } }),
+    )]))
+    .await
+    .unwrap();
+    assert_eq!(
+        text(&wait_for(&ask, "ask", terminal).await.result.unwrap()),
+        "hello Lin"
+    );
+
+    let echo = start_task(&client, "echo", json!({ "message": "m" })).await;
+    let result = wait_for(&echo, "echo", terminal).await.result.unwrap();
+    assert_eq!(result["structuredContent"], json!({ "result": "m" }));
+
+    let fail = start_task(&client, "fail", json!({})).await;
+    let failed = wait_for(&fail, "fail", terminal).await;
+    assert_eq!(
+        failed.status,
+        TaskStatus::Completed,
+        "a tool error is a result"
+    );
+    assert_eq!(failed.result.unwrap()["isError"], true);
+}
+
+/// Runs of the Python server's `slow` tool recorded in its side-effect file: (starts, ends).
+fn runs(path: &Path) -> (usize, usize) {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    (
+        text.lines().filter(|l| l.starts_with("slow start")).count(),
+        text.lines().filter(|l| l.starts_with("slow end")).count(),
+    )
+}
+
+#[tokio::test]
+async fn kill_9_during_a_call_repeats_an_idempotent_tool_and_fails_another() {
+    let Some(up) = upstreams() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let effects = dir.path().join("effects");
+    let (_py, url) = up.start_python(&effects);
+    let upstream = vec!["--upstream".to_owned(), format!("py={url}")];
+    let store = dir.path().join("gw.redb");
+
+    // Not declared idempotent: after the restart the task fails, saying why.
+    let mut gw = Gateway::start(&store, &upstream);
+    let client = gw.client().await;
+    wait_tools(&client, &["slow"]).await;
+    let task = start_task(&client, "slow", json!({ "seconds": 3, "steps": 3 })).await;
+    let id = task.id().to_owned();
+    wait_for(&task, "started", |t| t.status_message.is_some()).await;
+    gw.proc.kill9();
+    let gw = Gateway::start(&store, &upstream);
+    let client = gw.client().await;
+    let task = client.resume(&id).await.unwrap();
+    let failed = wait_for(&task, "after the restart", terminal).await;
+    assert_eq!(failed.status, TaskStatus::Failed, "{failed:?}");
+    let error = failed.error.unwrap();
+    assert_eq!(error.code, -32603);
+    assert!(
+        error.message.contains("restarted while the call"),
+        "{}",
+        error.message
+    );
+    assert!(
+        error.message.contains("may or may not have taken effect"),
+        "{}",
+        error.message
+    );
+    assert!(failed.status_message.unwrap().contains("restarted"));
+    assert_eq!(runs(&effects).0, 1, "not called again");
+    drop(gw);
+
+    // Declared idempotent: called again from the start, and it completes.
+    let mut with = upstream.clone();
+    with.extend(["--upstream-idempotent".to_owned(), "slow".to_owned()]);
+    let mut gw = Gateway::start(&store, &with);
+    let client = gw.client().await;
+    wait_tools(&client, &["slow"]).await;
+    let task = start_task(&client, "slow", json!({ "seconds": 3, "steps": 3 })).await;
+    let id = task.id().to_owned();
+    wait_for(&task, "started", |t| t.status_message.is_some()).await;
+    gw.proc.kill9();
+    let gw = Gateway::start(&store, &with);
+    let client = gw.client().await;
+    let task = client.resume(&id).await.unwrap();
+    let done = wait_for(&task, "after the restart", terminal).await;
+    assert_eq!(done.status, TaskStatus::Completed, "{done:?}\n{}", gw.log());
+    assert_eq!(runs(&effects).0, 3, "the idempotent call ran twice");
+}
+
+#[tokio::test]
+async fn an_upstream_down_at_start_appears_and_one_killed_mid_call_fails_the_task_by_name() {
+    let Some(up) = upstreams() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &[
+            "--upstream".into(),
+            format!("py=http://127.0.0.1:{port}/mcp"),
+            "--upstream-timeout".into(),
+            "10s".into(),
+        ],
+    );
+    let client = gw.client().await;
+    // Serving with no upstream yet: an empty tool list.
+    let tools = client.request("tools/list", Map::new()).await.unwrap();
+    assert_eq!(tools["tools"], json!([]));
+    let mut py = crate::support::python_upstream_on(&up.dir, port, &dir.path().join("effects"));
+    wait_tools(&client, &["slow"]).await;
+
+    let task = start_task(&client, "slow", json!({ "seconds": 20, "steps": 20 })).await;
+    wait_for(&task, "started", |t| t.status_message.is_some()).await;
+    py.kill9();
+    let failed = wait_for(&task, "upstream killed", terminal).await;
+    assert_eq!(failed.status, TaskStatus::Failed, "{failed:?}");
+    let error = failed.error.unwrap();
+    assert_eq!(error.code, -32603);
+    assert!(error.message.contains("upstream `py`"), "{}", error.message);
+    assert!(
+        !error.message.contains("127.0.0.1"),
+        "no internals: {}",
+        error.message
+    );
+}
+
+#[tokio::test]
+async fn an_upstream_with_tasks_is_followed_across_a_gateway_restart() {
+    let Some(_up) = upstreams() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // The upstream: mcp-tasks itself, 2026-07-28 with the Tasks extension.
+    let upstream_port = free_port();
+    let _upstream = Gateway::start_on(
+        upstream_port,
+        &dir.path().join("upstream.redb"),
+        &["--fixtures".into(), "conformance".into()],
+    );
+    let store = dir.path().join("gw.redb");
+    let args = vec![
+        "--upstream".to_owned(),
+        format!("inner=http://127.0.0.1:{upstream_port}/mcp"),
+    ];
+    let mut gw = Gateway::start(&store, &args);
+    let client = gw.client().await;
+    wait_tools(&client, &["confirm_delete"]).await;
+    let task = start_task(&client, "confirm_delete", json!({ "filename": "a.txt" })).await;
+    let id = task.id().to_owned();
+    let waiting = wait_for(&task, "input", |t| t.status == TaskStatus::InputRequired).await;
+    assert_eq!(
+        waiting.input_requests["confirm"]["method"],
+        "elicitation/create"
+    );
+
+    // The gateway dies while its task waits for the upstream task's input.
+    gw.proc.kill9();
+    let gw = Gateway::start(&store, &args);
+    let client = gw.client().await;
+    let task = client.resume(&id).await.unwrap();
+    let waiting = wait_for(&task, "input after the restart", |t| {
+        t.status == TaskStatus::InputRequired
+    })
+    .await;
+    assert!(
+        waiting.input_requests.contains_key("confirm"),
+        "{waiting:?}"
+    );
+    task.answer(Map::from_iter([(
+        "confirm".to_owned(),
+        json!({ "action": "accept", "content": { "confirm": true } }),
+    )]))
+    .await
+    .unwrap();
+    let done = wait_for(&task, "done", terminal).await;
+    assert_eq!(done.status, TaskStatus::Completed, "{done:?}\n{}", gw.log());
+    assert_eq!(text(done.result.as_ref().unwrap()), "Deleted a.txt.");
+    assert!(
+        gw.log().contains("following the upstream task again"),
+        "{}",
+        gw.log()
+    );
+}
