@@ -153,7 +153,7 @@ impl GatewayArgs {
 
 /// `NAME=REST` when the text before the first `=` is a plausible upstream name (not part of
 /// a URL or command), else the default name and the whole text.
-fn split_name<'a>(spec: &'a str, default: impl FnOnce() -> String) -> (String, &'a str) {
+fn split_name(spec: &str, default: impl FnOnce() -> String) -> (String, &str) {
     if let Some((name, rest)) = spec.split_once('=')
         && !name.is_empty()
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')

@@ -10,6 +10,7 @@
 //! `auth` (feature `http`), per-owner [`quota`]s, the [`clock`], the syntax of durations and sizes
 //! ([`units`]), the [`store`] backends (and the
 //! [`store::TaskStore`] trait for a host's own), the `client` module (feature `client`), the
+//! `gateway` module (feature `gateway`: upstream MCP servers' tools as durable tasks), the
 //! `otel` module (feature `otel`: OpenTelemetry export of the spans), and the
 //! types re-exported here. Everything else is internal and layered bottom-up, each layer
 //! naming only the ones below it (checked by the workspace's `tests/it/layering.rs`):
@@ -21,7 +22,9 @@
 //! - `actor`: task actors, the supervisor, listen subscribers.
 //! - `protocol`: the dispatcher, and the one mapping of internal errors to JSON-RPC errors.
 //! - `runtime`, then `legacy` (the `2025-11-25` adapter) and `era` (the one entry of both
-//!   protocol eras, which every transport calls), then `transport` and `client` on top.
+//!   protocol eras, which every transport calls), then `transport` and `client` on top, and
+//!   `gateway` above `client` (whose SSE reader it shares): a [`tool::ToolSource`] of upstream
+//!   tools that the runtime below knows only through that trait.
 //!
 //! # Features
 //!
@@ -29,6 +32,8 @@
 //! - `http` (default): the Streamable HTTP transport (`transport::http`) and `auth`.
 //! - `jwt`: `auth::JwtVerifier`, OAuth 2.1 access tokens (implies `http`).
 //! - `client`: the `client` module, an MCP client for any Tasks server.
+//! - `gateway`: the `gateway` module, upstream MCP servers (HTTP or stdio) whose tools the
+//!   runtime serves as durable tasks (implies `client`).
 //! - `postgres`: `store::PostgresStore`, replicas sharing one database.
 //! - `otel`: the `otel` module, OpenTelemetry export of the runtime's spans and metrics.
 //! - `failpoints`: crash-test failpoints.

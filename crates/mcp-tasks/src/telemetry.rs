@@ -18,6 +18,9 @@
 //! | `mcp_tasks_recovered_tasks` | gauge | | live tasks rehydrated at the last start |
 //! | `mcp_tasks_subscriptions` | gauge | | open `subscriptions/listen` streams |
 //! | `mcp_tasks_subscription_dropped_total` | counter | | committed snapshots of a followed task a listener never got, a newer one sent instead (latest wins: replaced while the stream was full, or superseded before its follower read it) |
+//! | `mcp_tasks_upstream_calls_total` | counter | `upstream` | calls of an upstream tool through the gateway (feature `gateway`) |
+//! | `mcp_tasks_upstream_errors_total` | counter | `upstream`, `kind` | failed upstream calls and connections: `kind` `unreachable`, `http`, `timeout`, `protocol` or `rpc` (the upstream's own JSON-RPC error) |
+//! | `mcp_tasks_upstream_call_duration_seconds` | histogram | `upstream` | one upstream call, from the request to its answer (waits for the client's input included) |
 //! | `mcp_tasks_refusals_total` | counter | `reason`, `quota` | requests refused before any work: `reason` `401` (no or a bad credential), `403` (a foreign or repeated `Host`/`Origin`, a missing scope, a read-only credential asking for a write), `408` (body too slow), `413` (body too large) on HTTP; `429` for a quota refusal (`-32010`) on any transport, with the quota's name in `quota` |
 
 use std::time::Duration;
@@ -50,6 +53,12 @@ pub const SUBSCRIPTION_DROPPED: &str = "mcp_tasks_subscription_dropped_total";
 
 /// `mcp_tasks_refusals_total`.
 pub const REFUSALS: &str = "mcp_tasks_refusals_total";
+/// `mcp_tasks_upstream_calls_total`.
+pub const UPSTREAM_CALLS: &str = "mcp_tasks_upstream_calls_total";
+/// `mcp_tasks_upstream_errors_total`.
+pub const UPSTREAM_ERRORS: &str = "mcp_tasks_upstream_errors_total";
+/// `mcp_tasks_upstream_call_duration_seconds`.
+pub const UPSTREAM_CALL_DURATION: &str = "mcp_tasks_upstream_call_duration_seconds";
 
 /// Registers the descriptions and units of every series with the installed recorder; call it
 /// once after installing one (exporters show them as `# HELP`).
@@ -88,6 +97,19 @@ pub fn describe() {
     describe_counter!(
         SUBSCRIPTION_DROPPED,
         "Task snapshots replaced by a newer one before a slow listener read them."
+    );
+    describe_counter!(
+        UPSTREAM_CALLS,
+        "Calls of upstream tools through the gateway, by upstream."
+    );
+    describe_counter!(
+        UPSTREAM_ERRORS,
+        "Failed upstream calls and connections, by upstream and kind."
+    );
+    describe_histogram!(
+        UPSTREAM_CALL_DURATION,
+        Unit::Seconds,
+        "Duration of one upstream call through the gateway, by upstream."
     );
 }
 

@@ -288,6 +288,53 @@ async fn stdio_upstream_lists_and_answers_like_a_direct_call() {
             assert_eq!(ours.get(field), tool.get(field), "{name}.{field}");
         }
     }
+    // The gateway's own wire, against the official schemas.
+    use crate::wire_golden::{Doc, assert_valid};
+    let list = client.request("tools/list", Map::new()).await.unwrap();
+    assert_valid(
+        Doc::Core,
+        "ListToolsResult",
+        &list,
+        "the gateway's tools/list",
+    );
+    let call = json!({ "name": "echo", "arguments": { "message": "wire" } });
+    let created = client
+        .request("tools/call", call.as_object().unwrap().clone())
+        .await
+        .unwrap();
+    assert_valid(
+        Doc::Tasks,
+        "CreateTaskResult",
+        &created,
+        "the gateway's CreateTaskResult",
+    );
+    let id = created["taskId"].as_str().unwrap();
+    let get = json!({ "taskId": id });
+    let deadline = Instant::now() + WAIT;
+    let got = loop {
+        let got = client
+            .request("tasks/get", get.as_object().unwrap().clone())
+            .await
+            .unwrap();
+        if got["status"] == "completed" {
+            break got;
+        }
+        assert!(Instant::now() < deadline, "{got}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_valid(
+        Doc::Tasks,
+        "GetTaskResult",
+        &got,
+        "the gateway's GetTaskResult",
+    );
+    assert_valid(
+        Doc::Core,
+        "CallToolResult",
+        &got["result"],
+        "the upstream's result",
+    );
+
     for (tool, args) in [
         ("echo", json!({ "message": "hello" })),
         ("get-sum", json!({ "a": 2, "b": 40 })),

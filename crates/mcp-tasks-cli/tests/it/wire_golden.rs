@@ -91,7 +91,7 @@ const ALL_GOLDENS: &[&str] = &[
 
 /// Which schema file a definition comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Doc {
+pub(crate) enum Doc {
     /// `core-2026-07-28.schema.json`
     Core,
     /// `tasks-ext.schema.json`
@@ -167,7 +167,7 @@ fn schema_errors(doc: Doc, def: &str, instance: &Value) -> Vec<String> {
 }
 
 #[track_caller]
-fn assert_valid(doc: Doc, def: &str, instance: &Value, what: &str) {
+pub(crate) fn assert_valid(doc: Doc, def: &str, instance: &Value, what: &str) {
     let errors = schema_errors(doc, def, instance);
     assert!(
         errors.is_empty(),

@@ -6,9 +6,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use base64::Engine as _;
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::{BoxStream, Stream, StreamExt};
-use hyper::body::Bytes;
 use reqwest::StatusCode;
 use reqwest::header::{self, HeaderValue};
 use serde_json::Value;

@@ -78,8 +78,8 @@ pub enum UpstreamError {
         code: i64,
         /// The error's message.
         message: String,
-        /// The error's data.
-        data: Option<Value>,
+        /// The error's data (boxed: it is rare, and large).
+        data: Option<Box<Value>>,
     },
 }
 
@@ -112,7 +112,7 @@ impl UpstreamError {
         match self {
             Self::Rpc { code, data, .. } => {
                 let mut e = RpcError::new(*code, self.to_string());
-                e.data = data.clone();
+                e.data = data.as_deref().cloned();
                 e
             }
             _ => RpcError::internal(self.to_string()),

@@ -631,7 +631,7 @@ impl HttpLink {
                             .and_then(Value::as_str)
                             .unwrap_or("the upstream task failed")
                             .to_owned(),
-                        data: error.get("data").cloned(),
+                        data: error.get("data").cloned().map(Box::new),
                     }
                     .into());
                 }

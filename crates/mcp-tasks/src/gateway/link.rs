@@ -145,7 +145,7 @@ pub(crate) fn decode(upstream: &str, response: Value) -> Result<Value, UpstreamE
                 .and_then(Value::as_str)
                 .unwrap_or("(no message)")
                 .to_owned(),
-            data: error.get("data").cloned(),
+            data: error.get("data").cloned().map(Box::new),
         });
     }
     match response.get("result") {

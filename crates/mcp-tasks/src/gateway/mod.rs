@@ -62,12 +62,7 @@ use crate::tool::{Tool, ToolDescriptor, ToolSet, ToolSource};
 use tool::GatewayTool;
 use upstream::UpstreamState;
 
-/// `mcp_tasks_upstream_calls_total`.
-pub const UPSTREAM_CALLS: &str = "mcp_tasks_upstream_calls_total";
-/// `mcp_tasks_upstream_errors_total`.
-pub const UPSTREAM_ERRORS: &str = "mcp_tasks_upstream_errors_total";
-/// `mcp_tasks_upstream_call_duration_seconds`.
-pub const UPSTREAM_CALL_DURATION: &str = "mcp_tasks_upstream_call_duration_seconds";
+use crate::telemetry::{UPSTREAM_CALL_DURATION, UPSTREAM_CALLS, UPSTREAM_ERRORS};
 
 /// Upstream MCP servers whose tools the runtime serves as durable tasks; see the
 /// [module docs](self). Register it with `RuntimeBuilder::tool_source`.

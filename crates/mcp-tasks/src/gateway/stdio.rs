@@ -139,7 +139,7 @@ impl StdioLink {
                 Err(e) => tracing::warn!(upstream = %name, error = %e, "upstream process lost"),
             }
         });
-        let init = link.request_with(|id| link::initialize_request(id)).await?;
+        let init = link.request_with(link::initialize_request).await?;
         let version = init
             .get("protocolVersion")
             .and_then(Value::as_str)
@@ -438,10 +438,10 @@ impl StdioPool {
                 .await
                 .map_err(|_| self.first.gone())?;
             // While this call waited for a permit, a process may have become idle.
-            if let Some((link, _)) = lock(&self.idle).pop() {
-                if !*link.closed.borrow() {
-                    return Ok((link, permit));
-                }
+            if let Some((link, _)) = lock(&self.idle).pop()
+                && !*link.closed.borrow()
+            {
+                return Ok((link, permit));
             }
             tracing::info!(upstream = %self.config.name, "every upstream process is busy; starting another");
             let link = StdioLink::connect(
