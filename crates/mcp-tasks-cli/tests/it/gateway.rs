@@ -443,6 +443,34 @@ async fn stdio_progress_input_and_cancellation_reach_the_task() {
         "{b:?}"
     );
 
+    // A sampling request is relayed the same way.
+    let sample = start_task(
+        &client,
+        "trigger-sampling-request",
+        json!({ "prompt": "Say hi", "maxTokens": 20 }),
+    )
+    .await;
+    let waiting = wait_for(&sample, "sampling", |t| {
+        t.status == TaskStatus::InputRequired
+    })
+    .await;
+    assert_eq!(
+        waiting.input_requests["input-1"]["method"],
+        "sampling/createMessage"
+    );
+    sample
+        .answer(Map::from_iter([(
+            "input-1".to_owned(),
+            json!({ "role": "assistant", "content": { "type": "text", "text": "hi there" }, "model": "test-model", "stopReason": "endTurn" }),
+        )]))
+        .await
+        .unwrap();
+    let sampled = wait_for(&sample, "sampled", terminal).await;
+    assert!(
+        text(sampled.result.as_ref().unwrap()).contains("hi there"),
+        "{sampled:?}"
+    );
+
     // tasks/cancel stops the call (notifications/cancelled upstream).
     let long = start_task(
         &client,
@@ -750,5 +778,60 @@ async fn an_upstream_with_tasks_is_followed_across_a_gateway_restart() {
         gw.log().contains("following the upstream task again"),
         "{}",
         gw.log()
+    );
+}
+
+#[tokio::test]
+async fn a_call_waiting_for_input_at_a_crash_fails_and_a_silent_upstream_times_out() {
+    let Some(up) = upstreams() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (_py, url) = up.start_python(&dir.path().join("effects"));
+    let args = vec![
+        "--upstream".to_owned(),
+        format!("py={url}"),
+        "--upstream-timeout".to_owned(),
+        "1s".to_owned(),
+    ];
+    let store = dir.path().join("gw.redb");
+    let mut gw = Gateway::start(&store, &args);
+    let client = gw.client().await;
+    wait_tools(&client, &["ask", "slow"]).await;
+
+    // Waiting for the client's input does not count against the timeout...
+    let ask = start_task(&client, "ask", json!({})).await;
+    wait_for(&ask, "input", |t| t.status == TaskStatus::InputRequired).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(ask.get().await.unwrap().status, TaskStatus::InputRequired);
+    // ...and a crash while it waits follows the rule of a call in flight: `ask` is not
+    // declared idempotent, so it fails.
+    let id = ask.id().to_owned();
+    gw.proc.kill9();
+    let gw = Gateway::start(&store, &args);
+    let client = gw.client().await;
+    let ask = client.resume(&id).await.unwrap();
+    let failed = wait_for(&ask, "after the restart", terminal).await;
+    assert_eq!(failed.status, TaskStatus::Failed, "{failed:?}");
+    assert!(
+        failed
+            .error
+            .unwrap()
+            .message
+            .contains("restarted while the call")
+    );
+
+    // An upstream silent for longer than --upstream-timeout (one step of 3 s, no progress
+    // before it ends) fails the task, naming the upstream.
+    wait_tools(&client, &["slow"]).await;
+    let slow = start_task(&client, "slow", json!({ "seconds": 3, "steps": 1 })).await;
+    let failed = wait_for(&slow, "timeout", terminal).await;
+    assert_eq!(failed.status, TaskStatus::Failed, "{failed:?}");
+    let error = failed.error.unwrap();
+    assert_eq!(error.code, -32603);
+    assert!(
+        error
+            .message
+            .contains("upstream `py` did not answer within 1 s"),
+        "{}",
+        error.message
     );
 }

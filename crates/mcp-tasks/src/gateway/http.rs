@@ -83,8 +83,11 @@ impl HttpLink {
                 headers.append(n, v);
             }
         }
+        // The upstream's timeout is a bound on its silence, not on a call's length: a read
+        // that waits longer fails (a call's stream is also watched by `link::drive`).
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10).min(config.timeout))
+            .read_timeout(config.timeout)
             .user_agent(concat!("mcp-tasks-gateway/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| UpstreamError::Unreachable {
@@ -126,6 +129,12 @@ impl HttpLink {
     }
 
     fn unreachable(&self, e: &reqwest::Error) -> UpstreamError {
+        if e.is_timeout() && !e.is_connect() {
+            return UpstreamError::Timeout {
+                upstream: self.upstream.clone(),
+                seconds: self.timeout.as_secs_f64(),
+            };
+        }
         let mut reason = if e.is_connect() {
             "the connection failed".to_owned()
         } else if e.is_timeout() {
@@ -211,8 +220,7 @@ impl HttpLink {
             .post(&self.url)
             .headers(self.headers.clone())
             .header(header::CONTENT_TYPE, "application/json")
-            .header(header::ACCEPT, "application/json, text/event-stream")
-            .timeout(self.timeout);
+            .header(header::ACCEPT, "application/json, text/event-stream");
         let session = lock(&self.session).clone();
         match &self.era {
             Era::Stateless { .. } => {
@@ -261,11 +269,21 @@ impl HttpLink {
             .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
         if status.is_success() && is_sse {
             let url = self.upstream.clone();
+            let seconds = self.timeout.as_secs_f64();
             let chunks = response.bytes_stream().map(move |r| {
-                r.map_err(|e| crate::client::ClientError::Io {
-                    url: url.clone(),
-                    reason: format!("the event stream broke: {e}"),
-                    source: None,
+                r.map_err(|e| {
+                    if e.is_timeout() {
+                        crate::client::ClientError::Timeout {
+                            url: url.clone(),
+                            seconds,
+                        }
+                    } else {
+                        crate::client::ClientError::Io {
+                            url: url.clone(),
+                            reason: "the event stream broke".into(),
+                            source: None,
+                        }
+                    }
                 })
             });
             return Ok((
@@ -329,10 +347,7 @@ impl HttpLink {
             Reply1::Message(m) => Ok(m),
             Reply1::Stream(mut s) => {
                 while let Some(m) = s.next().await {
-                    let m = m.map_err(|e| UpstreamError::Unreachable {
-                        upstream: self.upstream.clone(),
-                        reason: e.to_string(),
-                    })?;
+                    let m = m.map_err(|e| stream_error(&self.upstream, self.timeout, e))?;
                     if m.get("id") == Some(id) && m.get("method").is_none() {
                         return Ok(m);
                     }
@@ -498,11 +513,20 @@ impl HttpLink {
             Reply1::Stream(mut stream) => {
                 let key = json!(id);
                 let me = self.upstream.clone();
+                let timeout = self.timeout;
                 let refresh = self.refresh.clone();
                 tokio::spawn(async move {
                     let mut tx = Some(tx);
                     while let Some(m) = stream.next().await {
-                        let Ok(m) = m else { break };
+                        let m = match m {
+                            Ok(m) => m,
+                            Err(e) => {
+                                if let Some(tx) = tx.take() {
+                                    let _ = tx.send(Err(stream_error(&me, timeout, e)));
+                                }
+                                break;
+                            }
+                        };
                         if m.get("id") == Some(&key) && m.get("method").is_none() {
                             if let Some(tx) = tx.take() {
                                 let _ = tx.send(Ok(m));
@@ -686,6 +710,21 @@ impl HttpLink {
                 }
             }
         }
+    }
+}
+
+/// An upstream error for a broken event stream: silence past the timeout, or a lost
+/// connection.
+fn stream_error(upstream: &str, timeout: Duration, e: crate::client::ClientError) -> UpstreamError {
+    match e {
+        crate::client::ClientError::Timeout { .. } => UpstreamError::Timeout {
+            upstream: upstream.to_owned(),
+            seconds: timeout.as_secs_f64(),
+        },
+        _ => UpstreamError::Unreachable {
+            upstream: upstream.to_owned(),
+            reason: "the response stream broke".into(),
+        },
     }
 }
 
