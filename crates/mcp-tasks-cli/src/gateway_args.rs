@@ -24,7 +24,11 @@ pub(crate) struct GatewayArgs {
     /// An upstream MCP server on stdio, `[NAME=]COMMAND ARGS…` split like a shell would
     /// (repeatable): spawned by the gateway, restarted with backoff when it exits, its stderr
     /// in the log.
-    #[arg(long = "upstream-command", value_name = "[NAME=]COMMAND")]
+    #[arg(
+        long = "upstream-command",
+        env = "MCP_TASKS_UPSTREAM_COMMAND",
+        value_name = "[NAME=]COMMAND"
+    )]
     pub(crate) command: Vec<String>,
     /// A header sent to an HTTP upstream, `[UPSTREAM=]NAME: VALUE` (repeatable; the upstream
     /// may be left out when there is one). A VALUE of `env:VAR` is read from the environment
@@ -35,6 +39,16 @@ pub(crate) struct GatewayArgs {
         value_name = "[UPSTREAM=]NAME: VALUE"
     )]
     pub(crate) headers: Vec<String>,
+    /// An environment variable of every stdio upstream, `NAME=VALUE`, or `NAME` to pass the
+    /// gateway's own (repeatable). Besides these a stdio upstream gets only HOME, LOGNAME,
+    /// PATH, SHELL, TERM, USER, LANG, LC_ALL, TMPDIR and TZ from the gateway's environment.
+    #[arg(
+        long = "upstream-env",
+        env = "MCP_TASKS_UPSTREAM_ENV",
+        value_delimiter = ',',
+        value_name = "NAME[=VALUE]"
+    )]
+    pub(crate) env: Vec<String>,
     /// How long to wait for an upstream that says nothing (no response, progress or
     /// request); a call that waits longer fails. Time a task waits for its client's input
     /// does not count.
@@ -140,6 +154,26 @@ impl GatewayArgs {
             };
             let u = upstreams.remove(index);
             upstreams.insert(index, u.idempotent(tool));
+        }
+        for spec in &self.env {
+            let (name, value) = match spec.split_once('=') {
+                Some((n, v)) => (n.trim(), v.to_owned()),
+                None => (
+                    spec.trim(),
+                    env(spec.trim()).ok_or_else(|| {
+                        format!(
+                            "--upstream-env {spec}: the gateway has no such environment variable"
+                        )
+                    })?,
+                ),
+            };
+            if name.is_empty() {
+                return Err(format!("--upstream-env {spec}: no variable name"));
+            }
+            upstreams = upstreams
+                .into_iter()
+                .map(|u| u.env(name, value.clone()))
+                .collect();
         }
         Ok(upstreams
             .into_iter()

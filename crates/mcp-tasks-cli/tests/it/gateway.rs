@@ -85,6 +85,10 @@ impl Gateway {
     }
 
     fn start_on(port: u16, store: &Path, args: &[String]) -> Self {
+        Self::start_with_env(port, store, args, &[])
+    }
+
+    fn start_with_env(port: u16, store: &Path, args: &[String], env: &[(&str, &str)]) -> Self {
         let log = store.with_extension(format!("{port}.log"));
         let out = std::fs::OpenOptions::new()
             .create(true)
@@ -96,6 +100,7 @@ impl Gateway {
             .arg(store)
             .args(["--no-admin-socket", "--no-quotas"])
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(out)
             .spawn()
@@ -520,6 +525,33 @@ async fn a_call_without_the_tasks_extension_passes_through() {
 }
 
 #[tokio::test]
+async fn a_stdio_upstream_gets_its_own_environment_not_the_gateways() {
+    let Some(up) = upstreams() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start_with_env(
+        free_port(),
+        &dir.path().join("gw.redb"),
+        &[
+            "--upstream-command".into(),
+            up.everything() + " stdio",
+            "--upstream-env".into(),
+            "GIVEN=to-the-upstream".into(),
+        ],
+        &[("GATEWAY_SECRET", "s3cret")],
+    );
+    let client = gw.client().await;
+    wait_tools(&client, &["get-env"]).await;
+    let task = start_task(&client, "get-env", json!({})).await;
+    let env = text(&wait_for(&task, "get-env", terminal).await.result.unwrap());
+    assert!(env.contains("to-the-upstream"), "{env}");
+    assert!(env.contains("\"PATH\""), "{env}");
+    assert!(
+        !env.contains("s3cret"),
+        "the gateway's environment leaked: {env}"
+    );
+}
+
+#[tokio::test]
 async fn http_upstream_of_the_session_era() {
     let Some(up) = upstreams() else { return };
     let dir = tempfile::tempdir().unwrap();
@@ -751,6 +783,12 @@ async fn an_upstream_with_tasks_is_followed_across_a_gateway_restart() {
         waiting.input_requests["confirm"]["method"],
         "elicitation/create"
     );
+    // The upstream task's statusMessage is the gateway task's.
+    assert_eq!(
+        waiting.status_message.as_deref(),
+        Some("Waiting for confirmation."),
+        "{waiting:?}"
+    );
 
     // The gateway dies while its task waits for the upstream task's input.
     gw.proc.kill9();
@@ -797,11 +835,31 @@ async fn a_call_waiting_for_input_at_a_crash_fails_and_a_silent_upstream_times_o
     let client = gw.client().await;
     wait_tools(&client, &["ask", "slow"]).await;
 
-    // Waiting for the client's input does not count against the timeout...
+    // Waiting for the client's input does not count against the timeout (the call's stream
+    // is silent meanwhile)...
     let ask = start_task(&client, "ask", json!({})).await;
     wait_for(&ask, "input", |t| t.status == TaskStatus::InputRequired).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(ask.get().await.unwrap().status, TaskStatus::InputRequired);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    ask.answer(Map::from_iter([(
+        "input-1".to_owned(),
+        json!({ "action": "accept", "content": { "name": "Late" } }),
+    )]))
+    .await
+    .unwrap();
+    let late = wait_for(&ask, "a late answer", terminal).await;
+    assert_eq!(
+        text(late.result.as_ref().unwrap()),
+        "hello Late",
+        "{late:?}"
+    );
+    // ...nor does a call whose progress comes on the session's other stream (the Python SDK's
+    // way) while its own stays silent for longer than the timeout.
+    let slow = start_task(&client, "slow", json!({ "seconds": 3, "steps": 6 })).await;
+    let done = wait_for(&slow, "slow with progress", terminal).await;
+    assert_eq!(done.status, TaskStatus::Completed, "{done:?}");
+
+    let ask = start_task(&client, "ask", json!({})).await;
+    wait_for(&ask, "input", |t| t.status == TaskStatus::InputRequired).await;
     // ...and a crash while it waits follows the rule of a call in flight: `ask` is not
     // declared idempotent, so it fails.
     let id = ask.id().to_owned();

@@ -124,7 +124,10 @@ impl Upstream {
         self
     }
 
-    /// An environment variable of a stdio upstream's process (never logged).
+    /// An environment variable of a stdio upstream's process (never logged). Its process
+    /// gets these and, from the gateway's environment, only `HOME`, `LOGNAME`, `PATH`,
+    /// `SHELL`, `TERM`, `USER`, `LANG`, `LC_ALL`, `TMPDIR` and `TZ`: never the rest (a
+    /// credential the gateway reads for another upstream stays with it).
     pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.env.push((name.into(), value.into()));
         self

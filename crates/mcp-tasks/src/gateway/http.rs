@@ -44,7 +44,12 @@ enum Era {
 pub(crate) struct HttpLink {
     upstream: String,
     url: String,
+    /// For every request but a session-era call: a read waiting longer than the timeout fails.
     client: reqwest::Client,
+    /// For a session-era call's POST: its stream is silent while the task waits for its
+    /// client's input, or when the server sends the call's progress on the standalone stream;
+    /// `link::drive` watches the call's silence instead.
+    call_client: reqwest::Client,
     headers: HeaderMap,
     timeout: Duration,
     era: Era,
@@ -85,19 +90,25 @@ impl HttpLink {
         }
         // The upstream's timeout is a bound on its silence, not on a call's length: a read
         // that waits longer fails (a call's stream is also watched by `link::drive`).
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10).min(config.timeout))
-            .read_timeout(config.timeout)
-            .user_agent(concat!("mcp-tasks-gateway/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| UpstreamError::Unreachable {
+        let build = |read_timeout: Option<Duration>| {
+            let mut builder = reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(10).min(config.timeout))
+                .user_agent(concat!("mcp-tasks-gateway/", env!("CARGO_PKG_VERSION")));
+            if let Some(t) = read_timeout {
+                builder = builder.read_timeout(t);
+            }
+            builder.build().map_err(|e| UpstreamError::Unreachable {
                 upstream: config.name.clone(),
                 reason: format!("cannot set up an HTTP client: {e}"),
-            })?;
+            })
+        };
+        let client = build(Some(config.timeout))?;
+        let call_client = build(None)?;
         let mut link = Self {
             upstream: config.name.clone(),
             url: url.to_owned(),
             client,
+            call_client,
             headers,
             timeout: config.timeout,
             era: Era::Stateless { tasks: false },
@@ -215,8 +226,19 @@ impl HttpLink {
         message: &Value,
         version: Option<&str>,
     ) -> Result<(Reply1, Option<String>), UpstreamError> {
-        let mut request = self
-            .client
+        self.post_via(&self.client, self.timeout, message, version)
+            .await
+    }
+
+    /// One POST with `client`, its event stream failing after `idle` without a byte.
+    async fn post_via(
+        &self,
+        client: &reqwest::Client,
+        idle: Duration,
+        message: &Value,
+        version: Option<&str>,
+    ) -> Result<(Reply1, Option<String>), UpstreamError> {
+        let mut request = client
             .post(&self.url)
             .headers(self.headers.clone())
             .header(header::CONTENT_TYPE, "application/json")
@@ -287,11 +309,7 @@ impl HttpLink {
                 })
             });
             return Ok((
-                Reply1::Stream(SseStream::new(
-                    chunks.boxed(),
-                    self.timeout,
-                    self.upstream.clone(),
-                )),
+                Reply1::Stream(SseStream::new(chunks.boxed(), idle, self.upstream.clone())),
                 set_session,
             ));
         }
@@ -497,7 +515,9 @@ impl HttpLink {
         let (id, reply) = loop {
             let id = self.id();
             let message = link::call_request(id, spec.name, spec.arguments.clone());
-            let reply = self.post(&message, None).await?;
+            let reply = self
+                .post_via(&self.call_client, UNBOUNDED_IDLE, &message, None)
+                .await?;
             if matches!(reply.0, Reply1::SessionGone) && attempt == 0 {
                 attempt += 1;
                 self.initialize().await?;
@@ -628,12 +648,22 @@ impl HttpLink {
     async fn follow(&self, task_id: &str, hooks: &dyn link::Hooks) -> Result<Value, CallError> {
         let mut answered = std::collections::BTreeSet::new();
         let mut cancel_sent = false;
+        let mut last_message: Option<String> = None;
         loop {
             let mut params = Map::new();
             params.insert("taskId".into(), json!(task_id));
-            let task = self
-                .stateless_request("tasks/get", params.clone(), true)
-                .await?;
+            let task = self.task_get(&params).await?;
+            // The upstream task's statusMessage is the gateway task's.
+            if let Some(message) = task.get("statusMessage").and_then(Value::as_str)
+                && last_message.as_deref() != Some(message)
+                && !matches!(
+                    task.get("status").and_then(Value::as_str),
+                    Some("completed" | "failed" | "cancelled")
+                )
+            {
+                hooks.progress(0.0, None, Some(message)).await?;
+                last_message = Some(message.to_owned());
+            }
             let status = task
                 .get("status")
                 .and_then(Value::as_str)
@@ -740,6 +770,35 @@ impl Drop for Forget<'_> {
     }
 }
 
+impl HttpLink {
+    /// `tasks/get` of a followed upstream task. The task lives on upstream whatever happens
+    /// here, so an unreachable upstream is asked again (backing off up to 10 s) until it has
+    /// been unreachable for longer than its timeout.
+    async fn task_get(&self, params: &Map<String, Value>) -> Result<Value, UpstreamError> {
+        let since = tokio::time::Instant::now();
+        let mut delay = Duration::from_millis(250);
+        loop {
+            match self
+                .stateless_request("tasks/get", params.clone(), true)
+                .await
+            {
+                Err(e @ (UpstreamError::Unreachable { .. } | UpstreamError::Http { .. }))
+                    if since.elapsed() < self.timeout =>
+                {
+                    tracing::warn!(upstream = %self.upstream, error = %e, "cannot read the upstream task; asking again");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(10));
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+/// The idle bound of a session-era call's stream: none to speak of (`link::drive` bounds the
+/// call's silence, pausing while the task waits for input).
+const UNBOUNDED_IDLE: Duration = Duration::from_secs(30 * 24 * 3600);
+
 /// Most MRTR rounds of one call.
 const MAX_ROUNDS: usize = 16;
 
@@ -790,8 +849,9 @@ async fn listen(link: std::sync::Weak<HttpLink>) {
         let Era::Session { version } = &me.era else {
             return;
         };
+        // Without a read timeout: the stream is silent whenever the server has nothing to say.
         let mut request = me
-            .client
+            .call_client
             .get(&me.url)
             .headers(me.headers.clone())
             .header(header::ACCEPT, "text/event-stream")

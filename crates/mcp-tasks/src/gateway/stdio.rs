@@ -27,6 +27,12 @@ use super::error::UpstreamError;
 use super::link::{self, CallError, CallSpec, Inbound, Link, Reply};
 use crate::wire::error::RpcError;
 
+/// The variables of the gateway's environment a stdio upstream gets (besides its own,
+/// `Upstream::env`): what a program needs to run, never the credentials the gateway holds.
+pub(crate) const INHERITED: &[&str] = &[
+    "HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG", "LC_ALL", "TMPDIR", "TZ",
+];
+
 /// Most processes of one stdio upstream at once.
 pub(crate) const MAX_PROCESSES: usize = 32;
 /// How long a process beyond the first may stay idle before it is stopped.
@@ -67,6 +73,12 @@ impl StdioLink {
         };
         let mut child = tokio::process::Command::new(program)
             .args(args)
+            .env_clear()
+            .envs(
+                INHERITED
+                    .iter()
+                    .filter_map(|k| std::env::var_os(k).map(|v| (k, v))),
+            )
             .envs(config.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -56,6 +56,12 @@ async fn run(
     ctx: ToolContext,
     arguments: Map<String, Value>,
 ) -> Result<CallToolResult, ToolError> {
+    let name = upstream.name().to_owned();
+    // Connected first: a crash while the upstream is still unreachable has called nothing.
+    let link = upstream.connected().await.map_err(|e| {
+        count_error(&name, e.kind());
+        ToolError::Rpc(e.to_rpc())
+    })?;
     if ctx.task_id().is_some() {
         let started_before = ctx.recorded(CALL_STEP).is_some();
         let following = ctx.recorded(TASK_STEP).is_some();
@@ -78,11 +84,6 @@ async fn run(
             .await?;
         }
     }
-    let name = upstream.name().to_owned();
-    let link = upstream.connected().await.map_err(|e| {
-        count_error(&name, e.kind());
-        ToolError::Rpc(e.to_rpc())
-    })?;
     let hooks = ContextHooks {
         ctx: &ctx,
         inputs: AtomicU32::new(0),
