@@ -922,6 +922,8 @@ async fn serve_http(
             return ExitCode::FAILURE;
         }
     };
+    // Before the router answers: see `reload_on_hangup`.
+    let reload = reload_on_hangup(tokens);
     let _ = router_tx.send(Some(http::router(runtime.handle(), config)));
     tracing::info!("listening on http://{addr}/mcp");
 
@@ -930,7 +932,7 @@ async fn serve_http(
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
     };
-    let reloader = tokio::spawn(reload_on_hangup(tokens));
+    let reloader = tokio::spawn(reload);
     let served = until_signal(&runtime, serving, stop_tx).await;
     reloader.abort();
     let halted = runtime.halted();
@@ -1185,13 +1187,24 @@ async fn configure_auth(
     Ok(tokens)
 }
 
-/// Reloads the token file on every SIGHUP (runs until aborted).
-async fn reload_on_hangup(tokens: Option<Arc<auth::StaticTokens>>) {
+/// Reloads the token file on every SIGHUP (the returned future runs until aborted). The
+/// handler is installed when this is called, not when the future first runs: called before
+/// the server answers, so that a SIGHUP sent as soon as it answers reloads instead of ending
+/// the process (the signal's default action).
+fn reload_on_hangup(
+    tokens: Option<Arc<auth::StaticTokens>>,
+) -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    if let Some(tokens) = tokens {
+    let hangups = tokens.map(|tokens| {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::hangup()) {
-            Ok(mut hup) => {
+        (tokens, signal(SignalKind::hangup()))
+    });
+    #[cfg(not(unix))]
+    let _ = tokens;
+    async move {
+        #[cfg(unix)]
+        match hangups {
+            Some((tokens, Ok(mut hup))) => {
                 while hup.recv().await.is_some() {
                     match tokens.reload().await {
                         Ok(n) => tracing::info!(tokens = n, "SIGHUP: bearer tokens reloaded"),
@@ -1201,14 +1214,13 @@ async fn reload_on_hangup(tokens: Option<Arc<auth::StaticTokens>>) {
                     }
                 }
             }
-            Err(e) => {
+            Some((_, Err(e))) => {
                 tracing::warn!(error = %e, "cannot listen for SIGHUP: tokens will not be reloaded")
             }
+            None => {}
         }
+        std::future::pending::<()>().await;
     }
-    #[cfg(not(unix))]
-    let _ = tokens;
-    std::future::pending::<()>().await;
 }
 
 #[cfg(test)]

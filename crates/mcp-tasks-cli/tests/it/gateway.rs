@@ -893,3 +893,48 @@ async fn a_call_waiting_for_input_at_a_crash_fails_and_a_silent_upstream_times_o
         error.message
     );
 }
+
+#[tokio::test]
+async fn a_legacy_client_reaches_the_upstream_through_the_dual_era_endpoint() {
+    let Some(up) = upstreams() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &["--upstream-command".into(), up.everything() + " stdio"],
+    );
+    wait_tools(&gw.client().await, &["echo"]).await;
+    let mut legacy = crate::support::legacy::Client::new(&gw.url);
+    legacy.initialize(json!({})).await;
+    let tools = legacy.result(1, "tools/list", json!({})).await;
+    let echo = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "echo")
+        .expect("echo listed in the session");
+    assert_eq!(echo["execution"]["taskSupport"], "optional");
+    // Synchronously, then as a 2025-11-25 task read with tasks/result.
+    let result = legacy
+        .result(
+            2,
+            "tools/call",
+            json!({ "name": "echo", "arguments": { "message": "old" } }),
+        )
+        .await;
+    assert_eq!(text(&result), "Echo: old");
+    let created = legacy
+        .result(
+            3,
+            "tools/call",
+            json!({ "name": "get-sum", "arguments": { "a": 1, "b": 2 }, "task": {} }),
+        )
+        .await;
+    let id = created["task"]["taskId"]
+        .as_str()
+        .expect("a task")
+        .to_owned();
+    let done = legacy
+        .result(4, "tasks/result", json!({ "taskId": id }))
+        .await;
+    assert_eq!(text(&done), "The sum of 1 and 2 is 3.");
+}

@@ -186,3 +186,64 @@ impl ToolSource for Gateway {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(upstreams: Vec<Upstream>) -> String {
+        Gateway::start(upstreams).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn bad_configurations_are_refused_before_anything_starts() {
+        assert_eq!(refused(vec![]), "a gateway needs at least one upstream");
+        let same = || Upstream::http("a", "http://127.0.0.1:1/mcp");
+        assert!(refused(vec![same(), same()]).contains("have the same name"));
+        for name in ["", "has_underscore", "sp ace", &"x".repeat(65)] {
+            let e = refused(vec![Upstream::http(name, "http://127.0.0.1:1/mcp")]);
+            assert!(
+                e.contains("an upstream name is 1 to 64 characters"),
+                "{name}: {e}"
+            );
+        }
+        assert!(refused(vec![Upstream::http("a", "ftp://x/mcp")]).contains("scheme is `ftp`"));
+        assert!(refused(vec![Upstream::http("a", "not a url")]).contains("does not parse"));
+        assert!(
+            refused(vec![Upstream::command("a", " ", Vec::<String>::new())])
+                .contains("command is empty")
+        );
+        let bad_header = Upstream::http("a", "http://x/mcp").header("Bad Name", "v");
+        assert!(refused(vec![bad_header]).contains("not an HTTP header name"));
+        let bad_value = Upstream::http("a", "http://x/mcp").header("X-Key", "line\nbreak");
+        let e = refused(vec![bad_value]);
+        assert!(
+            e.contains("cannot carry") && !e.contains("line"),
+            "the value is not quoted: {e}"
+        );
+        let zero = Upstream::http("a", "http://x/mcp").timeout(std::time::Duration::ZERO);
+        assert!(refused(vec![zero]).contains("timeout must be above 0"));
+    }
+
+    #[tokio::test]
+    async fn several_upstreams_prefix_their_tools_and_recover_by_prefix() {
+        let gateway = Gateway::start(vec![
+            Upstream::http("a", "http://127.0.0.1:1/mcp"),
+            Upstream::http("b-2", "http://127.0.0.1:1/mcp").idempotent("b-2_x"),
+        ])
+        .unwrap();
+        assert_eq!(gateway.upstreams(), ["a", "b-2"]);
+        // Nothing listed (both are down), but a stored task of either still has a tool.
+        assert!(gateway.current().is_empty());
+        let tool = gateway.recover("b-2_x").expect("b-2's tool");
+        assert_eq!(tool.descriptor().name, "b-2_x");
+        assert!(
+            gateway.upstreams[1].idempotent("x"),
+            "named with its prefix"
+        );
+        assert!(!gateway.upstreams[0].idempotent("x"));
+        assert!(gateway.recover("c_x").is_none(), "no upstream c");
+        assert_eq!(gateway.upstreams[0].remote("a_tool"), Some("tool"));
+        gateway.stop();
+    }
+}
