@@ -938,3 +938,72 @@ async fn a_legacy_client_reaches_the_upstream_through_the_dual_era_endpoint() {
         .await;
     assert_eq!(text(&done), "The sum of 1 and 2 is 3.");
 }
+
+#[tokio::test]
+async fn an_upstream_with_2025_tasks_runs_the_call_as_its_task() {
+    let Some(up) = upstreams() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("gw.redb");
+    let args = vec!["--upstream-command".to_owned(), up.everything() + " stdio"];
+    let mut gw = Gateway::start(&store, &args);
+    let client = gw.client().await;
+    wait_tools(&client, &["simulate-research-query"]).await;
+
+    // server-everything requires a task-augmented call for this tool (2025-11-25 experimental
+    // tasks): its statusMessage is copied, its elicitation (queued on tasks/result) asked.
+    let task = start_task(
+        &client,
+        "simulate-research-query",
+        json!({ "topic": "rust", "ambiguous": true }),
+    )
+    .await;
+    wait_for(&task, "a stage", |t| {
+        t.status_message
+            .as_deref()
+            .is_some_and(|m| m.ends_with("..."))
+    })
+    .await;
+    let waiting = wait_for(&task, "input", |t| t.status == TaskStatus::InputRequired).await;
+    assert_eq!(
+        waiting.input_requests["input-1"]["params"]["requestedSchema"]["required"],
+        json!(["interpretation"])
+    );
+    task.answer(Map::from_iter([(
+        "input-1".to_owned(),
+        json!({ "action": "accept", "content": { "interpretation": "historical" } }),
+    )]))
+    .await
+    .unwrap();
+    let done = wait_for(&task, "report", terminal).await;
+    assert_eq!(done.status, TaskStatus::Completed, "{done:?}");
+    assert!(text(done.result.as_ref().unwrap()).contains("# Research Report: rust (historical)"));
+    assert!(
+        gw.log().contains("the upstream runs the call as its task"),
+        "{}",
+        gw.log()
+    );
+
+    // A restart while it waits: the recorded upstream task is asked for again, not called
+    // twice. This upstream kept it in the memory of the process that went with the gateway,
+    // so it is gone, and the task fails with the upstream's answer.
+    let task = start_task(
+        &client,
+        "simulate-research-query",
+        json!({ "topic": "go", "ambiguous": true }),
+    )
+    .await;
+    let id = task.id().to_owned();
+    wait_for(&task, "input", |t| t.status == TaskStatus::InputRequired).await;
+    gw.proc.kill9();
+    let gw = Gateway::start(&store, &args);
+    let client = gw.client().await;
+    let task = client.resume(&id).await.unwrap();
+    let ended = wait_for(&task, "after the restart", terminal).await;
+    assert_eq!(ended.status, TaskStatus::Failed, "{ended:?}");
+    assert!(ended.error.unwrap().message.contains("upstream `upstream`"));
+    assert!(
+        gw.log().contains("following the upstream task again"),
+        "{}",
+        gw.log()
+    );
+}

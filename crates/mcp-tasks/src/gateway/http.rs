@@ -36,8 +36,9 @@ const MAX_BODY: usize = 64 * 1024 * 1024;
 enum Era {
     /// `2026-07-28`: stateless; whether it has the Tasks extension.
     Stateless { tasks: bool },
-    /// `2025-11-25` (or the revision `initialize` settled on) with a session.
-    Session { version: String },
+    /// `2025-11-25` (or the revision `initialize` settled on) with a session; whether it runs
+    /// tool calls as tasks.
+    Session { version: String, tasks: bool },
 }
 
 /// A connection to an HTTP upstream.
@@ -122,9 +123,10 @@ impl HttpLink {
             None => {
                 link.era = Era::Session {
                     version: link::SESSION_VERSION.into(),
+                    tasks: false,
                 };
-                let version = link.initialize().await?;
-                link.era = Era::Session { version };
+                let (version, tasks) = link.initialize().await?;
+                link.era = Era::Session { version, tasks };
             }
         }
         let link = Arc::new(link);
@@ -196,8 +198,9 @@ impl HttpLink {
         }))
     }
 
-    /// `initialize` and `notifications/initialized`; returns the negotiated revision.
-    async fn initialize(&self) -> Result<String, UpstreamError> {
+    /// `initialize` and `notifications/initialized`; returns the negotiated revision and
+    /// whether the server runs tool calls as tasks.
+    async fn initialize(&self) -> Result<(String, bool), UpstreamError> {
         *lock(&self.session) = None;
         let message = link::initialize_request(self.id());
         let reply = self.post(&message, None).await?;
@@ -217,7 +220,7 @@ impl HttpLink {
             .to_owned();
         let initialized = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
         self.post(&initialized, Some(&version)).await?;
-        Ok(version)
+        Ok((version, link::runs_tools_as_tasks(&result)))
     }
 
     /// One POST: the reply and the session id the server set, if any.
@@ -258,7 +261,7 @@ impl HttpLink {
                     }
                 }
             }
-            Era::Session { version: v } => {
+            Era::Session { version: v, .. } => {
                 if let Some(v) = version.or(session.as_ref().map(|_| v.as_str())) {
                     request = request.header("MCP-Protocol-Version", v);
                 }
@@ -509,12 +512,21 @@ impl HttpLink {
         }
     }
 
-    /// A session-era call: its POST's stream pumped into the call's events.
-    async fn session_call(&self, spec: CallSpec<'_>) -> Result<Value, CallError> {
+    /// A session-era request driven to its response (`link::drive`): its POST's stream
+    /// pumped into the request's events.
+    async fn session_drive(
+        &self,
+        method: &str,
+        params: Value,
+        hooks: &dyn link::Hooks,
+        timeout: Duration,
+    ) -> Result<Value, CallError> {
         let mut attempt = 0;
         let (id, reply) = loop {
             let id = self.id();
-            let message = link::call_request(id, spec.name, spec.arguments.clone());
+            let mut params = params.clone();
+            params["_meta"] = json!({ "progressToken": id });
+            let message = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
             let reply = self
                 .post_via(&self.call_client, UNBOUNDED_IDLE, &message, None)
                 .await?;
@@ -568,23 +580,16 @@ impl HttpLink {
                 let _ = tx.send(response);
             }
         }
-        link::drive(
-            &self.upstream,
-            self,
-            id,
-            rx,
-            events,
-            spec.hooks,
-            self.timeout,
-        )
-        .await
+        link::drive(&self.upstream, self, id, rx, events, hooks, timeout).await
     }
 
     /// A stateless call: core MRTR rounds, or the upstream's own task followed to its end.
     async fn stateless_call(&self, spec: CallSpec<'_>, tasks: bool) -> Result<Value, CallError> {
         let hooks = spec.hooks;
         let as_task = tasks && hooks.is_task();
-        if as_task && let Some(task_id) = hooks.upstream_task() {
+        if hooks.is_task()
+            && let Some(task_id) = hooks.upstream_task()
+        {
             tracing::info!(upstream = %self.upstream, task = %task_id, "following the upstream task again");
             return self.follow(&task_id, hooks).await;
         }
@@ -846,7 +851,7 @@ async fn listen(link: std::sync::Weak<HttpLink>) {
     loop {
         let Some(me) = link.upgrade() else { return };
         let session = lock(&me.session).clone();
-        let Era::Session { version } = &me.era else {
+        let Era::Session { version, .. } = &me.era else {
             return;
         };
         // Without a read timeout: the stream is silent whenever the server has nothing to say.
@@ -901,6 +906,39 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+impl link::SessionDriver for HttpLink {
+    fn drive<'a>(
+        &'a self,
+        method: &'a str,
+        params: Value,
+        hooks: &'a dyn link::Hooks,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Value, CallError>> {
+        Box::pin(self.session_drive(method, params, hooks, timeout))
+    }
+
+    fn request<'a>(
+        &'a self,
+        method: &'a str,
+        params: Value,
+    ) -> BoxFuture<'a, Result<Value, UpstreamError>> {
+        let params = params.as_object().cloned().unwrap_or_default();
+        Box::pin(HttpLink::request(self, method, params))
+    }
+
+    fn upstream(&self) -> &str {
+        &self.upstream
+    }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn has_tasks(&self) -> bool {
+        matches!(self.era, Era::Session { tasks: true, .. })
+    }
+}
+
 impl Reply for HttpLink {
     fn send(&self, message: Value) -> BoxFuture<'_, Result<(), UpstreamError>> {
         Box::pin(async move {
@@ -941,7 +979,7 @@ impl Link for HttpLink {
         Box::pin(async move {
             match self.era {
                 Era::Stateless { tasks } => self.stateless_call(spec, tasks).await,
-                Era::Session { .. } => self.session_call(spec).await,
+                Era::Session { .. } => link::session_call(self, spec).await,
             }
         })
     }

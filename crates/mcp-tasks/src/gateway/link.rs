@@ -69,6 +69,9 @@ pub(crate) struct CallSpec<'a> {
     pub(crate) name: &'a str,
     pub(crate) arguments: Map<String, Value>,
     pub(crate) hooks: &'a dyn Hooks,
+    /// The tool's `execution.taskSupport` as the upstream listed it (`2025-11-25`:
+    /// `forbidden`, `optional`, `required`), if it did.
+    pub(crate) task_support: Option<String>,
 }
 
 /// A connection to one upstream.
@@ -119,16 +122,6 @@ impl Inbound {
 pub(crate) trait Reply: Send + Sync {
     /// Sends one JSON-RPC message (a response or a notification) to the upstream.
     fn send(&self, message: Value) -> BoxFuture<'_, Result<(), UpstreamError>>;
-}
-
-/// The JSON-RPC `tools/call` request of a session-era call, with its id as progress token.
-pub(crate) fn call_request(id: u64, name: &str, arguments: Map<String, Value>) -> Value {
-    json!({
-        "jsonrpc": "2.0",
-        "id": id,
-        "method": "tools/call",
-        "params": { "name": name, "arguments": arguments, "_meta": { "progressToken": id } }
-    })
 }
 
 /// The result of a JSON-RPC response message, or its error as [`UpstreamError::Rpc`].
@@ -314,3 +307,156 @@ pub(crate) fn tools_page(result: &Value) -> (Vec<Value>, Option<String>) {
 
 /// Most pages of `tools/list` read from one upstream (a loop guard).
 pub(crate) const MAX_PAGES: usize = 100;
+
+/// A session-era (`2025-11-25`) connection, as [`session_call`] uses it.
+pub(crate) trait SessionDriver: Reply {
+    /// Sends request `method` (with `_meta.progressToken`) and drives it to its response.
+    fn drive<'a>(
+        &'a self,
+        method: &'a str,
+        params: Value,
+        hooks: &'a dyn Hooks,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Value, CallError>>;
+    /// A plain request and its result.
+    fn request<'a>(
+        &'a self,
+        method: &'a str,
+        params: Value,
+    ) -> BoxFuture<'a, Result<Value, UpstreamError>>;
+    /// The upstream's name.
+    fn upstream(&self) -> &str;
+    /// Its silence bound.
+    fn timeout(&self) -> Duration;
+    /// Whether it runs `tools/call` as a task (its `initialize` said so).
+    fn has_tasks(&self) -> bool;
+}
+
+/// Whether an `initialize` result declares the `2025-11-25` experimental tasks for
+/// `tools/call` (`capabilities.tasks.requests.tools.call`).
+pub(crate) fn runs_tools_as_tasks(initialize: &Value) -> bool {
+    initialize
+        .pointer("/capabilities/tasks/requests/tools/call")
+        .is_some_and(Value::is_object)
+}
+
+/// The silence bound of `tasks/result`: none to speak of (the task runs upstream, durably or
+/// not, as long as it takes; a lost connection still ends the wait).
+const TASK_RESULT_IDLE: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// A call of a session-era upstream: a plain `tools/call`, or — when the call runs in a task,
+/// the upstream runs tool calls as tasks and the tool allows it — a task-augmented one
+/// (`2025-11-25` experimental tasks): the upstream's task id recorded in the journal, then
+/// `tasks/result` (which carries the task's input requests) until its result, its
+/// `statusMessage` copied from `tasks/get` meanwhile, `tasks/cancel` on cancellation. A run
+/// that finds the task id recorded asks `tasks/result` again instead of calling twice.
+pub(crate) async fn session_call(
+    driver: &dyn SessionDriver,
+    spec: CallSpec<'_>,
+) -> Result<Value, CallError> {
+    let hooks = spec.hooks;
+    let support = spec.task_support.as_deref();
+    // A recorded upstream task is followed whatever the listing says now (after a restart
+    // the tools may not be listed yet).
+    let as_task = hooks.is_task()
+        && (hooks.upstream_task().is_some()
+            || driver.has_tasks() && matches!(support, Some("optional" | "required")));
+    if !as_task {
+        let params = json!({ "name": spec.name, "arguments": spec.arguments });
+        return driver
+            .drive("tools/call", params, hooks, driver.timeout())
+            .await;
+    }
+    let task_id = match hooks.upstream_task() {
+        Some(id) => {
+            tracing::info!(upstream = driver.upstream(), task = %id, "following the upstream task again");
+            id
+        }
+        None => {
+            let params = json!({ "name": spec.name, "arguments": spec.arguments, "task": {} });
+            let created = driver
+                .drive("tools/call", params, hooks, driver.timeout())
+                .await?;
+            let id = created
+                .pointer("/task/taskId")
+                .and_then(Value::as_str)
+                .ok_or_else(|| UpstreamError::Protocol {
+                    upstream: driver.upstream().to_owned(),
+                    reason: "a task-augmented call answered without a task".into(),
+                })?
+                .to_owned();
+            hooks.remember_task(&id).await?;
+            tracing::info!(upstream = driver.upstream(), task = %id, "the upstream runs the call as its task");
+            id
+        }
+    };
+    let result = driver.drive(
+        "tasks/result",
+        json!({ "taskId": task_id }),
+        hooks,
+        TASK_RESULT_IDLE,
+    );
+    let status = copy_status(driver, &task_id, hooks);
+    let outcome = tokio::select! {
+        r = result => r,
+        () = status => unreachable_status(),
+    };
+    match outcome {
+        Err(CallError::Tool(ToolError::Cancelled)) => {
+            if let Err(e) = driver
+                .request("tasks/cancel", json!({ "taskId": task_id }))
+                .await
+            {
+                tracing::debug!(error = %e, "tasks/cancel upstream failed");
+            }
+            Err(CallError::Tool(ToolError::Cancelled))
+        }
+        Ok(mut result) => {
+            if let Some(r) = result.as_object_mut() {
+                r.remove("_meta");
+            }
+            Ok(result)
+        }
+        other => other,
+    }
+}
+
+/// The status copier never ends; this marks the branch that cannot be taken.
+fn unreachable_status() -> Result<Value, CallError> {
+    Err(CallError::Tool(ToolError::runtime(
+        "the status follower ended",
+    )))
+}
+
+/// Copies the upstream task's `statusMessage` to ours, polling `tasks/get` at the task's
+/// `pollInterval` (at least every 250 ms, at most every 30 s); never returns.
+async fn copy_status(driver: &dyn SessionDriver, task_id: &str, hooks: &dyn Hooks) {
+    let mut last: Option<String> = None;
+    loop {
+        let mut interval = Duration::from_secs(1);
+        match driver
+            .request("tasks/get", json!({ "taskId": task_id }))
+            .await
+        {
+            Ok(task) => {
+                let task = task.get("task").unwrap_or(&task).clone();
+                if let Some(ms) = task.get("pollInterval").and_then(Value::as_u64) {
+                    interval = Duration::from_millis(ms.clamp(250, 30_000));
+                }
+                let working = matches!(
+                    task.get("status").and_then(Value::as_str),
+                    Some("working" | "input_required")
+                );
+                if let Some(message) = task.get("statusMessage").and_then(Value::as_str)
+                    && working
+                    && last.as_deref() != Some(message)
+                {
+                    let _ = hooks.progress(0.0, None, Some(message)).await;
+                    last = Some(message.to_owned());
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "tasks/get upstream failed"),
+        }
+        tokio::time::sleep(interval).await;
+    }
+}

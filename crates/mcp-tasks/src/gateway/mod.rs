@@ -12,9 +12,10 @@
 //! `elicitation/create` (and `sampling/createMessage`, `roots/list`) becomes the task's
 //! `input_required` with that request, and the client's `tasks/update` answer (checked
 //! against the request) is the upstream's response; `tasks/cancel` is sent upstream as
-//! `notifications/cancelled`. An upstream with the Tasks extension (`2026-07-28`) runs the
-//! call as its own task: the gateway records the upstream's task id in the task's journal and
-//! follows it (after a restart too, without calling again).
+//! `notifications/cancelled`. An upstream with Tasks (the `2026-07-28` extension, or the
+//! `2025-11-25` experimental tasks for a tool that allows them) runs the call as its own
+//! task: the gateway records the upstream's task id in the task's journal and follows it
+//! (after a restart too, without calling again).
 //!
 //! **An upstream call cannot be resumed.** When the gateway stops (a crash, `kill -9`, a
 //! deploy, a replica taking the task over) while a call is in flight or waits for input, the

@@ -54,6 +54,8 @@ pub(crate) struct StdioLink {
     next_id: AtomicU64,
     closed: watch::Receiver<bool>,
     refresh: Arc<Notify>,
+    /// Whether the server can run `tools/call` as a task (`2025-11-25` experimental tasks).
+    tasks: std::sync::atomic::AtomicBool,
     /// Dropped with the link: the process is then stopped.
     _kill: oneshot::Sender<()>,
 }
@@ -104,6 +106,7 @@ impl StdioLink {
             next_id: AtomicU64::new(1),
             closed,
             refresh,
+            tasks: std::sync::atomic::AtomicBool::new(false),
             _kill: kill,
         });
         tokio::spawn(async move {
@@ -157,6 +160,8 @@ impl StdioLink {
             .and_then(Value::as_str)
             .unwrap_or_default();
         tracing::info!(upstream = %link.upstream, protocol = version, server = %init.get("serverInfo").cloned().unwrap_or_default(), "upstream initialized");
+        link.tasks
+            .store(link::runs_tools_as_tasks(&init), Ordering::Relaxed);
         link.send_line(&json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }))?;
         Ok(link)
     }
@@ -261,24 +266,25 @@ impl StdioLink {
         }
     }
 
-    async fn call_inner(&self, spec: CallSpec<'_>) -> Result<Value, CallError> {
+    /// Sends the request `method` (its `_meta.progressToken` the request's id) and drives it
+    /// to its response (see `link::drive`).
+    async fn drive_request(
+        &self,
+        method: &str,
+        mut params: Value,
+        hooks: &dyn link::Hooks,
+        timeout: Duration,
+    ) -> Result<Value, CallError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         let (events_tx, events) = mpsc::unbounded_channel();
         lock(&self.pending).insert(id, tx);
         lock(&self.calls).insert(id, events_tx);
         let _forget = Forget { link: self, id };
-        self.send_line(&link::call_request(id, spec.name, spec.arguments))?;
-        link::drive(
-            &self.upstream,
-            self,
-            id,
-            rx,
-            events,
-            spec.hooks,
-            self.timeout,
-        )
-        .await
+        params["_meta"] = json!({ "progressToken": id });
+        let message = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+        self.send_line(&message)?;
+        link::drive(&self.upstream, self, id, rx, events, hooks, timeout).await
     }
 }
 
@@ -340,6 +346,40 @@ async fn read_loop(link: Weak<StdioLink>, stdout: tokio::process::ChildStdout) {
     }
 }
 
+impl link::SessionDriver for StdioLink {
+    fn drive<'a>(
+        &'a self,
+        method: &'a str,
+        params: Value,
+        hooks: &'a dyn link::Hooks,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Value, CallError>> {
+        Box::pin(self.drive_request(method, params, hooks, timeout))
+    }
+
+    fn request<'a>(
+        &'a self,
+        method: &'a str,
+        params: Value,
+    ) -> BoxFuture<'a, Result<Value, UpstreamError>> {
+        Box::pin(self.request_with(
+            move |id| json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }),
+        ))
+    }
+
+    fn upstream(&self) -> &str {
+        &self.upstream
+    }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn has_tasks(&self) -> bool {
+        self.tasks.load(Ordering::Relaxed)
+    }
+}
+
 impl Reply for StdioLink {
     fn send(&self, message: Value) -> BoxFuture<'_, Result<(), UpstreamError>> {
         Box::pin(async move { self.send_line(&message) })
@@ -373,7 +413,7 @@ impl Link for StdioLink {
     }
 
     fn call<'a>(&'a self, spec: CallSpec<'a>) -> BoxFuture<'a, Result<Value, CallError>> {
-        Box::pin(self.call_inner(spec))
+        Box::pin(link::session_call(self, spec))
     }
 
     fn closed(&self) -> BoxFuture<'_, ()> {
@@ -494,7 +534,7 @@ impl Link for StdioPool {
     fn call<'a>(&'a self, spec: CallSpec<'a>) -> BoxFuture<'a, Result<Value, CallError>> {
         Box::pin(async move {
             let (link, permit) = self.take().await?;
-            let outcome = link.call_inner(spec).await;
+            let outcome = link::session_call(&*link, spec).await;
             drop(permit);
             self.give_back(link);
             outcome

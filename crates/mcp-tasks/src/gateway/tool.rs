@@ -95,6 +95,7 @@ async fn run(
             name: &remote,
             arguments,
             hooks: &hooks,
+            task_support: upstream.task_support(&remote),
         })
         .await;
     metrics::histogram!(super::UPSTREAM_CALL_DURATION, "upstream" => name.clone())

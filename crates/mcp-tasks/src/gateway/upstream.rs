@@ -90,6 +90,17 @@ impl UpstreamState {
         }
     }
 
+    /// The `execution.taskSupport` the upstream listed for its tool `remote`, if any.
+    pub(crate) fn task_support(&self, remote: &str) -> Option<String> {
+        let listed = self.listed.lock().unwrap_or_else(|e| e.into_inner());
+        listed
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some(remote))
+            .and_then(|t| t.pointer("/execution/taskSupport"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    }
+
     /// The current connection, waiting for one up to the upstream's timeout.
     pub(crate) async fn connected(&self) -> Result<Arc<dyn Link>, UpstreamError> {
         let mut rx = self.link.subscribe();
@@ -176,7 +187,8 @@ impl UpstreamState {
 }
 
 /// The gateway's descriptor of an upstream tool: its title, description, schemas and
-/// annotations as listed; a task when the client declares the Tasks extension.
+/// annotations as listed; a task when the client declares the Tasks extension, and only then
+/// when the upstream requires a task-augmented call (`execution.taskSupport: "required"`).
 pub(crate) fn descriptor(exposed: &str, tool: &Value) -> ToolDescriptor {
     let text = |k: &str| tool.get(k).and_then(Value::as_str).map(str::to_owned);
     let input_schema = match tool.get("inputSchema") {
@@ -190,7 +202,13 @@ pub(crate) fn descriptor(exposed: &str, tool: &Value) -> ToolDescriptor {
         input_schema,
         output_schema: tool.get("outputSchema").filter(|s| s.is_object()).cloned(),
         annotations: tool.get("annotations").filter(|a| a.is_object()).cloned(),
-        task_policy: TaskPolicy::WhenSupported,
+        task_policy: match tool
+            .pointer("/execution/taskSupport")
+            .and_then(Value::as_str)
+        {
+            Some("required") => TaskPolicy::Always,
+            _ => TaskPolicy::WhenSupported,
+        },
         ttl_ms: None,
         initial_status_message: None,
     }
