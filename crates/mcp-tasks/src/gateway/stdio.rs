@@ -240,9 +240,8 @@ impl StdioLink {
         }
         let refusal = {
             let calls = lock(&self.calls);
-            match calls.len() {
-                1 => {
-                    let call = calls.values().next().expect("one call");
+            match (calls.len(), calls.values().next()) {
+                (1, Some(call)) => {
                     let event = Inbound::Request {
                         id: id.clone(),
                         method: method.to_owned(),
@@ -252,8 +251,8 @@ impl StdioLink {
                         .err()
                         .map(|_| "the call it belongs to has ended".to_owned())
                 }
-                0 => Some("no call is in flight".to_owned()),
-                n => Some(format!(
+                (0, _) | (_, None) => Some("no call is in flight".to_owned()),
+                (n, _) => Some(format!(
                     "{n} calls are in flight and stdio does not say which one it is about"
                 )),
             }

@@ -105,16 +105,17 @@ impl UpstreamState {
     pub(crate) async fn connected(&self) -> Result<Arc<dyn Link>, UpstreamError> {
         let mut rx = self.link.subscribe();
         let wait = rx.wait_for(Option::is_some);
-        match tokio::time::timeout(self.config.timeout, wait).await {
-            Ok(Ok(link)) => Ok(link.clone().expect("waited for a connection")),
-            _ => Err(UpstreamError::Unreachable {
-                upstream: self.config.name.clone(),
-                reason: format!(
-                    "not connected within {} s (the gateway keeps trying in the background)",
-                    self.config.timeout.as_secs_f64()
-                ),
-            }),
-        }
+        let found = match tokio::time::timeout(self.config.timeout, wait).await {
+            Ok(Ok(link)) => link.clone(),
+            _ => None,
+        };
+        found.ok_or_else(|| UpstreamError::Unreachable {
+            upstream: self.config.name.clone(),
+            reason: format!(
+                "not connected within {} s (the gateway keeps trying in the background)",
+                self.config.timeout.as_secs_f64()
+            ),
+        })
     }
 
     async fn connect(&self) -> Result<Arc<dyn Link>, UpstreamError> {
