@@ -1007,3 +1007,38 @@ async fn an_upstream_with_2025_tasks_runs_the_call_as_its_task() {
         gw.log()
     );
 }
+
+#[tokio::test]
+async fn an_idempotent_hint_counts_only_when_annotations_are_trusted() {
+    let Some(up) = upstreams() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // `trigger-long-running-operation` says `idempotentHint: true`.
+    for (trusted, expected) in [(false, TaskStatus::Failed), (true, TaskStatus::Completed)] {
+        let store = dir.path().join(format!("gw-{trusted}.redb"));
+        let mut args = vec!["--upstream-command".to_owned(), up.everything() + " stdio"];
+        if trusted {
+            args.push("--trust-upstream-annotations".to_owned());
+        }
+        let mut gw = Gateway::start(&store, &args);
+        let client = gw.client().await;
+        wait_tools(&client, &["trigger-long-running-operation"]).await;
+        let task = start_task(
+            &client,
+            "trigger-long-running-operation",
+            json!({ "duration": 2, "steps": 4 }),
+        )
+        .await;
+        let id = task.id().to_owned();
+        wait_for(&task, "started", |t| t.status_message.is_some()).await;
+        gw.proc.kill9();
+        let gw = Gateway::start(&store, &args);
+        let task = gw.client().await.resume(&id).await.unwrap();
+        let ended = wait_for(&task, "after the restart", terminal).await;
+        assert_eq!(
+            ended.status,
+            expected,
+            "trusted: {trusted}: {ended:?}\n{}",
+            gw.log()
+        );
+    }
+}

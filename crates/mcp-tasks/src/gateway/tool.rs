@@ -57,32 +57,31 @@ async fn run(
     arguments: Map<String, Value>,
 ) -> Result<CallToolResult, ToolError> {
     let name = upstream.name().to_owned();
-    // Connected first: a crash while the upstream is still unreachable has called nothing.
+    let in_task = ctx.task_id().is_some();
+    let started_before = in_task && ctx.recorded(CALL_STEP).is_some();
+    let interrupted = started_before && ctx.recorded(TASK_STEP).is_none();
+    // Whether the tool may run twice is known from the configuration alone, unless the
+    // upstream's annotations count: those are known once it is connected (and listed).
+    let known_now = !upstream.config.trust_annotations;
+    if interrupted && known_now {
+        repeat_or_fail(&upstream, &remote, &exposed)?;
+    }
+    // Connected before the call is marked: a stop while the upstream is still unreachable has
+    // called nothing.
     let link = upstream.connected().await.map_err(|e| {
         count_error(&name, e.kind());
         ToolError::Rpc(e.to_rpc())
     })?;
-    if ctx.task_id().is_some() {
-        let started_before = ctx.recorded(CALL_STEP).is_some();
-        let following = ctx.recorded(TASK_STEP).is_some();
-        if started_before && !following {
-            if !upstream.idempotent(&remote) {
-                tracing::warn!(tool = %exposed, "the upstream call was in flight when the gateway stopped; the task fails");
-                return Err(ToolError::Rpc(RpcError::internal(format!(
-                    "The gateway restarted while the call of `{exposed}` on upstream `{}` was in flight; it may or may not have taken effect upstream, and it was not repeated because the tool is not declared idempotent.",
-                    upstream.name()
-                ))));
-            }
-            tracing::info!(tool = %exposed, "the upstream call was in flight when the gateway stopped; calling the idempotent tool again");
-        }
-        if !started_before {
-            let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
-            ctx.step(
-                CALL_STEP,
-                || async move { Ok(json!({ "startedAtMs": now })) },
-            )
-            .await?;
-        }
+    if interrupted && !known_now {
+        repeat_or_fail(&upstream, &remote, &exposed)?;
+    }
+    if in_task && !started_before {
+        let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
+        ctx.step(
+            CALL_STEP,
+            || async move { Ok(json!({ "startedAtMs": now })) },
+        )
+        .await?;
     }
     let hooks = ContextHooks {
         ctx: &ctx,
@@ -109,6 +108,20 @@ async fn run(
             Err(ToolError::Rpc(e.to_rpc()))
         }
     }
+}
+
+/// The crash rule for a call an earlier run started and did not finish: `Ok` to call again
+/// (the tool is declared idempotent), else the error the task fails with.
+fn repeat_or_fail(upstream: &UpstreamState, remote: &str, exposed: &str) -> Result<(), ToolError> {
+    if upstream.idempotent(remote) {
+        tracing::info!(tool = %exposed, "the upstream call was in flight when the gateway stopped; calling the idempotent tool again");
+        return Ok(());
+    }
+    tracing::warn!(tool = %exposed, "the upstream call was in flight when the gateway stopped; the task fails");
+    Err(ToolError::Rpc(RpcError::internal(format!(
+        "The gateway restarted while the call of `{exposed}` on upstream `{}` was in flight; it may or may not have taken effect upstream, and it was not repeated because the tool is not declared idempotent.",
+        upstream.name()
+    ))))
 }
 
 fn count_error(upstream: &str, kind: &'static str) {

@@ -151,7 +151,6 @@ impl UpstreamState {
                     continue;
                 }
             };
-            self.link.send_replace(Some(link.clone()));
             let up_since = tokio::time::Instant::now();
             loop {
                 match link.list_tools().await {
@@ -159,6 +158,11 @@ impl UpstreamState {
                         tracing::info!(upstream = %self.config.name, tools = tools.len(), "upstream tools listed");
                         *self.listed.lock().unwrap_or_else(|e| e.into_inner()) = tools;
                         changed();
+                        // Calls go through a connection once its tools are known (their
+                        // annotations and task support).
+                        if self.link.borrow().is_none() {
+                            self.link.send_replace(Some(link.clone()));
+                        }
                     }
                     Err(e) => {
                         // A connection that cannot list its tools is of no use: a new one.
