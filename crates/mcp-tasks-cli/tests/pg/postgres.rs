@@ -156,6 +156,12 @@ async fn bad_urls_and_node_ids_are_clear_errors() {
     opts.node_id = Some("no spaces".into());
     let e = PostgresStore::open(&pg.url, opts).await.unwrap_err();
     assert!(e.to_string().contains("invalid node id"), "{e}");
+    // A search_path naming a schema that does not exist says how to fix it.
+    let url = format!("{}?options=-c%20search_path%3Dno_such_schema_x", pg.url);
+    let mut opts = pg.options("a", Duration::from_secs(5));
+    opts.schema = None;
+    let e = PostgresStore::open(&url, opts).await.unwrap_err();
+    assert!(e.to_string().contains("CREATE SCHEMA"), "{e}");
     pg.drop().await;
 }
 

@@ -1623,8 +1623,14 @@ async fn migrate(pool: &Pool, label: &str) -> Result<u64, StoreError> {
     )
     .await
     .map_err(|e| {
+        // A `search_path` (in the URL's `options`) naming no schema that exists.
+        let hint = if e.code() == Some(&tokio_postgres::error::SqlState::INVALID_SCHEMA_NAME) {
+            "; the connection's search_path names no existing schema: create it (CREATE SCHEMA name) or name one that exists"
+        } else {
+            ""
+        };
         err(format!(
-            "preparing the migrations failed: {}",
+            "preparing the migrations failed: {}{hint}",
             pg_detail(&e)
         ))
     })?;
