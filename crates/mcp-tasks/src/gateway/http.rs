@@ -679,20 +679,7 @@ impl HttpLink {
                 }
                 "failed" => {
                     let error = task.get("error").cloned().unwrap_or_default();
-                    return Err(UpstreamError::Rpc {
-                        upstream: self.upstream.clone(),
-                        code: error
-                            .get("code")
-                            .and_then(Value::as_i64)
-                            .unwrap_or(crate::wire::error::code::INTERNAL_ERROR),
-                        message: error
-                            .get("message")
-                            .and_then(Value::as_str)
-                            .unwrap_or("the upstream task failed")
-                            .to_owned(),
-                        data: error.get("data").cloned().map(Box::new),
-                    }
-                    .into());
+                    return Err(link::rpc_error(&self.upstream, &error).into());
                 }
                 "cancelled" => return Err(CallError::Tool(ToolError::Cancelled)),
                 "input_required" if !cancel_sent => {
@@ -955,24 +942,7 @@ impl Reply for HttpLink {
 
 impl Link for HttpLink {
     fn list_tools(&self) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>> {
-        Box::pin(async move {
-            let mut tools = Vec::new();
-            let mut cursor: Option<String> = None;
-            for _ in 0..link::MAX_PAGES {
-                let mut params = Map::new();
-                if let Some(c) = &cursor {
-                    params.insert("cursor".into(), json!(c));
-                }
-                let result = self.request("tools/list", params).await?;
-                let (page, next) = link::tools_page(&result);
-                tools.extend(page);
-                match next {
-                    Some(c) => cursor = Some(c),
-                    None => break,
-                }
-            }
-            Ok(tools)
-        })
+        Box::pin(link::list_all(|params| self.request("tools/list", params)))
     }
 
     fn call<'a>(&'a self, spec: CallSpec<'a>) -> BoxFuture<'a, Result<Value, CallError>> {

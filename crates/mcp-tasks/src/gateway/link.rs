@@ -124,22 +124,28 @@ pub(crate) trait Reply: Send + Sync {
     fn send(&self, message: Value) -> BoxFuture<'_, Result<(), UpstreamError>>;
 }
 
+/// A JSON-RPC error object of the upstream (a response's, or a failed task's) as
+/// [`UpstreamError::Rpc`].
+pub(crate) fn rpc_error(upstream: &str, error: &Value) -> UpstreamError {
+    UpstreamError::Rpc {
+        upstream: upstream.to_owned(),
+        code: error
+            .get("code")
+            .and_then(Value::as_i64)
+            .unwrap_or(crate::wire::error::code::INTERNAL_ERROR),
+        message: error
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("(no message)")
+            .to_owned(),
+        data: error.get("data").cloned().map(Box::new),
+    }
+}
+
 /// The result of a JSON-RPC response message, or its error as [`UpstreamError::Rpc`].
 pub(crate) fn decode(upstream: &str, response: Value) -> Result<Value, UpstreamError> {
     if let Some(error) = response.get("error") {
-        return Err(UpstreamError::Rpc {
-            upstream: upstream.to_owned(),
-            code: error
-                .get("code")
-                .and_then(Value::as_i64)
-                .unwrap_or(crate::wire::error::code::INTERNAL_ERROR),
-            message: error
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("(no message)")
-                .to_owned(),
-            data: error.get("data").cloned().map(Box::new),
-        });
+        return Err(rpc_error(upstream, error));
     }
     match response.get("result") {
         Some(r @ Value::Object(_)) => Ok(r.clone()),
@@ -291,22 +297,29 @@ pub(crate) fn initialize_request(id: u64) -> Value {
     })
 }
 
-/// Reads the tools of a `tools/list` result and its next cursor.
-pub(crate) fn tools_page(result: &Value) -> (Vec<Value>, Option<String>) {
-    let tools = result
-        .get("tools")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let cursor = result
-        .get("nextCursor")
-        .and_then(Value::as_str)
-        .map(str::to_owned);
-    (tools, cursor)
-}
-
 /// Most pages of `tools/list` read from one upstream (a loop guard).
-pub(crate) const MAX_PAGES: usize = 100;
+const MAX_PAGES: usize = 100;
+
+/// Every page of `tools/list`, each asked with `page(params)` (`{}`, then `{"cursor": …}`).
+pub(crate) async fn list_all<F, Fut>(page: F) -> Result<Vec<Value>, UpstreamError>
+where
+    F: Fn(Map<String, Value>) -> Fut,
+    Fut: std::future::Future<Output = Result<Value, UpstreamError>>,
+{
+    let mut tools = Vec::new();
+    let mut params = Map::new();
+    for _ in 0..MAX_PAGES {
+        let result = page(params.clone()).await?;
+        if let Some(listed) = result.get("tools").and_then(Value::as_array) {
+            tools.extend(listed.iter().cloned());
+        }
+        match result.get("nextCursor").and_then(Value::as_str) {
+            Some(cursor) => params.insert("cursor".into(), json!(cursor)),
+            None => break,
+        };
+    }
+    Ok(tools)
+}
 
 /// A session-era (`2025-11-25`) connection, as [`session_call`] uses it.
 pub(crate) trait SessionDriver: Reply {

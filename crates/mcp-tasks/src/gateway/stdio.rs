@@ -387,28 +387,9 @@ impl Reply for StdioLink {
 
 impl Link for StdioLink {
     fn list_tools(&self) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>> {
-        Box::pin(async move {
-            let mut tools = Vec::new();
-            let mut cursor: Option<String> = None;
-            for _ in 0..link::MAX_PAGES {
-                let params = match &cursor {
-                    Some(c) => json!({ "cursor": c }),
-                    None => json!({}),
-                };
-                let result = self
-                    .request_with(|id| {
-                        json!({ "jsonrpc": "2.0", "id": id, "method": "tools/list", "params": params })
-                    })
-                    .await?;
-                let (page, next) = link::tools_page(&result);
-                tools.extend(page);
-                match next {
-                    Some(c) => cursor = Some(c),
-                    None => break,
-                }
-            }
-            Ok(tools)
-        })
+        Box::pin(link::list_all(|params| {
+            link::SessionDriver::request(self, "tools/list", Value::Object(params))
+        }))
     }
 
     fn call<'a>(&'a self, spec: CallSpec<'a>) -> BoxFuture<'a, Result<Value, CallError>> {
