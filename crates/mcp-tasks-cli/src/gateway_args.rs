@@ -45,7 +45,6 @@ pub(crate) struct GatewayArgs {
     #[arg(
         long = "upstream-env",
         env = "MCP_TASKS_UPSTREAM_ENV",
-        value_delimiter = ',',
         value_name = "NAME[=VALUE]"
     )]
     pub(crate) env: Vec<String>,

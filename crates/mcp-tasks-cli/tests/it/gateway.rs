@@ -302,6 +302,8 @@ async fn stdio_upstream_lists_and_answers_like_a_direct_call() {
         &list,
         "the gateway's tools/list",
     );
+    // Upstream tools come and go: clients are not told to cache them for long.
+    assert_eq!(list["ttlMs"], 10_000, "{list}");
     let call = json!({ "name": "echo", "arguments": { "message": "wire" } });
     let created = client
         .request("tools/call", call.as_object().unwrap().clone())

@@ -60,6 +60,14 @@ pub(crate) struct HttpLink {
     /// The calls in flight by request id (= progress token): some servers send a call's
     /// progress on the session's standalone stream rather than the call's own.
     calls: Mutex<std::collections::HashMap<u64, mpsc::UnboundedSender<Inbound>>>,
+    /// Cancelled when the link is dropped: its standalone stream then closes.
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl Drop for HttpLink {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
 }
 
 /// What one POST brought back.
@@ -117,6 +125,7 @@ impl HttpLink {
             next_id: AtomicU64::new(1),
             refresh,
             calls: Mutex::new(std::collections::HashMap::new()),
+            stop: tokio_util::sync::CancellationToken::new(),
         };
         match link.discover().await? {
             Some(tasks) => link.era = Era::Stateless { tasks },
@@ -131,7 +140,14 @@ impl HttpLink {
         }
         let link = Arc::new(link);
         if matches!(link.era, Era::Session { .. }) {
-            tokio::spawn(listen(Arc::downgrade(&link)));
+            let stop = link.stop.clone();
+            let weak = Arc::downgrade(&link);
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = listen(weak) => {}
+                    () = stop.cancelled() => {}
+                }
+            });
         }
         tracing::info!(upstream = %link.upstream, era = link.era(), "upstream connected");
         Ok(link)

@@ -15,6 +15,9 @@ mod tools;
 
 pub(crate) use tasks::TaskCursor;
 
+/// The longest `ttlMs` of a `tools/list` whose tools may change while the runtime runs.
+const CHANGING_TOOLS_TTL_MS: u64 = 10_000;
+
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -437,6 +440,16 @@ impl Dispatcher {
             ),
             methods::TOOLS_LIST => {
                 single_page(params)?;
+                // Tools a source changes (a gateway's upstream appearing) are not cached
+                // for as long as a fixed set.
+                let hints = if shared.tools.changes() {
+                    crate::wire::results::CacheHints {
+                        ttl_ms: hints.ttl_ms.min(CHANGING_TOOLS_TTL_MS),
+                        ..hints
+                    }
+                } else {
+                    hints
+                };
                 results::list(server, "tools", shared.tools.list(), hints)
             }
             methods::TOOLS_CALL => return self.call_tool(id, params, &meta, ctx).await,

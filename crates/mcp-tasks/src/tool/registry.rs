@@ -281,6 +281,11 @@ impl ToolRegistry {
         Some(f(&set))
     }
 
+    /// Whether the tools can change while the runtime runs (a [`ToolSource`] is registered).
+    pub(crate) fn changes(&self) -> bool {
+        !self.sources.is_empty()
+    }
+
     /// The tool `name` as listed now.
     pub(crate) fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
         self.with(name, |set| set.get(name).cloned()).flatten()
