@@ -822,6 +822,48 @@ async fn an_upstream_with_tasks_is_followed_across_a_gateway_restart() {
 }
 
 #[tokio::test]
+async fn a_stateless_upstream_asks_for_input_through_input_required_results() {
+    let Some(_up) = upstreams() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let upstream_port = free_port();
+    let _upstream = Gateway::start_on(
+        upstream_port,
+        &dir.path().join("upstream.redb"),
+        &["--fixtures".into(), "conformance".into()],
+    );
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &[
+            "--upstream".into(),
+            format!("inner=http://127.0.0.1:{upstream_port}/mcp"),
+        ],
+    );
+    let client = gw.client().await;
+    let tool = "test_input_required_result_elicitation";
+    wait_tools(&client, &[tool]).await;
+    // The upstream answers this tool synchronously, asking through core MRTR: its round's
+    // request becomes the task's, the answer goes back with the upstream's requestState.
+    let task = start_task(&client, tool, json!({})).await;
+    let waiting = wait_for(&task, "input", |t| t.status == TaskStatus::InputRequired).await;
+    assert_eq!(
+        waiting.input_requests["round1-user_name"]["method"],
+        "elicitation/create"
+    );
+    task.answer(Map::from_iter([(
+        "round1-user_name".to_owned(),
+        json!({ "action": "accept", "content": { "name": "Mo" } }),
+    )]))
+    .await
+    .unwrap();
+    let done = wait_for(&task, "answered", terminal).await;
+    assert_eq!(
+        text(done.result.as_ref().unwrap()),
+        "Hello, Mo!",
+        "{done:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_call_waiting_for_input_at_a_crash_fails_and_a_silent_upstream_times_out() {
     let Some(up) = upstreams() else { return };
     let dir = tempfile::tempdir().unwrap();
