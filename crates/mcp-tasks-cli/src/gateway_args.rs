@@ -53,6 +53,11 @@ pub(crate) struct GatewayArgs {
     /// does not count.
     #[arg(long = "upstream-timeout", env = "MCP_TASKS_UPSTREAM_TIMEOUT", value_name = "DURATION", default_value = "5m", value_parser = units::parse_duration)]
     pub(crate) timeout: Duration,
+    /// How many processes each stdio upstream may run at once: one per call in flight (stdio
+    /// cannot say which call a server's request is about). A call that finds them all busy
+    /// waits for one; calls waiting for a client's answer hold theirs.
+    #[arg(long = "upstream-processes", env = "MCP_TASKS_UPSTREAM_PROCESSES", value_name = "N", default_value_t = mcp_tasks::gateway::DEFAULT_MAX_PROCESSES)]
+    pub(crate) processes: usize,
     /// A tool that is safe to call twice (repeatable), named as `tools/list` shows it: a call
     /// in flight when the gateway stopped runs again from the start afterwards. Any other
     /// such call ends `failed`.
@@ -179,6 +184,7 @@ impl GatewayArgs {
             .map(|u| {
                 u.timeout(self.timeout)
                     .trust_annotations(self.trust_annotations)
+                    .max_processes(self.processes)
             })
             .collect())
     }
@@ -213,6 +219,7 @@ mod tests {
     fn args() -> GatewayArgs {
         GatewayArgs {
             timeout: Duration::from_secs(300),
+            processes: 32,
             ..Default::default()
         }
     }

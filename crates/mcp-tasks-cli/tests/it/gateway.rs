@@ -1086,3 +1086,59 @@ async fn an_idempotent_hint_counts_only_when_annotations_are_trusted() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_stdio_upstream_runs_at_most_its_processes_and_further_calls_wait() {
+    let Some(up) = upstreams() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &[
+            "--upstream-command".into(),
+            up.everything() + " stdio",
+            "--upstream-processes".into(),
+            "1".into(),
+        ],
+    );
+    let client = gw.client().await;
+    wait_tools(&client, &["trigger-elicitation-request"]).await;
+    let first = start_task(&client, "trigger-elicitation-request", json!({})).await;
+    wait_for(&first, "input", |t| t.status == TaskStatus::InputRequired).await;
+    // The one process is held by the first call, waiting for its answer: the second call
+    // waits for it (still working, nothing asked yet).
+    let second = start_task(&client, "trigger-elicitation-request", json!({})).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(second.get().await.unwrap().status, TaskStatus::Working);
+    assert!(gw.log().contains("no more may start"), "{}", gw.log());
+    first
+        .answer(Map::from_iter([(
+            "input-1".to_owned(),
+            json!({ "action": "decline" }),
+        )]))
+        .await
+        .unwrap();
+    assert_eq!(
+        wait_for(&first, "first", terminal).await.status,
+        TaskStatus::Completed
+    );
+    wait_for(&second, "its turn", |t| {
+        t.status == TaskStatus::InputRequired
+    })
+    .await;
+    second
+        .answer(Map::from_iter([(
+            "input-1".to_owned(),
+            json!({ "action": "decline" }),
+        )]))
+        .await
+        .unwrap();
+    assert_eq!(
+        wait_for(&second, "second", terminal).await.status,
+        TaskStatus::Completed
+    );
+    assert!(
+        !gw.log().contains("starting another"),
+        "one process only: {}",
+        gw.log()
+    );
+}

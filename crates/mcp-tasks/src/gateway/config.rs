@@ -49,7 +49,11 @@ pub struct Upstream {
     pub(crate) timeout: Duration,
     pub(crate) idempotent: BTreeSet<String>,
     pub(crate) trust_annotations: bool,
+    pub(crate) max_processes: usize,
 }
+
+/// How many processes a stdio upstream may run at once, by default.
+pub const DEFAULT_MAX_PROCESSES: usize = 32;
 
 /// How long the gateway waits for an upstream that says nothing, by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -68,6 +72,7 @@ impl std::fmt::Debug for Upstream {
             .field("timeout", &self.timeout)
             .field("idempotent", &self.idempotent)
             .field("trust_annotations", &self.trust_annotations)
+            .field("max_processes", &self.max_processes)
             .finish()
     }
 }
@@ -82,6 +87,7 @@ impl Upstream {
             timeout: DEFAULT_TIMEOUT,
             idempotent: BTreeSet::new(),
             trust_annotations: false,
+            max_processes: DEFAULT_MAX_PROCESSES,
         }
     }
 
@@ -156,6 +162,15 @@ impl Upstream {
         self
     }
 
+    /// How many processes a stdio upstream may run at once (default
+    /// [`DEFAULT_MAX_PROCESSES`]): one per call in flight, since stdio cannot say which call
+    /// a server's request is about. A call that finds them all busy waits for one — calls
+    /// waiting for a client's answer hold theirs. Ignored for an HTTP upstream.
+    pub fn max_processes(mut self, max: usize) -> Self {
+        self.max_processes = max;
+        self
+    }
+
     /// The checks a gateway makes before it starts: a name of `A-Z a-z 0-9 -` (1 to 64), a
     /// URL it can use, a program, header names and values HTTP can carry, a timeout above 0.
     pub(crate) fn check(&self) -> Result<(), GatewayError> {
@@ -176,6 +191,9 @@ impl Upstream {
         }
         if self.timeout.is_zero() {
             return Err(bad("the timeout must be above 0".into()));
+        }
+        if self.max_processes == 0 {
+            return Err(bad("a stdio upstream needs at least 1 process".into()));
         }
         match &self.transport {
             UpstreamTransport::Http { url } => {

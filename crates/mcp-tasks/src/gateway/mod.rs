@@ -51,7 +51,7 @@ mod stdio;
 mod tool;
 mod upstream;
 
-pub use config::{DEFAULT_TIMEOUT, Upstream, UpstreamTransport};
+pub use config::{DEFAULT_MAX_PROCESSES, DEFAULT_TIMEOUT, Upstream, UpstreamTransport};
 pub use error::{GatewayError, UpstreamError};
 
 use std::collections::BTreeSet;
@@ -224,6 +224,8 @@ mod tests {
         );
         let zero = Upstream::http("a", "http://x/mcp").timeout(std::time::Duration::ZERO);
         assert!(refused(vec![zero]).contains("timeout must be above 0"));
+        let none = Upstream::command("a", "x", ["y"]).max_processes(0);
+        assert!(refused(vec![none]).contains("at least 1 process"));
     }
 
     #[tokio::test]

@@ -5,8 +5,8 @@
 //! `elicitation/create` on stdout could belong to any call in flight on that process, and
 //! guessing could show one client's question to another. So a [`StdioPool`] gives each call
 //! a process of its own: the first process lists the tools and takes a call when it is free;
-//! a call that finds every process busy starts another one (up to [`MAX_PROCESSES`]; more
-//! wait for one to be free), and a process beyond the first that stays idle for
+//! a call that finds every process busy starts another one (up to `Upstream::max_processes`;
+//! more wait for one to be free), and a process beyond the first that stays idle for
 //! [`IDLE_PROCESS`] is stopped. (An upstream that keeps state in its process between calls
 //! sees calls spread over several processes.) Should a request still arrive with no call or
 //! with several in flight, it is refused with an error saying why.
@@ -33,8 +33,6 @@ pub(crate) const INHERITED: &[&str] = &[
     "HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG", "LC_ALL", "TMPDIR", "TZ",
 ];
 
-/// Most processes of one stdio upstream at once.
-pub(crate) const MAX_PROCESSES: usize = 32;
 /// How long a process beyond the first may stay idle before it is stopped.
 pub(crate) const IDLE_PROCESS: Duration = Duration::from_secs(60);
 
@@ -437,54 +435,43 @@ impl StdioPool {
             refresh,
             first: first.clone(),
             idle: Mutex::new(vec![(first, tokio::time::Instant::now())]),
-            permits: Arc::new(tokio::sync::Semaphore::new(MAX_PROCESSES)),
+            permits: Arc::new(tokio::sync::Semaphore::new(config.max_processes)),
         });
         tokio::spawn(reap(Arc::downgrade(&pool)));
         Ok(pool)
     }
 
-    /// A process with no call in flight: an idle one, or a new one.
+    /// A process with no call in flight: an idle one, or a new one. Waits while the
+    /// upstream's limit of processes is in use.
     async fn take(
         &self,
     ) -> Result<(Arc<StdioLink>, tokio::sync::OwnedSemaphorePermit), UpstreamError> {
+        if self.permits.available_permits() == 0 {
+            tracing::info!(upstream = %self.config.name, limit = self.config.max_processes, "every upstream process is busy and no more may start; the call waits for one");
+        }
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| self.first.gone())?;
         loop {
             let popped = lock(&self.idle).pop();
             match popped {
-                Some((link, _)) if !*link.closed.borrow() => {
-                    // An idle process holds no permit: take one for the call.
-                    let permit = self
-                        .permits
-                        .clone()
-                        .acquire_owned()
-                        .await
-                        .map_err(|_| self.first.gone())?;
-                    return Ok((link, permit));
-                }
+                Some((link, _)) if !*link.closed.borrow() => return Ok((link, permit)),
                 Some(_) => continue, // exited while idle: dropped
-                None => {}
+                None => break,
             }
-            let permit = self
-                .permits
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|_| self.first.gone())?;
-            // While this call waited for a permit, a process may have become idle.
-            if let Some((link, _)) = lock(&self.idle).pop()
-                && !*link.closed.borrow()
-            {
-                return Ok((link, permit));
-            }
-            tracing::info!(upstream = %self.config.name, "every upstream process is busy; starting another");
-            let link = StdioLink::connect(
-                &self.config,
-                &self.program,
-                &self.args,
-                self.refresh.clone(),
-            )
-            .await?;
-            return Ok((link, permit));
         }
+        tracing::info!(upstream = %self.config.name, "every upstream process is busy; starting another");
+        let link = StdioLink::connect(
+            &self.config,
+            &self.program,
+            &self.args,
+            self.refresh.clone(),
+        )
+        .await?;
+        Ok((link, permit))
     }
 
     fn give_back(&self, link: Arc<StdioLink>) {
