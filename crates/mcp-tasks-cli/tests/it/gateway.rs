@@ -168,6 +168,13 @@ async fn wait_for(task: &TaskHandle, what: &str, done: impl Fn(&Task) -> bool) -
     }
 }
 
+/// Answers `key` of the task with `response` (`tasks/update`).
+async fn answer(task: &TaskHandle, key: &str, response: Value) {
+    task.answer(Map::from_iter([(key.to_owned(), response)]))
+        .await
+        .unwrap();
+}
+
 fn terminal(t: &Task) -> bool {
     matches!(
         t.status,
@@ -425,20 +432,13 @@ async fn stdio_progress_input_and_cancellation_reach_the_task() {
         bad.is_err(),
         "an answer without the required `name` is refused: {bad:?}"
     );
-    first
-        .answer(Map::from_iter([(
-            "input-1".to_owned(),
-            json!({ "action": "accept", "content": { "name": "Ada" } }),
-        )]))
-        .await
-        .unwrap();
-    second
-        .answer(Map::from_iter([(
-            "input-1".to_owned(),
-            json!({ "action": "decline" }),
-        )]))
-        .await
-        .unwrap();
+    answer(
+        &first,
+        "input-1",
+        json!({ "action": "accept", "content": { "name": "Ada" } }),
+    )
+    .await;
+    answer(&second, "input-1", json!({ "action": "decline" })).await;
     let a = wait_for(&first, "first", terminal).await;
     let b = wait_for(&second, "second", terminal).await;
     assert!(
@@ -465,13 +465,7 @@ async fn stdio_progress_input_and_cancellation_reach_the_task() {
         waiting.input_requests["input-1"]["method"],
         "sampling/createMessage"
     );
-    sample
-        .answer(Map::from_iter([(
-            "input-1".to_owned(),
-            json!({ "role": "assistant", "content": { "type": "text", "text": "hi there" }, "model": "test-model", "stopReason": "endTurn" }),
-        )]))
-        .await
-        .unwrap();
+    answer(&sample, "input-1", json!({ "role": "assistant", "content": { "type": "text", "text": "hi there" }, "model": "test-model", "stopReason": "endTurn" })).await;
     let sampled = wait_for(&sample, "sampled", terminal).await;
     assert!(
         text(sampled.result.as_ref().unwrap()).contains("hi there"),
@@ -591,12 +585,12 @@ async fn http_upstream_of_the_session_era() {
 
     let ask = start_task(&client, "trigger-elicitation-request", json!({})).await;
     wait_for(&ask, "input", |t| t.status == TaskStatus::InputRequired).await;
-    ask.answer(Map::from_iter([(
-        "input-1".to_owned(),
+    answer(
+        &ask,
+        "input-1",
         json!({ "action": "accept", "content": { "name": "Grace" } }),
-    )]))
-    .await
-    .unwrap();
+    )
+    .await;
     let done = wait_for(&ask, "answered", terminal).await;
     assert!(
         text(done.result.as_ref().unwrap()).contains("Name: Grace"),
@@ -633,12 +627,12 @@ async fn python_sdk_upstream_over_http() {
         waiting.input_requests["input-1"]["params"]["message"],
         "Who?"
     );
-    ask.answer(Map::from_iter([(
-        "input-1".to_owned(),
+    answer(
+        &ask,
+        "input-1",
         json!({ "action": "accept", "content": { "name": "Lin" } }),
-    )]))
-    .await
-    .unwrap();
+    )
+    .await;
     assert_eq!(
         text(&wait_for(&ask, "ask", terminal).await.result.unwrap()),
         "hello Lin"
@@ -805,12 +799,12 @@ async fn an_upstream_with_tasks_is_followed_across_a_gateway_restart() {
         waiting.input_requests.contains_key("confirm"),
         "{waiting:?}"
     );
-    task.answer(Map::from_iter([(
-        "confirm".to_owned(),
+    answer(
+        &task,
+        "confirm",
         json!({ "action": "accept", "content": { "confirm": true } }),
-    )]))
-    .await
-    .unwrap();
+    )
+    .await;
     let done = wait_for(&task, "done", terminal).await;
     assert_eq!(done.status, TaskStatus::Completed, "{done:?}\n{}", gw.log());
     assert_eq!(text(done.result.as_ref().unwrap()), "Deleted a.txt.");
@@ -849,12 +843,12 @@ async fn a_stateless_upstream_asks_for_input_through_input_required_results() {
         waiting.input_requests["round1-user_name"]["method"],
         "elicitation/create"
     );
-    task.answer(Map::from_iter([(
-        "round1-user_name".to_owned(),
+    answer(
+        &task,
+        "round1-user_name",
         json!({ "action": "accept", "content": { "name": "Mo" } }),
-    )]))
-    .await
-    .unwrap();
+    )
+    .await;
     let done = wait_for(&task, "answered", terminal).await;
     assert_eq!(
         text(done.result.as_ref().unwrap()),
@@ -884,12 +878,12 @@ async fn a_call_waiting_for_input_at_a_crash_fails_and_a_silent_upstream_times_o
     let ask = start_task(&client, "ask", json!({})).await;
     wait_for(&ask, "input", |t| t.status == TaskStatus::InputRequired).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    ask.answer(Map::from_iter([(
-        "input-1".to_owned(),
+    answer(
+        &ask,
+        "input-1",
         json!({ "action": "accept", "content": { "name": "Late" } }),
-    )]))
-    .await
-    .unwrap();
+    )
+    .await;
     let late = wait_for(&ask, "a late answer", terminal).await;
     assert_eq!(
         text(late.result.as_ref().unwrap()),
@@ -1012,12 +1006,12 @@ async fn an_upstream_with_2025_tasks_runs_the_call_as_its_task() {
         waiting.input_requests["input-1"]["params"]["requestedSchema"]["required"],
         json!(["interpretation"])
     );
-    task.answer(Map::from_iter([(
-        "input-1".to_owned(),
+    answer(
+        &task,
+        "input-1",
         json!({ "action": "accept", "content": { "interpretation": "historical" } }),
-    )]))
-    .await
-    .unwrap();
+    )
+    .await;
     let done = wait_for(&task, "report", terminal).await;
     assert_eq!(done.status, TaskStatus::Completed, "{done:?}");
     assert!(text(done.result.as_ref().unwrap()).contains("# Research Report: rust (historical)"));
@@ -1110,13 +1104,7 @@ async fn a_stdio_upstream_runs_at_most_its_processes_and_further_calls_wait() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(second.get().await.unwrap().status, TaskStatus::Working);
     assert!(gw.log().contains("no more may start"), "{}", gw.log());
-    first
-        .answer(Map::from_iter([(
-            "input-1".to_owned(),
-            json!({ "action": "decline" }),
-        )]))
-        .await
-        .unwrap();
+    answer(&first, "input-1", json!({ "action": "decline" })).await;
     assert_eq!(
         wait_for(&first, "first", terminal).await.status,
         TaskStatus::Completed
@@ -1125,13 +1113,7 @@ async fn a_stdio_upstream_runs_at_most_its_processes_and_further_calls_wait() {
         t.status == TaskStatus::InputRequired
     })
     .await;
-    second
-        .answer(Map::from_iter([(
-            "input-1".to_owned(),
-            json!({ "action": "decline" }),
-        )]))
-        .await
-        .unwrap();
+    answer(&second, "input-1", json!({ "action": "decline" })).await;
     assert_eq!(
         wait_for(&second, "second", terminal).await.status,
         TaskStatus::Completed

@@ -373,8 +373,8 @@ impl HttpLink {
         Ok(body)
     }
 
-    /// The response to request `id` in what a POST brought back (other messages on a stream
-    /// are routed as [`Self::route`] does).
+    /// The response to request `id` in what a POST brought back (other messages on its
+    /// stream are taken as the standalone stream's: [`Self::standalone`]).
     async fn response_of(
         &self,
         reply: (Reply1, Option<String>),
@@ -388,7 +388,7 @@ impl HttpLink {
                     if m.get("id") == Some(id) && m.get("method").is_none() {
                         return Ok(m);
                     }
-                    self.route(&m, None);
+                    self.standalone(&m);
                 }
                 Err(self.ended())
             }
@@ -407,32 +407,6 @@ impl HttpLink {
         UpstreamError::Unreachable {
             upstream: self.upstream.clone(),
             reason: "the response stream ended without the response".into(),
-        }
-    }
-
-    /// A message on a stream that is not the awaited response: progress and requests go to
-    /// `events` (the call of that stream), a changed tool list triggers a refresh.
-    fn route(&self, message: &Value, events: Option<&mpsc::UnboundedSender<Inbound>>) {
-        let method = message.get("method").and_then(Value::as_str);
-        let params = message.get("params").cloned().unwrap_or_default();
-        match (method, message.get("id"), events) {
-            (Some("notifications/tools/list_changed"), None, _) => self.refresh.notify_one(),
-            (Some("notifications/progress"), None, Some(events)) => {
-                if let Some(event) = Inbound::progress(&params) {
-                    let _ = events.send(event);
-                }
-            }
-            (Some(m), Some(id), Some(events)) => {
-                let _ = events.send(Inbound::Request {
-                    id: id.clone(),
-                    method: m.to_owned(),
-                    params,
-                });
-            }
-            (Some(m), _, _) => {
-                tracing::debug!(upstream = %self.upstream, method = m, "upstream message ignored");
-            }
-            (None, _, _) => {}
         }
     }
 
@@ -630,11 +604,7 @@ impl HttpLink {
                     return self.follow(&task_id, hooks).await;
                 }
                 Some("input_required") => {
-                    let requests = result
-                        .get("inputRequests")
-                        .and_then(Value::as_object)
-                        .cloned()
-                        .unwrap_or_default();
+                    let requests = link::input_requests(&result);
                     let mut answers = Map::new();
                     for (key, request) in requests {
                         let ours = format!("round{round}-{key}");
@@ -682,7 +652,7 @@ impl HttpLink {
                     Some("completed" | "failed" | "cancelled")
                 )
             {
-                hooks.progress(0.0, None, Some(message)).await?;
+                hooks.status(message).await?;
                 last_message = Some(message.to_owned());
             }
             let status = task
@@ -699,11 +669,7 @@ impl HttpLink {
                 }
                 "cancelled" => return Err(CallError::Tool(ToolError::Cancelled)),
                 "input_required" if !cancel_sent => {
-                    let requests = task
-                        .get("inputRequests")
-                        .and_then(Value::as_object)
-                        .cloned()
-                        .unwrap_or_default();
+                    let requests = link::input_requests(&task);
                     let mut answers = Map::new();
                     for (key, request) in requests {
                         if answered.contains(&key) {

@@ -48,6 +48,8 @@ pub(crate) trait Hooks: Send + Sync {
         total: Option<f64>,
         message: Option<&'a str>,
     ) -> BoxFuture<'a, Result<(), ToolError>>;
+    /// Sets the task's `statusMessage` (an upstream task's own).
+    fn status<'a>(&'a self, message: &'a str) -> BoxFuture<'a, Result<(), ToolError>>;
     /// Asks the task's client `request` (an `InputRequest`: `method` and `params`) under
     /// `key`, or under the next numbered key; resolves with the answer.
     fn input<'a>(
@@ -297,6 +299,14 @@ pub(crate) fn initialize_request(id: u64) -> Value {
     })
 }
 
+/// The `inputRequests` of an `input_required` result or task (none when absent).
+pub(crate) fn input_requests(v: &Value) -> Map<String, Value> {
+    v.get("inputRequests")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// Most pages of `tools/list` read from one upstream (a loop guard).
 const MAX_PAGES: usize = 100;
 
@@ -464,7 +474,7 @@ async fn copy_status(driver: &dyn SessionDriver, task_id: &str, hooks: &dyn Hook
                     && working
                     && last.as_deref() != Some(message)
                 {
-                    let _ = hooks.progress(0.0, None, Some(message)).await;
+                    let _ = hooks.status(message).await;
                     last = Some(message.to_owned());
                 }
             }

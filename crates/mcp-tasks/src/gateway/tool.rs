@@ -174,6 +174,10 @@ impl Hooks for ContextHooks<'_> {
         Box::pin(self.ctx.progress(progress, total, message))
     }
 
+    fn status<'a>(&'a self, message: &'a str) -> BoxFuture<'a, Result<(), ToolError>> {
+        Box::pin(self.ctx.set_status(message))
+    }
+
     fn input<'a>(
         &'a self,
         key: Option<&'a str>,
