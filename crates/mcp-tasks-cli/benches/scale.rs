@@ -311,6 +311,7 @@ fn fill(path: &Path, n: usize) -> Vec<String> {
                 owner: mcp_tasks::store::owner_key(&done.owner.tenant, &done.owner.principal),
                 created_ms: done.created_at_ms,
             }),
+            listing: Some(mcp_tasks::internals::listing_of(&done)),
         });
         if batch.len() == 4096 || i + 1 == n {
             rt.block_on(store.commit(std::mem::take(&mut batch)))

@@ -84,6 +84,11 @@ pub mod internals {
         pub use crate::wire::*;
     }
 
+    /// What the listing index keeps of a record (benches that fill a store directly).
+    pub fn listing_of(record: &crate::task::TaskRecord) -> crate::store::listing::Listing {
+        crate::store::listing_of(record)
+    }
+
     /// Faults a test injects into one replica's PostgreSQL store.
     #[cfg(feature = "postgres")]
     pub mod pg_faults {

@@ -983,6 +983,7 @@ async fn a_foreign_record_is_not_decoded_past_its_owner() {
                 owner: owner_key("acme", "alice"),
                 created_ms: 1,
             }),
+            listing: None,
         }])
         .await
         .unwrap();

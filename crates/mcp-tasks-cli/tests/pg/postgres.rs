@@ -782,6 +782,7 @@ fn put(id: &str, seq: u64, live: bool) -> mcp_tasks::store::WriteOp {
             mcp_tasks::store::Expect::Seq(seq - 1)
         },
         owner: None,
+        listing: None,
     }
 }
 

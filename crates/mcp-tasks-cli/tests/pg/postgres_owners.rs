@@ -46,6 +46,7 @@ fn create(id: &str, bytes: Vec<u8>, principal: &str, created_ms: u64) -> WriteOp
             owner: owner_key("acme", principal),
             created_ms,
         }),
+        listing: None,
     }
 }
 
@@ -111,6 +112,7 @@ async fn owners_are_indexed_counted_and_converted() {
         seq: Some(2),
         expect: Expect::Any,
         owner: None,
+        listing: None,
     }])
     .await
     .unwrap();

@@ -161,6 +161,7 @@ async fn a_poisoned_record_does_not_stop_the_reaper() {
             seq: Some(1),
             expect: Expect::Absent,
             owner: None,
+            listing: None,
         }])
         .await
         .unwrap();

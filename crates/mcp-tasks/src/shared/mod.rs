@@ -82,6 +82,7 @@ impl Shared {
                 owner: crate::store::owner_key(&record.owner.tenant, &record.owner.principal),
                 created_ms: record.created_at_ms,
             }),
+            listing: Some(crate::store::listing_of(record)),
         })
     }
 

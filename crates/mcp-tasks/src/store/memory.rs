@@ -8,6 +8,10 @@ use std::sync::{Mutex, MutexGuard};
 
 use futures::future::BoxFuture;
 
+use super::listing::{
+    self, ListedStatus, ListedTask, Listing, ListingCount, ListingCursor, ListingFilter,
+    ListingIndex, ListingPage, ThroughputBucket, ThroughputKind,
+};
 use super::{
     Expect, OwnedCursor, OwnedRecord, OwnerEntry, StoreError, StoreFuture, StoreStats, TaskStore,
     Usage, WriteOp,
@@ -37,6 +41,12 @@ struct State {
     /// (owner, created_ms, id): the owner index.
     by_owner: BTreeSet<(String, u64, String)>,
     usage: HashMap<String, Usage>,
+    /// id → the listing of every indexed task (it needs the owner entry).
+    listed: HashMap<String, Listing>,
+    /// (owner, tool, status) → tasks.
+    listing_counts: BTreeMap<(String, String, ListedStatus), u64>,
+    /// (minute, kind) → count.
+    throughput: BTreeMap<(u64, ThroughputKind), u64>,
 }
 
 impl State {
@@ -64,6 +74,32 @@ impl State {
             .add(size, 1);
         self.owner_of
             .insert(id.to_owned(), (entry.owner, entry.created_ms, size));
+    }
+
+    /// Moves the listing of task `id`, owned by `entry`, to `new` (`None`: the task is
+    /// deleted), with its counters and throughput.
+    fn relist(&mut self, id: &str, entry: &OwnerEntry, new: Option<Listing>) {
+        let old = self.listed.remove(id);
+        if let Some(old) = &old {
+            let key = (entry.owner.clone(), old.tool.clone(), old.status);
+            if let Some(n) = self.listing_counts.get_mut(&key) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.listing_counts.remove(&key);
+                }
+            }
+        }
+        let Some(new) = new else { return };
+        for (minute, kind) in listing::throughput_of(old.as_ref(), &new, entry.created_ms) {
+            *self.throughput.entry((minute, kind)).or_default() += 1;
+            let oldest = minute.saturating_sub(listing::THROUGHPUT_RETENTION_MS);
+            self.throughput.retain(|(m, _), _| *m >= oldest);
+        }
+        *self
+            .listing_counts
+            .entry((entry.owner.clone(), new.tool.clone(), new.status))
+            .or_default() += 1;
+        self.listed.insert(id.to_owned(), new);
     }
 
     fn set_due(&mut self, id: &str, due_ms: Option<u64>) {
@@ -114,10 +150,14 @@ impl State {
                 seq,
                 expect: _,
                 owner,
+                listing,
             } => {
                 let size = (id.len() + bytes.len()) as u64;
                 let old = self.unindex(&id);
                 if let Some(entry) = owner.or(old) {
+                    if let Some(listing) = listing {
+                        self.relist(&id, &entry, Some(listing));
+                    }
                     self.index(&id, entry, size);
                 }
                 match seq {
@@ -133,7 +173,9 @@ impl State {
                 self.tasks.insert(id, bytes);
             }
             WriteOp::Delete { id } => {
-                self.unindex(&id);
+                if let Some(entry) = self.unindex(&id) {
+                    self.relist(&id, &entry, None);
+                }
                 self.tasks.remove(&id);
                 self.live.remove(&id);
                 self.seq.remove(&id);
@@ -315,6 +357,75 @@ impl TaskStore for MemoryStore {
                 .map(|s| s.usage.get(owner).copied().unwrap_or_default()),
         ))
     }
+    fn listing<'a>(
+        &'a self,
+        filter: &'a ListingFilter,
+        after: Option<ListingCursor>,
+        limit: usize,
+        budget: usize,
+    ) -> StoreFuture<'a, ListingPage> {
+        Box::pin(async move {
+            let state = self.state()?;
+            let (from, to) = filter.walk_bounds(after.as_ref());
+            let mut walk: Vec<ListedTask> = state
+                .listed
+                .iter()
+                .filter_map(|(id, listing)| {
+                    let (owner, created_ms, _) = state.owner_of.get(id)?;
+                    let task = ListedTask {
+                        id: id.clone(),
+                        owner: owner.clone(),
+                        created_ms: *created_ms,
+                        listing: listing.clone(),
+                    };
+                    let in_index = match filter.index() {
+                        ListingIndex::Created => true,
+                        ListingIndex::Owner(o) => task.owner == o,
+                        ListingIndex::Tool(t) => task.listing.tool == t,
+                        ListingIndex::Status(s) => task.listing.status == s,
+                    };
+                    (in_index
+                        && (from..to).contains(&task.created_ms)
+                        && listing::before_cursor(task.created_ms, &task.id, after.as_ref()))
+                    .then_some(task)
+                })
+                .collect();
+            walk.sort_by(|a, b| b.cursor().cmp(&a.cursor()));
+            listing::fill_page(walk.into_iter().map(Ok), filter, limit, budget)
+        })
+    }
+
+    fn listing_counts(&self) -> StoreFuture<'_, Vec<ListingCount>> {
+        Box::pin(async move {
+            Ok(self
+                .state()?
+                .listing_counts
+                .iter()
+                .map(|((owner, tool, status), n)| ListingCount {
+                    owner: owner.clone(),
+                    tool: tool.clone(),
+                    status: *status,
+                    tasks: *n,
+                })
+                .collect())
+        })
+    }
+
+    fn throughput(&self, since_ms: u64) -> StoreFuture<'_, Vec<ThroughputBucket>> {
+        Box::pin(async move {
+            Ok(self
+                .state()?
+                .throughput
+                .range((listing::minute_of(since_ms), ThroughputKind::Created)..)
+                .map(|((minute_ms, kind), count)| ThroughputBucket {
+                    minute_ms: *minute_ms,
+                    kind: *kind,
+                    count: *count,
+                })
+                .collect())
+        })
+    }
+
     fn usage_by_owner(&self) -> StoreFuture<'_, Vec<(String, Usage)>> {
         Box::pin(std::future::ready(self.state().map(|s| {
             let mut all: Vec<(String, Usage)> =
@@ -392,6 +503,7 @@ mod tests {
             seq: Some(seq),
             expect,
             owner: None,
+            listing: None,
         }
     }
 
@@ -466,6 +578,7 @@ mod tests {
                 owner: owner.to_owned(),
                 created_ms,
             }),
+            listing: None,
         };
         store
             .commit(vec![

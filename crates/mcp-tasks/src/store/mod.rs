@@ -25,6 +25,7 @@
 //! its own folder.
 
 pub mod inspect;
+pub mod listing;
 mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -428,6 +429,10 @@ pub enum WriteOp {
         /// `None` keeps whatever the store holds (a record written without one is in no
         /// owner's index and counted for nobody).
         owner: Option<OwnerEntry>,
+        /// What the listing index keeps of the task (its tool, status, message, last update):
+        /// [`listing`]. Needs the owner entry (stored or in this put); `None` keeps whatever
+        /// the store holds.
+        listing: Option<listing::Listing>,
     },
     /// Remove the task and all its index entries.
     Delete {
@@ -517,6 +522,33 @@ pub(crate) fn owner_of_snapshot(snapshot: &[u8]) -> Option<OwnerEntry> {
         owner: owner_key(&record.owner.tenant, &record.owner.principal),
         created_ms: record.created_at_ms,
     })
+}
+
+/// The listing of a snapshot, read from the snapshot itself (the conversion of a store
+/// written before the listing index, and administration commands that write records they
+/// did not get a listing for). `None` for a snapshot that does not decode.
+#[cfg(any(feature = "redb", feature = "postgres"))]
+pub(crate) fn listing_of_snapshot(snapshot: &[u8]) -> Option<listing::Listing> {
+    let record = crate::persist::decode(snapshot).ok()?;
+    Some(listing_of(&record))
+}
+
+/// What the listing index keeps of `record`.
+pub(crate) fn listing_of(record: &crate::task::TaskRecord) -> listing::Listing {
+    use crate::task::TaskStatus;
+    let status = match record.status {
+        TaskStatus::Working => listing::ListedStatus::Working,
+        TaskStatus::InputRequired => listing::ListedStatus::InputRequired,
+        TaskStatus::Completed => listing::ListedStatus::Completed,
+        TaskStatus::Failed => listing::ListedStatus::Failed,
+        TaskStatus::Cancelled => listing::ListedStatus::Cancelled,
+    };
+    listing::Listing::new(
+        record.tool.as_str(),
+        status,
+        record.status_message.as_deref(),
+        record.last_updated_at_ms,
+    )
 }
 
 /// Where a page of [`TaskStore::owned`] starts: after this entry in (creation time, id)
@@ -697,6 +729,40 @@ pub trait TaskStore: Send + Sync + 'static {
     fn usage_by_owner(&self) -> StoreFuture<'_, Vec<(String, Usage)>> {
         Box::pin(async { Ok(Vec::new()) })
     }
+    /// One page of the listing index ([`listing`]): the tasks `filter` keeps, newest first,
+    /// after `after`, at most `limit` (capped at [`listing::MAX_LISTING_PAGE`]), looking at
+    /// no more than `budget` index entries (the page then says where to go on). Reads one
+    /// index (the owner's, the tool's, the status's or every task's: [`listing::ListingFilter::index`])
+    /// from the cursor on: its cost is the entries it looks at, not the store's size.
+    ///
+    /// The default (a host's own backend) answers [`StoreError::Read`]: the console cannot
+    /// list such a store.
+    fn listing<'a>(
+        &'a self,
+        filter: &'a listing::ListingFilter,
+        after: Option<listing::ListingCursor>,
+        limit: usize,
+        budget: usize,
+    ) -> StoreFuture<'a, listing::ListingPage> {
+        let _ = (filter, after, limit, budget);
+        Box::pin(async { Err(no_listing()) })
+    }
+    /// The stored tasks counted by (owner, tool, status), kept in the commits' transactions
+    /// (exact after a crash, the same for every replica). Owner-tool-status triples with no
+    /// task are left out.
+    fn listing_counts(&self) -> StoreFuture<'_, Vec<listing::ListingCount>> {
+        Box::pin(async { Err(no_listing()) })
+    }
+    /// The throughput buckets ([`listing::ThroughputBucket`]) of the minutes from `since_ms`
+    /// on (empty buckets left out).
+    fn throughput(&self, since_ms: u64) -> StoreFuture<'_, Vec<listing::ThroughputBucket>> {
+        let _ = since_ms;
+        Box::pin(async { Err(no_listing()) })
+    }
+    /// The bytes the store takes (the file, or the database's tables); `None` when unknown.
+    fn stored_bytes(&self) -> StoreFuture<'_, Option<u64>> {
+        Box::pin(async { Ok(None) })
+    }
     /// Counters since open.
     fn stats(&self) -> StoreStats;
     /// Whether [`TaskStore::close`] was called.
@@ -739,6 +805,11 @@ pub trait TaskStore: Send + Sync + 'static {
     fn inspector(&self) -> Option<Box<dyn inspect::Inspector>> {
         None
     }
+}
+
+/// The error of a store without the listing index.
+fn no_listing() -> StoreError {
+    StoreError::Read(Cause::message("this store has no listing index"))
 }
 
 /// What [`Cluster::reconcile`] found (a store shared by replicas).
@@ -883,6 +954,23 @@ pub trait Cluster: Send + Sync {
     /// The store's own clock (a database's `now()`), which every replica's decisions about
     /// time use instead of its local clock; `None`: the local clocks are trusted.
     fn reference_clock(&self) -> Option<Arc<crate::clock::ReferenceClock>> {
+        None
+    }
+    /// The replicas with a heartbeat row, with the live tasks each holds the lease of (the
+    /// operator console's overview).
+    fn nodes(&self) -> StoreFuture<'_, Vec<listing::NodeInfo>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+    /// Who holds the lease of task `id`, at which epoch; `None` when it is not stored.
+    fn lease_of<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<listing::LeaseInfo>> {
+        let _ = id;
+        Box::pin(async { Ok(None) })
+    }
+    /// The ids of tasks any node commits, as the store's notifications carry them (hints:
+    /// a receiver that lags misses some and is told so by the channel). `None` when the
+    /// store does not signal them. The operator console follows every replica's tasks
+    /// through it.
+    fn watch_commits(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
         None
     }
 }
@@ -1070,6 +1158,35 @@ impl Store {
     /// The usage of every owner; see [`TaskStore::usage_by_owner`].
     pub async fn usage_by_owner(&self) -> Result<Vec<(String, Usage)>, StoreError> {
         self.inner.usage_by_owner().await
+    }
+
+    /// [`TaskStore::listing`].
+    pub async fn listing(
+        &self,
+        filter: &listing::ListingFilter,
+        after: Option<listing::ListingCursor>,
+        limit: usize,
+        budget: usize,
+    ) -> Result<listing::ListingPage, StoreError> {
+        self.inner.listing(filter, after, limit, budget).await
+    }
+
+    /// [`TaskStore::listing_counts`].
+    pub async fn listing_counts(&self) -> Result<Vec<listing::ListingCount>, StoreError> {
+        self.inner.listing_counts().await
+    }
+
+    /// [`TaskStore::throughput`].
+    pub async fn throughput(
+        &self,
+        since_ms: u64,
+    ) -> Result<Vec<listing::ThroughputBucket>, StoreError> {
+        self.inner.throughput(since_ms).await
+    }
+
+    /// [`TaskStore::stored_bytes`].
+    pub async fn stored_bytes(&self) -> Result<Option<u64>, StoreError> {
+        self.inner.stored_bytes().await
     }
 
     /// Counters since open.

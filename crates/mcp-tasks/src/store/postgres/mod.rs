@@ -651,6 +651,7 @@ impl Inner {
                     seq,
                     expect,
                     owner,
+                    listing: _,
                 } => {
                     let row = PutRow {
                         id,

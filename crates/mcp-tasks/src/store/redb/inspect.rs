@@ -13,7 +13,7 @@ use redb::{
 };
 
 use super::schema::{
-    DUE, LIVE, META, META_SCHEMA_VERSION, OWNERS, OwnerTables, RecordHeader, SCHEMA_VERSION, TASKS,
+    DUE, LISTING, LISTING_BY, LISTING_COUNTS, ListingTables, LIVE, THROUGHPUT, META, META_SCHEMA_VERSION, OWNERS, OwnerTables, RecordHeader, SCHEMA_VERSION, TASKS,
     USAGE, V1_DUE_BY_ID, V1_SEQ, create_private_file, old_due, owner_of_snapshot, replace_due,
     stored_schema_version, upgrade_layout,
 };
@@ -327,6 +327,10 @@ impl RedbReader {
                 add!(V1_SEQ);
                 add!(OWNERS);
                 add!(USAGE);
+                add!(LISTING);
+                add!(LISTING_BY);
+                add!(LISTING_COUNTS);
+                add!(THROUGHPUT);
                 Ok((epoch, pages * PAGE_SIZE, schema))
             })
             .await?;
@@ -733,12 +737,14 @@ pub(crate) async fn delete(path: &Path, ids: Vec<String>) -> Result<(), AdminErr
             let mut live = w.open_table(LIVE).map_err(|e| err(&e))?;
             let mut due = w.open_table(DUE).map_err(|e| err(&e))?;
             let mut owners = OwnerTables::open(&w).map_err(|e| err(&e))?;
+            let mut listing = ListingTables::open(&w).map_err(|e| err(&e))?;
             for id in &ids {
                 let removed = tasks.remove(id.as_str()).map_err(|e| err(&e))?;
                 if let Some(value) = &removed {
                     owners
                         .account(id, value.value(), -1)
                         .map_err(|e| err(&e))?;
+                    listing.forget(id, value.value()).map_err(|e| err(&e))?;
                 }
                 let old = old_due(removed.as_ref().map(|v| v.value()));
                 live.remove(id.as_str()).map_err(|e| err(&e))?;
@@ -792,6 +798,7 @@ pub(crate) async fn load(path: &Path, dump: Dump) -> Result<(u64, u64), AdminErr
             let mut due = w.open_table(DUE).map_err(|e| err(&e))?;
             let mut meta = w.open_table(META).map_err(|e| err(&e))?;
             let mut owners = OwnerTables::open(&w).map_err(|e| err(&e))?;
+            let mut listing = ListingTables::open(&w).map_err(|e| err(&e))?;
             for row in &dump.rows {
                 let id = row.id.as_str();
                 let value = RecordHeader {
@@ -805,6 +812,7 @@ pub(crate) async fn load(path: &Path, dump: Dump) -> Result<(u64, u64), AdminErr
                         let same = v.value() == value.as_slice();
                         if !same {
                             owners.account(id, v.value(), -1).map_err(|e| err(&e))?;
+                            listing.forget(id, v.value()).map_err(|e| err(&e))?;
                         }
                         (same, old_due(Some(v.value())))
                     }
@@ -814,6 +822,7 @@ pub(crate) async fn load(path: &Path, dump: Dump) -> Result<(u64, u64), AdminErr
                     unchanged += 1;
                 } else {
                     owners.account(id, &value, 1).map_err(|e| err(&e))?;
+                    listing.remember(id, &value).map_err(|e| err(&e))?;
                     tasks.insert(id, value.as_slice()).map_err(|e| err(&e))?;
                     written += 1;
                 }

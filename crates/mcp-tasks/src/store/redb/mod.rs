@@ -500,6 +500,27 @@ impl crate::store::TaskStore for RedbStore {
     fn counts(&self) -> StoreFuture<'_, (u64, u64)> {
         Box::pin(RedbStore::counts(self))
     }
+    fn listing<'a>(
+        &'a self,
+        filter: &'a crate::store::listing::ListingFilter,
+        after: Option<crate::store::listing::ListingCursor>,
+        limit: usize,
+        budget: usize,
+    ) -> StoreFuture<'a, crate::store::listing::ListingPage> {
+        Box::pin(RedbStore::listing(self, filter, after, limit, budget))
+    }
+    fn listing_counts(&self) -> StoreFuture<'_, Vec<crate::store::listing::ListingCount>> {
+        Box::pin(RedbStore::listing_counts(self))
+    }
+    fn throughput(
+        &self,
+        since_ms: u64,
+    ) -> StoreFuture<'_, Vec<crate::store::listing::ThroughputBucket>> {
+        Box::pin(RedbStore::throughput(self, since_ms))
+    }
+    fn stored_bytes(&self) -> StoreFuture<'_, Option<u64>> {
+        Box::pin(RedbStore::stored_bytes(self))
+    }
     fn stats(&self) -> StoreStats {
         RedbStore::stats(self)
     }

@@ -11,7 +11,14 @@ use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use super::reader::PointRead;
 use std::ops::Bound;
 
-use super::schema::{DUE, LIVE, META, OWNERS, TASKS, USAGE, snapshot_of};
+use super::schema::{
+    BY_STATUS, BY_TOOL, DUE, LISTING, LISTING_BY, LISTING_COUNTS, LIVE, META, OWNERS,
+    StoredListing, TASKS, THROUGHPUT, USAGE, snapshot_of,
+};
+use crate::store::listing::{
+    self, ListedStatus, ListedTask, ListingCount, ListingCursor, ListingFilter, ListingIndex,
+    ListingPage, ThroughputBucket, ThroughputKind,
+};
 use super::{DbState, RedbStore, panic_message, redb_cause};
 use crate::store::{Cause, MAX_PAGE, MAX_PAGE_BYTES, OwnedCursor, OwnedRecord, StoreError, Usage};
 
@@ -265,6 +272,153 @@ impl RedbStore {
     /// The usage of every owner that holds something, by owner key.
     pub async fn usage_by_owner(&self) -> Result<Vec<(String, Usage)>, StoreError> {
         self.read(usage_table).await
+    }
+
+    /// One page of the listing index (`TaskStore::listing`): a reverse range of the index the
+    /// filter names, each entry's listing looked up in [`LISTING`] (one lookup; none for the
+    /// walk of every task, whose index holds the listing).
+    pub async fn listing(
+        &self,
+        filter: &ListingFilter,
+        after: Option<ListingCursor>,
+        limit: usize,
+        budget: usize,
+    ) -> Result<ListingPage, StoreError> {
+        let filter = filter.clone();
+        self.read(move |txn| {
+            let entries = match txn.open_table(LISTING) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(ListingPage::default()),
+                Err(e) => return Err(e.into()),
+            };
+            let (from, to) = filter.walk_bounds(after.as_ref());
+            if from >= to {
+                return Ok(ListingPage::default());
+            }
+            let after = after.as_ref();
+            let lookup = |created_ms: u64, id: &str| -> Result<Option<ListedTask>, redb::Error> {
+                Ok(entries
+                    .get((created_ms, id))?
+                    .and_then(|v| StoredListing::decode(v.value()))
+                    .and_then(|e| e.task(created_ms, id)))
+            };
+            let keep = |r: Result<Option<ListedTask>, redb::Error>| r.transpose();
+            match filter.index() {
+                ListingIndex::Created => {
+                    let walk = entries
+                        .range((from, "")..(to, ""))?
+                        .rev()
+                        .filter_map(|e| {
+                            keep(e.map_err(redb::Error::from).map(|(k, v)| {
+                                let (created_ms, id) = k.value();
+                                if !listing::before_cursor(created_ms, id, after) {
+                                    return None;
+                                }
+                                StoredListing::decode(v.value())
+                                    .and_then(|e| e.task(created_ms, id))
+                            }))
+                        });
+                    listing::fill_page(walk, &filter, limit, budget)
+                }
+                ListingIndex::Owner(owner) => {
+                    let owners = txn.open_table(OWNERS)?;
+                    let walk = owners
+                        .range((owner, from, "")..(owner, to, ""))?
+                        .rev()
+                        .filter_map(|e| {
+                            keep(e.map_err(redb::Error::from).and_then(|(k, _)| {
+                                let (_, created_ms, id) = k.value();
+                                if !listing::before_cursor(created_ms, id, after) {
+                                    return Ok(None);
+                                }
+                                lookup(created_ms, id)
+                            }))
+                        });
+                    listing::fill_page(walk, &filter, limit, budget)
+                }
+                index @ (ListingIndex::Tool(_) | ListingIndex::Status(_)) => {
+                    let (kind, value) = match index {
+                        ListingIndex::Tool(tool) => (BY_TOOL, tool),
+                        ListingIndex::Status(status) => (BY_STATUS, status.as_str()),
+                        _ => unreachable!("matched above"),
+                    };
+                    let by = txn.open_table(LISTING_BY)?;
+                    let walk = by
+                        .range((kind, value, from, "")..(kind, value, to, ""))?
+                        .rev()
+                        .filter_map(|e| {
+                            keep(e.map_err(redb::Error::from).and_then(|(k, _)| {
+                                let (_, _, created_ms, id) = k.value();
+                                if !listing::before_cursor(created_ms, id, after) {
+                                    return Ok(None);
+                                }
+                                lookup(created_ms, id)
+                            }))
+                        });
+                    listing::fill_page(walk, &filter, limit, budget)
+                }
+            }
+        })
+        .await
+    }
+
+    /// The listing counters (`TaskStore::listing_counts`).
+    pub async fn listing_counts(&self) -> Result<Vec<ListingCount>, StoreError> {
+        self.read(|txn| {
+            let counts = match txn.open_table(LISTING_COUNTS) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(e.into()),
+            };
+            let mut out = Vec::new();
+            for entry in counts.iter()? {
+                let (k, v) = entry?;
+                let (owner, tool, status) = k.value();
+                if let Some(status) = ListedStatus::from_code(status) {
+                    out.push(ListingCount {
+                        owner: owner.to_owned(),
+                        tool: tool.to_owned(),
+                        status,
+                        tasks: v.value(),
+                    });
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// The throughput buckets from `since_ms` on (`TaskStore::throughput`).
+    pub async fn throughput(&self, since_ms: u64) -> Result<Vec<ThroughputBucket>, StoreError> {
+        self.read(move |txn| {
+            let buckets = match txn.open_table(THROUGHPUT) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(e.into()),
+            };
+            let mut out = Vec::new();
+            for entry in buckets.range((listing::minute_of(since_ms), 0)..)? {
+                let (k, v) = entry?;
+                let (minute_ms, kind) = k.value();
+                if let Some(kind) = ThroughputKind::from_code(kind) {
+                    out.push(ThroughputBucket {
+                        minute_ms,
+                        kind,
+                        count: v.value(),
+                    });
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// The file's length.
+    pub async fn stored_bytes(&self) -> Result<Option<u64>, StoreError> {
+        Ok(tokio::fs::metadata(&self.inner.path)
+            .await
+            .ok()
+            .map(|m| m.len()))
     }
 
     /// Runs `f` in one read transaction on the blocking pool (store administration reads the

@@ -46,6 +46,22 @@ pub(crate) const OWNERS: TableDefinition<(&str, u64, &str), ()> = TableDefinitio
 /// each record's id plus its `tasks` value. Changed in the transaction that changes the
 /// records, so it is exact after a crash; the disk quota reads it.
 pub(crate) const USAGE: TableDefinition<&str, (u64, u64)> = TableDefinition::new("usage");
+/// (created_ms, id) → the owner and listing of every record whose header names an owner
+/// (layout 4; [`StoredListing`]): the listing index in creation order.
+pub(crate) const LISTING: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("listing");
+/// (index, value, created_ms, id) of every [`LISTING`] entry: index [`BY_STATUS`] with the
+/// status's wire spelling, index [`BY_TOOL`] with the tool (layout 4).
+pub(crate) const LISTING_BY: TableDefinition<(u8, &str, u64, &str), ()> =
+    TableDefinition::new("listing_by");
+/// (owner key, tool, status code) → stored tasks (layout 4).
+pub(crate) const LISTING_COUNTS: TableDefinition<(&str, &str, u8), u64> =
+    TableDefinition::new("listing_counts");
+/// (minute start ms, kind code) → count: creations and arrivals in a final status (layout 4).
+pub(crate) const THROUGHPUT: TableDefinition<(u64, u8), u64> = TableDefinition::new("throughput");
+/// The [`LISTING_BY`] index of statuses.
+pub(crate) const BY_STATUS: u8 = 0;
+/// The [`LISTING_BY`] index of tools.
+pub(crate) const BY_TOOL: u8 = 1;
 
 /// Layout 1 only: id → due_ms, the reverse of [`DUE`] (now in the record header). Read by the
 /// migration and by the read-only administration of a layout-1 file.
@@ -64,8 +80,10 @@ pub(crate) const META_SCHEMA_VERSION: &str = "schema_version";
 /// unchanged.
 ///
 /// Layout 2 → 3 adds the owner to the record header and the tables [`OWNERS`] and [`USAGE`];
-/// the conversion reads each record's owner and creation time from its snapshot.
-pub(crate) const SCHEMA_VERSION: u64 = 3;
+/// the conversion reads each record's owner and creation time from its snapshot. Layout 3 → 4
+/// adds the listing index ([`LISTING`], [`LISTING_BY`], [`LISTING_COUNTS`], [`THROUGHPUT`]),
+/// read from each record's snapshot.
+pub(crate) const SCHEMA_VERSION: u64 = 4;
 
 /// The length of the fixed part of a [`RecordHeader`] in a `tasks` value.
 pub(crate) const RECORD_HEADER_LEN: usize = 17;
@@ -156,7 +174,10 @@ impl RecordHeader {
     }
 }
 
-pub(crate) use crate::store::owner_of_snapshot;
+pub(crate) use crate::store::{listing_of_snapshot, owner_of_snapshot};
+use crate::store::listing::{
+    ListedStatus, ListedTask, Listing, THROUGHPUT_RETENTION_MS, ThroughputKind, throughput_of,
+};
 
 /// The owner index and usage counters a write keeps beside the records.
 pub(crate) struct OwnerTables<'t> {
@@ -250,6 +271,201 @@ impl<'t> OwnerTables<'t> {
         } else {
             self.usage.insert(key, (usage.tasks, usage.bytes))?;
         }
+        Ok(())
+    }
+}
+
+/// A [`LISTING`] value (postcard; frozen with layout 4: a change is a new layout).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct StoredListing {
+    pub(crate) owner: String,
+    pub(crate) tool: String,
+    pub(crate) status: u8,
+    pub(crate) message: Option<String>,
+    pub(crate) updated_ms: u64,
+}
+
+impl StoredListing {
+    pub(crate) fn new(owner: &str, listing: &Listing) -> StoredListing {
+        StoredListing {
+            owner: owner.to_owned(),
+            tool: listing.tool.clone(),
+            status: listing.status.code(),
+            message: listing.message.clone(),
+            updated_ms: listing.updated_ms,
+        }
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        postcard::to_stdvec(self).unwrap_or_default()
+    }
+
+    /// The entry of `value`; `None` when it does not decode (a damaged page: the entry is
+    /// then skipped by listings and replaced by the next write of its task).
+    pub(crate) fn decode(value: &[u8]) -> Option<StoredListing> {
+        postcard::from_bytes(value).ok()
+    }
+
+    /// The listing it holds; `None` for a status code no build wrote.
+    pub(crate) fn listing(&self) -> Option<Listing> {
+        Some(Listing {
+            tool: self.tool.clone(),
+            status: ListedStatus::from_code(self.status)?,
+            message: self.message.clone(),
+            updated_ms: self.updated_ms,
+        })
+    }
+
+    /// The listed task of the entry at (`created_ms`, `id`).
+    pub(crate) fn task(&self, created_ms: u64, id: &str) -> Option<ListedTask> {
+        Some(ListedTask {
+            id: id.to_owned(),
+            owner: self.owner.clone(),
+            created_ms,
+            listing: self.listing()?,
+        })
+    }
+}
+
+/// The listing index, its counters and the throughput buckets a write keeps beside the
+/// records (layout 4).
+pub(crate) struct ListingTables<'t> {
+    pub(crate) listing: redb::Table<'t, (u64, &'static str), &'static [u8]>,
+    pub(crate) by: redb::Table<'t, (u8, &'static str, u64, &'static str), ()>,
+    pub(crate) counts: redb::Table<'t, (&'static str, &'static str, u8), u64>,
+    pub(crate) throughput: redb::Table<'t, (u64, u8), u64>,
+}
+
+impl<'t> ListingTables<'t> {
+    /// Opens the four tables in `txn`.
+    pub(crate) fn open(txn: &'t WriteTransaction) -> Result<Self, redb::TableError> {
+        Ok(Self {
+            listing: txn.open_table(LISTING)?,
+            by: txn.open_table(LISTING_BY)?,
+            counts: txn.open_table(LISTING_COUNTS)?,
+            throughput: txn.open_table(THROUGHPUT)?,
+        })
+    }
+
+    /// Moves the listing of task `id`, created at `created_ms` by `owner`, to `new`
+    /// (`None`: the task is deleted): its entry, its status and tool entries, the counters,
+    /// and the throughput of a creation or an arrival in a final status. Writes nothing when
+    /// nothing changes, and only the entry when only the message or the update time does.
+    pub(crate) fn relist(
+        &mut self,
+        id: &str,
+        created_ms: u64,
+        owner: &str,
+        new: Option<&Listing>,
+    ) -> Result<(), redb::Error> {
+        let old = self
+            .listing
+            .get((created_ms, id))?
+            .and_then(|v| StoredListing::decode(v.value()));
+        let old_listing = old.as_ref().and_then(StoredListing::listing);
+        let new_entry = new.map(|l| StoredListing::new(owner, l));
+        if old == new_entry {
+            return Ok(());
+        }
+        let same_keys = match (&old, &new_entry) {
+            (Some(o), Some(n)) => o.owner == n.owner && o.tool == n.tool && o.status == n.status,
+            _ => false,
+        };
+        if !same_keys {
+            if let Some(o) = &old {
+                self.unindex(id, created_ms, o)?;
+            }
+            if let Some(n) = &new_entry {
+                self.index(id, created_ms, n)?;
+            }
+        }
+        match (new, &new_entry) {
+            (Some(listing), Some(entry)) => {
+                self.listing
+                    .insert((created_ms, id), entry.encode().as_slice())?;
+                for (minute, kind) in throughput_of(old_listing.as_ref(), listing, created_ms) {
+                    self.count_throughput(minute, kind)?;
+                }
+            }
+            _ => {
+                self.listing.remove((created_ms, id))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the task whose `tasks` value is `value` out of the listing (nothing for a
+    /// record without an owner entry or a damaged header).
+    pub(crate) fn forget(&mut self, id: &str, value: &[u8]) -> Result<(), redb::Error> {
+        if let Ok((
+            RecordHeader {
+                owner: Some(owner), ..
+            },
+            _,
+        )) = RecordHeader::decode(value)
+        {
+            self.relist(id, owner.created_ms, &owner.owner, None)?;
+        }
+        Ok(())
+    }
+
+    /// Lists the task whose `tasks` value is `value`, its listing read from its snapshot
+    /// (administration's writes of records it got no listing for).
+    pub(crate) fn remember(&mut self, id: &str, value: &[u8]) -> Result<(), redb::Error> {
+        if let Ok((
+            RecordHeader {
+                owner: Some(owner), ..
+            },
+            snapshot,
+        )) = RecordHeader::decode(value)
+            && let Some(listing) = listing_of_snapshot(snapshot)
+        {
+            self.relist(id, owner.created_ms, &owner.owner, Some(&listing))?;
+        }
+        Ok(())
+    }
+
+    fn index(&mut self, id: &str, created_ms: u64, entry: &StoredListing) -> Result<(), redb::Error> {
+        let status = ListedStatus::from_code(entry.status).map_or("", ListedStatus::as_str);
+        self.by.insert((BY_STATUS, status, created_ms, id), ())?;
+        self.by.insert((BY_TOOL, entry.tool.as_str(), created_ms, id), ())?;
+        let key = (entry.owner.as_str(), entry.tool.as_str(), entry.status);
+        let n = self.counts.get(key)?.map_or(0, |v| v.value());
+        self.counts.insert(key, n + 1)?;
+        Ok(())
+    }
+
+    fn unindex(&mut self, id: &str, created_ms: u64, entry: &StoredListing) -> Result<(), redb::Error> {
+        let status = ListedStatus::from_code(entry.status).map_or("", ListedStatus::as_str);
+        self.by.remove((BY_STATUS, status, created_ms, id))?;
+        self.by.remove((BY_TOOL, entry.tool.as_str(), created_ms, id))?;
+        let key = (entry.owner.as_str(), entry.tool.as_str(), entry.status);
+        let n = self.counts.get(key)?.map_or(0, |v| v.value());
+        if n <= 1 {
+            self.counts.remove(key)?;
+        } else {
+            self.counts.insert(key, n - 1)?;
+        }
+        Ok(())
+    }
+
+    /// Adds one to a throughput bucket; the first count of a minute also drops the buckets
+    /// older than [`THROUGHPUT_RETENTION_MS`].
+    fn count_throughput(&mut self, minute: u64, kind: ThroughputKind) -> Result<(), redb::Error> {
+        let key = (minute, kind.code());
+        let n = self.throughput.get(key)?.map(|v| v.value());
+        if n.is_none() {
+            let oldest = minute.saturating_sub(THROUGHPUT_RETENTION_MS);
+            let stale: Vec<(u64, u8)> = self
+                .throughput
+                .range(..(oldest, 0))?
+                .map(|e| e.map(|(k, _)| k.value()))
+                .collect::<Result<_, _>>()?;
+            for k in stale {
+                self.throughput.remove(k)?;
+            }
+        }
+        self.throughput.insert(key, n.unwrap_or(0) + 1)?;
         Ok(())
     }
 }
@@ -406,6 +622,8 @@ const MIGRATION_CHUNK: usize = 1024;
 /// snapshot, and its entry in [`OWNERS`] and [`USAGE`]. A record whose snapshot does not
 /// decode gets none (it is in no owner's index and counted for nobody; the reaper
 /// quarantines it).
+///
+/// Layout 3 → 4: [`convert_v3`].
 pub(crate) fn upgrade_layout(txn: &WriteTransaction) -> Result<Option<u64>, LayoutError> {
     let tables: std::collections::HashSet<String> =
         txn.list_tables()?.map(|t| t.name().to_owned()).collect();
@@ -429,6 +647,9 @@ pub(crate) fn upgrade_layout(txn: &WriteTransaction) -> Result<Option<u64>, Layo
     if found < 3 && existing {
         converted = Some(convert_v2(txn)?);
     }
+    if found < 4 && existing {
+        converted = Some(convert_v3(txn)?);
+    }
     if found != SCHEMA_VERSION || !recorded {
         meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION.to_le_bytes().as_slice())?;
     }
@@ -437,6 +658,34 @@ pub(crate) fn upgrade_layout(txn: &WriteTransaction) -> Result<Option<u64>, Layo
     txn.open_table(DUE)?;
     txn.open_table(OWNERS)?;
     txn.open_table(USAGE)?;
+    ListingTables::open(txn)?;
+    Ok(converted)
+}
+
+/// The layout-3 → 4 conversion of [`upgrade_layout`]; returns the number of records. Every
+/// record whose header names an owner gets its [`LISTING`] entry, read from its snapshot (a
+/// snapshot that does not decode gets none). The throughput of the past is not known: its
+/// buckets start empty.
+fn convert_v3(txn: &WriteTransaction) -> Result<u64, LayoutError> {
+    let tasks = txn.open_table(TASKS)?;
+    let mut listing = ListingTables::open(txn)?;
+    let mut converted = 0u64;
+    for entry in tasks.iter()? {
+        let (k, v) = entry?;
+        converted += 1;
+        let Ok((header, snapshot)) = RecordHeader::decode(v.value()) else {
+            continue;
+        };
+        let (Some(owner), Some(new)) = (header.owner, listing_of_snapshot(snapshot)) else {
+            continue;
+        };
+        let id = k.value();
+        let entry = StoredListing::new(&owner.owner, &new);
+        listing.index(id, owner.created_ms, &entry).map_err(LayoutError::Redb)?;
+        listing
+            .listing
+            .insert((owner.created_ms, id), entry.encode().as_slice())?;
+    }
     Ok(converted)
 }
 

@@ -21,6 +21,7 @@ fn put(id: &str, bytes: &[u8], live: bool, due_ms: Option<u64>) -> WriteOp {
         seq: None,
         expect: Expect::Any,
         owner: None,
+        listing: None,
     }
 }
 
@@ -651,6 +652,7 @@ fn cas(id: &str, bytes: &[u8], seq: u64, expect: Expect) -> WriteOp {
         seq: Some(seq),
         expect,
         owner: None,
+        listing: None,
     }
 }
 
@@ -1229,6 +1231,7 @@ fn owned_put(id: &str, bytes: Vec<u8>, owner: &str, created_ms: u64) -> WriteOp 
             owner: owner.to_owned(),
             created_ms,
         }),
+        listing: None,
     }
 }
 
@@ -1293,6 +1296,7 @@ async fn the_owner_index_pages_one_owner_and_counts_its_bytes() {
             seq: Some(2),
             expect: Expect::Seq(1),
             owner: None,
+            listing: None,
         }])
         .await
         .unwrap();

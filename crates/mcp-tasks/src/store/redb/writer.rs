@@ -12,10 +12,12 @@ use redb::{Database, ReadableTable, WriteTransaction};
 use tokio::sync::oneshot;
 
 use super::schema::{
+    ListingTables,
     DUE, LIVE, META, OldDue, OwnerTables, RecordHeader, SyncFailure, TASKS, Target, old_due,
     replace_due,
 };
 use super::{Counters, DbState, RecordCache, panic_message, redb_cause};
+use crate::store::listing::Listing;
 use crate::store::{Cause, Durability, Expect, OwnerEntry, StoreError, WriteOp};
 
 /// One [`RedbStore::commit`] call waiting on the writer.
@@ -318,6 +320,7 @@ fn apply_jobs_to(
         due: txn.open_table(DUE)?,
         meta: txn.open_table(META)?,
         owners: OwnerTables::open(txn)?,
+        listing: ListingTables::open(txn)?,
     };
     let mut results = Vec::with_capacity(jobs.len());
     'jobs: for job in jobs {
@@ -342,6 +345,7 @@ struct JobTables<'t> {
     due: redb::Table<'t, (u64, &'static str), ()>,
     meta: redb::Table<'t, &'static str, &'static [u8]>,
     owners: OwnerTables<'t>,
+    listing: ListingTables<'t>,
 }
 
 impl JobTables<'_> {
@@ -383,7 +387,16 @@ impl JobTables<'_> {
                 seq,
                 expect: _,
                 owner,
-            } => self.put(id.as_str(), bytes, *live, *due_ms, *seq, owner.as_ref()),
+                listing,
+            } => self.put(
+                id.as_str(),
+                bytes,
+                *live,
+                *due_ms,
+                *seq,
+                owner.as_ref(),
+                listing.as_ref(),
+            ),
             WriteOp::Delete { id } => self.delete(id.as_str()),
             WriteOp::SetDue { id, due_ms } => self.set_due(id.as_str(), *due_ms),
             WriteOp::PutMetaIfAbsent { key, value } => {
@@ -403,8 +416,9 @@ impl JobTables<'_> {
         }
     }
 
-    /// A `Put`: the record with its header; `live`, `due` and the owner's tables only where
-    /// they change.
+    /// A `Put`: the record with its header; `live`, `due`, the owner's tables and the
+    /// listing only where they change.
+    #[allow(clippy::too_many_arguments)]
     fn put(
         &mut self,
         id: &str,
@@ -413,6 +427,7 @@ impl JobTables<'_> {
         due_ms: Option<u64>,
         seq: Option<u64>,
         owner: Option<&OwnerEntry>,
+        listing: Option<&Listing>,
     ) -> Result<(), redb::Error> {
         // The old due time and owner come from the header of the record this put replaces
         // (a put without an owner keeps the stored one).
@@ -433,6 +448,16 @@ impl JobTables<'_> {
                 .or_else(|| previous.as_ref().and_then(|(o, _)| o.clone())),
         };
         let value = header.encode(bytes);
+        if let (Some(listing), Some(entry)) = (listing, &header.owner) {
+            // A record keeps its owner entry for life; were it to change, the old entry goes.
+            if let Some((Some(old), _)) = &previous
+                && old.created_ms != entry.created_ms
+            {
+                self.listing.relist(id, old.created_ms, &old.owner, None)?;
+            }
+            self.listing
+                .relist(id, entry.created_ms, &entry.owner, Some(listing))?;
+        }
         self.owners.replace(id, previous, &value)?;
         self.tasks.insert(id, value.as_slice())?;
         if is_live {
@@ -450,6 +475,7 @@ impl JobTables<'_> {
         let removed = self.tasks.remove(id)?;
         if let Some(value) = &removed {
             self.owners.account(id, value.value(), -1)?;
+            self.listing.forget(id, value.value())?;
         }
         let old = old_due(removed.as_ref().map(|v| v.value()));
         if self.live.get(id)?.is_some() {
