@@ -211,6 +211,15 @@ struct ServeArgs {
     /// the series are listed in the `mcp_tasks::telemetry` docs). Off by default.
     #[arg(long, env = "MCP_TASKS_METRICS_LISTEN", value_name = "ADDR")]
     metrics_listen: Option<String>,
+    /// Serve the operator console (every stored task, followed live; docs/CONSOLE.md) on this
+    /// address, a port apart from MCP's. With authentication configured it asks for the same
+    /// tokens: a principal sees its own tasks, the `admin` scope every tenant. Off by default.
+    #[arg(long, env = "MCP_TASKS_CONSOLE_LISTEN", value_name = "ADDR")]
+    console_listen: Option<String>,
+    /// Let the console act: cancel a task, cancel every task a filter matches, purge finished
+    /// tasks (with authentication, for tokens with the `admin` scope only). Off by default.
+    #[arg(long, env = "MCP_TASKS_CONSOLE_ACTIONS", requires = "console_listen")]
+    console_actions: bool,
     /// Serve newline-delimited JSON-RPC on stdin/stdout instead of HTTP (logs on stderr).
     #[arg(long, env = "MCP_TASKS_STDIO", conflicts_with_all = ["listen", "allowed_origins", "allowed_hosts", "strict_headers", "http_auth"])]
     stdio: bool,
@@ -864,6 +873,56 @@ async fn serve_metrics(
     Ok((task, local))
 }
 
+/// Binds `--console-listen`'s address (none without it).
+async fn bind_console(addr: Option<&str>) -> Result<Option<tokio::net::TcpListener>, String> {
+    match addr {
+        Some(addr) => tokio::net::TcpListener::bind(addr)
+            .await
+            .map(Some)
+            .map_err(|e| format!("cannot listen on {addr} for the console: {e}")),
+        None => Ok(None),
+    }
+}
+
+/// The console's server (`--console-listen`), stopped with the runtime.
+struct ConsoleServer {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl ConsoleServer {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+    }
+}
+
+/// Serves the operator console of `runtime` on `listener`.
+fn serve_console(
+    listener: tokio::net::TcpListener,
+    runtime: &Runtime,
+    authenticator: Option<Arc<dyn Authenticator>>,
+    actions: bool,
+) -> ConsoleServer {
+    let mut console = mcp_tasks::console::Console::new(runtime).actions(actions);
+    if let Some(authenticator) = authenticator {
+        console = console.authenticator(authenticator);
+    }
+    let addr = listener
+        .local_addr()
+        .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+    tracing::info!(
+        actions,
+        "console on http://{addr}/{}",
+        if actions { "" } else { " (read-only)" }
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(http::serve(listener, console.router(), async move {
+        let _ = stopped.await;
+    }));
+    ConsoleServer { stop, task }
+}
+
 async fn serve_http(
     args: ServeArgs,
     started: &Arc<OnceLock<mcp_tasks::RuntimeHandle>>,
@@ -882,6 +941,14 @@ async fn serve_http(
     let addr = match listener.local_addr() {
         Ok(addr) => addr.to_string(),
         Err(_) => args.listen.clone(),
+    };
+    // Bound before the store opens, so that a taken address is refused at once.
+    let console_listener = match bind_console(args.console_listen.as_deref()).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
     };
     // The address serves from now on: the probes answer while the store opens and recovers
     // (`/readyz` 503), and the MCP requests of early clients wait for the router.
@@ -922,6 +989,16 @@ async fn serve_http(
             return ExitCode::FAILURE;
         }
     };
+    let console = match console_listener {
+        Some(listener) => {
+            let authenticator = config
+                .authenticator
+                .requires_credentials()
+                .then(|| config.authenticator.clone());
+            Some(serve_console(listener, &runtime, authenticator, args.console_actions))
+        }
+        None => None,
+    };
     // Before the router answers: see `reload_on_hangup`.
     let reload = reload_on_hangup(tokens);
     let _ = router_tx.send(Some(http::router(runtime.handle(), config)));
@@ -935,6 +1012,11 @@ async fn serve_http(
     let reloader = tokio::spawn(reload);
     let served = until_signal(&runtime, serving, stop_tx).await;
     reloader.abort();
+    if let Some(console) = console {
+        // Its live streams end with the runtime's `closing`.
+        runtime.begin_shutdown();
+        console.stop().await;
+    }
     let halted = runtime.halted();
     runtime.shutdown().await;
     if let Some(code) = halted_exit(halted) {
@@ -1000,9 +1082,19 @@ async fn serve_stdio(args: ServeArgs, started: &OnceLock<mcp_tasks::RuntimeHandl
             return ExitCode::FAILURE;
         }
     };
+    let console_listener = match bind_console(args.console_listen.as_deref()).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let Some((runtime, _admin)) = start(&args, started).await else {
         return ExitCode::FAILURE;
     };
+    // Over stdio there is no HTTP authentication: the console has none either.
+    let console = console_listener
+        .map(|listener| serve_console(listener, &runtime, None, args.console_actions));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let serving = stdio::serve_with_shutdown(
         runtime.handle(),
@@ -1015,6 +1107,9 @@ async fn serve_stdio(args: ServeArgs, started: &OnceLock<mcp_tasks::RuntimeHandl
     );
     let served = until_signal(&runtime, serving, stop_tx).await;
     runtime.begin_shutdown();
+    if let Some(console) = console {
+        console.stop().await;
+    }
     let halted = runtime.halted();
     runtime.shutdown().await;
     if let Some(code) = halted_exit(halted) {

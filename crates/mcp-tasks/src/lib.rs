@@ -133,6 +133,8 @@ pub mod catalog;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod clock;
+#[cfg(feature = "console")]
+pub mod console;
 pub mod content;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;

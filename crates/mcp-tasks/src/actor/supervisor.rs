@@ -238,6 +238,12 @@ impl Supervisor {
                 "live tasks name a tool this runtime does not register; they wait for it (register the tool and restart to run them)");
         }
         crate::telemetry::recovered(started.elapsed(), count);
+        let took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let _ = self.shared.recovery.set(crate::shared::Recovery {
+            started_ms: self.shared.now_ms().saturating_sub(took_ms),
+            took_ms,
+            rehydrated: count as u64,
+        });
         if count > 0 {
             tracing::info!(
                 tasks = count,

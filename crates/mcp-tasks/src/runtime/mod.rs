@@ -312,6 +312,8 @@ impl RuntimeBuilder {
             request_state: RequestStateCodec::new(key),
             closing: stop_rx.clone(),
             quotas: Arc::new(crate::quota::QuotaTracker::new(self.config.quotas.clone())),
+            changes: Default::default(),
+            recovery: Default::default(),
         });
         let (supervisor, supervisor_task) = match Actor::spawn(
             None,

@@ -6,11 +6,13 @@
 //! actors take), [`RuntimeConfig`], [`RuntimeError`] and the MRTR `requestState` codec. The
 //! actors, the dispatcher and the runtime build on this module; it names none of them.
 
+mod changes;
 mod config;
 mod error;
 mod live;
 pub(crate) mod request_state;
 
+pub(crate) use changes::{Changes, Recovery};
 pub use config::RuntimeConfig;
 pub use error::RuntimeError;
 pub(crate) use live::{LiveTask, LiveTasks, SharedCapabilities, TaskMsg};
@@ -40,6 +42,10 @@ pub(crate) struct Shared {
     pub(crate) closing: tokio::sync::watch::Receiver<bool>,
     /// Per-owner quota counters.
     pub(crate) quotas: Arc<crate::quota::QuotaTracker>,
+    /// Every committed change of a task, for observers of all tasks (the console).
+    pub(crate) changes: Changes,
+    /// How the last start's rehydration went (set once by the supervisor).
+    pub(crate) recovery: std::sync::OnceLock<Recovery>,
 }
 
 impl Shared {
@@ -90,11 +96,12 @@ impl Shared {
     pub(crate) async fn commit(&self, record: &TaskRecord) -> Result<(), RuntimeError> {
         let op = self.write_op(record)?;
         self.store.commit(vec![op]).await?;
+        self.changes.committed(record);
         Ok(())
     }
 
-    /// [`Shared::load_as`] of any owner's task (the runtime's own tests).
-    #[cfg(test)]
+    /// [`Shared::load_as`] of any owner's task (the console, the runtime's own tests).
+    #[cfg(any(test, feature = "console"))]
     pub(crate) async fn load(&self, id: &TaskId) -> Result<Option<Arc<TaskRecord>>, RuntimeError> {
         self.load_as(id, None).await
     }

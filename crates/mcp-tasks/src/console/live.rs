@@ -1,0 +1,162 @@
+//! `GET api/events`: the console's live updates as server-sent events.
+//!
+//! On a store of one process the events are the runtime's committed changes
+//! ([`crate::shared::Changes`], sent after each commit, like the snapshots listens follow).
+//! On a store shared by replicas they come from the store's notifications of every node's
+//! commits ([`crate::store::Cluster::watch_commits`]): the ids that arrive in a short window
+//! are read together and sent as rows. A viewer gets only the tasks it may see; one that
+//! falls behind gets a `resync` event (the page reloads what it shows) instead of a backlog.
+
+use std::collections::BTreeSet;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio::sync::broadcast::error::RecvError;
+
+use super::api::row;
+use super::viewer::{self, Viewer};
+use super::{AppState, ConsoleState};
+use crate::store::listing::ListedTask;
+use crate::store::owner_key;
+
+/// How long ids from the store's notifications are gathered before they are read.
+const GATHER: Duration = Duration::from_millis(150);
+/// The most ids read for one batch: past it the viewer is told to resync.
+const MAX_BATCH: usize = 256;
+/// The keep-alive comment interval.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// `GET api/events`.
+pub(super) async fn events(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let viewer = match viewer::viewer(&state, &headers).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let stream = match state.shared.store.cluster().and_then(|c| c.watch_commits()) {
+        Some(ids) => cluster_events(state.clone(), viewer, ids),
+        None => local_events(&state, viewer),
+    };
+    let closing = state.shared.closing.clone();
+    // The stream ends when the runtime shuts down (a server's graceful drain waits for it).
+    let stream = stream.take_until(async move {
+        let mut closing = closing;
+        let _ = closing.wait_for(|c| *c).await;
+    });
+    Sse::new(stream.map(Ok::<_, Infallible>))
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive"))
+        .into_response()
+}
+
+fn task_event(task: &ListedTask) -> Event {
+    Event::default().event("task").data(row(task).to_string())
+}
+
+fn resync() -> Event {
+    Event::default().event("resync").data("{}")
+}
+
+/// The runtime's own committed changes.
+fn local_events(state: &ConsoleState, viewer: Viewer) -> BoxStream<'static, Event> {
+    let receiver = state.shared.changes.subscribe();
+    futures::stream::unfold((receiver, viewer), |(mut receiver, viewer)| async move {
+        loop {
+            match receiver.recv().await {
+                Ok(change) => {
+                    if !viewer.may_see(&change.owner) {
+                        continue;
+                    }
+                    let task = ListedTask {
+                        id: change.id,
+                        owner: owner_key(&change.owner.tenant, &change.owner.principal),
+                        created_ms: change.created_ms,
+                        listing: change.listing,
+                    };
+                    return Some((task_event(&task), (receiver, viewer)));
+                }
+                Err(RecvError::Lagged(_)) => return Some((resync(), (receiver, viewer))),
+                Err(RecvError::Closed) => return None,
+            }
+        }
+    })
+    .boxed()
+}
+
+/// Every node's commits, from the store's notifications.
+fn cluster_events(
+    state: AppState,
+    viewer: Viewer,
+    receiver: tokio::sync::broadcast::Receiver<String>,
+) -> BoxStream<'static, Event> {
+    futures::stream::unfold(
+        (receiver, viewer, state),
+        |(mut receiver, viewer, state)| async move {
+            loop {
+                let mut ids = BTreeSet::new();
+                let mut lagged = false;
+                match receiver.recv().await {
+                    Ok(id) => {
+                        ids.insert(id);
+                    }
+                    Err(RecvError::Lagged(_)) => lagged = true,
+                    Err(RecvError::Closed) => return None,
+                }
+                let deadline = tokio::time::sleep(GATHER);
+                tokio::pin!(deadline);
+                loop {
+                    tokio::select! {
+                        _ = &mut deadline => break,
+                        next = receiver.recv() => match next {
+                            Ok(id) => { ids.insert(id); }
+                            Err(RecvError::Lagged(_)) => lagged = true,
+                            Err(RecvError::Closed) => break,
+                        },
+                    }
+                }
+                if lagged || ids.len() > MAX_BATCH {
+                    return Some((vec![resync()], (receiver, viewer, state)));
+                }
+                let events = read_rows(&state, &viewer, ids).await;
+                if !events.is_empty() {
+                    return Some((events, (receiver, viewer, state)));
+                }
+            }
+        },
+    )
+    .flat_map(futures::stream::iter)
+    .boxed()
+}
+
+/// The rows of `ids` the viewer may see, read from the store.
+async fn read_rows(state: &ConsoleState, viewer: &Viewer, ids: BTreeSet<String>) -> Vec<Event> {
+    let ids: Vec<String> = ids.into_iter().collect();
+    let records = match state.shared.store.get_many(ids.clone()).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!(error = %e, "console: could not read changed tasks");
+            return vec![resync()];
+        }
+    };
+    let mut events = Vec::new();
+    for bytes in records.into_iter().flatten() {
+        let Ok(record) = crate::persist::decode(&bytes) else {
+            continue;
+        };
+        if !viewer.may_see(&record.owner) {
+            continue;
+        }
+        let task = ListedTask {
+            id: record.id.as_str().to_owned(),
+            owner: owner_key(&record.owner.tenant, &record.owner.principal),
+            created_ms: record.created_at_ms,
+            listing: crate::store::listing_of(&record),
+        };
+        events.push(task_event(&task));
+    }
+    events
+}
