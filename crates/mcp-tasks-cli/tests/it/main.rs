@@ -23,6 +23,7 @@ mod auth_jwks;
 mod bad_input;
 mod cli;
 mod client;
+mod console;
 mod deploy;
 mod features;
 mod fixtures;
