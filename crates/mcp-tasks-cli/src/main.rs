@@ -995,7 +995,12 @@ async fn serve_http(
                 .authenticator
                 .requires_credentials()
                 .then(|| config.authenticator.clone());
-            Some(serve_console(listener, &runtime, authenticator, args.console_actions))
+            Some(serve_console(
+                listener,
+                &runtime,
+                authenticator,
+                args.console_actions,
+            ))
         }
         None => None,
     };

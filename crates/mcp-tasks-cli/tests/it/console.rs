@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use mcp_tasks::auth::StaticTokens;
 use mcp_tasks::console::Console;
-use mcp_tasks::tool::{CallToolResult, InputRequest, TaskPolicy, ToolDescriptor, ToolError, tool_fn};
+use mcp_tasks::tool::{
+    CallToolResult, InputRequest, TaskPolicy, ToolDescriptor, ToolError, tool_fn,
+};
 use mcp_tasks::{Owner, Runtime};
 use serde_json::{Value, json};
 use sha2::Digest;
@@ -84,7 +86,12 @@ pub(crate) async fn start(place: &Place) -> Runtime {
 pub(crate) async fn create(rt: &Runtime, owner: &Owner, tool: &str, args: Value) -> String {
     let r = rt
         .handle_json(
-            req(1, "tools/call", json!({ "name": tool, "arguments": args }), true),
+            req(
+                1,
+                "tools/call",
+                json!({ "name": tool, "arguments": args }),
+                true,
+            ),
             owner,
         )
         .await
@@ -425,7 +432,9 @@ fn tokens() -> Arc<StaticTokens> {
     let entry = |token: &str, tenant: &str, principal: &str, scopes: &str| {
         let digest = sha2::Sha256::digest(token.as_bytes());
         let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        format!("[[tokens]]\nsha256 = \"{hex}\"\ntenant = \"{tenant}\"\nprincipal = \"{principal}\"\nscopes = [{scopes}]\n")
+        format!(
+            "[[tokens]]\nsha256 = \"{hex}\"\ntenant = \"{tenant}\"\nprincipal = \"{principal}\"\nscopes = [{scopes}]\n"
+        )
     };
     let toml = [
         entry("alice-token", "acme", "alice", "\"tasks\""),
@@ -452,26 +461,55 @@ async fn a_principal_sees_its_own_tasks_and_only_admin_acts() {
     // Without a credential: 401 asking for a login; a bad one too.
     let (status, body) = get(&format!("{base}/api/overview"), &[]).await;
     assert_eq!((status, body["login"].clone()), (401, json!(true)));
-    assert_eq!(get(&format!("{base}/api/tasks"), &[("authorization", &bearer("nope"))]).await.0, 401);
+    assert_eq!(
+        get(
+            &format!("{base}/api/tasks"),
+            &[("authorization", &bearer("nope"))]
+        )
+        .await
+        .0,
+        401
+    );
 
     // Alice sees her task only: in the list, the overview, the detail, the count.
     let alice_h = bearer("alice-token");
     let h = [("authorization", alice_h.as_str())];
     let (_, page) = get(&format!("{base}/api/tasks"), &h).await;
-    let ids: Vec<&str> = page["tasks"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, vec![a.as_str()]);
     let (_, o) = get(&format!("{base}/api/overview"), &h).await;
     assert_eq!(o["statuses"]["working"], 1);
-    assert_eq!(o["viewer"], json!({ "tenant": "acme", "principal": "alice", "admin": false }));
+    assert_eq!(
+        o["viewer"],
+        json!({ "tenant": "acme", "principal": "alice", "admin": false })
+    );
     assert_eq!(o["throughput"], Value::Null);
     assert_eq!(o["actions"], false);
-    assert_eq!(get(&format!("{base}/api/tasks/{b}"), &h).await.0, 404, "another's task is unknown");
+    assert_eq!(
+        get(&format!("{base}/api/tasks/{b}"), &h).await.0,
+        404,
+        "another's task is unknown"
+    );
     assert_eq!(get(&format!("{base}/api/tasks/{a}"), &h).await.0, 200);
-    assert_eq!(get(&format!("{base}/api/tasks?owner=acme/bob"), &h).await.0, 403);
+    assert_eq!(
+        get(&format!("{base}/api/tasks?owner=acme/bob"), &h).await.0,
+        403
+    );
     let (status, _, _) = http(reqwest::Method::GET, &format!("{base}/tasks/{b}"), &h, None).await;
     assert_eq!(status, 404);
     // … and may not act, even on her own task.
-    let (status, body, _) = http(reqwest::Method::POST, &format!("{base}/api/tasks/{a}/cancel"), &h, Some(json!({}))).await;
+    let (status, body, _) = http(
+        reqwest::Method::POST,
+        &format!("{base}/api/tasks/{a}/cancel"),
+        &h,
+        Some(json!({})),
+    )
+    .await;
     assert_eq!(status, 403, "{body}");
     assert!(body["error"].as_str().unwrap().contains("admin"));
 
@@ -479,36 +517,94 @@ async fn a_principal_sees_its_own_tasks_and_only_admin_acts() {
     // a browser cannot send it from another site).
     let root_h = bearer("root-token");
     let h = [("authorization", root_h.as_str())];
-    assert_eq!(sorted(all_ids_with(base, &h).await), sorted(vec![a.clone(), b.clone()]));
-    let (status, body, _) = http(reqwest::Method::POST, &format!("{base}/api/tasks/{b}/cancel"), &h, Some(json!({}))).await;
+    assert_eq!(
+        sorted(all_ids_with(base, &h).await),
+        sorted(vec![a.clone(), b.clone()])
+    );
+    let (status, body, _) = http(
+        reqwest::Method::POST,
+        &format!("{base}/api/tasks/{b}/cancel"),
+        &h,
+        Some(json!({})),
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
     wait_status(&rt, &bob, &b, "cancelled").await;
 
     // The login form: a cookie, then the CSRF token is required with it.
-    let (status, _, headers) = http(reqwest::Method::POST, &format!("{base}/api/session"), &[], Some(json!({ "token": "wrong" }))).await;
+    let (status, _, headers) = http(
+        reqwest::Method::POST,
+        &format!("{base}/api/session"),
+        &[],
+        Some(json!({ "token": "wrong" })),
+    )
+    .await;
     assert_eq!(status, 401);
     assert!(headers.get("set-cookie").is_none());
-    let (status, _, headers) = http(reqwest::Method::POST, &format!("{base}/api/session"), &[], Some(json!({ "token": "root-token" }))).await;
+    let (status, _, headers) = http(
+        reqwest::Method::POST,
+        &format!("{base}/api/session"),
+        &[],
+        Some(json!({ "token": "root-token" })),
+    )
+    .await;
     assert_eq!(status, 204);
     let cookie = headers["set-cookie"].to_str().unwrap().to_owned();
-    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
     let cookie = cookie.split(';').next().unwrap().to_owned();
     let c = [("cookie", cookie.as_str())];
     let (status, o) = get(&format!("{base}/api/overview"), &c).await;
     assert_eq!(status, 200);
     assert_eq!(o["viewer"]["admin"], true);
     let csrf = o["csrf"].as_str().unwrap().to_owned();
-    let (status, _, _) = http(reqwest::Method::POST, &format!("{base}/api/tasks/{a}/cancel"), &c, Some(json!({}))).await;
+    let (status, _, _) = http(
+        reqwest::Method::POST,
+        &format!("{base}/api/tasks/{a}/cancel"),
+        &c,
+        Some(json!({})),
+    )
+    .await;
     assert_eq!(status, 403, "a cookie without the CSRF token");
-    let (status, _, _) = http(reqwest::Method::POST, &format!("{base}/api/tasks/{a}/cancel"), &[c[0], ("x-console-csrf", "forged")], Some(json!({}))).await;
+    let (status, _, _) = http(
+        reqwest::Method::POST,
+        &format!("{base}/api/tasks/{a}/cancel"),
+        &[c[0], ("x-console-csrf", "forged")],
+        Some(json!({})),
+    )
+    .await;
     assert_eq!(status, 403, "a wrong CSRF token");
-    let (status, body, _) = http(reqwest::Method::POST, &format!("{base}/api/tasks/{a}/cancel"), &[c[0], ("x-console-csrf", &csrf)], Some(json!({}))).await;
+    let (status, body, _) = http(
+        reqwest::Method::POST,
+        &format!("{base}/api/tasks/{a}/cancel"),
+        &[c[0], ("x-console-csrf", &csrf)],
+        Some(json!({})),
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
     // Alice's CSRF token is not the admin's.
     let (status, _) = {
-        let (_, _, headers) = http(reqwest::Method::POST, &format!("{base}/api/session"), &[], Some(json!({ "token": "alice-token" }))).await;
-        let alice_cookie = headers["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_owned();
-        let (_, o) = get(&format!("{base}/api/overview"), &[("cookie", &alice_cookie)]).await;
+        let (_, _, headers) = http(
+            reqwest::Method::POST,
+            &format!("{base}/api/session"),
+            &[],
+            Some(json!({ "token": "alice-token" })),
+        )
+        .await;
+        let alice_cookie = headers["set-cookie"]
+            .to_str()
+            .unwrap()
+            .split(';')
+            .next()
+            .unwrap()
+            .to_owned();
+        let (_, o) = get(
+            &format!("{base}/api/overview"),
+            &[("cookie", &alice_cookie)],
+        )
+        .await;
         assert_ne!(o["csrf"].as_str().unwrap(), csrf);
         (0, ())
     };
@@ -520,7 +616,12 @@ async fn a_principal_sees_its_own_tasks_and_only_admin_acts() {
 
 async fn all_ids_with(base: &str, headers: &[(&str, &str)]) -> Vec<String> {
     let (_, page) = get(&format!("{base}/api/tasks?limit=200"), headers).await;
-    page["tasks"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_owned()).collect()
+    page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -536,13 +637,22 @@ async fn live_events_carry_every_committed_change() {
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
-    assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
     let mut body = response.bytes_stream();
     let id = create(&rt, &me, "ask", json!({})).await;
     let mut seen = String::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while !seen.contains("\"input_required\"") {
-        let chunk = tokio::time::timeout_at(deadline, body.next()).await.expect("an event within 10 s").unwrap().unwrap();
+        let chunk = tokio::time::timeout_at(deadline, body.next())
+            .await
+            .expect("an event within 10 s")
+            .unwrap()
+            .unwrap();
         seen.push_str(&String::from_utf8_lossy(&chunk));
     }
     assert!(seen.contains("event: task"), "{seen}");

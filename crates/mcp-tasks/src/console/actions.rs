@@ -97,7 +97,10 @@ pub(super) async fn cancel_one(
                 "console: cancellation requested");
             Json(json!({ "status": status })).into_response()
         }
-        Err(why) => error(StatusCode::CONFLICT, format!("the task could not be cancelled: {why}")),
+        Err(why) => error(
+            StatusCode::CONFLICT,
+            format!("the task could not be cancelled: {why}"),
+        ),
     }
 }
 
@@ -134,14 +137,23 @@ pub(super) async fn cancel_matching(
         let page = match state
             .shared
             .store
-            .listing(&q.filter, cursor.clone(), MAX_LISTING_PAGE, DEFAULT_LISTING_BUDGET)
+            .listing(
+                &q.filter,
+                cursor.clone(),
+                MAX_LISTING_PAGE,
+                DEFAULT_LISTING_BUDGET,
+            )
             .await
         {
             Ok(p) => p,
             Err(e) => return store_error(e),
         };
         looked += page.scanned as usize;
-        for task in page.tasks.iter().filter(|t| !t.listing.status.is_terminal()) {
+        for task in page
+            .tasks
+            .iter()
+            .filter(|t| !t.listing.status.is_terminal())
+        {
             let record = match visible_record(&state, &viewer, &task.id).await {
                 Ok(Some(r)) if !r.status.is_terminal() => r,
                 Ok(_) => continue,
@@ -188,7 +200,11 @@ fn describe(f: &ListingFilter) -> String {
 /// `POST api/purge` `{"before": "2026-12-01"}`: deletes up to [`BATCH`] finished tasks last
 /// updated before that time (on a store shared by replicas too: a finished task is never
 /// written again, so no node's lease is involved).
-pub(super) async fn purge(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+pub(super) async fn purge(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let viewer = match actor(&state, &headers).await {
         Ok(v) => v,
         Err(r) => return r,
@@ -197,7 +213,10 @@ pub(super) async fn purge(State(state): State<AppState>, headers: HeaderMap, bod
     let before = match body.get("before") {
         Some(Value::String(s)) => super::query::time_param("before", s),
         Some(Value::Number(n)) => n.as_u64().ok_or_else(|| "before: a time".to_owned()),
-        _ => Err("send {\"before\": \"2026-12-01\"}: finished tasks last updated before it are deleted".to_owned()),
+        _ => Err(
+            "send {\"before\": \"2026-12-01\"}: finished tasks last updated before it are deleted"
+                .to_owned(),
+        ),
     };
     let before = match before {
         Ok(b) => b,
@@ -205,7 +224,11 @@ pub(super) async fn purge(State(state): State<AppState>, headers: HeaderMap, bod
     };
     let mut doomed: Vec<String> = Vec::new();
     let mut more = false;
-    'statuses: for status in [ListedStatus::Completed, ListedStatus::Failed, ListedStatus::Cancelled] {
+    'statuses: for status in [
+        ListedStatus::Completed,
+        ListedStatus::Failed,
+        ListedStatus::Cancelled,
+    ] {
         // A task last updated before `before` was created before it too.
         let filter = ListingFilter {
             status: Some(status),

@@ -98,9 +98,9 @@ async fn overview_json(state: &ConsoleState, viewer: &Viewer) -> Result<Value, R
         .filter(|c| scope.as_ref().is_none_or(|s| *s == c.owner))
     {
         *statuses.entry(c.status.as_str()).or_default() += c.tasks;
-        let per_tool = tools.entry(c.tool.clone()).or_insert_with(|| {
-            ListedStatus::ALL.iter().map(|s| (s.as_str(), 0)).collect()
-        });
+        let per_tool = tools
+            .entry(c.tool.clone())
+            .or_insert_with(|| ListedStatus::ALL.iter().map(|s| (s.as_str(), 0)).collect());
         *per_tool.entry(c.status.as_str()).or_default() += c.tasks;
         tasks += c.tasks;
         if !c.status.is_terminal() {
@@ -165,9 +165,9 @@ async fn overview_json(state: &ConsoleState, viewer: &Viewer) -> Result<Value, R
     } else {
         None
     };
-    let recovery = state.shared.recovery.get().map(|r| {
-        json!({ "startedAt": r.started_ms, "tookMs": r.took_ms, "rehydrated": r.rehydrated })
-    });
+    let recovery = state.shared.recovery.get().map(
+        |r| json!({ "startedAt": r.started_ms, "tookMs": r.took_ms, "rehydrated": r.rehydrated }),
+    );
     Ok(json!({
         "now": now,
         "viewer": viewer.json(),
@@ -245,7 +245,12 @@ pub(super) async fn count_matching(
         let page = state
             .shared
             .store
-            .listing(filter, cursor, crate::store::listing::MAX_LISTING_PAGE, DEFAULT_LISTING_BUDGET)
+            .listing(
+                filter,
+                cursor,
+                crate::store::listing::MAX_LISTING_PAGE,
+                DEFAULT_LISTING_BUDGET,
+            )
             .await
             .map_err(store_error)?;
         count += page.tasks.len() as u64;
@@ -306,9 +311,9 @@ pub(super) async fn task(
     };
     let lease = match state.shared.store.cluster() {
         Some(cluster) => match cluster.lease_of(record.id.as_str()).await {
-            Ok(lease) => lease.map(|l| {
-                json!({ "node": l.node, "epoch": l.epoch, "takeovers": l.takeovers })
-            }),
+            Ok(lease) => {
+                lease.map(|l| json!({ "node": l.node, "epoch": l.epoch, "takeovers": l.takeovers }))
+            }
             Err(e) => return store_error(e),
         },
         None => None,

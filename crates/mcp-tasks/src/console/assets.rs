@@ -25,9 +25,18 @@ pub(super) const CSP: &str = "default-src 'none'; script-src 'self'; style-src '
 /// Adds the security headers to every response.
 pub(super) async fn security_headers(mut response: Response) -> Response {
     let h = response.headers_mut();
-    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
-    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     if !h.contains_key(header::CACHE_CONTROL) {
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -97,7 +106,10 @@ pub(super) async fn task_page(
 /// Any other path: the not-found page (JSON under `api/`).
 pub(super) async fn not_found(OriginalUri(original): OriginalUri, uri: Uri) -> Response {
     if uri.path().starts_with("/api/") {
-        return viewer::error(StatusCode::NOT_FOUND, "no such API route (docs/CONSOLE.md lists them)");
+        return viewer::error(
+            StatusCode::NOT_FOUND,
+            "no such API route (docs/CONSOLE.md lists them)",
+        );
     }
     shell(&original, &uri, StatusCode::NOT_FOUND)
 }

@@ -20,7 +20,11 @@ pub(super) fn params(query: Option<&str>) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let decode = |s: &str| percent_decode_str(&s.replace('+', " ")).decode_utf8_lossy().into_owned();
+        let decode = |s: &str| {
+            percent_decode_str(&s.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned()
+        };
         let value = decode(v);
         if !value.trim().is_empty() {
             out.insert(decode(k), value);
@@ -65,13 +69,13 @@ pub(super) fn list_query(params: &BTreeMap<String, String>) -> Result<ListQuery,
         }
         filter = filter.with_text(q);
     }
-    let cursor = match params.get("cursor") {
-        Some(c) => Some(
-            ListingCursor::from_token(c.trim())
-                .ok_or_else(|| "cursor: malformed (use the `next` of the previous page)".to_owned())?,
-        ),
-        None => None,
-    };
+    let cursor =
+        match params.get("cursor") {
+            Some(c) => Some(ListingCursor::from_token(c.trim()).ok_or_else(|| {
+                "cursor: malformed (use the `next` of the previous page)".to_owned()
+            })?),
+            None => None,
+        };
     let limit = match params.get("limit") {
         Some(l) => match l.trim().parse::<usize>() {
             Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
@@ -104,7 +108,9 @@ pub(super) fn time_param(name: &str, value: &str) -> Result<u64, String> {
     use time::macros::format_description;
     let value = value.trim();
     let bad = || {
-        format!("{name}: `{value}` is not a time (2026-12-04, 2026-12-04T10:00, RFC 3339, or ms since the epoch)")
+        format!(
+            "{name}: `{value}` is not a time (2026-12-04, 2026-12-04T10:00, RFC 3339, or ms since the epoch)"
+        )
     };
     if let Ok(ms) = value.parse::<u64>() {
         return Ok(ms);
@@ -147,7 +153,10 @@ mod tests {
         assert_eq!(q.filter.text.as_deref(), Some("disk full"));
         assert_eq!(q.limit, 10);
         // Empty fields of the form are absent.
-        assert_eq!(list_query(&params(Some("status=&tool="))).unwrap().filter, ListingFilter::default());
+        assert_eq!(
+            list_query(&params(Some("status=&tool="))).unwrap().filter,
+            ListingFilter::default()
+        );
     }
 
     #[test]
@@ -166,9 +175,18 @@ mod tests {
 
     #[test]
     fn times_in_every_accepted_form() {
-        assert_eq!(time_param("t", "2026-12-04T10:00").unwrap(), 1_764_842_400_000);
-        assert_eq!(time_param("t", "2026-12-04T10:00:00Z").unwrap(), 1_764_842_400_000);
-        assert_eq!(time_param("t", "2026-12-04T11:00:00+01:00").unwrap(), 1_764_842_400_000);
+        assert_eq!(
+            time_param("t", "2026-12-04T10:00").unwrap(),
+            1_764_842_400_000
+        );
+        assert_eq!(
+            time_param("t", "2026-12-04T10:00:00Z").unwrap(),
+            1_764_842_400_000
+        );
+        assert_eq!(
+            time_param("t", "2026-12-04T11:00:00+01:00").unwrap(),
+            1_764_842_400_000
+        );
         assert_eq!(owner_param("bob"), owner_key("", "bob"));
     }
 }

@@ -109,9 +109,9 @@ pub(super) async fn viewer(state: &ConsoleState, headers: &HeaderMap) -> Result<
             None => return Err(login_required("sign in with a token")),
         },
     };
-    let identity = authenticate(auth.as_ref(), &credential).await.map_err(|why| {
-        login_required(format!("the credential was refused: {why}"))
-    })?;
+    let identity = authenticate(auth.as_ref(), &credential)
+        .await
+        .map_err(|why| login_required(format!("the credential was refused: {why}")))?;
     Ok(Viewer {
         identity: Some(identity),
         by_cookie,
@@ -133,7 +133,8 @@ async fn authenticate(
     auth: &dyn crate::auth::Authenticator,
     authorization: &str,
 ) -> Result<Identity, String> {
-    let value = HeaderValue::from_str(authorization).map_err(|_| "a malformed credential".to_owned())?;
+    let value =
+        HeaderValue::from_str(authorization).map_err(|_| "a malformed credential".to_owned())?;
     let (parts, ()) = Request::builder()
         .method(Method::GET)
         .uri("/")
@@ -159,7 +160,11 @@ fn cookie(headers: &HeaderMap) -> Option<String> {
 
 /// Refuses an action the viewer may not take: without actions enabled, without the `admin`
 /// scope, from another site, or from a browser without the CSRF token.
-pub(super) fn may_act(state: &ConsoleState, viewer: &Viewer, headers: &HeaderMap) -> Result<(), Response> {
+pub(super) fn may_act(
+    state: &ConsoleState,
+    viewer: &Viewer,
+    headers: &HeaderMap,
+) -> Result<(), Response> {
     if !state.actions {
         return Err(error(
             StatusCode::FORBIDDEN,
@@ -225,7 +230,11 @@ fn same_origin(headers: &HeaderMap) -> Result<(), Response> {
 }
 
 /// `POST api/session` `{"token": "…"}`: checks the token and sets the login cookie.
-pub(super) async fn login(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+pub(super) async fn login(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let Some(auth) = &state.authenticator else {
         return error(StatusCode::NOT_FOUND, "this console has no authentication");
     };
@@ -234,13 +243,19 @@ pub(super) async fn login(State(state): State<AppState>, headers: HeaderMap, bod
     }
     let token = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()
-        .and_then(|v| v.get("token").and_then(|t| t.as_str()).map(|t| t.trim().to_owned()))
+        .and_then(|v| {
+            v.get("token")
+                .and_then(|t| t.as_str())
+                .map(|t| t.trim().to_owned())
+        })
         .unwrap_or_default();
-    let valid = !token.is_empty()
-        && token.len() <= 8192
-        && token.bytes().all(|b| b.is_ascii_graphic());
+    let valid =
+        !token.is_empty() && token.len() <= 8192 && token.bytes().all(|b| b.is_ascii_graphic());
     if !valid {
-        return error(StatusCode::BAD_REQUEST, "send {\"token\": \"…\"} with a bearer token or JWT");
+        return error(
+            StatusCode::BAD_REQUEST,
+            "send {\"token\": \"…\"} with a bearer token or JWT",
+        );
     }
     match authenticate(auth.as_ref(), &format!("Bearer {token}")).await {
         Ok(identity) => {
@@ -253,7 +268,10 @@ pub(super) async fn login(State(state): State<AppState>, headers: HeaderMap, bod
             }
             response
         }
-        Err(why) => error(StatusCode::UNAUTHORIZED, format!("the token was refused: {why}")),
+        Err(why) => error(
+            StatusCode::UNAUTHORIZED,
+            format!("the token was refused: {why}"),
+        ),
     }
 }
 
@@ -262,7 +280,9 @@ pub(super) async fn logout() -> Response {
     let mut response = StatusCode::NO_CONTENT.into_response();
     response.headers_mut().insert(
         header::SET_COOKIE,
-        HeaderValue::from_static("mcp_tasks_console=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"),
+        HeaderValue::from_static(
+            "mcp_tasks_console=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0",
+        ),
     );
     response
 }
@@ -274,9 +294,15 @@ mod tests {
     #[test]
     fn the_cookie_is_found_among_others() {
         let mut h = HeaderMap::new();
-        h.insert(header::COOKIE, HeaderValue::from_static("a=1; mcp_tasks_console=tok; b=2"));
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("a=1; mcp_tasks_console=tok; b=2"),
+        );
         assert_eq!(cookie(&h).as_deref(), Some("tok"));
-        h.insert(header::COOKIE, HeaderValue::from_static("mcp_tasks_console="));
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("mcp_tasks_console="),
+        );
         assert_eq!(cookie(&h), None);
     }
 
@@ -285,9 +311,15 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:9"));
         assert!(same_origin(&h).is_ok());
-        h.insert(header::ORIGIN, HeaderValue::from_static("http://127.0.0.1:9"));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:9"),
+        );
         assert!(same_origin(&h).is_ok());
-        h.insert(header::ORIGIN, HeaderValue::from_static("http://evil.example"));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://evil.example"),
+        );
         assert!(same_origin(&h).is_err());
         h.insert(header::ORIGIN, HeaderValue::from_static("null"));
         assert!(same_origin(&h).is_err());
