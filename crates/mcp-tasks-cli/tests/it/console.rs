@@ -13,7 +13,6 @@ use mcp_tasks::tool::{
 };
 use mcp_tasks::{Owner, Runtime};
 use serde_json::{Value, json};
-use sha2::Digest;
 
 use crate::backend::{self, Backend, Place};
 use crate::support::embedded::req;
@@ -429,17 +428,11 @@ async fn actions_cancel_one_task_every_match_and_purge(backend: Backend) {
 
 /// The static tokens of the authorization tests: alice and bob of acme, and an admin.
 fn tokens() -> Arc<StaticTokens> {
-    let entry = |token: &str, tenant: &str, principal: &str, scopes: &str| {
-        let digest = sha2::Sha256::digest(token.as_bytes());
-        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        format!(
-            "[[tokens]]\nsha256 = \"{hex}\"\ntenant = \"{tenant}\"\nprincipal = \"{principal}\"\nscopes = [{scopes}]\n"
-        )
-    };
+    use crate::support::token_entry;
     let toml = [
-        entry("alice-token", "acme", "alice", "\"tasks\""),
-        entry("bob-token", "acme", "bob", ""),
-        entry("root-token", "ops", "root", "\"admin\""),
+        token_entry("alice-token", "acme", "alice", &["tasks"]),
+        token_entry("bob-token", "acme", "bob", &[]),
+        token_entry("root-token", "ops", "root", &["admin"]),
     ]
     .concat();
     Arc::new(StaticTokens::parse(&toml).expect("the tokens parse"))
@@ -661,4 +654,100 @@ async fn live_events_carry_every_committed_change() {
     drop(console);
     rt.shutdown().await;
     place.finish().await;
+}
+
+/// `serve --console-listen ADDR` serves the console beside the MCP endpoint (read-only unless
+/// `--console-actions`; the console of a server with authentication asks for its tokens), and
+/// `--console-actions` alone is a usage error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_console_listen_serves_the_console() {
+    use crate::support::KillOnDrop;
+    const BIN: &str = env!("CARGO_BIN_EXE_mcp-tasks");
+    let dir = tempfile::tempdir().unwrap();
+    let port = |_: ()| {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (mcp, console) = (port(()), port(()));
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        [
+            crate::support::token_entry("root-token", "ops", "root", &["admin"]),
+            crate::support::token_entry("alice-token", "acme", "alice", &[]),
+        ]
+        .concat(),
+    )
+    .unwrap();
+    let _server = KillOnDrop(
+        std::process::Command::new(BIN)
+            .args(["serve", "--store"])
+            .arg(dir.path().join("t.redb"))
+            .args(["--listen", &format!("127.0.0.1:{mcp}")])
+            .args(["--console-listen", &format!("127.0.0.1:{console}")])
+            .arg("--auth-tokens")
+            .arg(&tokens)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let base = format!("http://127.0.0.1:{console}");
+    let mut up = false;
+    for _ in 0..400 {
+        if reqwest::get(format!("{base}/api/overview")).await.is_ok() {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(up, "the console answers");
+    assert_eq!(
+        get(&format!("{base}/api/overview"), &[]).await.0,
+        401,
+        "it asks for a token"
+    );
+    let (status, o) = get(
+        &format!("{base}/api/overview"),
+        &[("authorization", "Bearer root-token")],
+    )
+    .await;
+    assert_eq!(status, 200, "{o}");
+    assert_eq!(o["viewer"]["admin"], true);
+    assert_eq!(o["actions"], false, "read-only without --console-actions");
+    assert_eq!(o["store"]["kind"], "redb");
+    let (status, _, headers) = http(reqwest::Method::GET, &format!("{base}/"), &[], None).await;
+    assert_eq!(status, 200);
+    assert!(
+        headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    assert!(
+        headers["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .contains("script-src 'self'")
+    );
+    let js = reqwest::get(format!("{base}/assets/console.js"))
+        .await
+        .unwrap();
+    assert_eq!(js.status(), 200);
+    assert!(
+        js.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/javascript")
+    );
+
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--console-actions"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--console-listen"));
 }
