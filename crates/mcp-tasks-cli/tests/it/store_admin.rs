@@ -599,14 +599,14 @@ async fn a_newer_redb_schema_is_a_one_line_error_and_changes_nothing() {
     let (code, stdout, stderr) = run(&["store", "stats", "--store", p, "--json"]);
     assert_eq!(code, 0, "{stderr}");
     let stats: Value = serde_json::from_str(&stdout).unwrap();
-    assert_eq!(stats["schema_version"], 3);
+    assert_eq!(stats["schema_version"], 4);
     {
         use redb::ReadableDatabase;
         let db = redb::Database::open(&path).unwrap();
         let r = db.begin_read().unwrap();
         let meta = r.open_table(META).unwrap();
         let v = meta.get("schema_version").unwrap().unwrap();
-        assert_eq!(v.value(), 3u64.to_le_bytes().as_slice());
+        assert_eq!(v.value(), 4u64.to_le_bytes().as_slice());
         drop((v, meta, r));
         let w = db.begin_write().unwrap();
         w.open_table(META)
