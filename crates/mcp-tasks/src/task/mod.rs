@@ -237,6 +237,20 @@ impl TaskRecord {
             .map(|ttl| self.created_at_ms.saturating_add(ttl))
     }
 
+    /// Appends the record's current status, at its `last_updated_at_ms` with its status
+    /// message, to [`history`](Self::history), dropping the oldest entry after the creation
+    /// when it would hold more than [`MAX_HISTORY`].
+    fn record_transition(&mut self) {
+        self.history.push(Transition::new(
+            self.last_updated_at_ms,
+            self.status,
+            self.status_message.as_deref(),
+        ));
+        while self.history.len() > MAX_HISTORY {
+            self.history.remove(1);
+        }
+    }
+
     /// Whether the task is past `createdAt + ttlMs` at `now_ms`.
     pub fn is_expired(&self, now_ms: u64) -> bool {
         self.expires_at_ms().is_some_and(|at| now_ms >= at)
