@@ -35,7 +35,21 @@
 //! Versions: 1 (the first shipped format); 2 = version 1 followed by the task's attempt counter
 //! (`TaskRecord::attempts`; a version 1 snapshot reads with 0); 3 = version 2 followed by the
 //! attempt each journaled step committed in (`TaskRecord::step_attempts`; versions 1 and 2
-//! read with none recorded).
+//! read with none recorded); 4 = version 3 followed by the transition history
+//! (`TaskRecord::history`; versions 1 to 3 read with a reconstructed one, see below).
+//!
+//! # The history of a record written before version 4
+//!
+//! Versions 1 to 3 kept no history, only the creation time, the current status and message
+//! and the time of the last change. A record read from them gets a history *reconstructed*
+//! from these alone, which says no more than they do: the creation (`working` at
+//! `created_at_ms`), then, unless the record is as it was created (`working` and never
+//! updated), one entry for its current status at `last_updated_at_ms` with its current
+//! message. The creation's message is known only in a record never updated (it is the
+//! current one); otherwise it is `None`. Whatever happened in between (a wait for input, an
+//! earlier message) is not known and not made up; the entry for the current status is at the
+//! time of the last change, which may be later than the status was taken (a message changed
+//! since). Once such a record changes, the history continues from the reconstructed entries.
 //!
 //! A snapshot with a variant index this build does not know (written by a newer build)
 //! decodes to [`PersistError::UnknownVersion`]; it is never misread as an older version.
@@ -50,11 +64,13 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::task::{Owner, TaskError, TaskId, TaskOutcome, TaskRecord, TaskStatus};
+use crate::task::{
+    MAX_HISTORY, Owner, TaskError, TaskId, TaskOutcome, TaskRecord, TaskStatus, Transition,
+};
 
 /// The format version [`encode`] writes (variant index + 1 of the newest `Envelope`
 /// variant).
-pub const CURRENT_VERSION: u32 = 3;
+pub const CURRENT_VERSION: u32 = 4;
 
 /// Why a snapshot could not be encoded or decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -85,10 +101,12 @@ enum Envelope {
     V2(SnapshotV2),
     /// Format version 3 (variant index 2): version 2 plus the attempt of every journaled step.
     V3(SnapshotV3),
+    /// Format version 4 (variant index 3): version 3 plus the transition history.
+    V4(SnapshotV4),
 }
 
 /// Number of variants of `Envelope`; variant index `i < KNOWN_VARIANTS` is known.
-const KNOWN_VARIANTS: u32 = 3;
+const KNOWN_VARIANTS: u32 = 4;
 const _: () = assert!(KNOWN_VARIANTS == CURRENT_VERSION);
 
 /// Format version 1 of a task snapshot. **Frozen**: never change this type.
@@ -141,6 +159,24 @@ struct SnapshotV3 {
     step_attempts: Vec<(String, u32)>,
 }
 
+/// Format version 4 of a task snapshot: every field of version 3 (the frozen [`SnapshotV3`],
+/// encoded first), then the transition history. **Frozen**: never change this type.
+#[derive(Debug, Serialize, Deserialize)]
+struct SnapshotV4 {
+    base: SnapshotV3,
+    /// [`TaskRecord::history`], oldest first: at most [`MAX_HISTORY`] entries, times
+    /// non-decreasing.
+    history: Vec<TransitionV1>,
+}
+
+/// A status change of [`TaskRecord::history`], first stored in format version 4. **Frozen.**
+#[derive(Debug, Serialize, Deserialize)]
+struct TransitionV1 {
+    at_ms: u64,
+    status: StatusV1,
+    message: Option<String>,
+}
+
 /// Task status, format version 1. **Frozen.**
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 enum StatusV1 {
@@ -176,18 +212,24 @@ pub fn encode(record: &TaskRecord) -> Result<Vec<u8>, PersistError> {
             "step_attempts names step `{step}`, which is not in the journal"
         )));
     }
-    let snapshot = SnapshotV3 {
-        base: SnapshotV2 {
-            base: SnapshotV1::from_record(record)?,
-            attempts: record.attempts,
+    if let Err(problem) = check_history(&record.history) {
+        return Err(PersistError::Encode(format!("history: {problem}")));
+    }
+    let snapshot = SnapshotV4 {
+        base: SnapshotV3 {
+            base: SnapshotV2 {
+                base: SnapshotV1::from_record(record)?,
+                attempts: record.attempts,
+            },
+            step_attempts: record
+                .step_attempts
+                .iter()
+                .map(|(step, attempt)| (step.clone(), *attempt))
+                .collect(),
         },
-        step_attempts: record
-            .step_attempts
-            .iter()
-            .map(|(step, attempt)| (step.clone(), *attempt))
-            .collect(),
+        history: record.history.iter().map(TransitionV1::from).collect(),
     };
-    postcard::to_stdvec(&Envelope::V3(snapshot)).map_err(|e| PersistError::Encode(e.to_string()))
+    postcard::to_stdvec(&Envelope::V4(snapshot)).map_err(|e| PersistError::Encode(e.to_string()))
 }
 
 /// Decodes a snapshot written by [`encode`] of this or any earlier format version.
@@ -201,20 +243,58 @@ pub fn decode(bytes: &[u8]) -> Result<TaskRecord, PersistError> {
             rest.len()
         )));
     }
-    match envelope {
+    let (v3, history) = match envelope {
         // Written before attempts were counted: 0 (the next restart counts as the first).
-        Envelope::V1(snapshot) => snapshot.into_record(0),
+        Envelope::V1(base) => {
+            return Ok(with_reconstructed_history(base.into_record(0)?));
+        }
         // Written before step attempts were recorded: none known.
-        Envelope::V2(SnapshotV2 { base, attempts }) => base.into_record(attempts),
-        Envelope::V3(SnapshotV3 {
-            base: SnapshotV2 { base, attempts },
-            step_attempts,
-        }) => {
-            let mut record = base.into_record(attempts)?;
-            record.step_attempts = parse_step_attempts(&record.journal, step_attempts)?;
+        Envelope::V2(SnapshotV2 { base, attempts }) => {
+            return Ok(with_reconstructed_history(base.into_record(attempts)?));
+        }
+        // Written before the history was kept: reconstructed (see the module docs).
+        Envelope::V3(v3) => (v3, None),
+        Envelope::V4(SnapshotV4 { base, history }) => (base, Some(history)),
+    };
+    let SnapshotV3 {
+        base: SnapshotV2 { base, attempts },
+        step_attempts,
+    } = v3;
+    let mut record = base.into_record(attempts)?;
+    record.step_attempts = parse_step_attempts(&record.journal, step_attempts)?;
+    match history {
+        Some(history) => {
+            record.history = parse_history(history)?;
             Ok(record)
         }
+        None => Ok(with_reconstructed_history(record)),
     }
+}
+
+/// A record read from a snapshot older than format version 4, with the history its fields
+/// tell (see the module docs): the creation, and the current status unless the record is as
+/// it was created. The entry of the current status is never before the creation, even in a
+/// record whose `last_updated_at_ms` is.
+fn with_reconstructed_history(mut record: TaskRecord) -> TaskRecord {
+    let untouched =
+        record.status == TaskStatus::Working && record.last_updated_at_ms == record.created_at_ms;
+    record.history = if untouched {
+        vec![Transition::new(
+            record.created_at_ms,
+            TaskStatus::Working,
+            record.status_message.as_deref(),
+        )]
+    } else {
+        vec![
+            Transition::new(record.created_at_ms, TaskStatus::Working, None),
+            Transition::new(
+                record.last_updated_at_ms.max(record.created_at_ms),
+                record.status,
+                record.status_message.as_deref(),
+            ),
+        ]
+    };
+    record
 }
 
 /// The owner of a snapshot, read from its first fields without decoding the rest: every
@@ -311,6 +391,8 @@ impl SnapshotV1 {
             outcome: self.outcome.map(OutcomeV1::into_outcome).transpose()?,
             cancel_requested: self.cancel_requested,
             attempts,
+            // Filled in by `decode`: stored (version 4) or reconstructed.
+            history: Vec::new(),
         })
     }
 }
@@ -335,6 +417,27 @@ impl From<StatusV1> for TaskStatus {
             StatusV1::Completed => Self::Completed,
             StatusV1::Failed => Self::Failed,
             StatusV1::Cancelled => Self::Cancelled,
+        }
+    }
+}
+
+impl From<&Transition> for TransitionV1 {
+    fn from(t: &Transition) -> Self {
+        Self {
+            at_ms: t.at_ms,
+            status: t.status.into(),
+            message: t.message.clone(),
+        }
+    }
+}
+
+impl From<TransitionV1> for Transition {
+    /// As stored: a message is not cut again (whatever was written is read back).
+    fn from(t: TransitionV1) -> Self {
+        Self {
+            at_ms: t.at_ms,
+            status: t.status.into(),
+            message: t.message,
         }
     }
 }
@@ -429,6 +532,34 @@ fn parse_step_attempts(
         map.insert(step, attempt);
     }
     Ok(map)
+}
+
+/// Rebuilds [`TaskRecord::history`] from the entries [`encode`] wrote.
+fn parse_history(entries: Vec<TransitionV1>) -> Result<Vec<Transition>, PersistError> {
+    let history: Vec<Transition> = entries.into_iter().map(Transition::from).collect();
+    check_history(&history).map_err(|detail| PersistError::InvalidField {
+        field: "history",
+        detail,
+    })?;
+    Ok(history)
+}
+
+/// What a stored history must be: at most [`MAX_HISTORY`] entries, times non-decreasing.
+fn check_history(history: &[Transition]) -> Result<(), String> {
+    if history.len() > MAX_HISTORY {
+        return Err(format!(
+            "{} entries, more than the {MAX_HISTORY} kept",
+            history.len()
+        ));
+    }
+    if let Some(i) = (1..history.len()).find(|&i| history[i].at_ms < history[i - 1].at_ms) {
+        return Err(format!(
+            "entry {i} at {} ms is earlier than the entry before it at {} ms",
+            history[i].at_ms,
+            history[i - 1].at_ms
+        ));
+    }
+    Ok(())
 }
 
 fn parse_key_set(field: &'static str, keys: Vec<String>) -> Result<BTreeSet<String>, PersistError> {

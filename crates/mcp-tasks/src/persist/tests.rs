@@ -5,7 +5,8 @@
 //! tests never overwrite an existing `.bin`. A missing one is created only when the tests run
 //! with `MCP_TASKS_BLESS=1`. When a new format version is added, the `v1_*` files keep
 //! proving that old bytes still decode to the same records (check (b)); check (a), that
-//! `encode` writes exactly these bytes, then moves to the new version's goldens.
+//! `encode` writes exactly these bytes, then moves to the new version's goldens (today
+//! `v4_*`; `v1_*` to `v3_*` are checked with (b) only).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -14,7 +15,9 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::task::{Owner, TaskError, TaskId, TaskOutcome, TaskRecord, TaskStatus};
+use crate::task::{
+    MAX_HISTORY, Owner, TaskError, TaskId, TaskOutcome, TaskRecord, TaskStatus, Transition,
+};
 
 // ---- canonical records ----
 
@@ -146,15 +149,91 @@ fn cancelled() -> TaskRecord {
     r
 }
 
-/// The canonical records as the current format version stores them (attempt counts, and the
-/// attempt each journaled step committed in).
+/// The canonical records as the current format version stores them: version 3's (attempt
+/// counts, the attempt each journaled step committed in) with their transition histories.
 fn canonical() -> Vec<(&'static str, TaskRecord)> {
+    const STARTED: Option<&str> = Some("The operation is now in progress.");
+    const WAITING: Option<&str> = Some("Waiting for your input.");
+    let v4 =
+        |name: &'static str, mut r: TaskRecord, history: &[(u64, TaskStatus, Option<&str>)]| {
+            r.history = history
+                .iter()
+                .map(|(at, status, message)| Transition::new(T0 + at, *status, *message))
+                .collect();
+            (name, r)
+        };
+    let [working, input_required, completed, failed, cancelled] = canonical_v3().map(|(_, r)| r);
+    use TaskStatus::*;
+    vec![
+        v4(
+            "v4_working",
+            working,
+            &[
+                (0, Working, STARTED),
+                (500, InputRequired, WAITING),
+                (1_200, Working, STARTED),
+            ],
+        ),
+        v4(
+            "v4_input_required",
+            input_required,
+            &[
+                (0, Working, STARTED),
+                (1_000, InputRequired, WAITING),
+                (2_000, Working, STARTED),
+                (4_000, InputRequired, WAITING),
+            ],
+        ),
+        v4(
+            "v4_completed",
+            completed,
+            &[
+                (0, Working, STARTED),
+                (2_000, InputRequired, Some("Wie heißt du? ✓")),
+                (5_000, Working, STARTED),
+                (9_000, Completed, None),
+            ],
+        ),
+        v4(
+            "v4_failed",
+            failed,
+            &[
+                (0, Working, STARTED),
+                (6_000, Failed, Some("upstream exploded")),
+            ],
+        ),
+        v4(
+            "v4_cancelled",
+            cancelled,
+            &[
+                (0, Working, STARTED),
+                (1_000, InputRequired, WAITING),
+                (3_000, Cancelled, Some("Cancelled while waiting for input.")),
+            ],
+        ),
+    ]
+}
+
+/// The history a record of a format version before 4 reads with (every canonical record
+/// changed after its creation): the creation, with no message (it is not known), and the
+/// current status at the last update, with the current message.
+fn reconstructed(mut r: TaskRecord) -> TaskRecord {
+    r.history = vec![
+        Transition::new(r.created_at_ms, TaskStatus::Working, None),
+        Transition::new(r.last_updated_at_ms, r.status, r.status_message.as_deref()),
+    ];
+    r
+}
+
+/// The canonical records of format version 3: attempt counts and step attempts, no history
+/// (it reads as reconstructed).
+fn canonical_v3() -> [(&'static str, TaskRecord); 5] {
     let v3 = |mut r: TaskRecord, n: u32, steps: &[(&str, u32)]| {
         r.attempts = n;
         r.step_attempts = steps.iter().map(|(s, a)| ((*s).to_owned(), *a)).collect();
-        r
+        reconstructed(r)
     };
-    vec![
+    [
         ("v3_working", v3(working(), 1, &[("download", 1)])),
         (
             "v3_input_required",
@@ -170,11 +249,11 @@ fn canonical() -> Vec<(&'static str, TaskRecord)> {
 }
 
 /// The canonical records of format version 2: attempt counts, no step attempts (they read as
-/// none recorded).
+/// none recorded), no history (it reads as reconstructed).
 fn canonical_v2() -> Vec<(&'static str, TaskRecord)> {
     let attempts = |mut r: TaskRecord, n: u32| {
         r.attempts = n;
-        r
+        reconstructed(r)
     };
     vec![
         ("v2_working", attempts(working(), 1)),
@@ -185,11 +264,12 @@ fn canonical_v2() -> Vec<(&'static str, TaskRecord)> {
     ]
 }
 
-/// The canonical records of format version 1: no attempt counter (it reads as 0).
+/// The canonical records of format version 1: no attempt counter (it reads as 0), no history
+/// (it reads as reconstructed).
 fn canonical_v1() -> Vec<(&'static str, TaskRecord)> {
     let v1 = |mut r: TaskRecord| {
         r.attempts = 0;
-        r
+        reconstructed(r)
     };
     vec![
         ("v1_working", v1(working())),
@@ -218,7 +298,7 @@ fn describe(name: &str, record: &TaskRecord, bytes: &[u8]) -> Value {
         "golden": format!("{name}.bin"),
         "format_version": CURRENT_VERSION,
         "bytes": bytes.len(),
-        "note": "postcard Envelope::V3(SnapshotV3 { base: SnapshotV2 { base: SnapshotV1, attempts }, step_attempts }) (src/persist/mod.rs); JSON payloads are stored as JSON text",
+        "note": "postcard Envelope::V4(SnapshotV4 { base: SnapshotV3 { base: SnapshotV2 { base: SnapshotV1, attempts }, step_attempts }, history }) (src/persist/mod.rs); JSON payloads are stored as JSON text",
         "record": {
             "id": record.id.as_str(),
             "owner": { "tenant": record.owner.tenant, "principal": record.owner.principal },
@@ -245,6 +325,11 @@ fn describe(name: &str, record: &TaskRecord, bytes: &[u8]) -> Value {
             "cancel_requested": record.cancel_requested,
             "attempts": record.attempts,
             "step_attempts": record.step_attempts,
+            "history": record.history.iter().map(|t| json!({
+                "at_ms": t.at_ms,
+                "status": t.status.as_str(),
+                "message": t.message,
+            })).collect::<Vec<_>>(),
         },
     })
 }
@@ -275,20 +360,29 @@ fn check_frozen_goldens(version: u32, records: Vec<(&'static str, TaskRecord)>) 
     }
 }
 
-/// Version 1 goldens decode with an attempt counter of 0 and no step attempts.
+/// Version 1 goldens decode with an attempt counter of 0, no step attempts and a
+/// reconstructed history.
 #[test]
 fn golden_files_v1() {
     check_frozen_goldens(1, canonical_v1());
 }
 
-/// Version 2 goldens decode with their attempt counter and no step attempts.
+/// Version 2 goldens decode with their attempt counter, no step attempts and a reconstructed
+/// history.
 #[test]
 fn golden_files_v2() {
     check_frozen_goldens(2, canonical_v2());
 }
 
+/// Version 3 goldens decode with their attempt counter and step attempts and a reconstructed
+/// history.
 #[test]
 fn golden_files_v3() {
+    check_frozen_goldens(3, canonical_v3().into());
+}
+
+#[test]
+fn golden_files_v4() {
     let dir = golden_dir();
     let bless = blessing();
     let mut missing = Vec::new();
@@ -325,7 +419,7 @@ fn golden_files_v3() {
              docs of src/persist/mod.rs), never by regenerating goldens.",
             bin.display()
         );
-        assert_eq!(snapshot_version(&golden), Ok(3));
+        assert_eq!(snapshot_version(&golden), Ok(4));
     }
     assert!(
         missing.is_empty(),
@@ -339,7 +433,7 @@ fn golden_files_v3() {
 fn canonical_records_round_trip() {
     for (name, record) in canonical() {
         let bytes = encode(&record).unwrap();
-        assert_eq!(bytes[0], 2, "{name}: V3 is variant index 2");
+        assert_eq!(bytes[0], 3, "{name}: V4 is variant index 3");
         assert_eq!(decode(&bytes).unwrap(), record, "{name}");
     }
 }
@@ -397,7 +491,7 @@ fn unknown_versions_are_reported_as_such() {
     let mut bytes = encode(&working()).unwrap();
     bytes[0] = 7;
     assert_eq!(decode(&bytes), Err(PersistError::UnknownVersion(8)));
-    assert_eq!(decode(&[3]), Err(PersistError::UnknownVersion(4)));
+    assert_eq!(decode(&[4]), Err(PersistError::UnknownVersion(5)));
     // A multi-byte varint tag (index 300).
     assert_eq!(
         decode(&[0xac, 0x02, 0, 0]),
@@ -586,6 +680,152 @@ fn step_attempts_must_be_sorted_journal_steps() {
     assert!(matches!(encode(&record), Err(PersistError::Encode(_))));
 }
 
+fn v4_bytes(history: Vec<TransitionV1>) -> Vec<u8> {
+    let record = completed();
+    let snapshot = SnapshotV4 {
+        base: SnapshotV3 {
+            base: SnapshotV2 {
+                base: SnapshotV1::from_record(&record).unwrap(),
+                attempts: 1,
+            },
+            step_attempts: Vec::new(),
+        },
+        history,
+    };
+    postcard::to_stdvec(&Envelope::V4(snapshot)).unwrap()
+}
+
+fn entry(at_ms: u64) -> TransitionV1 {
+    TransitionV1 {
+        at_ms,
+        status: StatusV1::Working,
+        message: None,
+    }
+}
+
+#[test]
+fn history_must_be_bounded_and_in_time_order() {
+    let full: Vec<TransitionV1> = (0..MAX_HISTORY as u64).map(entry).collect();
+    assert_eq!(decode(&v4_bytes(full)).unwrap().history.len(), MAX_HISTORY);
+    // Equal times are allowed, an empty history too.
+    assert!(decode(&v4_bytes(vec![entry(5), entry(5)])).is_ok());
+    assert!(decode(&v4_bytes(Vec::new())).is_ok());
+    let too_long: Vec<TransitionV1> = (0..=MAX_HISTORY as u64).map(entry).collect();
+    assert_eq!(invalid_field(&v4_bytes(too_long)), "history");
+    assert_eq!(
+        invalid_field(&v4_bytes(vec![entry(5), entry(7), entry(6)])),
+        "history"
+    );
+    // What decode would refuse is never written.
+    let mut record = completed();
+    record.history = vec![
+        Transition::new(T0 + 1, TaskStatus::Working, None),
+        Transition::new(T0, TaskStatus::Completed, None),
+    ];
+    assert!(matches!(encode(&record), Err(PersistError::Encode(_))));
+    record.history = vec![Transition::new(T0, TaskStatus::Working, None); MAX_HISTORY + 1];
+    assert!(matches!(encode(&record), Err(PersistError::Encode(_))));
+}
+
+/// A record of a version before 4 that is as it was created reads with the creation alone,
+/// with its message; one whose last update is before its creation (not written by `apply`)
+/// still reads with a history in time order.
+#[test]
+fn reconstructed_histories_tell_only_what_the_record_does() {
+    let v3 = |record: &TaskRecord| {
+        let snapshot = SnapshotV3 {
+            base: SnapshotV2 {
+                base: SnapshotV1::from_record(record).unwrap(),
+                attempts: record.attempts,
+            },
+            step_attempts: Vec::new(),
+        };
+        postcard::to_stdvec(&Envelope::V3(snapshot)).unwrap()
+    };
+    let mut fresh = working();
+    fresh.journal.clear();
+    fresh.seq = 1;
+    fresh.last_updated_at_ms = fresh.created_at_ms;
+    assert_eq!(
+        decode(&v3(&fresh)).unwrap().history,
+        [Transition::new(
+            T0,
+            TaskStatus::Working,
+            Some("The operation is now in progress.")
+        )]
+    );
+    // Only the message changed since (or also the status, and back): not known which.
+    let mut updated = fresh.clone();
+    updated.last_updated_at_ms = T0 + 10;
+    assert_eq!(
+        decode(&v3(&updated)).unwrap().history,
+        [
+            Transition::new(T0, TaskStatus::Working, None),
+            Transition::new(
+                T0 + 10,
+                TaskStatus::Working,
+                Some("The operation is now in progress.")
+            ),
+        ]
+    );
+    let mut skewed = failed();
+    skewed.last_updated_at_ms = T0 - 1;
+    let history = decode(&v3(&skewed)).unwrap().history;
+    assert_eq!(
+        history,
+        [
+            Transition::new(T0, TaskStatus::Working, None),
+            Transition::new(T0, TaskStatus::Failed, Some("upstream exploded")),
+        ]
+    );
+    // Reconstructed messages are cut like the ones `apply` records.
+    let mut long = failed();
+    long.status_message = Some("é".repeat(200));
+    let history = decode(&v3(&long)).unwrap().history;
+    assert_eq!(
+        history[1].message.as_deref(),
+        Some("é".repeat(120).as_str())
+    );
+    // Encoded again, the reconstructed history is stored as it is.
+    let again = decode(&v3(&long)).unwrap();
+    assert_eq!(decode(&encode(&again).unwrap()).unwrap(), again);
+}
+
+/// How many bytes the history adds to the canonical snapshots, over the same record in
+/// format version 3 (printed with `--nocapture`).
+#[test]
+fn history_size_of_the_canonical_records() {
+    for (name, record) in canonical() {
+        let v4 = encode(&record).unwrap().len();
+        let v3 = postcard::to_stdvec(&Envelope::V3(SnapshotV3 {
+            base: SnapshotV2 {
+                base: SnapshotV1::from_record(&record).unwrap(),
+                attempts: record.attempts,
+            },
+            step_attempts: record
+                .step_attempts
+                .iter()
+                .map(|(s, a)| (s.clone(), *a))
+                .collect(),
+        }))
+        .unwrap()
+        .len();
+        println!(
+            "{name}: {v4} bytes, {v3} in version 3: the history ({} entries) adds {}",
+            record.history.len(),
+            v4 - v3
+        );
+        // The entry count, then per entry a time (at most 10 bytes), a status, an option tag,
+        // the message's length and the message.
+        let bound: usize = 1 + record
+            .history
+            .iter()
+            .map(|t| 13 + t.message.as_ref().map_or(0, String::len))
+            .sum::<usize>();
+        assert!(v4 - v3 <= bound, "{name}");
+    }
+}
+
 // ---- property tests ----
 
 fn arb_json() -> impl Strategy<Value = Value> {
@@ -622,6 +862,36 @@ fn arb_status() -> impl Strategy<Value = TaskStatus> {
     ]
 }
 
+/// A history as `decode` accepts it: up to [`MAX_HISTORY`] entries, times non-decreasing
+/// (equal times included) from any start.
+fn arb_history() -> impl Strategy<Value = Vec<Transition>> {
+    (
+        any::<u64>(),
+        prop::collection::vec(
+            (
+                prop_oneof![Just(0u64), 0u64..10_000, any::<u64>()],
+                arb_status(),
+                prop::option::of(".{0,16}"),
+            ),
+            0..=MAX_HISTORY,
+        ),
+    )
+        .prop_map(|(start, entries)| {
+            let mut at = start;
+            entries
+                .into_iter()
+                .map(|(step, status, message)| {
+                    at = at.saturating_add(step);
+                    Transition {
+                        at_ms: at,
+                        status,
+                        message,
+                    }
+                })
+                .collect()
+        })
+}
+
 fn arb_outcome() -> impl Strategy<Value = Option<TaskOutcome>> {
     prop::option::of(prop_oneof![
         arb_json().prop_map(TaskOutcome::Result),
@@ -654,6 +924,7 @@ prop_compose! {
         outcome in arb_outcome(),
         cancel_requested in any::<bool>(),
         attempts in any::<u32>(),
+        history in arb_history(),
     ) -> TaskRecord {
         // Some of the journal's steps have a recorded attempt, as in records of every age.
         let step_attempts = journal
@@ -683,6 +954,7 @@ prop_compose! {
             outcome,
             cancel_requested,
             attempts,
+            history,
         }
     }
 }

@@ -65,7 +65,8 @@ pub enum TransitionError {
 ///
 /// Returns `Ok(None)` when the event is valid but changes nothing (for example a
 /// cancellation request for a finished task, or answers only for unknown keys), and
-/// `Ok(Some(next))` with `next.seq == record.seq + 1` otherwise.
+/// `Ok(Some(next))` with `next.seq == record.seq + 1` otherwise. A change of status appends
+/// an entry to [`TaskRecord::history`](super::TaskRecord::history).
 pub fn apply(
     record: &TaskRecord,
     event: Event,
@@ -154,6 +155,10 @@ pub fn apply(
     // wire carries no sequence number, so this is how a client orders the states it saw.
     if !restarted {
         next.last_updated_at_ms = now_ms.max(record.last_updated_at_ms.saturating_add(1));
+    }
+    // The history keeps changes of status only (not of the message alone, nor restarts).
+    if next.status != record.status {
+        next.record_transition();
     }
     Ok(Some(next))
 }

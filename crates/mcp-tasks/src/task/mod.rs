@@ -75,6 +75,44 @@ impl TaskStatus {
     }
 }
 
+/// The most entries [`TaskRecord::history`] keeps: the creation and the latest 31 changes.
+pub const MAX_HISTORY: usize = 32;
+
+/// The longest status message, in bytes, an entry of [`TaskRecord::history`] keeps; a longer
+/// one is cut at the last char boundary at or before it.
+pub const MAX_HISTORY_MESSAGE: usize = 240;
+
+/// One status change of a task: an entry of [`TaskRecord::history`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transition {
+    /// When the task took `status`: the record's `last_updated_at_ms` after the change (its
+    /// `created_at_ms` for the creation). Milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// The status the task took.
+    pub status: TaskStatus,
+    /// The status message the task took with it, cut to at most [`MAX_HISTORY_MESSAGE`]
+    /// bytes (the record's `status_message` keeps the whole message while it is current).
+    pub message: Option<String>,
+}
+
+impl Transition {
+    /// An entry for `status` taken at `at_ms` with `message`, cut to at most
+    /// [`MAX_HISTORY_MESSAGE`] bytes at a char boundary.
+    pub fn new(at_ms: u64, status: TaskStatus, message: Option<&str>) -> Self {
+        Self {
+            at_ms,
+            status,
+            message: message.map(|m| {
+                let mut end = m.len().min(MAX_HISTORY_MESSAGE);
+                while !m.is_char_boundary(end) {
+                    end -= 1;
+                }
+                m[..end].to_owned()
+            }),
+        }
+    }
+}
+
 /// A JSON-RPC error object as the task keeps it (`failed` tasks carry one).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskError {
@@ -139,6 +177,14 @@ pub struct TaskRecord {
     /// beyond `1 + RuntimeConfig::restart_budget`, so a tool that brings the whole process
     /// down cannot loop forever across restarts. 0 in snapshots written before it existed.
     pub attempts: u32,
+    /// The task's status changes, oldest first: the creation (`working`, at `created_at_ms`,
+    /// with the status message it was created with), then one entry for every change of
+    /// `status` that [`apply`] made, at the `last_updated_at_ms` of that change with the status
+    /// message it set. Changes of the message alone, steps and restarts add nothing. At most
+    /// [`MAX_HISTORY`] entries: past it the oldest entry after the creation is dropped, so the
+    /// creation and the latest changes stay. A record read from a snapshot older than format
+    /// version 4 carries a reconstructed history (see `persist`).
+    pub history: Vec<Transition>,
 }
 
 impl TaskRecord {
@@ -155,6 +201,11 @@ impl TaskRecord {
         poll_interval_ms: Option<u64>,
         status_message: Option<String>,
     ) -> Self {
+        let history = vec![Transition::new(
+            now_ms,
+            TaskStatus::Working,
+            status_message.as_deref(),
+        )];
         Self {
             id,
             owner,
@@ -176,6 +227,7 @@ impl TaskRecord {
             outcome: None,
             cancel_requested: false,
             attempts: 1,
+            history,
         }
     }
 
@@ -183,6 +235,20 @@ impl TaskRecord {
     pub fn expires_at_ms(&self) -> Option<u64> {
         self.ttl_ms
             .map(|ttl| self.created_at_ms.saturating_add(ttl))
+    }
+
+    /// Appends the record's current status, at its `last_updated_at_ms` with its status
+    /// message, to [`history`](Self::history), dropping the oldest entry after the creation
+    /// when it would hold more than [`MAX_HISTORY`].
+    fn record_transition(&mut self) {
+        self.history.push(Transition::new(
+            self.last_updated_at_ms,
+            self.status,
+            self.status_message.as_deref(),
+        ));
+        while self.history.len() > MAX_HISTORY {
+            self.history.remove(1);
+        }
     }
 
     /// Whether the task is past `createdAt + ttlMs` at `now_ms`.

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::task::{Owner, TaskId};
+use crate::task::{MAX_HISTORY, MAX_HISTORY_MESSAGE, Owner, TaskId, Transition};
 
 const T0: u64 = 1_767_225_600_000;
 
@@ -574,6 +574,290 @@ fn last_updated_at_is_later_after_every_visible_change() {
     assert_eq!(restarted.last_updated_at_ms, T0 + 500);
 }
 
+// ---- the transition history ----
+
+fn entry(at_ms: u64, status: TaskStatus, message: Option<&str>) -> Transition {
+    Transition::new(at_ms, status, message)
+}
+
+/// The timeline of a task that asks for approval, gets it and finishes: one entry per change
+/// of status, at the record's new `lastUpdatedAt`, with the message it set.
+#[test]
+fn history_follows_the_status_changes() {
+    let r = record(None);
+    assert_eq!(r.history, [entry(T0, TaskStatus::Working, Some("started"))]);
+    let asking = step(
+        &r,
+        Event::RequestInputs {
+            requests: requests(&["plan"]),
+            status_message: Some("Approve the plan?".into()),
+        },
+        T0 + 2_000,
+    );
+    let reminded = step(
+        &asking,
+        Event::StatusMessage(Some("Still waiting for approval.".into())),
+        T0 + 60_000,
+    );
+    // The answer comes through a node whose clock is behind: the entry is at the record's
+    // time (one millisecond after the reminder), not at the clock's.
+    let approved = step(
+        &reminded,
+        Event::ProvideInputs {
+            responses: responses(&[("plan", accept())]),
+        },
+        T0 + 59_000,
+    );
+    let stepped = step(
+        &approved,
+        Event::StepCompleted {
+            name: "apply".into(),
+            value: json!(true),
+        },
+        T0 + 129_000,
+    );
+    let done = step(
+        &stepped,
+        Event::Finish(TaskOutcome::Result(json!({ "content": [] }))),
+        T0 + 130_000,
+    );
+    assert_eq!(
+        done.history,
+        [
+            entry(T0, TaskStatus::Working, Some("started")),
+            entry(
+                T0 + 2_000,
+                TaskStatus::InputRequired,
+                Some("Approve the plan?")
+            ),
+            // Working again with the message the task had then.
+            entry(
+                T0 + 60_001,
+                TaskStatus::Working,
+                Some("Still waiting for approval.")
+            ),
+            entry(T0 + 130_000, TaskStatus::Completed, None),
+        ]
+    );
+    assert_eq!(
+        approved.history.last().unwrap().at_ms,
+        approved.last_updated_at_ms
+    );
+    // The reminder (a message alone) and the step added nothing.
+    assert_eq!(asking.history.len(), 2);
+    assert_eq!(reminded.history, asking.history);
+    assert_eq!(stepped.history, approved.history);
+}
+
+/// Each way a task ends is one entry, with the final message.
+#[test]
+fn history_ends_with_how_the_task_ended() {
+    let last = |r: &TaskRecord| r.history.last().cloned().unwrap();
+    let [completed, failed, cancelled, expired, cancelled_waiting] =
+        <[TaskRecord; 5]>::try_from(finished_records()).unwrap();
+    assert_eq!(last(&completed), entry(T0 + 1, TaskStatus::Completed, None));
+    assert_eq!(last(&failed), entry(T0 + 1, TaskStatus::Failed, Some("m")));
+    assert_eq!(
+        last(&cancelled),
+        entry(T0 + 1, TaskStatus::Cancelled, Some("Cancelled."))
+    );
+    assert_eq!(
+        last(&expired),
+        entry(T0 + 100, TaskStatus::Failed, Some("Task has expired."))
+    );
+    assert_eq!(
+        cancelled_waiting.history,
+        [
+            entry(T0, TaskStatus::Working, Some("started")),
+            entry(T0 + 10, TaskStatus::InputRequired, Some("started")),
+            entry(
+                T0 + 20,
+                TaskStatus::Cancelled,
+                Some("Cancelled while waiting for input.")
+            ),
+        ]
+    );
+}
+
+/// Changes that keep the status (a message, a step, a cancellation flag, more input requests,
+/// a partial answer, restarts) add nothing, and neither do events that change nothing.
+#[test]
+fn only_status_changes_enter_the_history() {
+    let r = record(Some(1_000_000));
+    let created = r.history.clone();
+    let mut current = r;
+    for (event, now) in [
+        (Event::StatusMessage(Some("half way".into())), T0 + 1),
+        (Event::StatusMessage(None), T0 + 2),
+        (
+            Event::StepCompleted {
+                name: "s".into(),
+                value: json!(1),
+            },
+            T0 + 3,
+        ),
+        (Event::Restarted, T0 + 4),
+        (Event::Restarted, T0 + 5),
+        (Event::RestartRefunded, T0 + 6),
+        (Event::RequestCancel, T0 + 7),
+    ] {
+        current = step(&current, event, now);
+        assert_eq!(current.history, created);
+    }
+    let waiting = step(&current, request_inputs(&["a", "b"]), T0 + 10);
+    assert_eq!(waiting.history.len(), 2);
+    let mut current = waiting.clone();
+    for (event, now) in [
+        (request_inputs(&["c"]), T0 + 11),
+        (Event::StatusMessage(Some("still".into())), T0 + 12),
+        (
+            Event::ProvideInputs {
+                responses: responses(&[("a", accept())]),
+            },
+            T0 + 13,
+        ),
+    ] {
+        current = step(&current, event, now);
+        assert_eq!(current.status, TaskStatus::InputRequired);
+        assert_eq!(current.history, waiting.history);
+    }
+    // Events that change nothing leave the record, history included, as it was.
+    for event in [
+        Event::StatusMessage(Some("still".into())),
+        Event::ProvideInputs {
+            responses: responses(&[("a", accept()), ("unknown", accept())]),
+        },
+        Event::RestartRefunded,
+    ] {
+        assert_eq!(apply(&current, event, T0 + 14), Ok(None));
+    }
+}
+
+/// A finished task's history is final: the events it accepts are no-ops.
+#[test]
+fn terminal_no_ops_add_nothing_to_the_history() {
+    for done in finished_records() {
+        for event in [
+            Event::RequestCancel,
+            Event::ProvideInputs {
+                responses: responses(&[("k", accept())]),
+            },
+        ] {
+            assert_eq!(apply(&done, event, u64::MAX), Ok(None));
+        }
+        for event in [
+            Event::StatusMessage(Some("late".into())),
+            Event::Finish(TaskOutcome::Result(json!({}))),
+            Event::Restarted,
+        ] {
+            assert!(apply(&done, event, u64::MAX).is_err());
+        }
+    }
+}
+
+/// Past [`MAX_HISTORY`] entries the oldest after the creation goes: the creation and the
+/// latest changes stay, in order.
+#[test]
+fn history_keeps_the_creation_and_the_latest_changes() {
+    let mut current = record(None);
+    let mut everything = current.history.clone();
+    for round in 0..40u64 {
+        let key = format!("k{round}");
+        current = step(
+            &current,
+            Event::RequestInputs {
+                requests: requests(&[key.as_str()]),
+                status_message: Some(format!("question {round}")),
+            },
+            T0 + 10 * round + 1,
+        );
+        everything.push(current.history.last().unwrap().clone());
+        current = step(
+            &current,
+            Event::ProvideInputs {
+                responses: responses(&[(key.as_str(), accept())]),
+            },
+            T0 + 10 * round + 2,
+        );
+        everything.push(current.history.last().unwrap().clone());
+        assert!(current.history.len() <= MAX_HISTORY);
+    }
+    assert_eq!(everything.len(), 81);
+    assert_eq!(current.history.len(), MAX_HISTORY);
+    assert_eq!(
+        current.history[0],
+        entry(T0, TaskStatus::Working, Some("started"))
+    );
+    assert_eq!(
+        current.history[1..],
+        everything[everything.len() - (MAX_HISTORY - 1)..]
+    );
+    let done = step(
+        &current,
+        Event::Finish(TaskOutcome::Result(json!({}))),
+        T0 + 1_000,
+    );
+    assert_eq!(done.history.len(), MAX_HISTORY);
+    assert_eq!(done.history[0], current.history[0]);
+    assert_eq!(done.history[1..MAX_HISTORY - 1], current.history[2..]);
+    assert_eq!(
+        done.history.last(),
+        Some(&entry(T0 + 1_000, TaskStatus::Completed, None))
+    );
+}
+
+/// A long message is cut in the history at a char boundary; the record keeps all of it.
+#[test]
+fn long_messages_are_cut_in_the_history_only() {
+    assert_eq!(MAX_HISTORY_MESSAGE, 240);
+    let cut = |m: &str| {
+        Transition::new(0, TaskStatus::Working, Some(m))
+            .message
+            .unwrap()
+    };
+    assert_eq!(cut(&"a".repeat(240)), "a".repeat(240));
+    assert_eq!(cut(&"a".repeat(241)), "a".repeat(240));
+    assert_eq!(cut("short ✓"), "short ✓");
+    assert_eq!(cut(""), "");
+    // 'é' is two bytes: 240 falls on a boundary.
+    assert_eq!(cut(&"é".repeat(121)), "é".repeat(120));
+    // '€' is three bytes after one ASCII byte: boundaries at 238 and 241, so 238.
+    let euros = format!("a{}", "€".repeat(100));
+    assert_eq!(cut(&euros), format!("a{}", "€".repeat(79)));
+    assert_eq!(cut(&euros).len(), 238);
+    // A four-byte char across the limit.
+    let emoji = format!("{}{}", "b".repeat(238), "🦀🦀");
+    assert_eq!(cut(&emoji), "b".repeat(238));
+
+    let long = format!("Approve the plan? {}", "ü".repeat(300));
+    let r = TaskRecord::new(
+        TaskId::from_bytes([7; 16]),
+        Owner::new("t", "p"),
+        "tool".into(),
+        json!({}),
+        json!({}),
+        T0,
+        None,
+        None,
+        Some(long.clone()),
+    );
+    assert_eq!(r.status_message.as_deref(), Some(long.as_str()));
+    let created = r.history[0].message.as_deref().unwrap();
+    assert!(created.len() <= MAX_HISTORY_MESSAGE && long.starts_with(created));
+    let asking = step(
+        &r,
+        Event::RequestInputs {
+            requests: requests(&["a"]),
+            status_message: Some(long.clone()),
+        },
+        T0 + 1,
+    );
+    assert_eq!(asking.status_message.as_deref(), Some(long.as_str()));
+    let message = asking.history[1].message.as_deref().unwrap();
+    assert_eq!(message.len(), 240);
+    assert!(long.starts_with(message));
+}
+
 #[test]
 fn errors_name_the_problem() {
     assert!(
@@ -897,6 +1181,23 @@ fn run_sequence(start: TaskRecord, events: Vec<(Event, u64)>) -> Result<(), Test
             }
             // A cancellation request is never withdrawn.
             prop_assert!(next.cancel_requested || !before.cancel_requested);
+            // The history grows by one entry exactly when the status changes: the new status
+            // at the new time with the new message; past the bound the oldest one after the
+            // creation goes.
+            if next.status == before.status {
+                prop_assert_eq!(&next.history, &before.history);
+            } else {
+                let mut expected = before.history.clone();
+                expected.push(Transition::new(
+                    next.last_updated_at_ms,
+                    next.status,
+                    next.status_message.as_deref(),
+                ));
+                if expected.len() > MAX_HISTORY {
+                    expected.remove(1);
+                }
+                prop_assert_eq!(&next.history, &expected);
+            }
             // Newly pending keys are fresh; answered keys left pending for answers.
             for k in next.pending_inputs.keys() {
                 prop_assert!(
@@ -946,6 +1247,23 @@ fn run_sequence(start: TaskRecord, events: Vec<(Event, u64)>) -> Result<(), Test
             }
             _ => prop_assert!(current.outcome.is_none()),
         }
+        // The history: bounded, starting with the creation, times non-decreasing, ending
+        // with the record's status.
+        prop_assert!(current.history.len() <= MAX_HISTORY);
+        prop_assert_eq!(
+            current.history.first(),
+            Some(&Transition::new(
+                current.created_at_ms,
+                TaskStatus::Working,
+                Some("started")
+            ))
+        );
+        prop_assert!(current.history.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
+        prop_assert_eq!(
+            current.history.last().map(|t| t.status),
+            Some(current.status)
+        );
+        prop_assert!(current.history.last().unwrap().at_ms <= current.last_updated_at_ms);
         model.check(&current)?;
     }
     Ok(())
