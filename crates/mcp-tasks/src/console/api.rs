@@ -362,18 +362,12 @@ pub(super) fn detail_json(r: &TaskRecord, lease: Option<Value>) -> Value {
     })
 }
 
-/// The task's transitions as the record knows them.
+/// The task's status changes, oldest first (the record keeps the first and the latest ones:
+/// `TaskRecord::history`).
 fn timeline(r: &TaskRecord) -> Value {
-    let mut out: Vec<Value> = Vec::new();
-    {
-        out.push(json!({ "at": r.created_at_ms, "status": "working", "statusMessage": null }));
-        if r.status != crate::task::TaskStatus::Working || r.last_updated_at_ms != r.created_at_ms {
-            out.push(json!({
-                "at": r.last_updated_at_ms,
-                "status": r.status.as_str(),
-                "statusMessage": r.status_message,
-            }));
-        }
-    }
-    Value::from(out)
+    r.history
+        .iter()
+        .map(|t| json!({ "at": t.at_ms, "status": t.status.as_str(), "statusMessage": t.message }))
+        .collect::<Vec<_>>()
+        .into()
 }
