@@ -24,6 +24,7 @@ mod bad_input;
 mod cli;
 mod client;
 mod console;
+mod console_browser;
 mod deploy;
 mod features;
 mod fixtures;

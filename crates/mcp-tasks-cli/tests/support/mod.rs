@@ -192,6 +192,7 @@ pub fn token_entry(token: &str, tenant: &str, principal: &str, scopes: &[&str]) 
         serde_json::to_string(scopes).unwrap()
     )
 }
+pub mod browser;
 pub mod embedded;
 pub mod legacy;
 pub mod raw_http;
