@@ -458,7 +458,8 @@ fn open_console(
                     while !stop2.load(Ordering::Relaxed) {
                         match tokio::time::timeout(Duration::from_millis(200), body.next()).await {
                             Ok(Some(Ok(chunk))) => {
-                                let n = chunk.windows(11).filter(|w| w == b"event: task").count();
+                                // `event: task` and `event: resync` lines.
+                                let n = chunk.windows(7).filter(|w| w == b"event: ").count();
                                 counter.fetch_add(n as u64, Ordering::Relaxed);
                             }
                             Ok(_) => break,

@@ -7,7 +7,7 @@
 //! are read together and sent as rows. A viewer gets only the tasks it may see; one that
 //! falls behind gets a `resync` event (the page reloads what it shows) instead of a backlog.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -22,12 +22,15 @@ use tokio::sync::broadcast::error::RecvError;
 use super::api::row;
 use super::viewer::{self, Viewer};
 use super::{AppState, ConsoleState};
+use crate::shared::TaskChange;
 use crate::store::listing::ListedTask;
 use crate::store::owner_key;
 
-/// How long ids from the store's notifications are gathered before they are read.
-const GATHER: Duration = Duration::from_millis(150);
-/// The most ids read for one batch: past it the viewer is told to resync.
+/// How long changes (or, on a shared store, the ids of its notifications) are gathered after
+/// the first before they are sent: well within the second a page promises.
+const GATHER: Duration = Duration::from_millis(250);
+/// The most tasks of one batch: past it the viewer is told to resync (reload what it shows)
+/// instead.
 const MAX_BATCH: usize = 256;
 /// The keep-alive comment interval.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -61,29 +64,59 @@ fn resync() -> Event {
     Event::default().event("resync").data("{}")
 }
 
-/// The runtime's own committed changes.
+/// The runtime's own committed changes, gathered for [`GATHER`] after the first one and sent
+/// together, the latest of each task only (a task's creation and completion in one window are
+/// one event): the work per change is a channel send, and a page under heavy load gets a few
+/// writes a second, not one per commit.
 fn local_events(state: &ConsoleState, viewer: Viewer) -> BoxStream<'static, Event> {
     let receiver = state.shared.changes.subscribe();
     futures::stream::unfold((receiver, viewer), |(mut receiver, viewer)| async move {
         loop {
+            let mut latest: BTreeMap<String, TaskChange> = BTreeMap::new();
+            let mut lagged = false;
+            let keep = |change: TaskChange, latest: &mut BTreeMap<String, TaskChange>| {
+                if viewer.may_see(&change.owner) {
+                    latest.insert(change.id.clone(), change);
+                }
+            };
             match receiver.recv().await {
-                Ok(change) => {
-                    if !viewer.may_see(&change.owner) {
-                        continue;
-                    }
-                    let task = ListedTask {
+                Ok(change) => keep(change, &mut latest),
+                Err(RecvError::Lagged(_)) => lagged = true,
+                Err(RecvError::Closed) => return None,
+            }
+            let deadline = tokio::time::sleep(GATHER);
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    _ = &mut deadline => break,
+                    next = receiver.recv() => match next {
+                        Ok(change) => keep(change, &mut latest),
+                        Err(RecvError::Lagged(_)) => lagged = true,
+                        Err(RecvError::Closed) => break,
+                    },
+                }
+            }
+            if lagged || latest.len() > MAX_BATCH {
+                return Some((vec![resync()], (receiver, viewer)));
+            }
+            if latest.is_empty() {
+                continue;
+            }
+            let events = latest
+                .into_values()
+                .map(|change| {
+                    task_event(&ListedTask {
                         id: change.id,
                         owner: owner_key(&change.owner.tenant, &change.owner.principal),
                         created_ms: change.created_ms,
                         listing: change.listing,
-                    };
-                    return Some((task_event(&task), (receiver, viewer)));
-                }
-                Err(RecvError::Lagged(_)) => return Some((resync(), (receiver, viewer))),
-                Err(RecvError::Closed) => return None,
-            }
+                    })
+                })
+                .collect();
+            return Some((events, (receiver, viewer)));
         }
     })
+    .flat_map(futures::stream::iter)
     .boxed()
 }
 

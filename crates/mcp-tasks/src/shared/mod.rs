@@ -12,6 +12,8 @@ mod error;
 mod live;
 pub(crate) mod request_state;
 
+#[cfg(feature = "console")]
+pub(crate) use changes::TaskChange;
 pub(crate) use changes::{Changes, Recovery};
 pub use config::RuntimeConfig;
 pub use error::RuntimeError;
