@@ -390,7 +390,7 @@ impl TaskStore for MemoryStore {
                     .then_some(task)
                 })
                 .collect();
-            walk.sort_by(|a, b| b.cursor().cmp(&a.cursor()));
+            walk.sort_by_key(|t| std::cmp::Reverse(t.cursor()));
             listing::fill_page(walk.into_iter().map(Ok), filter, limit, budget)
         })
     }

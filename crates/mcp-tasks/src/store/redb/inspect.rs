@@ -13,9 +13,10 @@ use redb::{
 };
 
 use super::schema::{
-    DUE, LISTING, LISTING_BY, LISTING_COUNTS, ListingTables, LIVE, THROUGHPUT, META, META_SCHEMA_VERSION, OWNERS, OwnerTables, RecordHeader, SCHEMA_VERSION, TASKS,
-    USAGE, V1_DUE_BY_ID, V1_SEQ, create_private_file, old_due, owner_of_snapshot, replace_due,
-    stored_schema_version, upgrade_layout,
+    DUE, LISTING, LISTING_BY, LISTING_COUNTS, LIVE, ListingTables, META, META_SCHEMA_VERSION,
+    OWNERS, OwnerTables, RecordHeader, SCHEMA_VERSION, TASKS, THROUGHPUT, USAGE, V1_DUE_BY_ID,
+    V1_SEQ, create_private_file, old_due, owner_of_snapshot, replace_due, stored_schema_version,
+    upgrade_layout,
 };
 use crate::store::META_BOOT_EPOCH;
 use crate::store::RedbStore;

@@ -15,11 +15,11 @@ use super::schema::{
     BY_STATUS, BY_TOOL, DUE, LISTING, LISTING_BY, LISTING_COUNTS, LIVE, META, OWNERS,
     StoredListing, TASKS, THROUGHPUT, USAGE, snapshot_of,
 };
+use super::{DbState, RedbStore, panic_message, redb_cause};
 use crate::store::listing::{
     self, ListedStatus, ListedTask, ListingCount, ListingCursor, ListingFilter, ListingIndex,
     ListingPage, ThroughputBucket, ThroughputKind,
 };
-use super::{DbState, RedbStore, panic_message, redb_cause};
 use crate::store::{Cause, MAX_PAGE, MAX_PAGE_BYTES, OwnedCursor, OwnedRecord, StoreError, Usage};
 
 impl RedbStore {
@@ -305,19 +305,15 @@ impl RedbStore {
             let keep = |r: Result<Option<ListedTask>, redb::Error>| r.transpose();
             match filter.index() {
                 ListingIndex::Created => {
-                    let walk = entries
-                        .range((from, "")..(to, ""))?
-                        .rev()
-                        .filter_map(|e| {
-                            keep(e.map_err(redb::Error::from).map(|(k, v)| {
-                                let (created_ms, id) = k.value();
-                                if !listing::before_cursor(created_ms, id, after) {
-                                    return None;
-                                }
-                                StoredListing::decode(v.value())
-                                    .and_then(|e| e.task(created_ms, id))
-                            }))
-                        });
+                    let walk = entries.range((from, "")..(to, ""))?.rev().filter_map(|e| {
+                        keep(e.map_err(redb::Error::from).map(|(k, v)| {
+                            let (created_ms, id) = k.value();
+                            if !listing::before_cursor(created_ms, id, after) {
+                                return None;
+                            }
+                            StoredListing::decode(v.value()).and_then(|e| e.task(created_ms, id))
+                        }))
+                    });
                     listing::fill_page(walk, &filter, limit, budget)
                 }
                 ListingIndex::Owner(owner) => {

@@ -174,10 +174,10 @@ impl RecordHeader {
     }
 }
 
-pub(crate) use crate::store::{listing_of_snapshot, owner_of_snapshot};
 use crate::store::listing::{
     ListedStatus, ListedTask, Listing, THROUGHPUT_RETENTION_MS, ThroughputKind, throughput_of,
 };
+pub(crate) use crate::store::{listing_of_snapshot, owner_of_snapshot};
 
 /// The owner index and usage counters a write keeps beside the records.
 pub(crate) struct OwnerTables<'t> {
@@ -425,20 +425,32 @@ impl<'t> ListingTables<'t> {
         Ok(())
     }
 
-    fn index(&mut self, id: &str, created_ms: u64, entry: &StoredListing) -> Result<(), redb::Error> {
+    fn index(
+        &mut self,
+        id: &str,
+        created_ms: u64,
+        entry: &StoredListing,
+    ) -> Result<(), redb::Error> {
         let status = ListedStatus::from_code(entry.status).map_or("", ListedStatus::as_str);
         self.by.insert((BY_STATUS, status, created_ms, id), ())?;
-        self.by.insert((BY_TOOL, entry.tool.as_str(), created_ms, id), ())?;
+        self.by
+            .insert((BY_TOOL, entry.tool.as_str(), created_ms, id), ())?;
         let key = (entry.owner.as_str(), entry.tool.as_str(), entry.status);
         let n = self.counts.get(key)?.map_or(0, |v| v.value());
         self.counts.insert(key, n + 1)?;
         Ok(())
     }
 
-    fn unindex(&mut self, id: &str, created_ms: u64, entry: &StoredListing) -> Result<(), redb::Error> {
+    fn unindex(
+        &mut self,
+        id: &str,
+        created_ms: u64,
+        entry: &StoredListing,
+    ) -> Result<(), redb::Error> {
         let status = ListedStatus::from_code(entry.status).map_or("", ListedStatus::as_str);
         self.by.remove((BY_STATUS, status, created_ms, id))?;
-        self.by.remove((BY_TOOL, entry.tool.as_str(), created_ms, id))?;
+        self.by
+            .remove((BY_TOOL, entry.tool.as_str(), created_ms, id))?;
         let key = (entry.owner.as_str(), entry.tool.as_str(), entry.status);
         let n = self.counts.get(key)?.map_or(0, |v| v.value());
         if n <= 1 {
@@ -681,7 +693,9 @@ fn convert_v3(txn: &WriteTransaction) -> Result<u64, LayoutError> {
         };
         let id = k.value();
         let entry = StoredListing::new(&owner.owner, &new);
-        listing.index(id, owner.created_ms, &entry).map_err(LayoutError::Redb)?;
+        listing
+            .index(id, owner.created_ms, &entry)
+            .map_err(LayoutError::Redb)?;
         listing
             .listing
             .insert((owner.created_ms, id), entry.encode().as_slice())?;

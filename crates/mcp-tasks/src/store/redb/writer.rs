@@ -12,9 +12,8 @@ use redb::{Database, ReadableTable, WriteTransaction};
 use tokio::sync::oneshot;
 
 use super::schema::{
-    ListingTables,
-    DUE, LIVE, META, OldDue, OwnerTables, RecordHeader, SyncFailure, TASKS, Target, old_due,
-    replace_due,
+    DUE, LIVE, ListingTables, META, OldDue, OwnerTables, RecordHeader, SyncFailure, TASKS, Target,
+    old_due, replace_due,
 };
 use super::{Counters, DbState, RecordCache, panic_message, redb_cause};
 use crate::store::listing::Listing;
