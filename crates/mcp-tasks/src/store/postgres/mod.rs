@@ -45,6 +45,7 @@ use tokio::task::JoinHandle;
 use tokio_postgres::NoTls;
 
 pub(crate) mod inspect;
+mod listing;
 mod notify;
 
 use super::{
@@ -252,6 +253,14 @@ const MIGRATIONS: &[&str] = &[
 /// in schema versions 3 and 4, one per shard of its task ids from version 5 on).
 pub(crate) const USAGE_BY_OWNER: &str = "SELECT owner, sum(tasks)::bigint, sum(bytes)::bigint
      FROM mcp_usage GROUP BY owner ORDER BY owner";
+
+/// The tables of the store (those of the schema version it has), in bytes with their
+/// indexes and TOAST: `TaskStore::stored_bytes`.
+const STORED_BYTES: &str = "SELECT sum(pg_total_relation_size(r))::bigint
+     FROM unnest(ARRAY['mcp_tasks', 'mcp_meta', 'mcp_nodes', 'mcp_schema', 'mcp_commands',
+                       'mcp_usage', 'mcp_listing_counts', 'mcp_throughput']) AS t,
+          to_regclass(t) AS r
+     WHERE r IS NOT NULL";
 
 /// Rows the owner backfill of migration 3 reads at a time (rows may be large).
 const BACKFILL_CHUNK: i64 = 64;
@@ -2199,6 +2208,120 @@ impl TaskStore for PostgresStore {
                             })
                             .collect(),
                     )
+                })
+                .await
+        })
+    }
+    fn listing<'a>(
+        &'a self,
+        filter: &'a super::listing::ListingFilter,
+        after: Option<super::listing::ListingCursor>,
+        limit: usize,
+        budget: usize,
+    ) -> StoreFuture<'a, super::listing::ListingPage> {
+        Box::pin(async move {
+            let Some(walk) = listing::walk(filter, after.as_ref(), limit, budget) else {
+                self.inner.check_open()?;
+                return Ok(super::listing::ListingPage::default());
+            };
+            let rows = self
+                .inner
+                .run(false, |client| async move {
+                    let st = client.prepare_cached(walk.sql).await?;
+                    let base: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
+                        &walk.from,
+                        &walk.below.0,
+                        &walk.below.1,
+                        &walk.budget,
+                        &walk.limit,
+                        &walk.status,
+                        &filter.tool,
+                        &filter.owner,
+                        &filter.text,
+                    ];
+                    let mut params = base.to_vec();
+                    if let Some(value) = &walk.index_text {
+                        params.push(value);
+                    } else if let Some(code) = &walk.index_status {
+                        params.push(code);
+                    }
+                    let rows = client.query(&st, &params).await?;
+                    Ok::<_, PgFailure>(rows.iter().map(listing::walked_row).collect::<Vec<_>>())
+                })
+                .await?;
+            Ok(listing::page_of(rows, filter, limit, budget))
+        })
+    }
+    fn listing_counts(&self) -> StoreFuture<'_, Vec<super::listing::ListingCount>> {
+        Box::pin(async move {
+            self.inner
+                .run(false, |client| async move {
+                    let st = client
+                        .prepare_cached(
+                            "SELECT owner, tool, status, sum(tasks)::bigint FROM mcp_listing_counts
+                             GROUP BY owner, tool, status HAVING sum(tasks) > 0
+                             ORDER BY owner, tool, status",
+                        )
+                        .await?;
+                    let rows = client.query(&st, &[]).await?;
+                    Ok::<_, PgFailure>(
+                        rows.iter()
+                            .filter_map(|r| {
+                                let status = u8::try_from(r.get::<_, i16>(2))
+                                    .ok()
+                                    .and_then(super::listing::ListedStatus::from_code)?;
+                                Some(super::listing::ListingCount {
+                                    owner: r.get(0),
+                                    tool: r.get(1),
+                                    status,
+                                    tasks: to_u64(r.get(3)),
+                                })
+                            })
+                            .collect(),
+                    )
+                })
+                .await
+        })
+    }
+    fn throughput(&self, since_ms: u64) -> StoreFuture<'_, Vec<super::listing::ThroughputBucket>> {
+        Box::pin(async move {
+            let since = to_i64(super::listing::minute_of(since_ms));
+            self.inner
+                .run(false, |client| async move {
+                    let st = client
+                        .prepare_cached(
+                            "SELECT minute_ms, kind, sum(count)::bigint FROM mcp_throughput
+                             WHERE minute_ms >= $1
+                             GROUP BY minute_ms, kind HAVING sum(count) > 0
+                             ORDER BY minute_ms, kind",
+                        )
+                        .await?;
+                    let rows = client.query(&st, &[&since]).await?;
+                    Ok::<_, PgFailure>(
+                        rows.iter()
+                            .filter_map(|r| {
+                                let kind = u8::try_from(r.get::<_, i16>(1))
+                                    .ok()
+                                    .and_then(super::listing::ThroughputKind::from_code)?;
+                                Some(super::listing::ThroughputBucket {
+                                    minute_ms: to_u64(r.get(0)),
+                                    kind,
+                                    count: to_u64(r.get(2)),
+                                })
+                            })
+                            .collect(),
+                    )
+                })
+                .await
+        })
+    }
+    fn stored_bytes(&self) -> StoreFuture<'_, Option<u64>> {
+        Box::pin(async move {
+            self.inner
+                .run(false, |client| async move {
+                    let st = client.prepare_cached(STORED_BYTES).await?;
+                    let row = client.query_one(&st, &[]).await?;
+                    Ok::<_, PgFailure>(row.get::<_, Option<i64>>(0).map(to_u64))
                 })
                 .await
         })
