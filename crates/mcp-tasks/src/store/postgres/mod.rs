@@ -1525,6 +1525,61 @@ impl Cluster for PostgresStore {
     fn reference_clock(&self) -> Option<Arc<crate::clock::ReferenceClock>> {
         Some(self.inner.reference.clone())
     }
+    fn nodes(&self) -> StoreFuture<'_, Vec<super::listing::NodeInfo>> {
+        Box::pin(async move {
+            self.inner
+                .run(false, |client| async move {
+                    let st = client
+                        .prepare_cached(
+                            "SELECT n.node_id, (extract(epoch FROM n.heartbeat_at) * 1000)::bigint,
+                                    count(t.id)
+                             FROM mcp_nodes n
+                             LEFT JOIN mcp_tasks t ON t.live AND t.owner_node = n.node_id
+                             GROUP BY n.node_id, n.heartbeat_at
+                             ORDER BY n.node_id",
+                        )
+                        .await?;
+                    let rows = client.query(&st, &[]).await?;
+                    Ok::<_, PgFailure>(
+                        rows.iter()
+                            .map(|r| super::listing::NodeInfo {
+                                node: r.get(0),
+                                heartbeat_ms: to_u64(r.get(1)),
+                                leases: to_u64(r.get(2)),
+                            })
+                            .collect(),
+                    )
+                })
+                .await
+        })
+    }
+    fn lease_of<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<super::listing::LeaseInfo>> {
+        Box::pin(async move {
+            self.inner
+                .run(false, |client| async move {
+                    // A finished task's lease is nobody's (its row keeps the last holder).
+                    let st = client
+                        .prepare_cached(
+                            "SELECT CASE WHEN live THEN owner_node END, lease_epoch
+                             FROM mcp_tasks WHERE id = $1",
+                        )
+                        .await?;
+                    let row = client.query_opt(&st, &[&id]).await?;
+                    Ok::<_, PgFailure>(row.map(|r| {
+                        let epoch = to_u64(r.get(1));
+                        super::listing::LeaseInfo {
+                            node: r.get(0),
+                            epoch,
+                            takeovers: epoch.saturating_sub(1),
+                        }
+                    }))
+                })
+                .await
+        })
+    }
+    fn watch_commits(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+        Some(self.inner.hub.commits.subscribe())
+    }
     fn poll_interval(&self) -> Duration {
         self.inner.poll_interval
     }
