@@ -2,13 +2,13 @@
 //!
 //! A page walks one index newest first (`ORDER BY created_ms DESC, id DESC`) from the
 //! cursor, at most `budget` rows (`LIMIT`), and numbers the rows of the walk. The filter is
-//! judged in SQL twice: `sure` (the row matches) and `cand` (it may match); they differ only
-//! for text search over a non-ASCII id or message, whose case folding is Rust's to judge
-//! (`ListingFilter::matches`): over ASCII, `lower(… COLLATE "C")` folds as Rust does. A window
-//! run condition stops the walk after the `limit`-th sure row, so a page of an unfiltered
-//! walk reads `limit` rows, not `budget`. The statement returns the candidates and the walk's
-//! last row; [`page_of`] checks the candidates with `ListingFilter::matches` and applies the
-//! rules of `listing::fill_page` by position (its tests compare the two).
+//! judged in SQL: kept, not kept, or maybe — a text search over a non-ASCII id or message,
+//! whose case folding is Rust's to judge (`ListingFilter::matches`); over ASCII,
+//! `lower(… COLLATE "C")` folds as Rust does. A window run condition stops the walk after the
+//! `limit`-th kept row, so a page of an unfiltered walk reads `limit` rows, not `budget`.
+//! The statement returns the candidates (kept or maybe) and the walk's last row;
+//! [`page_of`] checks the candidates with `ListingFilter::matches` and applies the rules of
+//! `listing::fill_page` by position (its tests compare the two).
 
 use crate::store::listing::{
     ListedStatus, ListedTask, Listing, ListingCursor, ListingFilter, ListingIndex, ListingPage,
@@ -21,35 +21,30 @@ use crate::store::listing::{
 macro_rules! walk_sql {
     ($index:literal) => {
         concat!(
-            "SELECT n, cand, id, task_owner, created_ms, tool, status, status_message, updated_ms
+            "SELECT n, judged >= 0, id, task_owner, created_ms, tool, status, status_message,
+                    updated_ms
              FROM (
                 SELECT x.*, lead(n) OVER (ORDER BY created_ms DESC, id DESC) IS NULL AS last
                 FROM (
                     SELECT w.*, row_number() OVER win AS n,
-                           count(*) FILTER (WHERE sure) OVER win AS before
+                           count(*) FILTER (WHERE judged = 1) OVER win AS before
                     FROM (
                         SELECT id, task_owner, created_ms, tool, status, status_message,
                                updated_ms,
-                               ($6::int2 IS NULL OR status = $6)
-                               AND ($7::text IS NULL OR tool = $7)
-                               AND ($8::text IS NULL OR task_owner = $8)
-                               AND ($9::text IS NULL
-                                    OR (octet_length(id) = char_length(id)
-                                        AND octet_length(coalesce(status_message, ''))
-                                            = char_length(coalesce(status_message, ''))
-                                        AND (strpos(lower(id COLLATE \"C\"), $9) > 0
-                                             OR strpos(lower(coalesce(status_message, '')
-                                                       COLLATE \"C\"), $9) > 0))) AS sure,
-                               ($6::int2 IS NULL OR status = $6)
-                               AND ($7::text IS NULL OR tool = $7)
-                               AND ($8::text IS NULL OR task_owner = $8)
-                               AND ($9::text IS NULL
-                                    OR octet_length(id) <> char_length(id)
-                                    OR octet_length(coalesce(status_message, ''))
-                                        <> char_length(coalesce(status_message, ''))
-                                    OR strpos(lower(id COLLATE \"C\"), $9) > 0
-                                    OR strpos(lower(coalesce(status_message, '')
-                                              COLLATE \"C\"), $9) > 0) AS cand
+                               -- 1: kept; 0: maybe (Rust judges the text); -1: not kept.
+                               CASE
+                                   WHEN NOT (($6::int2 IS NULL OR status = $6)
+                                             AND ($7::text IS NULL OR tool = $7)
+                                             AND ($8::text IS NULL OR task_owner = $8)) THEN -1
+                                   WHEN $9::text IS NULL THEN 1
+                                   WHEN octet_length(id) <> char_length(id)
+                                        OR octet_length(status_message)
+                                           <> char_length(status_message) THEN 0
+                                   WHEN strpos(lower(id COLLATE \"C\"), $9) > 0
+                                        OR strpos(lower(status_message COLLATE \"C\"), $9) > 0
+                                       THEN 1
+                                   ELSE -1
+                               END AS judged
                         FROM mcp_tasks
                         WHERE ",
             $index,
@@ -63,7 +58,7 @@ macro_rules! walk_sql {
                 ) AS x
                 WHERE before < $5
              ) AS y
-             WHERE cand OR last
+             WHERE judged >= 0 OR last
              ORDER BY n"
         )
     };
@@ -237,8 +232,8 @@ mod tests {
     }
 
     /// What the statement returns for `walk` (already below the cursor, at most `budget`
-    /// rows): every row numbered, judged `sure` by `filter` unless `unsure` says the SQL
-    /// could not tell (then only a candidate), the walk stopped after the `limit`-th sure
+    /// rows): every row numbered, judged kept (`sure`) by `filter` unless `unsure` says the SQL
+    /// could not tell (then a candidate: maybe), the walk stopped after the `limit`-th kept
     /// row; candidates and the last row kept.
     fn statement(
         walk: &[ListedTask],
