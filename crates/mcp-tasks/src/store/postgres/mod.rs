@@ -7,9 +7,23 @@
 //! | table                 | holds                                                              |
 //! |-----------------------|--------------------------------------------------------------------|
 //! | `mcp_schema`          | applied migration versions                                          |
-//! | `mcp_tasks`           | per task: snapshot bytes, `live`, `due_ms`, `seq`, `owner_node`, `lease_epoch` |
+//! | `mcp_tasks`           | per task: snapshot bytes, `live`, `due_ms`, `seq`, `owner_node`, `lease_epoch`; its owner entry (`task_owner`, `created_ms`); its listing (`tool`, `status`, `status_message`, `updated_ms`) |
 //! | `mcp_meta`            | key → bytes (boot epoch, the `requestState` key)                    |
 //! | `mcp_nodes`           | per node: `started_at`, `heartbeat_at` (the node's lease)           |
+//! | `mcp_commands`        | commands for the node running a task, and their answers             |
+//! | `mcp_usage`           | per (owner, shard): stored tasks and bytes (the disk quota)         |
+//! | `mcp_listing_counts`  | per (owner, tool, status, shard): stored tasks                      |
+//! | `mcp_throughput`      | per (minute, kind, shard): creations and arrivals in a final status |
+//!
+//! **The listing index** (`store::listing`, schema 6). A put that carries a listing writes it
+//! into the task's row; a task with an owner and a status is listed. Pages walk an index newest
+//! first — `(created_ms, id)`, `(status, created_ms, id)`, `(tool, created_ms, id)` or the
+//! owner's `(task_owner, created_ms, id)` — in one statement (`listing.rs`). A trigger keeps
+//! the counters and the throughput buckets in the commit's transaction, in up to 16 rows per
+//! key (a shard of the task ids: concurrent commits do not queue on one row lock), which
+//! readers sum; the sweep leader drops buckets older than a day and empty counters with its
+//! heartbeat. A schema-5 database gets its rows' listings from their snapshots at migration;
+//! its throughput starts empty.
 //!
 //! **Leases and fencing.** Every process has a node id and renews its row in `mcp_nodes`
 //! every third of the lease TTL (one heartbeat per node, not per task). A live task is leased
