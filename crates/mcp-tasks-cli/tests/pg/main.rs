@@ -1,7 +1,7 @@
 //! The tests of the PostgreSQL store and of replicas sharing one database, in one executable:
-//! the store itself, leases and fencing, owners and quotas, the replica fault reproductions,
-//! the replica crash suite and, with the `failpoints` feature, the store's failpoints (run
-//! alone, since failpoints are process-wide). They skip, saying so, when no server is
+//! the store itself, leases and fencing, owners and quotas, the listing index, the replica
+//! fault reproductions, the replica crash suite and, with the `failpoints` feature, the
+//! store's failpoints (run alone, since failpoints are process-wide). They skip, saying so, when no server is
 //! reachable, unless `MCP_TASKS_REQUIRE_POSTGRES=1` (`.ci/run` sets it).
 
 #[macro_use]
@@ -19,6 +19,7 @@ mod gateway_replicas;
 mod postgres;
 mod postgres_failpoints;
 mod postgres_leases;
+mod postgres_listing;
 mod postgres_owners;
 mod replica_faults;
 mod replicas;

@@ -140,12 +140,19 @@ async fn owners_are_indexed_counted_and_converted() {
     a.close().await;
     b.close().await;
 
-    // A schema of version 2 holding rows (no owner columns, no usage, no instance tokens):
-    // the next open converts it, filling the owners in from the snapshots.
+    // A schema of version 2 holding rows (no owner columns, no usage, no instance tokens,
+    // no listing): the next open converts it, filling the owners, then the listings, in from
+    // the snapshots.
     let client = pg.client().await;
     client
         .batch_execute(
-            "DROP TRIGGER mcp_tasks_usage ON mcp_tasks;
+            "DROP TRIGGER mcp_tasks_listed ON mcp_tasks;
+             DROP TRIGGER mcp_tasks_relisted ON mcp_tasks;
+             DROP FUNCTION mcp_listing_track();
+             DROP TABLE mcp_listing_counts, mcp_throughput;
+             ALTER TABLE mcp_tasks DROP COLUMN tool, DROP COLUMN status,
+                 DROP COLUMN status_message, DROP COLUMN updated_ms;
+             DROP TRIGGER mcp_tasks_usage ON mcp_tasks;
              DROP FUNCTION mcp_usage_track();
              DROP TABLE mcp_usage;
              ALTER TABLE mcp_tasks DROP COLUMN task_owner, DROP COLUMN created_ms,
@@ -161,6 +168,17 @@ async fn owners_are_indexed_counted_and_converted() {
     assert_eq!(c.usage(&alice).await.unwrap(), usage);
     assert_eq!(c.owned(&alice, None, 100).await.unwrap().len(), 11);
     assert_eq!(c.usage(&owner_key("acme", "bob")).await.unwrap().tasks, 12);
+    let listed: Vec<(String, u64)> = c
+        .listing_counts()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.owner, c.tasks))
+        .collect();
+    assert_eq!(
+        listed,
+        vec![(alice.clone(), 11), (owner_key("acme", "bob"), 12)]
+    );
     c.close().await;
     // `store stats --by-owner` on PostgreSQL: the same figures, largest first.
     let location = mcp_tasks::admin::Location::parse(&pg.url_with_schema());

@@ -179,8 +179,9 @@ impl PgReader {
                 "SELECT t, pg_total_relation_size(t::regclass)
                  FROM unnest(ARRAY['mcp_tasks', 'mcp_meta', 'mcp_nodes', 'mcp_schema']) AS t
                  UNION ALL
-                 SELECT 'mcp_usage', pg_total_relation_size(to_regclass('mcp_usage'))
-                 WHERE to_regclass('mcp_usage') IS NOT NULL",
+                 SELECT t, pg_total_relation_size(to_regclass(t))
+                 FROM unnest(ARRAY['mcp_usage', 'mcp_listing_counts', 'mcp_throughput']) AS t
+                 WHERE to_regclass(t) IS NOT NULL",
                 &[],
             )
             .await
@@ -250,6 +251,7 @@ impl PgReader {
         })
     }
 
+    /// Deletes rows; their owners' usage and their listing counters follow (the triggers).
     pub(crate) async fn delete(&self, ids: Vec<String>) -> Result<(), AdminError> {
         self.client
             .execute("DELETE FROM mcp_tasks WHERE id = ANY($1)", &[&ids])
@@ -332,6 +334,27 @@ pub(crate) async fn load(url: &str, dump: Dump) -> Result<(u64, u64), AdminError
             .iter()
             .map(|e| e.as_ref().map(|e| to_i64(e.created_ms)))
             .collect();
+        // Its listing, likewise (the listing trigger counts it).
+        let listings: Vec<Option<crate::store::listing::Listing>> = chunk
+            .iter()
+            .map(|r| crate::store::listing_of_snapshot(&r.bytes))
+            .collect();
+        let tools: Vec<Option<&str>> = listings
+            .iter()
+            .map(|l| l.as_ref().map(|l| l.tool.as_str()))
+            .collect();
+        let statuses: Vec<Option<i16>> = listings
+            .iter()
+            .map(|l| l.as_ref().map(|l| i16::from(l.status.code())))
+            .collect();
+        let messages: Vec<Option<&str>> = listings
+            .iter()
+            .map(|l| l.as_ref().and_then(|l| l.message.as_deref()))
+            .collect();
+        let updated: Vec<Option<i64>> = listings
+            .iter()
+            .map(|l| l.as_ref().map(|l| to_i64(l.updated_ms)))
+            .collect();
         let same: i64 = tx
             .query_one(
                 "SELECT count(*) FROM mcp_tasks t
@@ -343,16 +366,24 @@ pub(crate) async fn load(url: &str, dump: Dump) -> Result<(u64, u64), AdminError
             .map_err(|e| pg_err(&label, &e))?
             .get(0);
         tx.execute(
-            "INSERT INTO mcp_tasks (id, bytes, live, due_ms, seq, owner_node, task_owner, created_ms)
-             SELECT id, bytes, live, due_ms, seq, NULL, task_owner, created_ms
+            "INSERT INTO mcp_tasks (id, bytes, live, due_ms, seq, owner_node, task_owner, created_ms,
+                                    tool, status, status_message, updated_ms)
+             SELECT id, bytes, live, due_ms, seq, NULL, task_owner, created_ms,
+                    tool, status, status_message, updated_ms
              FROM unnest($1::text[], $2::bytea[], $3::bool[], $4::int8[], $5::int8[],
-                         $6::text[], $7::int8[])
-                  AS u(id, bytes, live, due_ms, seq, task_owner, created_ms)
+                         $6::text[], $7::int8[], $8::text[], $9::int2[], $10::text[], $11::int8[])
+                  AS u(id, bytes, live, due_ms, seq, task_owner, created_ms,
+                       tool, status, status_message, updated_ms)
              ON CONFLICT (id) DO UPDATE
                SET bytes = EXCLUDED.bytes, live = EXCLUDED.live, due_ms = EXCLUDED.due_ms,
                    seq = EXCLUDED.seq, owner_node = NULL, updated_at = now(),
-                   task_owner = EXCLUDED.task_owner, created_ms = EXCLUDED.created_ms",
-            &[&ids, &bytes, &live, &due, &seq, &owners, &created],
+                   task_owner = EXCLUDED.task_owner, created_ms = EXCLUDED.created_ms,
+                   tool = EXCLUDED.tool, status = EXCLUDED.status,
+                   status_message = EXCLUDED.status_message, updated_ms = EXCLUDED.updated_ms",
+            &[
+                &ids, &bytes, &live, &due, &seq, &owners, &created, &tools, &statuses,
+                &messages, &updated,
+            ],
         )
         .await
         .map_err(|e| pg_err(&label, &e))?;

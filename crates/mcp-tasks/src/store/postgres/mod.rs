@@ -7,9 +7,23 @@
 //! | table                 | holds                                                              |
 //! |-----------------------|--------------------------------------------------------------------|
 //! | `mcp_schema`          | applied migration versions                                          |
-//! | `mcp_tasks`           | per task: snapshot bytes, `live`, `due_ms`, `seq`, `owner_node`, `lease_epoch` |
+//! | `mcp_tasks`           | per task: snapshot bytes, `live`, `due_ms`, `seq`, `owner_node`, `lease_epoch`; its owner entry (`task_owner`, `created_ms`); its listing (`tool`, `status`, `status_message`, `updated_ms`) |
 //! | `mcp_meta`            | key → bytes (boot epoch, the `requestState` key)                    |
 //! | `mcp_nodes`           | per node: `started_at`, `heartbeat_at` (the node's lease)           |
+//! | `mcp_commands`        | commands for the node running a task, and their answers             |
+//! | `mcp_usage`           | per (owner, shard): stored tasks and bytes (the disk quota)         |
+//! | `mcp_listing_counts`  | per (owner, tool, status, shard): stored tasks                      |
+//! | `mcp_throughput`      | per (minute, kind, shard): creations and arrivals in a final status |
+//!
+//! **The listing index** (`store::listing`, schema 6). A put that carries a listing writes it
+//! into the task's row; a task with an owner and a status is listed. Pages walk an index newest
+//! first — `(created_ms, id)`, `(status, created_ms, id)`, `(tool, created_ms, id)` or the
+//! owner's `(task_owner, created_ms, id)` — in one statement (`listing.rs`). A trigger keeps
+//! the counters and the throughput buckets in the commit's transaction, in up to 16 rows per
+//! key (a shard of the task ids: concurrent commits do not queue on one row lock), which
+//! readers sum; the sweep leader drops buckets older than a day and empty counters with its
+//! heartbeat. A schema-5 database gets its rows' listings from their snapshots at migration;
+//! its throughput starts empty.
 //!
 //! **Leases and fencing.** Every process has a node id and renews its row in `mcp_nodes`
 //! every third of the lease TTL (one heartbeat per node, not per task). A live task is leased
@@ -45,6 +59,7 @@ use tokio::task::JoinHandle;
 use tokio_postgres::NoTls;
 
 pub(crate) mod inspect;
+mod listing;
 mod notify;
 
 use super::{
@@ -54,7 +69,7 @@ use super::{
 use notify::{self as postgres_notify, Hub};
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 // One migration per version: a migration added without raising the version (or the other way
 // round) does not build.
@@ -171,12 +186,95 @@ const MIGRATIONS: &[&str] = &[
         END IF;
         RETURN NULL;
     END $$;",
+    // 6: the listing index (`store::listing`). Each task's tool, status code
+    // (`ListedStatus::code`), status message (already cut) and last update, written by every
+    // put that carries them; a task is listed once it has an owner and a status. Indexes for
+    // the walks newest first (the owner's is migration 3's). Counters per (owner, tool,
+    // status) and one-minute throughput buckets per kind (`ThroughputKind::code`), each in
+    // up to 16 rows per key (one per shard of the task ids, as `mcp_usage`), kept by a
+    // trigger in the commit's transaction; readers sum the shards. Rows stored before are
+    // filled in by the migration from their snapshots (`backfill_listing`).
+    "ALTER TABLE mcp_tasks ADD COLUMN tool text, ADD COLUMN status smallint,
+        ADD COLUMN status_message text, ADD COLUMN updated_ms bigint;
+    CREATE INDEX mcp_tasks_listed ON mcp_tasks (created_ms, id)
+        WHERE task_owner IS NOT NULL AND status IS NOT NULL;
+    CREATE INDEX mcp_tasks_by_status ON mcp_tasks (status, created_ms, id)
+        WHERE task_owner IS NOT NULL AND status IS NOT NULL;
+    CREATE INDEX mcp_tasks_by_tool ON mcp_tasks (tool, created_ms, id)
+        WHERE task_owner IS NOT NULL AND status IS NOT NULL;
+    CREATE TABLE mcp_listing_counts (
+        owner  text NOT NULL,
+        tool   text NOT NULL,
+        status smallint NOT NULL,
+        shard  smallint NOT NULL,
+        tasks  bigint NOT NULL,
+        PRIMARY KEY (owner, tool, status, shard)
+    );
+    CREATE TABLE mcp_throughput (
+        minute_ms bigint NOT NULL,
+        kind      smallint NOT NULL,
+        shard     smallint NOT NULL,
+        count     bigint NOT NULL,
+        PRIMARY KEY (minute_ms, kind, shard)
+    );
+    CREATE FUNCTION mcp_listing_track() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE
+        was_listed boolean := TG_OP <> 'INSERT'
+            AND OLD.task_owner IS NOT NULL AND OLD.status IS NOT NULL;
+        is_listed boolean := TG_OP <> 'DELETE'
+            AND NEW.task_owner IS NOT NULL AND NEW.status IS NOT NULL;
+        id_shard smallint := hashtext(CASE WHEN TG_OP = 'DELETE' THEN OLD.id ELSE NEW.id END) & 15;
+    BEGIN
+        IF was_listed AND is_listed AND OLD.task_owner = NEW.task_owner
+                AND OLD.tool = NEW.tool AND OLD.status = NEW.status THEN
+            RETURN NULL;
+        END IF;
+        -- The old key's row and the new one's, in key order: two commits moving tasks
+        -- between the same two statuses in opposite directions take their locks alike.
+        INSERT INTO mcp_listing_counts AS c (owner, tool, status, shard, tasks)
+            SELECT k.owner, k.tool, k.status, id_shard, k.delta FROM (
+                SELECT OLD.task_owner, OLD.tool, OLD.status, -1 WHERE was_listed
+                UNION ALL
+                SELECT NEW.task_owner, NEW.tool, NEW.status, 1 WHERE is_listed
+            ) AS k (owner, tool, status, delta)
+            ORDER BY k.owner, k.tool, k.status
+            ON CONFLICT (owner, tool, status, shard) DO UPDATE SET tasks = c.tasks + EXCLUDED.tasks;
+        -- `listing::throughput_of`: a creation at its minute; an arrival in a final status
+        -- (codes 2, 3, 4: kinds 1, 2, 3) from a live one or from nothing at its update's.
+        IF is_listed THEN
+            INSERT INTO mcp_throughput AS b (minute_ms, kind, shard, count)
+                SELECT t.minute_ms, t.kind, id_shard, 1 FROM (
+                    SELECT NEW.created_ms - NEW.created_ms % 60000, 0 WHERE NOT was_listed
+                    UNION ALL
+                    SELECT NEW.updated_ms - NEW.updated_ms % 60000, NEW.status - 1
+                    WHERE NEW.status >= 2 AND NEW.updated_ms IS NOT NULL
+                        AND NOT (was_listed AND OLD.status >= 2)
+                ) AS t (minute_ms, kind)
+                ORDER BY t.minute_ms, t.kind
+                ON CONFLICT (minute_ms, kind, shard) DO UPDATE SET count = b.count + 1;
+        END IF;
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER mcp_tasks_listed AFTER INSERT OR DELETE ON mcp_tasks
+        FOR EACH ROW EXECUTE FUNCTION mcp_listing_track();
+    CREATE TRIGGER mcp_tasks_relisted AFTER UPDATE OF task_owner, tool, status ON mcp_tasks
+        FOR EACH ROW WHEN (OLD.task_owner IS DISTINCT FROM NEW.task_owner
+            OR OLD.tool IS DISTINCT FROM NEW.tool OR OLD.status IS DISTINCT FROM NEW.status)
+        EXECUTE FUNCTION mcp_listing_track();",
 ];
 
 /// Every owner's stored tasks and bytes, by owner (the sum of its usage rows: one per owner
 /// in schema versions 3 and 4, one per shard of its task ids from version 5 on).
 pub(crate) const USAGE_BY_OWNER: &str = "SELECT owner, sum(tasks)::bigint, sum(bytes)::bigint
      FROM mcp_usage GROUP BY owner ORDER BY owner";
+
+/// The tables of the store (those of the schema version it has), in bytes with their
+/// indexes and TOAST: `TaskStore::stored_bytes`.
+const STORED_BYTES: &str = "SELECT sum(pg_total_relation_size(r))::bigint
+     FROM unnest(ARRAY['mcp_tasks', 'mcp_meta', 'mcp_nodes', 'mcp_schema', 'mcp_commands',
+                       'mcp_usage', 'mcp_listing_counts', 'mcp_throughput']) AS t,
+          to_regclass(t) AS r
+     WHERE r IS NOT NULL";
 
 /// Rows the owner backfill of migration 3 reads at a time (rows may be large).
 const BACKFILL_CHUNK: i64 = 64;
@@ -219,13 +317,115 @@ async fn backfill_owners(
     Ok(filled)
 }
 
-/// The columns one [`WriteOp::Put`] writes, as PostgreSQL takes them.
+/// Fills in the listing columns of the owned rows stored before migration 6, from their
+/// snapshots, inside the migration's transaction, then counts them into
+/// `mcp_listing_counts` (the listing trigger is off meanwhile: one grouped insert instead of
+/// a trigger per row). A row whose snapshot does not decode stays unlisted. The throughput
+/// of the past is not known: its buckets start empty (as in redb). Returns the number of
+/// rows filled in.
+async fn backfill_listing(
+    tx: &deadpool_postgres::Transaction<'_>,
+) -> Result<u64, tokio_postgres::Error> {
+    tx.batch_execute("ALTER TABLE mcp_tasks DISABLE TRIGGER mcp_tasks_relisted")
+        .await?;
+    let mut after = String::new();
+    let mut filled = 0;
+    loop {
+        let rows = tx
+            .query(
+                "SELECT id, bytes FROM mcp_tasks
+                 WHERE task_owner IS NOT NULL AND status IS NULL AND id > $1
+                 ORDER BY id LIMIT $2",
+                &[&after, &BACKFILL_CHUNK],
+            )
+            .await?;
+        let Some(last) = rows.last() else { break };
+        after = last.get(0);
+        let mut ids = Vec::with_capacity(rows.len());
+        let mut tools = Vec::with_capacity(rows.len());
+        let mut statuses = Vec::with_capacity(rows.len());
+        let mut messages = Vec::with_capacity(rows.len());
+        let mut updated = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let bytes: &[u8] = row.get(1);
+            if let Some(listing) = super::listing_of_snapshot(bytes) {
+                ids.push(row.get::<_, String>(0));
+                statuses.push(i16::from(listing.status.code()));
+                updated.push(to_i64(listing.updated_ms));
+                messages.push(listing.message);
+                tools.push(listing.tool);
+            }
+        }
+        if !ids.is_empty() {
+            filled += tx
+                .execute(
+                    "UPDATE mcp_tasks t SET tool = u.tool, status = u.status,
+                        status_message = u.message, updated_ms = u.updated_ms
+                     FROM unnest($1::text[], $2::text[], $3::int2[], $4::text[], $5::int8[])
+                          AS u (id, tool, status, message, updated_ms)
+                     WHERE t.id = u.id",
+                    &[&ids, &tools, &statuses, &messages, &updated],
+                )
+                .await?;
+        }
+        if (rows.len() as i64) < BACKFILL_CHUNK {
+            break;
+        }
+    }
+    tx.batch_execute(
+        "ALTER TABLE mcp_tasks ENABLE TRIGGER mcp_tasks_relisted;
+         DELETE FROM mcp_listing_counts;
+         INSERT INTO mcp_listing_counts (owner, tool, status, shard, tasks)
+             SELECT task_owner, tool, status, hashtext(id) & 15, count(*) FROM mcp_tasks
+             WHERE task_owner IS NOT NULL AND status IS NOT NULL GROUP BY 1, 2, 3, 4;",
+    )
+    .await?;
+    Ok(filled)
+}
+
+/// The columns one [`WriteOp::Put`] writes, as PostgreSQL takes them. The owner entry
+/// (`task_owner`, `created_ms`) is written with the row's creation only (it never changes);
+/// the listing columns when the put carries a listing (`status` `None`: the stored ones are
+/// kept).
 struct PutRow<'a> {
     id: &'a str,
     bytes: &'a Vec<u8>,
     live: bool,
     due: Option<i64>,
     seq: Option<i64>,
+    owner: Option<&'a str>,
+    created: Option<i64>,
+    tool: Option<&'a str>,
+    status: Option<i16>,
+    message: Option<&'a str>,
+    updated: Option<i64>,
+}
+
+impl<'a> PutRow<'a> {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        id: &'a str,
+        bytes: &'a Vec<u8>,
+        live: bool,
+        due_ms: Option<u64>,
+        seq: Option<u64>,
+        owner: Option<&'a super::OwnerEntry>,
+        listing: Option<&'a super::listing::Listing>,
+    ) -> PutRow<'a> {
+        PutRow {
+            id,
+            bytes,
+            live,
+            due: due_ms.map(to_i64),
+            seq: seq.map(to_i64),
+            owner: owner.map(|o| o.owner.as_str()),
+            created: owner.map(|o| to_i64(o.created_ms)),
+            tool: listing.map(|l| l.tool.as_str()),
+            status: listing.map(|l| i16::from(l.status.code())),
+            message: listing.and_then(|l| l.message.as_deref()),
+            updated: listing.map(|l| to_i64(l.updated_ms)),
+        }
+    }
 }
 
 /// Writes one meta op ([`WriteOp::PutMeta`], [`WriteOp::PutMetaIfAbsent`],
@@ -261,24 +461,6 @@ async fn write_meta(
         }
         WriteOp::Put { .. } | WriteOp::Delete { .. } | WriteOp::SetDue { .. } => {}
     }
-    Ok(())
-}
-
-/// Records the owner entry of task `id` in the transaction that creates it (the usage
-/// trigger counts the row from then on).
-async fn record_owner(
-    tx: &deadpool_postgres::Transaction<'_>,
-    id: &str,
-    owner: &super::OwnerEntry,
-) -> Result<(), tokio_postgres::Error> {
-    let st = tx
-        .prepare_cached(
-            "UPDATE mcp_tasks SET task_owner = $2, created_ms = $3
-             WHERE id = $1 AND task_owner IS DISTINCT FROM $2",
-        )
-        .await?;
-    tx.execute(&st, &[&id, &owner.owner, &to_i64(owner.created_ms)])
-        .await?;
     Ok(())
 }
 
@@ -651,23 +833,19 @@ impl Inner {
                     seq,
                     expect,
                     owner,
-                    listing: _,
+                    listing,
                 } => {
-                    let row = PutRow {
+                    let row = PutRow::new(
                         id,
                         bytes,
-                        live: *live,
-                        due: due_ms.map(to_i64),
-                        seq: seq.map(to_i64),
-                    };
+                        *live,
+                        *due_ms,
+                        *seq,
+                        owner.as_ref(),
+                        listing.as_ref(),
+                    );
                     if let Some(lease) = self.put(&tx, &row, *expect).await? {
                         leases.push(lease);
-                    }
-                    // The owner entry is written with the row's creation (it never changes).
-                    if let Some(owner) = owner
-                        && !matches!(expect, Expect::Seq(_))
-                    {
-                        record_owner(&tx, id, owner).await?;
                     }
                 }
                 WriteOp::Delete { id } => {
@@ -713,15 +891,37 @@ impl Inner {
             Expect::Any => {
                 let st = tx
                     .prepare_cached(
-                        "INSERT INTO mcp_tasks (id, bytes, live, due_ms, seq, owner_node, lease_epoch)
-                         VALUES ($1, $2, $3, $4, $5, $6, 1)
+                        "INSERT INTO mcp_tasks (id, bytes, live, due_ms, seq, owner_node, lease_epoch,
+                            task_owner, created_ms, tool, status, status_message, updated_ms)
+                         VALUES ($1, $2, $3, $4, $5, $6, 1, $7, $8, $9, $10, $11, $12)
                          ON CONFLICT (id) DO UPDATE SET bytes = $2, live = $3, due_ms = $4,
-                            seq = $5, updated_at = now()",
+                            seq = $5, updated_at = now(),
+                            task_owner = coalesce($7, mcp_tasks.task_owner),
+                            created_ms = CASE WHEN $7 IS NULL OR $7 = mcp_tasks.task_owner
+                                THEN mcp_tasks.created_ms ELSE $8 END,
+                            tool = coalesce($9, mcp_tasks.tool),
+                            status = coalesce($10, mcp_tasks.status),
+                            status_message = CASE WHEN $10 IS NULL
+                                THEN mcp_tasks.status_message ELSE $11 END,
+                            updated_ms = coalesce($12, mcp_tasks.updated_ms)",
                     )
                     .await?;
                 tx.execute(
                     &st,
-                    &[&id, row.bytes, &row.live, &row.due, &row.seq, &self.node],
+                    &[
+                        &id,
+                        row.bytes,
+                        &row.live,
+                        &row.due,
+                        &row.seq,
+                        &self.node,
+                        &row.owner,
+                        &row.created,
+                        &row.tool,
+                        &row.status,
+                        &row.message,
+                        &row.updated,
+                    ],
                 )
                 .await?;
                 Ok(None)
@@ -729,15 +929,29 @@ impl Inner {
             Expect::Absent => {
                 let st = tx
                     .prepare_cached(
-                        "INSERT INTO mcp_tasks (id, bytes, live, due_ms, seq, owner_node, lease_epoch)
-                         VALUES ($1, $2, $3, $4, $5, $6, 1)
+                        "INSERT INTO mcp_tasks (id, bytes, live, due_ms, seq, owner_node, lease_epoch,
+                            task_owner, created_ms, tool, status, status_message, updated_ms)
+                         VALUES ($1, $2, $3, $4, $5, $6, 1, $7, $8, $9, $10, $11, $12)
                          ON CONFLICT (id) DO NOTHING",
                     )
                     .await?;
                 let n = tx
                     .execute(
                         &st,
-                        &[&id, row.bytes, &row.live, &row.due, &row.seq, &self.node],
+                        &[
+                            &id,
+                            row.bytes,
+                            &row.live,
+                            &row.due,
+                            &row.seq,
+                            &self.node,
+                            &row.owner,
+                            &row.created,
+                            &row.tool,
+                            &row.status,
+                            &row.message,
+                            &row.updated,
+                        ],
                     )
                     .await?;
                 if n == 0 {
@@ -778,18 +992,37 @@ impl Inner {
                 let st = tx
                     .prepare_cached(
                         "UPDATE mcp_tasks SET bytes = $2, live = $3, due_ms = $4,
-                            seq = $5, updated_at = now()
+                            seq = $5, updated_at = now(), tool = coalesce($6, tool),
+                            status = coalesce($7, status),
+                            status_message = CASE WHEN $7 IS NULL THEN status_message ELSE $8 END,
+                            updated_ms = coalesce($9, updated_ms)
                          WHERE id = $1",
                     )
                     .await?;
-                tx.execute(&st, &[&id, row.bytes, &row.live, &row.due, &row.seq])
-                    .await?
+                tx.execute(
+                    &st,
+                    &[
+                        &id,
+                        row.bytes,
+                        &row.live,
+                        &row.due,
+                        &row.seq,
+                        &row.tool,
+                        &row.status,
+                        &row.message,
+                        &row.updated,
+                    ],
+                )
+                .await?
             }
             (Some(epoch), false) => {
                 let st = tx
                     .prepare_cached(
                         "UPDATE mcp_tasks SET bytes = $2, live = $3, due_ms = $4,
-                            seq = $5, updated_at = now()
+                            seq = $5, updated_at = now(), tool = coalesce($9, tool),
+                            status = coalesce($10, status),
+                            status_message = CASE WHEN $10 IS NULL THEN status_message ELSE $11 END,
+                            updated_ms = coalesce($12, updated_ms)
                          WHERE id = $1 AND (seq = $6 OR seq IS NULL)
                            AND owner_node = $7 AND lease_epoch = $8",
                     )
@@ -805,6 +1038,10 @@ impl Inner {
                         &to_i64(expected),
                         &self.node,
                         &epoch,
+                        &row.tool,
+                        &row.status,
+                        &row.message,
+                        &row.updated,
                     ],
                 )
                 .await?
@@ -1302,6 +1539,61 @@ impl Cluster for PostgresStore {
     fn reference_clock(&self) -> Option<Arc<crate::clock::ReferenceClock>> {
         Some(self.inner.reference.clone())
     }
+    fn nodes(&self) -> StoreFuture<'_, Vec<super::listing::NodeInfo>> {
+        Box::pin(async move {
+            self.inner
+                .run(false, |client| async move {
+                    let st = client
+                        .prepare_cached(
+                            "SELECT n.node_id, (extract(epoch FROM n.heartbeat_at) * 1000)::bigint,
+                                    count(t.id)
+                             FROM mcp_nodes n
+                             LEFT JOIN mcp_tasks t ON t.live AND t.owner_node = n.node_id
+                             GROUP BY n.node_id, n.heartbeat_at
+                             ORDER BY n.node_id",
+                        )
+                        .await?;
+                    let rows = client.query(&st, &[]).await?;
+                    Ok::<_, PgFailure>(
+                        rows.iter()
+                            .map(|r| super::listing::NodeInfo {
+                                node: r.get(0),
+                                heartbeat_ms: to_u64(r.get(1)),
+                                leases: to_u64(r.get(2)),
+                            })
+                            .collect(),
+                    )
+                })
+                .await
+        })
+    }
+    fn lease_of<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<super::listing::LeaseInfo>> {
+        Box::pin(async move {
+            self.inner
+                .run(false, |client| async move {
+                    // A finished task's lease is nobody's (its row keeps the last holder).
+                    let st = client
+                        .prepare_cached(
+                            "SELECT CASE WHEN live THEN owner_node END, lease_epoch
+                             FROM mcp_tasks WHERE id = $1",
+                        )
+                        .await?;
+                    let row = client.query_opt(&st, &[&id]).await?;
+                    Ok::<_, PgFailure>(row.map(|r| {
+                        let epoch = to_u64(r.get(1));
+                        super::listing::LeaseInfo {
+                            node: r.get(0),
+                            epoch,
+                            takeovers: epoch.saturating_sub(1),
+                        }
+                    }))
+                })
+                .await
+        })
+    }
+    fn watch_commits(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+        Some(self.inner.hub.commits.subscribe())
+    }
     fn poll_interval(&self) -> Duration {
         self.inner.poll_interval
     }
@@ -1480,7 +1772,40 @@ impl Inner {
             .await?;
         Ok(client.execute(&st, &[&COMMAND_RETENTION_SECS]).await?)
     }
+
+    /// Drops throughput buckets older than `listing::THROUGHPUT_RETENTION_MS` (by the
+    /// database's clock) and listing counters down to zero, at most [`HOUSEKEEPING_BATCH`]
+    /// rows of each. Returns the rows dropped.
+    async fn forget_old_listing(&self) -> Result<u64, PgFailure> {
+        let client = self.client().await?;
+        let buckets = client
+            .prepare_cached(
+                "DELETE FROM mcp_throughput WHERE (minute_ms, kind, shard) IN (
+                    SELECT minute_ms, kind, shard FROM mcp_throughput
+                    WHERE minute_ms < (extract(epoch FROM now()) * 1000)::bigint - $1
+                    LIMIT $2)",
+            )
+            .await?;
+        let retention = to_i64(super::listing::THROUGHPUT_RETENTION_MS);
+        let mut dropped = client
+            .execute(&buckets, &[&retention, &HOUSEKEEPING_BATCH])
+            .await?;
+        // `tasks = 0` again outside: a counter a commit moves meanwhile is kept.
+        let counters = client
+            .prepare_cached(
+                "DELETE FROM mcp_listing_counts WHERE tasks = 0
+                   AND (owner, tool, status, shard) IN (
+                    SELECT owner, tool, status, shard FROM mcp_listing_counts
+                    WHERE tasks = 0 LIMIT $1)",
+            )
+            .await?;
+        dropped += client.execute(&counters, &[&HOUSEKEEPING_BATCH]).await?;
+        Ok(dropped)
+    }
 }
+
+/// The most rows of each kind one round of the sweep leader's housekeeping drops.
+const HOUSEKEEPING_BATCH: i64 = 1000;
 
 /// Renews the node's lease every third of the TTL until the store is dropped or closed.
 async fn heartbeat(inner: std::sync::Weak<Inner>) {
@@ -1523,6 +1848,17 @@ async fn heartbeat(inner: std::sync::Weak<Inner>) {
                         Err(e) => {
                             let e = inner.fail(e, true);
                             tracing::debug!(error = %e, "forgetting old commands failed");
+                        }
+                    }
+                    match inner.forget_old_listing().await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::debug!(
+                            rows = n,
+                            "dropped old throughput buckets and empty listing counters"
+                        ),
+                        Err(e) => {
+                            let e = inner.fail(e, true);
+                            tracing::debug!(error = %e, "dropping old throughput buckets failed");
                         }
                     }
                 }
@@ -1663,6 +1999,12 @@ async fn migrate(pool: &Pool, label: &str) -> Result<u64, StoreError> {
                 .await
                 .map_err(|e| err(format!("migration 3 (owners) failed: {}", pg_detail(&e))))?;
             tracing::info!(store = %label, rows = filled, "filled in the owners of stored tasks");
+        }
+        if version == 6 {
+            let filled = backfill_listing(&tx)
+                .await
+                .map_err(|e| err(format!("migration 6 (listing) failed: {}", pg_detail(&e))))?;
+            tracing::info!(store = %label, rows = filled, "filled in the listing of stored tasks");
         }
         tracing::info!(store = %label, version, "applied schema migration");
     }
@@ -1935,6 +2277,120 @@ impl TaskStore for PostgresStore {
                             })
                             .collect(),
                     )
+                })
+                .await
+        })
+    }
+    fn listing<'a>(
+        &'a self,
+        filter: &'a super::listing::ListingFilter,
+        after: Option<super::listing::ListingCursor>,
+        limit: usize,
+        budget: usize,
+    ) -> StoreFuture<'a, super::listing::ListingPage> {
+        Box::pin(async move {
+            let Some(walk) = listing::walk(filter, after.as_ref(), limit, budget) else {
+                self.inner.check_open()?;
+                return Ok(super::listing::ListingPage::default());
+            };
+            let rows = self
+                .inner
+                .run(false, |client| async move {
+                    let st = client.prepare_cached(walk.sql).await?;
+                    let base: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
+                        &walk.from,
+                        &walk.below.0,
+                        &walk.below.1,
+                        &walk.budget,
+                        &walk.limit,
+                        &walk.status,
+                        &filter.tool,
+                        &filter.owner,
+                        &filter.text,
+                    ];
+                    let mut params = base.to_vec();
+                    if let Some(value) = &walk.index_text {
+                        params.push(value);
+                    } else if let Some(code) = &walk.index_status {
+                        params.push(code);
+                    }
+                    let rows = client.query(&st, &params).await?;
+                    Ok::<_, PgFailure>(rows.iter().map(listing::walked_row).collect::<Vec<_>>())
+                })
+                .await?;
+            Ok(listing::page_of(rows, filter, limit, budget))
+        })
+    }
+    fn listing_counts(&self) -> StoreFuture<'_, Vec<super::listing::ListingCount>> {
+        Box::pin(async move {
+            self.inner
+                .run(false, |client| async move {
+                    let st = client
+                        .prepare_cached(
+                            "SELECT owner, tool, status, sum(tasks)::bigint FROM mcp_listing_counts
+                             GROUP BY owner, tool, status HAVING sum(tasks) > 0
+                             ORDER BY owner, tool, status",
+                        )
+                        .await?;
+                    let rows = client.query(&st, &[]).await?;
+                    Ok::<_, PgFailure>(
+                        rows.iter()
+                            .filter_map(|r| {
+                                let status = u8::try_from(r.get::<_, i16>(2))
+                                    .ok()
+                                    .and_then(super::listing::ListedStatus::from_code)?;
+                                Some(super::listing::ListingCount {
+                                    owner: r.get(0),
+                                    tool: r.get(1),
+                                    status,
+                                    tasks: to_u64(r.get(3)),
+                                })
+                            })
+                            .collect(),
+                    )
+                })
+                .await
+        })
+    }
+    fn throughput(&self, since_ms: u64) -> StoreFuture<'_, Vec<super::listing::ThroughputBucket>> {
+        Box::pin(async move {
+            let since = to_i64(super::listing::minute_of(since_ms));
+            self.inner
+                .run(false, |client| async move {
+                    let st = client
+                        .prepare_cached(
+                            "SELECT minute_ms, kind, sum(count)::bigint FROM mcp_throughput
+                             WHERE minute_ms >= $1
+                             GROUP BY minute_ms, kind HAVING sum(count) > 0
+                             ORDER BY minute_ms, kind",
+                        )
+                        .await?;
+                    let rows = client.query(&st, &[&since]).await?;
+                    Ok::<_, PgFailure>(
+                        rows.iter()
+                            .filter_map(|r| {
+                                let kind = u8::try_from(r.get::<_, i16>(1))
+                                    .ok()
+                                    .and_then(super::listing::ThroughputKind::from_code)?;
+                                Some(super::listing::ThroughputBucket {
+                                    minute_ms: to_u64(r.get(0)),
+                                    kind,
+                                    count: to_u64(r.get(2)),
+                                })
+                            })
+                            .collect(),
+                    )
+                })
+                .await
+        })
+    }
+    fn stored_bytes(&self) -> StoreFuture<'_, Option<u64>> {
+        Box::pin(async move {
+            self.inner
+                .run(false, |client| async move {
+                    let st = client.prepare_cached(STORED_BYTES).await?;
+                    let row = client.query_one(&st, &[]).await?;
+                    Ok::<_, PgFailure>(row.get::<_, Option<i64>>(0).map(to_u64))
                 })
                 .await
         })

@@ -13,6 +13,9 @@
 //!
 //! After every (re)connection everything is woken once (catch-up: each waiter reads the
 //! store again), so a notification lost while disconnected only delays.
+//!
+//! The ids of `t` payloads (every task any node commits) are also broadcast to
+//! `Cluster::watch_commits` receivers ([`Hub::commits`]; one that lags loses the oldest).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,6 +34,10 @@ const SWEEP_LOCK: i32 = 727302;
 
 /// How often the listening connection is checked (and the sweep lock tried) while quiet.
 const PING_EVERY: Duration = Duration::from_secs(2);
+
+/// The committed task ids a `watch_commits` receiver may fall behind by before it loses the
+/// oldest.
+const COMMITS_BUFFER: usize = 1024;
 
 /// Watchers by key.
 #[derive(Default)]
@@ -103,6 +110,8 @@ pub(crate) struct Hub {
     pub(crate) channel: String,
     pub(crate) tasks: Arc<Registry>,
     pub(crate) inbox: Arc<Notify>,
+    /// The ids of the tasks committed by any node (`t` payloads), for `Cluster::watch_commits`.
+    pub(crate) commits: tokio::sync::broadcast::Sender<String>,
     /// Whether the listening connection holds the sweep lock.
     pub(crate) leader: AtomicBool,
     /// Whether the connection is up and listening.
@@ -119,6 +128,7 @@ impl Hub {
             channel,
             tasks: Arc::new(Registry::default()),
             inbox: Arc::new(Notify::new()),
+            commits: tokio::sync::broadcast::channel(COMMITS_BUFFER).0,
             leader: AtomicBool::new(false),
             listening: AtomicBool::new(false),
             lose: AtomicBool::new(false),
@@ -133,7 +143,12 @@ impl Hub {
         }
         let mut parts = payload.split(' ');
         match (parts.next(), parts.next()) {
-            (Some("t" | "a"), Some(id)) => self.tasks.wake(id),
+            (Some("t"), Some(id)) => {
+                self.tasks.wake(id);
+                // No receiver: nobody watches (an error only says so).
+                let _ = self.commits.send(id.to_owned());
+            }
+            (Some("a"), Some(id)) => self.tasks.wake(id),
             (Some("c"), Some(node)) if node == self.node => self.inbox.notify_one(),
             (Some("c"), Some(_)) => {}
             _ => tracing::debug!(payload, "unknown notification ignored"),
@@ -331,6 +346,12 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(1), task.notified())
             .await
             .expect("answer wakes");
+        // Commits are broadcast to the watchers subscribed before them (answers are not).
+        let mut commits = hub.commits.subscribe();
+        hub.dispatch("t tsk_2 3");
+        hub.dispatch("a tsk_2");
+        assert_eq!(commits.try_recv().unwrap(), "tsk_2");
+        assert!(commits.try_recv().is_err());
         hub.dispatch("c b");
         assert!(
             tokio::time::timeout(Duration::from_millis(50), hub.inbox.notified())
