@@ -14,6 +14,7 @@ mod sim;
 #[path = "../support/mod.rs"]
 mod support;
 
+mod console_replicas;
 mod crash_replicas;
 mod gateway_replicas;
 mod postgres;
