@@ -148,7 +148,7 @@ mod tests {
         assert_eq!(q.filter.status, Some(ListedStatus::InputRequired));
         assert_eq!(q.filter.tool.as_deref(), Some("sleep"));
         assert_eq!(q.filter.owner, Some(owner_key("acme", "alice")));
-        assert_eq!(q.filter.created_from, Some(1_764_806_400_000));
+        assert_eq!(q.filter.created_from, Some(1_796_342_400_000));
         assert_eq!(q.filter.created_to, Some(1000));
         assert_eq!(q.filter.text.as_deref(), Some("disk full"));
         assert_eq!(q.limit, 10);
@@ -177,15 +177,15 @@ mod tests {
     fn times_in_every_accepted_form() {
         assert_eq!(
             time_param("t", "2026-12-04T10:00").unwrap(),
-            1_764_842_400_000
+            1_796_378_400_000
         );
         assert_eq!(
             time_param("t", "2026-12-04T10:00:00Z").unwrap(),
-            1_764_842_400_000
+            1_796_378_400_000
         );
         assert_eq!(
             time_param("t", "2026-12-04T11:00:00+01:00").unwrap(),
-            1_764_842_400_000
+            1_796_378_400_000
         );
         assert_eq!(owner_param("bob"), owner_key("", "bob"));
     }
