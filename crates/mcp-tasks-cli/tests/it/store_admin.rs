@@ -627,7 +627,7 @@ async fn a_newer_redb_schema_is_a_one_line_error_and_changes_nothing() {
     ] {
         run_fails(
             &args,
-            "schema version 99, newer than the 3 this build supports",
+            "schema version 99, newer than the 4 this build supports",
         );
         assert!(
             std::fs::read(&path).unwrap() == before,
@@ -988,7 +988,18 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
     assert_eq!(redb_tables(&path), v1_tables, "the source is not converted");
     assert_eq!(
         redb_tables(&migrated),
-        vec!["due", "live", "meta", "owners", "tasks", "usage"]
+        vec![
+            "due",
+            "listing",
+            "listing_by",
+            "listing_counts",
+            "live",
+            "meta",
+            "owners",
+            "tasks",
+            "throughput",
+            "usage"
+        ]
     );
     let report = admin::verify(&Location::parse(migrated.to_str().unwrap()))
         .await
@@ -1008,12 +1019,23 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(
         redb_tables(&purged),
-        vec!["due", "live", "meta", "owners", "tasks", "usage"]
+        vec![
+            "due",
+            "listing",
+            "listing_by",
+            "listing_counts",
+            "live",
+            "meta",
+            "owners",
+            "tasks",
+            "throughput",
+            "usage"
+        ]
     );
     let stats = admin::stats(&Location::parse(purged.to_str().unwrap()))
         .await
         .unwrap();
-    assert_eq!((stats.schema_version, stats.tasks, stats.live), (3, 2, 2));
+    assert_eq!((stats.schema_version, stats.tasks, stats.live), (4, 2, 2));
     let report = admin::verify(&Location::parse(purged.to_str().unwrap()))
         .await
         .unwrap();
@@ -1046,12 +1068,23 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
     rt.shutdown().await;
     assert_eq!(
         redb_tables(&path),
-        vec!["due", "live", "meta", "owners", "tasks", "usage"]
+        vec![
+            "due",
+            "listing",
+            "listing_by",
+            "listing_counts",
+            "live",
+            "meta",
+            "owners",
+            "tasks",
+            "throughput",
+            "usage"
+        ]
     );
     let stats = admin::stats(&Location::parse(path.to_str().unwrap()))
         .await
         .unwrap();
-    assert_eq!((stats.schema_version, stats.tasks, stats.live), (3, 2, 0));
+    assert_eq!((stats.schema_version, stats.tasks, stats.live), (4, 2, 0));
     let report = admin::verify(&Location::parse(path.to_str().unwrap()))
         .await
         .unwrap();
@@ -1062,6 +1095,17 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
     rt.shutdown().await;
     assert_eq!(
         redb_tables(&backup),
-        vec!["due", "live", "meta", "owners", "tasks", "usage"]
+        vec![
+            "due",
+            "listing",
+            "listing_by",
+            "listing_counts",
+            "live",
+            "meta",
+            "owners",
+            "tasks",
+            "throughput",
+            "usage"
+        ]
     );
 }
