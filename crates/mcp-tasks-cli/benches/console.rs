@@ -470,11 +470,9 @@ fn open_console(
                 let mut requests = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     for path in ["/api/overview", "/api/tasks?limit=50"] {
-                        let _ = http
-                            .get(format!("{base}{path}"))
-                            .send()
-                            .await
-                            .and_then(|r| Ok(r.status()));
+                        if let Ok(r) = http.get(format!("{base}{path}")).send().await {
+                            let _ = r.bytes().await;
+                        }
                         requests += 1;
                     }
                     tokio::time::sleep(Duration::from_millis(500)).await;

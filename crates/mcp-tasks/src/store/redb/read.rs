@@ -275,7 +275,7 @@ impl RedbStore {
     }
 
     /// One page of the listing index (`TaskStore::listing`): a reverse range of the index the
-    /// filter names, each entry's listing looked up in [`LISTING`] (one lookup; none for the
+    /// filter names, each entry's listing looked up in the `listing` table (one lookup; none for the
     /// walk of every task, whose index holds the listing).
     pub async fn listing(
         &self,
