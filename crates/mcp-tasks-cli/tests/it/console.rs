@@ -14,7 +14,7 @@ use mcp_tasks::tool::{
 use mcp_tasks::{Owner, Runtime};
 use serde_json::{Value, json};
 
-use crate::backend::{self, Backend, Place};
+use crate::backend::{Backend, Place};
 use crate::support::embedded::req;
 
 /// The tools the console's tests run: `quick` completes at once with the status message it
@@ -578,30 +578,26 @@ async fn a_principal_sees_its_own_tasks_and_only_admin_acts() {
     .await;
     assert_eq!(status, 200, "{body}");
     // Alice's CSRF token is not the admin's.
-    let (status, _) = {
-        let (_, _, headers) = http(
-            reqwest::Method::POST,
-            &format!("{base}/api/session"),
-            &[],
-            Some(json!({ "token": "alice-token" })),
-        )
-        .await;
-        let alice_cookie = headers["set-cookie"]
-            .to_str()
-            .unwrap()
-            .split(';')
-            .next()
-            .unwrap()
-            .to_owned();
-        let (_, o) = get(
-            &format!("{base}/api/overview"),
-            &[("cookie", &alice_cookie)],
-        )
-        .await;
-        assert_ne!(o["csrf"].as_str().unwrap(), csrf);
-        (0, ())
-    };
-    let _ = status;
+    let (_, _, headers) = http(
+        reqwest::Method::POST,
+        &format!("{base}/api/session"),
+        &[],
+        Some(json!({ "token": "alice-token" })),
+    )
+    .await;
+    let alice_cookie = headers["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let (_, o) = get(
+        &format!("{base}/api/overview"),
+        &[("cookie", &alice_cookie)],
+    )
+    .await;
+    assert_ne!(o["csrf"].as_str().unwrap(), csrf);
     drop(console);
     rt.shutdown().await;
     place.finish().await;
@@ -650,7 +646,6 @@ async fn live_events_carry_every_committed_change() {
     }
     assert!(seen.contains("event: task"), "{seen}");
     assert!(seen.contains(&id));
-    let _ = backend::Backend::Redb;
     drop(console);
     rt.shutdown().await;
     place.finish().await;
