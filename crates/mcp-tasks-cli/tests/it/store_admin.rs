@@ -886,6 +886,20 @@ fn write_as_layout_1(from: &Path, to: &Path, without_seq: &str) {
     w.commit().unwrap();
 }
 
+/// The tables of a redb file of the current layout (4), in name order.
+const LAYOUT_4_TABLES: [&str; 10] = [
+    "due",
+    "listing",
+    "listing_by",
+    "listing_counts",
+    "live",
+    "meta",
+    "owners",
+    "tasks",
+    "throughput",
+    "usage",
+];
+
 fn redb_tables(path: &Path) -> Vec<String> {
     use redb::ReadableDatabase;
     let db = redb::ReadOnlyDatabase::open(path).unwrap();
@@ -986,21 +1000,7 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
     .unwrap();
     assert_eq!((report.tasks, report.live), (3, 2));
     assert_eq!(redb_tables(&path), v1_tables, "the source is not converted");
-    assert_eq!(
-        redb_tables(&migrated),
-        vec![
-            "due",
-            "listing",
-            "listing_by",
-            "listing_counts",
-            "live",
-            "meta",
-            "owners",
-            "tasks",
-            "throughput",
-            "usage"
-        ]
-    );
+    assert_eq!(redb_tables(&migrated), LAYOUT_4_TABLES.to_vec());
     let report = admin::verify(&Location::parse(migrated.to_str().unwrap()))
         .await
         .unwrap();
@@ -1017,21 +1017,7 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
         "completed",
     ]);
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(
-        redb_tables(&purged),
-        vec![
-            "due",
-            "listing",
-            "listing_by",
-            "listing_counts",
-            "live",
-            "meta",
-            "owners",
-            "tasks",
-            "throughput",
-            "usage"
-        ]
-    );
+    assert_eq!(redb_tables(&purged), LAYOUT_4_TABLES.to_vec());
     let stats = admin::stats(&Location::parse(purged.to_str().unwrap()))
         .await
         .unwrap();
@@ -1066,21 +1052,7 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     rt.shutdown().await;
-    assert_eq!(
-        redb_tables(&path),
-        vec![
-            "due",
-            "listing",
-            "listing_by",
-            "listing_counts",
-            "live",
-            "meta",
-            "owners",
-            "tasks",
-            "throughput",
-            "usage"
-        ]
-    );
+    assert_eq!(redb_tables(&path), LAYOUT_4_TABLES.to_vec());
     let stats = admin::stats(&Location::parse(path.to_str().unwrap()))
         .await
         .unwrap();
@@ -1093,19 +1065,5 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
     let rt = tools(Runtime::builder(&backup)).start().await.unwrap();
     wait_status(&rt, &working, "working").await;
     rt.shutdown().await;
-    assert_eq!(
-        redb_tables(&backup),
-        vec![
-            "due",
-            "listing",
-            "listing_by",
-            "listing_counts",
-            "live",
-            "meta",
-            "owners",
-            "tasks",
-            "throughput",
-            "usage"
-        ]
-    );
+    assert_eq!(redb_tables(&backup), LAYOUT_4_TABLES.to_vec());
 }

@@ -6,6 +6,20 @@ use crate::store::listing::{ListedStatus, Listing, ListingFilter, ListingPage, T
 use redb::{ReadableDatabase, ReadableTableMetadata};
 use std::time::Instant;
 
+/// The tables of a store of the current layout (4), in name order.
+const LAYOUT_4_TABLES: [&str; 10] = [
+    "due",
+    "listing",
+    "listing_by",
+    "listing_counts",
+    "live",
+    "meta",
+    "owners",
+    "tasks",
+    "throughput",
+    "usage",
+];
+
 fn opts() -> StoreOptions {
     StoreOptions {
         durability: Durability::None,
@@ -1044,21 +1058,7 @@ async fn a_layout_1_store_is_converted_on_open() {
 
         // The current layout on disk: `seq` and `due_by_id` are gone, and a second open
         // converts nothing (the data is as it was left).
-        assert_eq!(
-            table_names(&path),
-            vec![
-                "due",
-                "listing",
-                "listing_by",
-                "listing_counts",
-                "live",
-                "meta",
-                "owners",
-                "tasks",
-                "throughput",
-                "usage"
-            ]
-        );
+        assert_eq!(table_names(&path), LAYOUT_4_TABLES.to_vec());
         {
             let db = redb::Database::open(&path).unwrap();
             let w = db.begin_write().unwrap();
@@ -1427,21 +1427,7 @@ async fn a_layout_2_store_gets_its_owner_index_on_open() {
             .all(|c| c.status == ListedStatus::Working && c.tool == "echo")
     );
     store.close().await;
-    assert_eq!(
-        table_names(&path),
-        vec![
-            "due",
-            "listing",
-            "listing_by",
-            "listing_counts",
-            "live",
-            "meta",
-            "owners",
-            "tasks",
-            "throughput",
-            "usage"
-        ]
-    );
+    assert_eq!(table_names(&path), LAYOUT_4_TABLES.to_vec());
 }
 
 /// A put with the owner and listing the runtime sends.
