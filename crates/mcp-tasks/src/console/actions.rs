@@ -224,6 +224,7 @@ pub(super) async fn purge(
     };
     let mut doomed: Vec<String> = Vec::new();
     let mut more = false;
+    let mut looked = 0usize;
     'statuses: for status in [
         ListedStatus::Completed,
         ListedStatus::Failed,
@@ -254,9 +255,15 @@ pub(super) async fn purge(
                 }
                 doomed.push(task.id.clone());
             }
+            looked += page.scanned as usize;
             cursor = page.next;
             if cursor.is_none() {
                 break;
+            }
+            // Bounded work per request: past it, the next request goes on.
+            if looked >= 5 * DEFAULT_LISTING_BUDGET {
+                more = true;
+                break 'statuses;
             }
         }
     }

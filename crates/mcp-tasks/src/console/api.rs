@@ -177,7 +177,7 @@ async fn overview_json(state: &ConsoleState, viewer: &Viewer) -> Result<Value, R
         "tools": tools,
         "throughput": throughput,
         "store": {
-            "kind": if store.is_shared() { "postgres" } else { store_kind(&store.describe()) },
+            "kind": store_kind(store),
             "location": if admin { Value::from(store.describe()) } else { Value::Null },
             "bytes": bytes,
             "tasks": tasks,
@@ -189,12 +189,13 @@ async fn overview_json(state: &ConsoleState, viewer: &Viewer) -> Result<Value, R
     }))
 }
 
-/// The backend's name from its description.
-fn store_kind(describe: &str) -> &'static str {
-    if describe == "memory" {
-        "memory"
-    } else if describe.starts_with("postgres") {
+/// The backend's name: a store shared by replicas is PostgreSQL's (the only one), the
+/// in-memory one says so in its description, anything else is a redb file.
+fn store_kind(store: &crate::store::Store) -> &'static str {
+    if store.is_shared() {
         "postgres"
+    } else if store.describe() == "memory" {
+        "memory"
     } else {
         "redb"
     }

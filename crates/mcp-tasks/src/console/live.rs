@@ -17,6 +17,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::api::row;
@@ -64,6 +65,30 @@ fn resync() -> Event {
     Event::default().event("resync").data("{}")
 }
 
+/// What arrived on `receiver` from its next item on, for [`GATHER`]: the items, and whether
+/// some were lost (the receiver lagged). `None` once the channel is closed.
+async fn gather<T: Clone>(receiver: &mut broadcast::Receiver<T>) -> Option<(Vec<T>, bool)> {
+    let (mut items, mut lagged) = (Vec::new(), false);
+    match receiver.recv().await {
+        Ok(item) => items.push(item),
+        Err(RecvError::Lagged(_)) => lagged = true,
+        Err(RecvError::Closed) => return None,
+    }
+    let deadline = tokio::time::sleep(GATHER);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            _ = &mut deadline => break,
+            next = receiver.recv() => match next {
+                Ok(item) => items.push(item),
+                Err(RecvError::Lagged(_)) => lagged = true,
+                Err(RecvError::Closed) => break,
+            },
+        }
+    }
+    Some((items, lagged))
+}
+
 /// The runtime's own committed changes, gathered for [`GATHER`] after the first one and sent
 /// together, the latest of each task only (a task's creation and completion in one window are
 /// one event): the work per change is a channel send, and a page under heavy load gets a few
@@ -72,30 +97,12 @@ fn local_events(state: &ConsoleState, viewer: Viewer) -> BoxStream<'static, Even
     let receiver = state.shared.changes.subscribe();
     futures::stream::unfold((receiver, viewer), |(mut receiver, viewer)| async move {
         loop {
-            let mut latest: BTreeMap<String, TaskChange> = BTreeMap::new();
-            let mut lagged = false;
-            let keep = |change: TaskChange, latest: &mut BTreeMap<String, TaskChange>| {
-                if viewer.may_see(&change.owner) {
-                    latest.insert(change.id.clone(), change);
-                }
-            };
-            match receiver.recv().await {
-                Ok(change) => keep(change, &mut latest),
-                Err(RecvError::Lagged(_)) => lagged = true,
-                Err(RecvError::Closed) => return None,
-            }
-            let deadline = tokio::time::sleep(GATHER);
-            tokio::pin!(deadline);
-            loop {
-                tokio::select! {
-                    _ = &mut deadline => break,
-                    next = receiver.recv() => match next {
-                        Ok(change) => keep(change, &mut latest),
-                        Err(RecvError::Lagged(_)) => lagged = true,
-                        Err(RecvError::Closed) => break,
-                    },
-                }
-            }
+            let (changes, lagged) = gather(&mut receiver).await?;
+            let latest: BTreeMap<String, TaskChange> = changes
+                .into_iter()
+                .filter(|change| viewer.may_see(&change.owner))
+                .map(|change| (change.id.clone(), change))
+                .collect();
             if lagged || latest.len() > MAX_BATCH {
                 return Some((vec![resync()], (receiver, viewer)));
             }
@@ -120,37 +127,19 @@ fn local_events(state: &ConsoleState, viewer: Viewer) -> BoxStream<'static, Even
     .boxed()
 }
 
-/// Every node's commits, from the store's notifications.
+/// Every node's commits, from the store's notifications: the ids of a [`GATHER`] window,
+/// read back together.
 fn cluster_events(
     state: AppState,
     viewer: Viewer,
-    receiver: tokio::sync::broadcast::Receiver<String>,
+    receiver: broadcast::Receiver<String>,
 ) -> BoxStream<'static, Event> {
     futures::stream::unfold(
         (receiver, viewer, state),
         |(mut receiver, viewer, state)| async move {
             loop {
-                let mut ids = BTreeSet::new();
-                let mut lagged = false;
-                match receiver.recv().await {
-                    Ok(id) => {
-                        ids.insert(id);
-                    }
-                    Err(RecvError::Lagged(_)) => lagged = true,
-                    Err(RecvError::Closed) => return None,
-                }
-                let deadline = tokio::time::sleep(GATHER);
-                tokio::pin!(deadline);
-                loop {
-                    tokio::select! {
-                        _ = &mut deadline => break,
-                        next = receiver.recv() => match next {
-                            Ok(id) => { ids.insert(id); }
-                            Err(RecvError::Lagged(_)) => lagged = true,
-                            Err(RecvError::Closed) => break,
-                        },
-                    }
-                }
+                let (ids, lagged) = gather(&mut receiver).await?;
+                let ids: BTreeSet<String> = ids.into_iter().collect();
                 if lagged || ids.len() > MAX_BATCH {
                     return Some((vec![resync()], (receiver, viewer, state)));
                 }
@@ -168,7 +157,7 @@ fn cluster_events(
 /// The rows of `ids` the viewer may see, read from the store.
 async fn read_rows(state: &ConsoleState, viewer: &Viewer, ids: BTreeSet<String>) -> Vec<Event> {
     let ids: Vec<String> = ids.into_iter().collect();
-    let records = match state.shared.store.get_many(ids.clone()).await {
+    let records = match state.shared.store.get_many(ids).await {
         Ok(r) => r,
         Err(e) => {
             tracing::debug!(error = %e, "console: could not read changed tasks");

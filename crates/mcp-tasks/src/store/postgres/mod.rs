@@ -426,6 +426,28 @@ impl<'a> PutRow<'a> {
             updated: listing.map(|l| to_i64(l.updated_ms)),
         }
     }
+
+    /// `$1`…`$12` of the two inserts of a put (`Expect::Any`, `Expect::Absent`): the row as
+    /// written by `node`, its lease's first epoch in the statement itself.
+    fn insert_params<'s>(
+        &'s self,
+        node: &'s String,
+    ) -> [&'s (dyn tokio_postgres::types::ToSql + Sync); 12] {
+        [
+            &self.id,
+            self.bytes,
+            &self.live,
+            &self.due,
+            &self.seq,
+            node,
+            &self.owner,
+            &self.created,
+            &self.tool,
+            &self.status,
+            &self.message,
+            &self.updated,
+        ]
+    }
 }
 
 /// Writes one meta op ([`WriteOp::PutMeta`], [`WriteOp::PutMetaIfAbsent`],
@@ -906,24 +928,7 @@ impl Inner {
                             updated_ms = coalesce($12, mcp_tasks.updated_ms)",
                     )
                     .await?;
-                tx.execute(
-                    &st,
-                    &[
-                        &id,
-                        row.bytes,
-                        &row.live,
-                        &row.due,
-                        &row.seq,
-                        &self.node,
-                        &row.owner,
-                        &row.created,
-                        &row.tool,
-                        &row.status,
-                        &row.message,
-                        &row.updated,
-                    ],
-                )
-                .await?;
+                tx.execute(&st, &row.insert_params(&self.node)).await?;
                 Ok(None)
             }
             Expect::Absent => {
@@ -935,25 +940,7 @@ impl Inner {
                          ON CONFLICT (id) DO NOTHING",
                     )
                     .await?;
-                let n = tx
-                    .execute(
-                        &st,
-                        &[
-                            &id,
-                            row.bytes,
-                            &row.live,
-                            &row.due,
-                            &row.seq,
-                            &self.node,
-                            &row.owner,
-                            &row.created,
-                            &row.tool,
-                            &row.status,
-                            &row.message,
-                            &row.updated,
-                        ],
-                    )
-                    .await?;
+                let n = tx.execute(&st, &row.insert_params(&self.node)).await?;
                 if n == 0 {
                     let found = self.stored_seq(tx, id).await?;
                     return Err(StoreError::Conflict {

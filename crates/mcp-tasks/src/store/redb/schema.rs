@@ -367,18 +367,7 @@ impl<'t> ListingTables<'t> {
         if old == new_entry {
             return Ok(());
         }
-        let same_keys = match (&old, &new_entry) {
-            (Some(o), Some(n)) => o.owner == n.owner && o.tool == n.tool && o.status == n.status,
-            _ => false,
-        };
-        if !same_keys {
-            if let Some(o) = &old {
-                self.unindex(id, created_ms, o)?;
-            }
-            if let Some(n) = &new_entry {
-                self.index(id, created_ms, n)?;
-            }
-        }
+        self.move_entries(id, created_ms, old.as_ref(), new_entry.as_ref())?;
         match (new, &new_entry) {
             (Some(listing), Some(entry)) => {
                 self.listing
@@ -425,38 +414,52 @@ impl<'t> ListingTables<'t> {
         Ok(())
     }
 
-    fn index(
+    /// Moves the status and tool entries and the counter of task `id`, created at
+    /// `created_ms`, from `old` to `new` (`None`: not listed), touching only what differs: a
+    /// change of status leaves the tool's entry as it is (a task's tool never changes).
+    fn move_entries(
         &mut self,
         id: &str,
         created_ms: u64,
-        entry: &StoredListing,
+        old: Option<&StoredListing>,
+        new: Option<&StoredListing>,
     ) -> Result<(), redb::Error> {
-        let status = ListedStatus::from_code(entry.status).map_or("", ListedStatus::as_str);
-        self.by.insert((BY_STATUS, status, created_ms, id), ())?;
-        self.by
-            .insert((BY_TOOL, entry.tool.as_str(), created_ms, id), ())?;
-        let key = (entry.owner.as_str(), entry.tool.as_str(), entry.status);
-        let n = self.counts.get(key)?.map_or(0, |v| v.value());
-        self.counts.insert(key, n + 1)?;
-        Ok(())
-    }
-
-    fn unindex(
-        &mut self,
-        id: &str,
-        created_ms: u64,
-        entry: &StoredListing,
-    ) -> Result<(), redb::Error> {
-        let status = ListedStatus::from_code(entry.status).map_or("", ListedStatus::as_str);
-        self.by.remove((BY_STATUS, status, created_ms, id))?;
-        self.by
-            .remove((BY_TOOL, entry.tool.as_str(), created_ms, id))?;
-        let key = (entry.owner.as_str(), entry.tool.as_str(), entry.status);
-        let n = self.counts.get(key)?.map_or(0, |v| v.value());
-        if n <= 1 {
-            self.counts.remove(key)?;
-        } else {
-            self.counts.insert(key, n - 1)?;
+        let status =
+            |e: &StoredListing| ListedStatus::from_code(e.status).map_or("", ListedStatus::as_str);
+        for (index, was, is) in [
+            (BY_STATUS, old.map(status), new.map(status)),
+            (
+                BY_TOOL,
+                old.map(|e| e.tool.as_str()),
+                new.map(|e| e.tool.as_str()),
+            ),
+        ] {
+            if was != is {
+                if let Some(value) = was {
+                    self.by.remove((index, value, created_ms, id))?;
+                }
+                if let Some(value) = is {
+                    self.by.insert((index, value, created_ms, id), ())?;
+                }
+            }
+        }
+        fn key(e: &StoredListing) -> (&str, &str, u8) {
+            (e.owner.as_str(), e.tool.as_str(), e.status)
+        }
+        let (was, is) = (old.map(key), new.map(key));
+        if was != is {
+            if let Some(key) = was {
+                let n = self.counts.get(key)?.map_or(0, |v| v.value());
+                if n <= 1 {
+                    self.counts.remove(key)?;
+                } else {
+                    self.counts.insert(key, n - 1)?;
+                }
+            }
+            if let Some(key) = is {
+                let n = self.counts.get(key)?.map_or(0, |v| v.value());
+                self.counts.insert(key, n + 1)?;
+            }
         }
         Ok(())
     }
@@ -694,7 +697,7 @@ fn convert_v3(txn: &WriteTransaction) -> Result<u64, LayoutError> {
         let id = k.value();
         let entry = StoredListing::new(&owner.owner, &new);
         listing
-            .index(id, owner.created_ms, &entry)
+            .move_entries(id, owner.created_ms, None, Some(&entry))
             .map_err(LayoutError::Redb)?;
         listing
             .listing
