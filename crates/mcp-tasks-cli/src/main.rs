@@ -204,6 +204,12 @@ struct ServeArgs {
         default_value_t = 3
     )]
     restart_budget: u32,
+    /// How long a task waiting for input keeps its actor before it is passivated (parked
+    /// without an actor or a tool future; started again from the store, its tool re-run with
+    /// its recorded steps and answers, by an answer, a cancellation or its expiry). `never`
+    /// keeps every actor; `0s` parks at once. Units: ms, s, m, h, d.
+    #[arg(long, env = "MCP_TASKS_PASSIVATE_AFTER", value_name = "DURATION", default_value = "30s", value_parser = parse_passivate_after)]
+    passivate_after: PassivateAfter,
     /// Where `--fixtures crash` appends its step side effects (docs/CRASH-TESTING.md).
     #[arg(long, value_name = "PATH", hide = true)]
     side_effects: Option<PathBuf>,
@@ -621,6 +627,18 @@ fn parse_ttl(s: &str) -> Result<Ttl, String> {
     Ok(Ttl(Some(d)))
 }
 
+/// A `--passivate-after` value: a duration or `never`.
+#[derive(Clone, Copy, Debug)]
+struct PassivateAfter(Option<Duration>);
+
+fn parse_passivate_after(s: &str) -> Result<PassivateAfter, String> {
+    if s.trim().eq_ignore_ascii_case("never") {
+        return Ok(PassivateAfter(None));
+    }
+    let d = units::parse_duration(s).map_err(|e| format!("{e} (or `never`)"))?;
+    Ok(PassivateAfter(Some(d)))
+}
+
 /// `--store memory`: the in-memory store (nothing survives the process).
 const MEMORY_STORE: &str = "memory";
 
@@ -692,6 +710,7 @@ fn builder(
         .default_ttl(args.task_ttl.0)
         .expired_retention(args.expired_retention)
         .restart_budget(args.restart_budget)
+        .passivate_after(args.passivate_after.0)
         .quotas(args.limits.quotas());
     if let Some(gateway) = gateway {
         return builder.tool_source(gateway);

@@ -10,7 +10,9 @@
 //! | name | kind | labels | what |
 //! |------|------|--------|------|
 //! | `mcp_server_operation_duration_seconds` | histogram | `mcp_method_name`, `outcome`, `error_type` | one JSON-RPC request, from its bytes to its answer (`outcome`: `ok` or `error`; a failed one also has `error_type`, its JSON-RPC error code, as the conventions' `error.type`) |
-//! | `mcp_tasks_tasks` | gauge | `status` | tasks this node runs (a task actor), by status |
+//! | `mcp_tasks_tasks` | gauge | `status` | live tasks this node holds (with an actor, or parked without one), by status |
+//! | `mcp_tasks_parked_tasks` | gauge | | live tasks parked without an actor while they wait for input (`RuntimeConfig::passivate_after`) |
+//! | `mcp_tasks_passivations_total` | counter | | task actors passivated (stopped while their task waits for input) |
 //! | `mcp_tasks_task_transitions_total` | counter | `to` | committed status changes, creations included |
 //! | `mcp_tasks_store_commit_duration_seconds` | histogram | | one group commit (one write transaction, one fsync) |
 //! | `mcp_tasks_store_commit_batch_ops` | histogram | | the write operations one group commit carried |
@@ -36,6 +38,10 @@ use crate::wire::methods;
 pub const OPERATION_DURATION: &str = "mcp_server_operation_duration_seconds";
 /// `mcp_tasks_tasks`.
 pub const TASKS: &str = "mcp_tasks_tasks";
+/// `mcp_tasks_parked_tasks`.
+pub const PARKED_TASKS: &str = "mcp_tasks_parked_tasks";
+/// `mcp_tasks_passivations_total`.
+pub const PASSIVATIONS: &str = "mcp_tasks_passivations_total";
 /// `mcp_tasks_task_transitions_total`.
 pub const TASK_TRANSITIONS: &str = "mcp_tasks_task_transitions_total";
 /// `mcp_tasks_store_commit_duration_seconds`.
@@ -68,7 +74,18 @@ pub fn describe() {
         Unit::Seconds,
         "Duration of one MCP request, by method and outcome."
     );
-    describe_gauge!(TASKS, "Tasks this node runs, by status.");
+    describe_gauge!(
+        TASKS,
+        "Live tasks this node holds (with an actor or parked), by status."
+    );
+    describe_gauge!(
+        PARKED_TASKS,
+        "Live tasks parked without an actor while they wait for input."
+    );
+    describe_counter!(
+        PASSIVATIONS,
+        "Task actors passivated while their task waits for input."
+    );
     describe_counter!(
         TASK_TRANSITIONS,
         "Committed task status changes, by new status."
@@ -218,6 +235,26 @@ pub(crate) fn recovered(elapsed: Duration, tasks: usize) {
     gauge!(RECOVERED_TASKS).set(tasks as f64);
 }
 
+/// One live task parked while it lives parked; counts one passivation when made for an
+/// actor that passivated.
+pub(crate) struct ParkedGauge;
+
+impl ParkedGauge {
+    pub(crate) fn new(passivated: bool) -> Self {
+        if passivated {
+            counter!(PASSIVATIONS).increment(1);
+        }
+        gauge!(PARKED_TASKS).increment(1.0);
+        ParkedGauge
+    }
+}
+
+impl Drop for ParkedGauge {
+    fn drop(&mut self) {
+        gauge!(PARKED_TASKS).decrement(1.0);
+    }
+}
+
 /// `count` committed snapshots of a followed task were never written to a listen: replaced by
 /// a newer one before it was written, or committed while the follower looked elsewhere.
 pub(crate) fn subscription_dropped(count: u64) {
@@ -225,10 +262,16 @@ pub(crate) fn subscription_dropped(count: u64) {
 }
 
 /// Counts one task in `mcp_tasks_tasks` under its current status while it lives, also when
-/// its actor fails (it is dropped with the actor's state).
+/// its actor fails (it is dropped with the actor's state). A passivated task's count moves to
+/// its parked entry ([`TaskGauge::take`]).
 pub(crate) struct TaskGauge(Option<TaskStatus>);
 
 impl TaskGauge {
+    /// Moves the count out, leaving this gauge counting nothing.
+    pub(crate) fn take(&mut self) -> TaskGauge {
+        TaskGauge(self.0.take())
+    }
+
     /// Counts a task now running with `status`.
     pub(crate) fn new(status: TaskStatus) -> Self {
         let mut g = Self(None);

@@ -37,6 +37,7 @@ mod listen;
 mod metrics;
 mod otel;
 mod otel_metrics;
+mod passivation;
 mod quota;
 mod restart;
 mod runtime;

@@ -202,6 +202,14 @@ async fn follow(shared: Arc<Shared>, id: TaskId, me: ActorRef<SubscriberMsg>) {
                     _ => tokio::time::sleep(Duration::from_millis(200)).await,
                 }
             }
+            // Parked (waiting for input without an actor): its stored state is its latest;
+            // the next commit comes from the actor it gets again, which wakes this follower.
+            Ok(Some(record)) if shared.live.is_parked(&id) => {
+                if me.cast(SubscriberMsg::Snapshot(record)).is_err() {
+                    return;
+                }
+                wait_while_parked(&shared, &id).await;
+            }
             Ok(Some(_)) => tokio::time::sleep(Duration::from_millis(50)).await, // restarting
             Ok(None) => return,                                                 // deleted
             Err(e) => {
@@ -209,6 +217,21 @@ async fn follow(shared: Arc<Shared>, id: TaskId, me: ActorRef<SubscriberMsg>) {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
+    }
+}
+
+/// Returns once task `id` is no longer parked on this node (it has an actor again, or its
+/// entry went). Nothing polls: the parked entry wakes its waiters when it is replaced.
+async fn wait_while_parked(shared: &Shared, id: &TaskId) {
+    let Some(wake) = shared.live.parked_wake(id) else {
+        return;
+    };
+    let notified = wake.notified();
+    tokio::pin!(notified);
+    // Registered before looking again: a wake-up between the look and the wait is kept.
+    notified.as_mut().enable();
+    if shared.live.is_parked(id) {
+        notified.await;
     }
 }
 

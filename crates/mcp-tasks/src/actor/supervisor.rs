@@ -221,6 +221,13 @@ impl Supervisor {
                             .or_default()
                             .push(id.clone());
                     }
+                    // Waiting for input: parked, its actor started when it is needed.
+                    if super::task::may_park(&self.shared, &record)
+                        && !record.is_expired(self.shared.now_ms())
+                    {
+                        self.shared.live.park_stored(&record);
+                        continue;
+                    }
                     if let Err(e) = self
                         .spawn_task(myself, state, Arc::new(record), resume(&id), None)
                         .await
@@ -247,8 +254,9 @@ impl Supervisor {
         if count > 0 {
             tracing::info!(
                 tasks = count,
+                parked = self.shared.live.parked(),
                 crashed = self.previous_run_crashed,
-                "rehydrated live tasks"
+                "rehydrated live tasks (those waiting for input parked, without an actor)"
             );
         }
         Ok(())
@@ -311,6 +319,9 @@ impl Actor for Supervisor {
                 let _ = port.send(());
             }
             SupervisorMsg::LeaseLost(id, port) => {
+                if !self.shared.store.holds(id.as_str()) {
+                    self.shared.live.forget_parked(&id);
+                }
                 if !self.shared.store.holds(id.as_str())
                     && let Some(stale) = self.shared.live.actor_of(&id)
                 {

@@ -2,6 +2,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -16,6 +17,10 @@ use crate::telemetry::{self, TaskGauge};
 use crate::tool::context::{EventSink, TaskLink};
 use crate::tool::{CallToolResult, ToolContext, ToolError};
 use crate::wire::error::{RpcError, code};
+
+/// The least time an actor started for a task that waits for input stays before it may be
+/// passivated again (see `TaskActor::arm_passivation`).
+const WOKEN_REST: Duration = Duration::from_secs(1);
 
 /// A running tool's events go to its task actor as [`TaskMsg::Tool`].
 struct ActorEvents(ActorRef<TaskMsg>);
@@ -133,6 +138,7 @@ impl TaskActor {
         state.gauge.set(next.status);
         state.record = next.clone();
         state.publisher.send_replace(next.clone());
+        self.arm_passivation(myself, &next, Duration::ZERO);
         if next.status.is_terminal() {
             tracing::debug!(task = %next.id, status = next.status.as_str(), "task finished");
             state.tool = None;
@@ -176,6 +182,57 @@ impl TaskActor {
                 }
                 Err(RuntimeError::Store(e))
             }
+        }
+    }
+
+    /// When `record` (just committed, or the record the actor starts with) waits for input
+    /// and may be passivated: a [`TaskMsg::Passivate`] for it after
+    /// [`crate::RuntimeConfig::passivate_after`], or `at_least`. A later commit makes that
+    /// message stale.
+    fn arm_passivation(&self, myself: &ActorRef<TaskMsg>, record: &TaskRecord, at_least: Duration) {
+        if !self.may_park(record) {
+            return;
+        }
+        let Some(after) = self.shared.config.passivate_after else {
+            return;
+        };
+        let after = after.max(at_least);
+        let seq = record.seq;
+        if after.is_zero() {
+            let _ = myself.cast(TaskMsg::Passivate(seq));
+        } else {
+            myself.send_after(after, move || TaskMsg::Passivate(seq));
+        }
+    }
+
+    /// Whether `record`'s task may be parked without an actor: it waits for input (no
+    /// cancellation requested, whose grace timer needs the actor) and its tool, if
+    /// registered, does not ask to stay active.
+    fn may_park(&self, record: &TaskRecord) -> bool {
+        may_park(&self.shared, record)
+    }
+
+    /// Passivates the actor if its task still waits for input at commit `seq`: the live
+    /// entry becomes parked (still counted as live), the tool's future is dropped, the actor
+    /// stops. Messages already in its mailbox are dropped with it; their senders find no
+    /// actor and get one started again (`Dispatcher::deliver`, the reaper's next pass).
+    fn passivate(&self, myself: &ActorRef<TaskMsg>, state: &mut TaskState, seq: u64) {
+        if state.record.seq != seq || !self.may_park(&state.record) {
+            return;
+        }
+        let gauge = state.gauge.take();
+        if self
+            .shared
+            .live
+            .park(&state.record.id, myself.get_id(), gauge)
+        {
+            tracing::debug!(task = %state.record.id, seq,
+                "task actor passivated: the task waits for input without an actor");
+            state.tool = None;
+            myself.stop(Some("passivated".into()));
+        } else {
+            // Not this actor's entry any more (it is being replaced): nothing to park.
+            state.gauge = TaskGauge::new(state.record.status);
         }
     }
 
@@ -273,6 +330,19 @@ impl TaskActor {
         }
         Ok(true)
     }
+}
+
+/// Whether a live task at `record` may be parked without an actor (see
+/// [`TaskActor::may_park`]); also what the supervisor asks of a task it finds waiting for
+/// input at start-up.
+pub(crate) fn may_park(shared: &Shared, record: &TaskRecord) -> bool {
+    shared.config.passivate_after.is_some()
+        && record.status == crate::task::TaskStatus::InputRequired
+        && !record.cancel_requested
+        && shared
+            .tools
+            .recover(&record.tool)
+            .is_none_or(|tool| tool.descriptor().passivate)
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -417,6 +487,11 @@ impl Actor for TaskActor {
         if state.record.cancel_requested {
             self.arm_cancel_grace(&myself);
         }
+        // An actor started for a task waiting for input was most likely woken for a command
+        // on its way (an answer, a cancellation): it stays at least `WOKEN_REST`, so that the
+        // command is not dropped with a passivation queued before it.
+        let record = state.record.clone();
+        self.arm_passivation(&myself, &record, WOKEN_REST);
         Ok(())
     }
 
@@ -508,6 +583,7 @@ impl TaskActor {
                 return Err(format!("tool `{}` panicked: {detail}", state.record.tool).into());
             }
             TaskMsg::RefundLapse => self.refund_lapse(&myself, state).await?,
+            TaskMsg::Passivate(seq) => self.passivate(&myself, state, seq),
             TaskMsg::CancelGraceElapsed => {
                 if !state.record.status.is_terminal() {
                     state.tool = None;

@@ -181,7 +181,9 @@ impl Dispatcher {
         command: &NodeCommand,
         take_over: bool,
     ) -> Option<Result<(), RpcError>> {
-        for attempt in 0..2 {
+        // Three looks: an actor found may stop before it takes the command (it finished, or
+        // was passivated with the command in its mailbox), and a parked task is started.
+        for attempt in 0..3 {
             let local = if take_over && attempt == 0 {
                 None
             } else {
@@ -191,10 +193,11 @@ impl Dispatcher {
             };
             let live = match local {
                 Some(live) => live,
-                None if attempt == 0 => {
-                    // A stored live task without an actor (restarting, or its spawn failed).
+                None if attempt < 2 => {
+                    // A stored live task without an actor (parked, restarting, or its spawn
+                    // failed).
                     let id = id.clone();
-                    let started = if take_over {
+                    let started = if take_over && attempt == 0 {
                         self.supervisor
                             .call(|port| SupervisorMsg::TakeOver(id, port), None)
                             .await
@@ -205,7 +208,10 @@ impl Dispatcher {
                     };
                     // A takeover refused by the store (the row is locked by a paused
                     // replica's transaction: busy) is the answer: nothing was taken over.
-                    if take_over && let Ok(CallResult::Success(Err(e))) = started {
+                    if take_over
+                        && attempt == 0
+                        && let Ok(CallResult::Success(Err(e))) = started
+                    {
                         return Some(Err(e));
                     }
                     continue;

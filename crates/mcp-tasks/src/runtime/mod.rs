@@ -182,6 +182,12 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Sets [`RuntimeConfig::passivate_after`] (`None`: task actors are never passivated).
+    pub fn passivate_after(mut self, after: Option<Duration>) -> Self {
+        self.config.passivate_after = after;
+        self
+    }
+
     /// Sets [`RuntimeConfig::expired_retention`].
     pub fn expired_retention(mut self, retention: Duration) -> Self {
         self.config.expired_retention = retention;
@@ -488,6 +494,12 @@ impl Runtime {
     /// The number of tasks with a running actor.
     pub fn live_tasks(&self) -> usize {
         self.dispatcher.shared.live.len()
+    }
+
+    /// The number of live tasks parked without an actor while they wait for input (see
+    /// [`RuntimeConfig::passivate_after`]).
+    pub fn parked_tasks(&self) -> usize {
+        self.dispatcher.shared.live.parked()
     }
 
     /// Why the task store stopped accepting writes, if it did: after a failed fsync the store

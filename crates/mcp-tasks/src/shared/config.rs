@@ -35,6 +35,18 @@ pub struct RuntimeConfig {
     pub restart_budget: u32,
     /// First restart delay; doubles with every further failure (capped at 30 s).
     pub restart_backoff: Duration,
+    /// How long a task may wait for input with its actor before the actor is *passivated*:
+    /// stopped with its tool's future, the task kept as a small parked entry (its committed
+    /// state is in the store; reads and listens are served from there). A `tasks/update`, a
+    /// `tasks/cancel` or its expiry brings it back: the supervisor starts its actor from the
+    /// stored record and the tool runs again from its start,
+    /// its recorded steps and answered inputs returning their recorded values (as after a
+    /// restart: steps are at-least-once, the code between them runs again). At start-up a
+    /// task stored waiting for input is parked at once instead of started. `None` never
+    /// passivates. A tool whose task keeps working while it waits opts out with
+    /// [`crate::tool::ToolDescriptor::stay_active_while_waiting`]. Default 30 s
+    /// (`serve --passivate-after`).
+    pub passivate_after: Option<Duration>,
     /// How often the expiry reaper looks at the expiry index.
     pub reaper_interval: Duration,
     /// The cache hints of `server/discover` and list results.
@@ -58,6 +70,7 @@ impl Default for RuntimeConfig {
             cancel_grace: Duration::from_secs(10),
             restart_budget: 3,
             restart_backoff: Duration::from_millis(100),
+            passivate_after: Some(Duration::from_secs(30)),
             reaper_interval: Duration::from_secs(1),
             cache_hints: CacheHints::default(),
             limits: Limits::default(),

@@ -5,9 +5,10 @@ use std::sync::{Arc, Mutex};
 
 use ractor::{ActorId, ActorRef, RpcReplyPort};
 use serde_json::{Map, Value};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 use crate::task::{Event, Owner, TaskId, TaskRecord};
+use crate::telemetry::{ParkedGauge, TaskGauge};
 use crate::tool::{CallToolResult, ToolError};
 use crate::wire::error::RpcError;
 
@@ -30,6 +31,9 @@ pub(crate) enum TaskMsg {
     /// The node this task was taken over from (counting an attempt) renewed its heartbeat
     /// in the same process: it was paused, not crashed; the attempt is given back.
     RefundLapse,
+    /// The task has waited for input since its commit number `seq` for
+    /// [`crate::RuntimeConfig::passivate_after`]: its actor passivates if nothing changed.
+    Passivate(u64),
 }
 
 /// A live task: its actor and the stream of its committed snapshots.
@@ -40,6 +44,13 @@ pub(crate) struct LiveTask {
 }
 
 /// The live tasks of one runtime, by id, with a count per owner (for the live-task quota).
+///
+/// A live task is either *active* (its actor runs, its tool's future is held) or *parked*
+/// (passivated while it waits for input: no actor, no tool future, its latest committed
+/// state in the store only; see [`crate::RuntimeConfig::passivate_after`]). A parked task
+/// still counts as live for its owner's quota and in the `mcp_tasks_tasks` gauge; readers
+/// find no actor and read the store; a command, the reaper or a restart of the runtime gets
+/// it an actor again through the supervisor, which replaces the parked entry.
 #[derive(Default)]
 pub(crate) struct LiveTasks {
     map: Mutex<LiveMap>,
@@ -47,11 +58,61 @@ pub(crate) struct LiveTasks {
 
 #[derive(Default)]
 struct LiveMap {
-    /// Each live task with its owner, the size of its arguments and whether its creation is
-    /// committed (an actor starts while the commit of its new task is in flight).
-    tasks: HashMap<TaskId, (Owner, u64, LiveTask, bool)>,
+    tasks: HashMap<TaskId, Entry>,
     /// Per owner: live tasks and the bytes of their arguments.
     per_owner: HashMap<Owner, (usize, u64)>,
+    /// How many of `tasks` are parked.
+    parked: usize,
+}
+
+/// A live task with its owner and the size of its arguments.
+struct Entry {
+    owner: Owner,
+    bytes: u64,
+    slot: Slot,
+}
+
+enum Slot {
+    /// The task's actor runs. `committed`: its snapshot is stored (an actor starts while the
+    /// commit of its new task is in flight).
+    Active { task: LiveTask, committed: bool },
+    /// Passivated: no actor until something needs one.
+    Parked(Parked),
+}
+
+/// What a parked task keeps in memory: its place in the `mcp_tasks_tasks` gauge, and the
+/// wake-up of listeners following it (made when the first one waits).
+struct Parked {
+    _gauge: TaskGauge,
+    _parked: ParkedGauge,
+    wake: Option<Arc<Notify>>,
+}
+
+impl Parked {
+    fn wake(self) {
+        if let Some(wake) = self.wake {
+            wake.notify_waiters();
+        }
+    }
+}
+
+impl Entry {
+    fn active(&self) -> Option<&LiveTask> {
+        match &self.slot {
+            Slot::Active { task, .. } => Some(task),
+            Slot::Parked(_) => None,
+        }
+    }
+
+    fn committed(&self) -> Option<&LiveTask> {
+        match &self.slot {
+            Slot::Active {
+                task,
+                committed: true,
+            } => Some(task),
+            _ => None,
+        }
+    }
 }
 
 impl LiveTasks {
@@ -59,9 +120,10 @@ impl LiveTasks {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Registers the actor of a live task. `committed` = its snapshot is stored; `false` for
-    /// a task whose creation commit is still in flight: its actor takes messages (they wait
-    /// in its mailbox until the commit is acknowledged), but readers do not see it until
+    /// Registers the actor of a live task (replacing the task's parked entry, whose listeners
+    /// are woken). `committed` = its snapshot is stored; `false` for a task whose creation
+    /// commit is still in flight: its actor takes messages (they wait in its mailbox until
+    /// the commit is acknowledged), but readers do not see it until
     /// [`LiveTasks::mark_committed`].
     pub(crate) fn insert(&self, id: TaskId, task: LiveTask, committed: bool) {
         let (owner, bytes) = {
@@ -71,70 +133,144 @@ impl LiveTasks {
                 crate::limits::json_len(&record.arguments) as u64,
             )
         };
-        let mut map = self.lock();
-        if let Some((old, old_bytes, _, _)) = map
-            .tasks
-            .insert(id, (owner.clone(), bytes, task, committed))
-        {
-            map.forget_one(&old, old_bytes);
+        let slot = Slot::Active { task, committed };
+        let old = self.lock().put(id, owner, bytes, slot);
+        if let Some(Slot::Parked(parked)) = old {
+            parked.wake();
         }
-        let entry = map.per_owner.entry(owner).or_default();
-        entry.0 += 1;
-        entry.1 += bytes;
+    }
+
+    /// Parks the task `id` whose actor is `actor`, which stops right after: the task stays
+    /// live without an actor. `false` (nothing changed) when the entry is not that actor's.
+    pub(crate) fn park(&self, id: &TaskId, actor: ActorId, gauge: TaskGauge) -> bool {
+        let mut map = self.lock();
+        let Some(entry) = map.tasks.get_mut(id) else {
+            return false;
+        };
+        if entry.active().is_none_or(|t| t.actor.get_id() != actor) {
+            return false;
+        }
+        entry.slot = Slot::Parked(Parked {
+            _gauge: gauge,
+            _parked: ParkedGauge::new(true),
+            wake: None,
+        });
+        map.parked += 1;
+        true
+    }
+
+    /// Registers a stored live task as parked without starting its actor (the runtime's
+    /// start-up, for tasks waiting for input). `false` when the task already has an entry.
+    pub(crate) fn park_stored(&self, record: &TaskRecord) -> bool {
+        let mut map = self.lock();
+        if map.tasks.contains_key(&record.id) {
+            return false;
+        }
+        let bytes = crate::limits::json_len(&record.arguments) as u64;
+        let slot = Slot::Parked(Parked {
+            _gauge: TaskGauge::new(record.status),
+            _parked: ParkedGauge::new(false),
+            wake: None,
+        });
+        map.put(record.id.clone(), record.owner.clone(), bytes, slot);
+        true
+    }
+
+    /// Forgets the parked entry of `id` (this node lost the task's lease); its listeners are
+    /// woken to look again. An active entry is left alone.
+    pub(crate) fn forget_parked(&self, id: &TaskId) {
+        let parked = {
+            let mut map = self.lock();
+            if !map.tasks.get(id).is_some_and(|e| e.active().is_none()) {
+                return;
+            }
+            map.take(id)
+        };
+        if let Some(Slot::Parked(parked)) = parked {
+            parked.wake();
+        }
+    }
+
+    /// For a listener of a parked task: what wakes it when the task gets an actor again (or
+    /// its entry goes). `None` when the task is not parked (it has an actor, or is not live
+    /// here). Enable the `Notified` before looking again with [`LiveTasks::is_parked`].
+    pub(crate) fn parked_wake(&self, id: &TaskId) -> Option<Arc<Notify>> {
+        let mut map = self.lock();
+        match &mut map.tasks.get_mut(id)?.slot {
+            Slot::Parked(parked) => Some(parked.wake.get_or_insert_with(Default::default).clone()),
+            Slot::Active { .. } => None,
+        }
+    }
+
+    /// Whether `id` is parked.
+    pub(crate) fn is_parked(&self, id: &TaskId) -> bool {
+        self.lock()
+            .tasks
+            .get(id)
+            .is_some_and(|e| e.active().is_none())
     }
 
     /// The creation of `id`, whose actor is `actor`, is committed: readers see it from now on.
     pub(crate) fn mark_committed(&self, id: &TaskId, actor: ActorId) {
         if let Some(entry) = self.lock().tasks.get_mut(id)
-            && entry.2.actor.get_id() == actor
+            && let Slot::Active { task, committed } = &mut entry.slot
+            && task.actor.get_id() == actor
         {
-            entry.3 = true;
+            *committed = true;
         }
     }
 
-    /// The live task, for readers: only once its creation is committed.
+    /// The live task's actor, for readers: only once its creation is committed; `None` for a
+    /// parked task.
     pub(crate) fn get(&self, id: &TaskId) -> Option<LiveTask> {
         self.lock()
             .tasks
             .get(id)
-            .filter(|e| e.3)
-            .map(|(_, _, t, _)| t.clone())
+            .and_then(Entry::committed)
+            .cloned()
     }
 
     /// The task's actor, also while its creation commit is in flight (messages wait in its
     /// mailbox until the commit is acknowledged): for commands and the supervisor, never
-    /// for reads.
+    /// for reads. `None` for a parked task.
     pub(crate) fn actor_of(&self, id: &TaskId) -> Option<LiveTask> {
-        self.lock().tasks.get(id).map(|(_, _, t, _)| t.clone())
+        self.lock().tasks.get(id).and_then(Entry::active).cloned()
     }
 
-    /// The latest committed snapshot of a live task.
+    /// The latest committed snapshot of a task with an actor.
     pub(crate) fn snapshot(&self, id: &TaskId) -> Option<Arc<TaskRecord>> {
         self.lock()
             .tasks
             .get(id)
-            .filter(|e| e.3)
-            .map(|(_, _, t, _)| t.snapshots.borrow().clone())
+            .and_then(Entry::committed)
+            .map(|t| t.snapshots.borrow().clone())
     }
 
-    /// Removes the entry of `id` if it still belongs to actor `actor`.
+    /// Removes the entry of `id` if it is still actor `actor`'s.
     pub(crate) fn remove_if(&self, id: &TaskId, actor: ActorId) {
         let mut map = self.lock();
         if map
             .tasks
             .get(id)
-            .is_some_and(|(_, _, t, _)| t.actor.get_id() == actor)
-            && let Some((owner, bytes, _, _)) = map.tasks.remove(id)
+            .and_then(Entry::active)
+            .is_some_and(|t| t.actor.get_id() == actor)
         {
-            map.forget_one(&owner, bytes);
+            map.take(id);
         }
     }
 
+    /// Live tasks with an actor.
     pub(crate) fn len(&self) -> usize {
-        self.lock().tasks.len()
+        let map = self.lock();
+        map.tasks.len() - map.parked
     }
 
-    /// The live tasks of `owner` and the bytes of their arguments.
+    /// Live tasks parked without an actor.
+    pub(crate) fn parked(&self) -> usize {
+        self.lock().parked
+    }
+
+    /// The live tasks of `owner` (parked ones included) and the bytes of their arguments.
     pub(crate) fn usage_of(&self, owner: &Owner) -> (usize, u64) {
         self.lock().per_owner.get(owner).copied().unwrap_or((0, 0))
     }
@@ -210,6 +346,32 @@ fn same_map(a: &Map<String, Value>, b: &Map<String, Value>) -> bool {
 }
 
 impl LiveMap {
+    /// Sets the entry of `id`; returns the slot it replaced.
+    fn put(&mut self, id: TaskId, owner: Owner, bytes: u64, slot: Slot) -> Option<Slot> {
+        let entry = self.per_owner.entry(owner.clone()).or_default();
+        entry.0 += 1;
+        entry.1 += bytes;
+        if matches!(slot, Slot::Parked(_)) {
+            self.parked += 1;
+        }
+        let old = self.tasks.insert(id, Entry { owner, bytes, slot })?;
+        self.forget_one(&old.owner, old.bytes);
+        if matches!(old.slot, Slot::Parked(_)) {
+            self.parked -= 1;
+        }
+        Some(old.slot)
+    }
+
+    /// Removes the entry of `id`; returns its slot.
+    fn take(&mut self, id: &TaskId) -> Option<Slot> {
+        let old = self.tasks.remove(id)?;
+        self.forget_one(&old.owner, old.bytes);
+        if matches!(old.slot, Slot::Parked(_)) {
+            self.parked -= 1;
+        }
+        Some(old.slot)
+    }
+
     fn forget_one(&mut self, owner: &Owner, bytes: u64) {
         if let Some((n, b)) = self.per_owner.get_mut(owner) {
             *n = n.saturating_sub(1);
@@ -231,6 +393,60 @@ mod tests {
             Value::Object(m) => m,
             _ => unreachable!("an object"),
         }
+    }
+
+    fn waiting(n: u8, principal: &str) -> TaskRecord {
+        let mut r = TaskRecord::new(
+            TaskId::from_bytes([n; 16]),
+            Owner::new("t", principal),
+            "tool".into(),
+            json!({ "x": 1 }),
+            json!({}),
+            1_767_225_600_000,
+            None,
+            None,
+            None,
+        );
+        r.status = crate::task::TaskStatus::InputRequired;
+        r
+    }
+
+    #[test]
+    fn parked_tasks_count_as_live_for_their_owner_and_have_no_actor() {
+        let live = LiveTasks::default();
+        let (a, b) = (waiting(1, "p"), waiting(2, "p"));
+        assert!(live.park_stored(&a));
+        assert!(live.park_stored(&b));
+        assert!(!live.park_stored(&a), "one entry per task");
+        assert_eq!((live.parked(), live.len()), (2, 0));
+        let args = crate::limits::json_len(&a.arguments) as u64;
+        assert_eq!(live.usage_of(&a.owner), (2, 2 * args));
+        assert!(live.is_parked(&a.id));
+        assert!(live.get(&a.id).is_none() && live.actor_of(&a.id).is_none());
+        assert!(live.snapshot(&a.id).is_none(), "readers go to the store");
+        live.forget_parked(&a.id);
+        assert_eq!((live.parked(), live.len()), (1, 0));
+        assert_eq!(live.usage_of(&a.owner), (1, args));
+        assert!(!live.is_parked(&a.id));
+        live.forget_parked(&b.id);
+        assert_eq!(live.usage_of(&b.owner), (0, 0));
+        assert_eq!(live.parked(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_listener_of_a_parked_task_is_woken_when_its_entry_goes() {
+        let live = LiveTasks::default();
+        let a = waiting(3, "p");
+        live.park_stored(&a);
+        let wake = live.parked_wake(&a.id).expect("parked");
+        let notified = wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        live.forget_parked(&a.id);
+        tokio::time::timeout(std::time::Duration::from_secs(5), notified)
+            .await
+            .expect("woken");
+        assert!(live.parked_wake(&a.id).is_none());
     }
 
     #[test]

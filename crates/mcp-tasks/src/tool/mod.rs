@@ -55,6 +55,11 @@ pub struct ToolDescriptor {
     pub ttl_ms: Option<u64>,
     /// The first `statusMessage` of a task of this tool.
     pub initial_status_message: Option<String>,
+    /// Whether a task of this tool waiting for input may be passivated (its actor and the
+    /// tool's future dropped, the tool run again from its start when the task is needed; see
+    /// [`crate::RuntimeConfig::passivate_after`]). Default `true`; `false` for a tool that
+    /// keeps working while its task waits ([`ToolDescriptor::stay_active_while_waiting`]).
+    pub passivate: bool,
 }
 
 impl ToolDescriptor {
@@ -70,6 +75,7 @@ impl ToolDescriptor {
             task_policy: TaskPolicy::WhenSupported,
             ttl_ms: None,
             initial_status_message: None,
+            passivate: true,
         }
     }
 
@@ -100,6 +106,14 @@ impl ToolDescriptor {
     /// Sets the first `statusMessage` of this tool's tasks.
     pub fn initial_status_message(mut self, message: impl Into<String>) -> Self {
         self.initial_status_message = Some(message.into());
+        self
+    }
+
+    /// Keeps a task of this tool active while it waits for input: never passivated, for a
+    /// tool that does work meanwhile (follows something, sends progress) rather than only
+    /// wait for the answer.
+    pub fn stay_active_while_waiting(mut self) -> Self {
+        self.passivate = false;
         self
     }
 
