@@ -6,6 +6,7 @@
 //! cargo bench --bench scale -- --stored 100000 --live 1000 --secs 5
 //! cargo bench --bench scale -- --cache-size 64MiB                 # passed to serve
 //! cargo bench --bench scale -- --quick-repair                     # passed to serve
+//! cargo bench --bench scale -- --only parked --parked 100000      # tasks waiting for input
 //! ```
 //!
 //! Phases, each against `mcp-tasks serve --fixtures bench --no-quotas` started as a child
@@ -25,6 +26,18 @@
 //!    state (phase 1 runs before it has written a million records; its ratio is printed too).
 //! 5. **After `kill -9`.** The server is killed with SIGKILL and started again: time to
 //!    ready, with the default `--verify-on-open true` and with `false`.
+//! 6. **Tasks waiting for input** (`--parked`, default 100,000; `--only parked` runs this
+//!    phase alone). Two servers on fresh stores: one parks a task as soon as it waits
+//!    (`--passivate-after 0s`, what the default `30s` comes to once the wait is that old),
+//!    the other never does (`--passivate-after never`: every waiting task keeps its actor and
+//!    its tool's future). Each first completes 1,000 `wait_input` tasks (a warm-up, so that
+//!    allocator and caches are at their working size), then `--parked` `wait_input` tasks are
+//!    created (8 clients) and left waiting: RSS above the warmed server, per waiting task.
+//!    Then answering one: 5 rounds alternating between the servers of 100 tasks each at one
+//!    client (`tasks/update`, then `tasks/get` until `completed`): p50/p99 of that time, parked
+//!    against active. Last, the parking server is stopped cleanly and started again: its
+//!    waiting tasks are parked at start without an actor; time to ready, RSS above an empty
+//!    server's start.
 //!
 //! Clients are this crate's `mcp_tasks::client` on a single-threaded tokio runtime on its own
 //! OS thread, one connection each. Nothing here asserts speed.
@@ -42,11 +55,16 @@ use mcp_tasks::store::{Durability, Expect, Store, StoreOptions, WriteOp};
 use serde_json::json;
 
 const USAGE: &str = "usage: cargo bench --bench scale -- [--stored N] [--live N] [--secs S] \
-                     [--cache-size SIZE] [--record-cache-size SIZE] [--quick-repair] [--keep]";
+                     [--parked N] [--only parked] [--cache-size SIZE] [--record-cache-size SIZE] \
+                     [--quick-repair] [--keep]";
 
 struct Args {
     stored: usize,
     live: usize,
+    /// Tasks left waiting for input in phase 6 (0: skipped).
+    parked: usize,
+    /// Run phase 6 only.
+    only_parked: bool,
     secs: f64,
     cache_size: Option<String>,
     record_cache_size: Option<String>,
@@ -60,6 +78,8 @@ fn parse_args() -> Args {
     let mut args = Args {
         stored: 1_000_000,
         live: 10_000,
+        parked: 100_000,
+        only_parked: false,
         secs: 5.0,
         cache_size: None,
         record_cache_size: None,
@@ -82,6 +102,11 @@ fn parse_args() -> Args {
             "--bench" => {}
             "--stored" => args.stored = num("--stored", it.next()),
             "--live" => args.live = num("--live", it.next()),
+            "--parked" => args.parked = num("--parked", it.next()),
+            "--only" => match it.next().as_deref() {
+                Some("parked") => args.only_parked = true,
+                other => fail(format!("--only takes `parked`, not {other:?}")),
+            },
             "--secs" => args.secs = num("--secs", it.next()).max(1) as f64,
             "--cache-size" => {
                 args.cache_size = Some(it.next().unwrap_or_else(|| fail("--cache-size".into())))
@@ -348,6 +373,11 @@ fn main() {
         if args.quick_repair { "on" } else { "off" }
     );
 
+    if args.only_parked {
+        parked_phase(dir.path(), &args);
+        return;
+    }
+
     // 1. Empty store.
     let server = Server::start(&path, &args, &[]);
     println!(
@@ -437,8 +467,198 @@ fn main() {
         mib(server.rss())
     );
     server.stop();
+    if args.parked > 0 {
+        parked_phase(dir.path(), &args);
+    }
     if args.keep {
         let kept = dir.keep();
         println!("store kept: {}", kept.join("scale.redb").display());
     }
+}
+
+/// The client capabilities of the waiting tasks' client: it can be asked for a form.
+fn answering_client(url: &str) -> impl std::future::Future<Output = mcp_tasks::client::Client> {
+    let url = url.to_owned();
+    async move {
+        mcp_tasks::client::Client::http(&url)
+            .expect("client")
+            .retry(mcp_tasks::client::RetryPolicy::none())
+            .timeout(Duration::from_secs(60))
+            .capabilities(json!({ "elicitation": {} }))
+            .build()
+            .await
+            .expect("client build")
+    }
+}
+
+/// `wait_input`, which must become a task; its handle.
+async fn create_waiting(client: &mcp_tasks::client::Client) -> mcp_tasks::client::TaskHandle {
+    match client
+        .call_tool("wait_input", json!({}))
+        .await
+        .expect("tools/call")
+    {
+        mcp_tasks::client::CallOutcome::Task(handle) => handle,
+        mcp_tasks::client::CallOutcome::Complete(r) => {
+            panic!("wait_input did not become a task: {r}")
+        }
+    }
+}
+
+/// Polls `handle` until its task has `status`.
+async fn until(handle: &mcp_tasks::client::TaskHandle, status: mcp_tasks::TaskStatus) {
+    loop {
+        let task = handle.get().await.expect("tasks/get");
+        if task.status == status {
+            return;
+        }
+        assert!(
+            !task.is_terminal(),
+            "ended before {status:?}: {:?}",
+            task.raw
+        );
+    }
+}
+
+/// Answers the waiting task of `handle` and polls until it completed; the time it took, ms.
+async fn answer_and_complete(handle: &mcp_tasks::client::TaskHandle) -> f64 {
+    let t = Instant::now();
+    let mut answer = serde_json::Map::new();
+    answer.insert(
+        "answer".into(),
+        json!({ "action": "accept", "content": { "text": "yes" } }),
+    );
+    handle.answer(answer).await.expect("tasks/update");
+    until(handle, mcp_tasks::TaskStatus::Completed).await;
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// Creates `n` `wait_input` tasks with 8 clients and waits until each asks for its input;
+/// their ids. `answered` = answer each at once (the warm-up).
+fn create_waiting_tasks(url: &str, n: usize, answered: bool) -> Vec<String> {
+    let url = url.to_owned();
+    on_client_thread(move || {
+        Box::pin(async move {
+            let workers = (0..8).map(|c| {
+                let url = url.clone();
+                async move {
+                    let client = answering_client(&url).await;
+                    let mut ids = Vec::new();
+                    for _ in 0..(n / 8 + usize::from(c < n % 8)) {
+                        let handle = create_waiting(&client).await;
+                        until(&handle, mcp_tasks::TaskStatus::InputRequired).await;
+                        if answered {
+                            answer_and_complete(&handle).await;
+                        }
+                        ids.push(handle.id().to_owned());
+                    }
+                    ids
+                }
+            });
+            futures::future::join_all(workers)
+                .await
+                .into_iter()
+                .flatten()
+                .collect()
+        })
+    })
+}
+
+/// Answers each of `ids` in turn at one client; the times from answer to `completed`, ms.
+fn answer_each(url: &str, ids: Vec<String>) -> Vec<f64> {
+    let url = url.to_owned();
+    on_client_thread(move || {
+        Box::pin(async move {
+            let client = answering_client(&url).await;
+            let mut times = Vec::with_capacity(ids.len());
+            for id in ids {
+                let handle = client.resume(&id).await.expect("resume");
+                times.push(answer_and_complete(&handle).await);
+            }
+            times
+        })
+    })
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p) as usize]
+}
+
+/// Phase 6: what a task waiting for input costs, parked and with its actor.
+fn parked_phase(dir: &Path, args: &Args) {
+    let n = args.parked.max(1);
+    println!("\n{n} tasks waiting for input (`wait_input`), parked at once against never parked:");
+    let parking_path = dir.join("parking.redb");
+    let start_parking =
+        |args: &Args| Server::start(&parking_path, args, &["--passivate-after", "0s"]);
+    let parking = start_parking(args);
+    let rss_empty_start = parking.rss();
+    let active = Server::start(
+        &dir.join("active.redb"),
+        args,
+        &["--passivate-after", "never"],
+    );
+    let mut per_task = Vec::new();
+    for (name, server) in [("parked", &parking), ("active", &active)] {
+        create_waiting_tasks(&server.url, 1_000, true);
+        std::thread::sleep(Duration::from_millis(500));
+        let before = server.rss();
+        let t = Instant::now();
+        let ids = create_waiting_tasks(&server.url, n, false);
+        let took = t.elapsed().as_secs_f64();
+        // The last ones park right after their commit: give them a moment.
+        std::thread::sleep(Duration::from_millis(1_000));
+        let after = server.rss();
+        let bytes = after.saturating_sub(before) as f64 / n as f64;
+        println!(
+            "  {name}: {n} created and waiting in {took:.1} s: RSS {:.1} -> {:.1} MiB above the warmed server, {bytes:.0} bytes per waiting task",
+            mib(before),
+            mib(after),
+        );
+        per_task.push(ids);
+    }
+    let (parked_ids, active_ids) = (&per_task[0], &per_task[1]);
+    let (mut parked_times, mut active_times) = (Vec::new(), Vec::new());
+    for round in 0..5 {
+        let take = |ids: &Vec<String>| ids[round * 100..(round + 1) * 100].to_vec();
+        if n < 500 {
+            break;
+        }
+        if round % 2 == 0 {
+            parked_times.extend(answer_each(&parking.url, take(parked_ids)));
+            active_times.extend(answer_each(&active.url, take(active_ids)));
+        } else {
+            active_times.extend(answer_each(&active.url, take(active_ids)));
+            parked_times.extend(answer_each(&parking.url, take(parked_ids)));
+        }
+    }
+    if !parked_times.is_empty() {
+        parked_times.sort_by(f64::total_cmp);
+        active_times.sort_by(f64::total_cmp);
+        let (pp50, pp99) = (
+            percentile(&parked_times, 0.5),
+            percentile(&parked_times, 0.99),
+        );
+        let (ap50, ap99) = (
+            percentile(&active_times, 0.5),
+            percentile(&active_times, 0.99),
+        );
+        println!(
+            "  answer to completed, 500 each, 1 client, alternating: parked p50 {pp50:.2} ms p99 {pp99:.2} ms; active p50 {ap50:.2} ms p99 {ap99:.2} ms; parked / active p50 {:.2}x",
+            pp50 / ap50
+        );
+    }
+    active.stop();
+    parking.stop();
+    let parking = start_parking(args);
+    let rss = parking.rss();
+    println!(
+        "  parking server restarted (clean stop) with {} waiting: ready in {:.3} s, RSS {:.1} MiB, {:.0} bytes per waiting task above an empty server's start ({:.1} MiB)",
+        n.saturating_sub(500),
+        parking.ready_s,
+        mib(rss),
+        rss.saturating_sub(rss_empty_start) as f64 / n.saturating_sub(500).max(1) as f64,
+        mib(rss_empty_start)
+    );
+    parking.stop();
 }

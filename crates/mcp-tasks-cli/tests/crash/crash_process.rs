@@ -40,8 +40,21 @@ struct Server {
 /// before it could make progress must not be given up there.
 const KILL_CYCLE_BUDGET: &str = "1000000";
 
-fn spawn_server(store: &Path, effects: &Path) -> Result<Server, String> {
-    spawn_server_with(store, effects, &["--restart-budget", KILL_CYCLE_BUDGET])
+/// A server for kill cycle `cycle`: every other cycle's server parks a task as soon as it
+/// waits for input (passivation at once), the others keep the default (30 s: its actor stays;
+/// tasks found waiting at start are parked).
+fn spawn_server(store: &Path, effects: &Path, cycle: u64) -> Result<Server, String> {
+    let passivate_after = if cycle % 2 == 1 { "0s" } else { "30s" };
+    spawn_server_with(
+        store,
+        effects,
+        &[
+            "--restart-budget",
+            KILL_CYCLE_BUDGET,
+            "--passivate-after",
+            passivate_after,
+        ],
+    )
 }
 
 fn spawn_server_with(store: &Path, effects: &Path, extra: &[&str]) -> Result<Server, String> {
@@ -148,7 +161,7 @@ async fn run(
     let mut figures = Figures::default();
     let mut epoch = 0u32;
     let alive: Alive = always_alive();
-    let mut server = spawn_server(&store, &effects).unwrap_or_else(|e| panic!("{e}"));
+    let mut server = spawn_server(&store, &effects, 0).unwrap_or_else(|e| panic!("{e}"));
     let mut cycle = 0;
     loop {
         let more = match until {
@@ -216,7 +229,7 @@ async fn run(
             break;
         }
         epoch += 1;
-        server = match spawn_server(&store, &effects) {
+        server = match spawn_server(&store, &effects, cycle) {
             Ok(s) => s,
             Err(e) => {
                 history.push(Ev::ReopenFailed {

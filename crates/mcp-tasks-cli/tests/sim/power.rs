@@ -93,11 +93,17 @@ impl SideEffects for Incarnation {
     }
 }
 
-fn config() -> RuntimeConfig {
+/// The runtime's configuration for incarnation `epoch`: every other incarnation parks a task
+/// as soon as it waits for input (passivation at once), the others keep the default (its
+/// actor stays; tasks found waiting at start are parked).
+fn config(epoch: u32) -> RuntimeConfig {
     let mut c = RuntimeConfig::default();
     c.cancel_grace = Duration::from_millis(500);
     c.restart_backoff = Duration::from_millis(10);
     c.reaper_interval = Duration::from_millis(200);
+    if epoch % 2 == 1 {
+        c.passivate_after = Some(Duration::ZERO);
+    }
     c
 }
 
@@ -118,7 +124,7 @@ pub async fn start_runtime_with(
         .store_options(options)
         .store_backend(disk.factory())
         .clock(clock.clone() as Arc<dyn Clock>)
-        .config(config());
+        .config(config(epoch));
     let sink = Arc::new(Incarnation {
         log: log.clone(),
         epoch,
