@@ -46,10 +46,20 @@ fn config() -> RuntimeConfig {
 }
 
 async fn start_on(disk: &SimDisk, name: &str, log: &Arc<Log>, clock: &Arc<StrictClock>) -> Runtime {
+    start_on_with(disk, name, log, clock, config()).await
+}
+
+async fn start_on_with(
+    disk: &SimDisk,
+    name: &str,
+    log: &Arc<Log>,
+    clock: &Arc<StrictClock>,
+    config: RuntimeConfig,
+) -> Runtime {
     let builder = Runtime::builder(name)
         .store_backend(disk.factory())
         .clock(clock.clone() as Arc<dyn Clock>)
-        .config(config());
+        .config(config);
     mcp_tasks_testkit::sim::install_with(builder, log.clone())
         .start()
         .await
@@ -589,7 +599,11 @@ async fn a_store_that_cannot_reopen_fails_cleanly_and_shuts_down() {
     let disk = SimDisk::new();
     let log = Arc::new(Log::default());
     let clock = Arc::new(StrictClock::system());
-    let rt = start_on(&disk, "dead.redb", &log, &clock).await;
+    // The task keeps its actor while it waits: what is in memory stays readable on a dead
+    // disk. (A parked task is read from the store: on a dead disk that read fails.)
+    let mut config = config();
+    config.passivate_after = None;
+    let rt = start_on_with(&disk, "dead.redb", &log, &clock, config).await;
     let spec = JobSpec {
         steps: 2,
         inputs: [0].into_iter().collect(),
