@@ -9,6 +9,11 @@
 //! - `--server URL`: PostgreSQL server without a database (default env
 //!   `MCP_TASKS_TEST_POSTGRES`, else `postgres://postgres@127.0.0.1:5432`); the bench uses the
 //!   database `mcp_tasks_test`, one fresh schema per configuration, dropped afterwards.
+//! - `--max-replicas N`: measure 1 to N replicas (default 3)
+//! - `--without-trigger NAME` (repeatable): an experiment — the trigger `NAME` of `mcp_tasks`
+//!   (`mcp_tasks_changed`, the `NOTIFY` of every write; `mcp_tasks_usage`; `mcp_tasks_listed`,
+//!   `mcp_tasks_relisted`) is disabled once the schema exists, to measure what it costs. The
+//!   store is then incomplete (no notifications, usage or listing counts): figures only.
 //!
 //! A *lifecycle* is: `tools/call sleep_task {ms: 0}` on replica `i` (the client's), then
 //! `tasks/get` on replica `i + 1` until the task is `completed` — so with several replicas
@@ -31,6 +36,8 @@ struct Args {
     secs: u64,
     clients: usize,
     server: String,
+    max_replicas: usize,
+    without_triggers: Vec<String>,
 }
 
 fn parse_args() -> Args {
@@ -39,6 +46,8 @@ fn parse_args() -> Args {
         clients: 16,
         server: std::env::var("MCP_TASKS_TEST_POSTGRES")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned()),
+        max_replicas: 3,
+        without_triggers: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -47,10 +56,19 @@ fn parse_args() -> Args {
             "--secs" => args.secs = value().parse().expect("--secs N"),
             "--clients" => args.clients = value().parse().expect("--clients N"),
             "--server" => args.server = value(),
+            "--max-replicas" => args.max_replicas = value().parse().expect("--max-replicas N"),
+            "--without-trigger" => {
+                let name = value();
+                assert!(
+                    name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !name.is_empty(),
+                    "--without-trigger NAME: a trigger's name"
+                );
+                args.without_triggers.push(name);
+            }
             "--bench" => {}
             other => {
                 eprintln!(
-                    "unknown option {other}\nusage: cargo bench --bench replicas -- [--secs N] [--clients N] [--server URL]"
+                    "unknown option {other}\nusage: cargo bench --bench replicas -- [--secs N] [--clients N] [--server URL] [--max-replicas N] [--without-trigger NAME]..."
                 );
                 std::process::exit(2);
             }
@@ -213,7 +231,13 @@ async fn main() {
     println!("| redb, 1 process | {l:.0} | {g:.0} |");
     shutdown(replicas).await;
 
-    for n in 1..=3usize {
+    if !args.without_triggers.is_empty() {
+        println!(
+            "(experiment: PostgreSQL without the trigger(s) {}; the store misses what they keep)",
+            args.without_triggers.join(", ")
+        );
+    }
+    for n in 1..=args.max_replicas {
         let schema = format!("bench_replicas_{n}_{}", std::process::id());
         admin(
             &args.server,
@@ -239,6 +263,15 @@ async fn main() {
                 .await
                 .unwrap();
             replicas.push(Arc::new(rt));
+            if i == 0 {
+                for trigger in &args.without_triggers {
+                    admin(
+                        &args.server,
+                        &format!("ALTER TABLE {schema}.mcp_tasks DISABLE TRIGGER {trigger}"),
+                    )
+                    .await;
+                }
+            }
         }
         let (l, g) = measure(&replicas, &args).await;
         println!("| PostgreSQL, {n} replica(s) | {l:.0} | {g:.0} |");
