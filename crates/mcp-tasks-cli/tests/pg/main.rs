@@ -19,6 +19,7 @@ mod crash_replicas;
 mod gateway_replicas;
 mod postgres;
 mod postgres_failpoints;
+mod postgres_group_commit;
 mod postgres_leases;
 mod postgres_listing;
 mod postgres_owners;

@@ -181,7 +181,7 @@ impl LiveTasks {
     pub(crate) fn forget_parked(&self, id: &TaskId) {
         let parked = {
             let mut map = self.lock();
-            if !map.tasks.get(id).is_some_and(|e| e.active().is_none()) {
+            if map.tasks.get(id).is_none_or(|e| e.active().is_some()) {
                 return;
             }
             map.take(id)

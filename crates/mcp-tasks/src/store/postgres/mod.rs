@@ -58,6 +58,7 @@ use futures::future::BoxFuture;
 use tokio::task::JoinHandle;
 use tokio_postgres::NoTls;
 
+mod group;
 pub(crate) mod inspect;
 mod listing;
 mod notify;
@@ -612,6 +613,8 @@ struct Inner {
     last_outage_ms: AtomicU64,
     /// **Test only**: every statement fails as if the database could not be reached.
     outage: AtomicBool,
+    /// The queue of the group committer (`group.rs`), started by the first grouped commit.
+    group: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<group::GroupJob>>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -847,26 +850,8 @@ impl Inner {
         let mut deleted = 0;
         for op in ops {
             match op {
-                WriteOp::Put {
-                    id,
-                    bytes,
-                    live,
-                    due_ms,
-                    seq,
-                    expect,
-                    owner,
-                    listing,
-                } => {
-                    let row = PutRow::new(
-                        id,
-                        bytes,
-                        *live,
-                        *due_ms,
-                        *seq,
-                        owner.as_ref(),
-                        listing.as_ref(),
-                    );
-                    if let Some(lease) = self.put(&tx, &row, *expect).await? {
+                WriteOp::Put { .. } => {
+                    if let Some(lease) = self.put_op(&tx, op).await? {
                         leases.push(lease);
                     }
                 }
@@ -902,6 +887,37 @@ impl Inner {
 
     /// Writes the row of one [`WriteOp::Put`] as its [`Expect`] allows; the change to this
     /// node's held leases it makes, if any (`Some(epoch)`: now held at it; `None`: released).
+    /// [`Inner::put`] of a [`WriteOp::Put`] (any other operation is a no-op here).
+    async fn put_op(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        op: &WriteOp,
+    ) -> Result<Option<(String, Option<i64>)>, PgFailure> {
+        let WriteOp::Put {
+            id,
+            bytes,
+            live,
+            due_ms,
+            seq,
+            expect,
+            owner,
+            listing,
+        } = op
+        else {
+            return Ok(None);
+        };
+        let row = PutRow::new(
+            id,
+            bytes,
+            *live,
+            *due_ms,
+            *seq,
+            owner.as_ref(),
+            listing.as_ref(),
+        );
+        self.put(tx, &row, *expect).await
+    }
+
     async fn put(
         &self,
         tx: &deadpool_postgres::Transaction<'_>,
@@ -1298,6 +1314,7 @@ impl PostgresStore {
             creating: Mutex::new(HashMap::new()),
             reconcile_now: Arc::new(tokio::sync::Notify::new()),
             lose_commit_acks: AtomicU64::new(0),
+            group: std::sync::OnceLock::new(),
             instance: random_instance(),
             reference: Arc::new(crate::clock::ReferenceClock::new()),
             last_outage_ms: AtomicU64::new(0),
@@ -2038,7 +2055,11 @@ impl TaskStore for PostgresStore {
             let n = ops.len() as u64;
             let started = std::time::Instant::now();
             let _creating = Creating::register(&self.inner, &ops);
-            let outcome = self.inner.commit_job(&ops).await;
+            let outcome = if group::groupable(&ops) {
+                self.inner.commit_grouped(ops).await
+            } else {
+                self.inner.commit_job(&ops).await
+            };
             let outcome = self.inner.maybe_lose_ack(outcome);
             if let Err(e) = &outcome
                 && outcome_unknown(e)
@@ -2049,7 +2070,7 @@ impl TaskStore for PostgresStore {
             }
             match outcome {
                 Ok((leases, deleted)) => {
-                    crate::telemetry::commit(started.elapsed(), ops.len());
+                    crate::telemetry::commit(started.elapsed(), n as usize);
                     self.inner.deleted.fetch_add(deleted, Ordering::Relaxed);
                     self.inner.reachable();
                     self.inner.commits.fetch_add(1, Ordering::Relaxed);
