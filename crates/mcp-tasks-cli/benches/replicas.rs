@@ -10,6 +10,8 @@
 //!   `MCP_TASKS_TEST_POSTGRES`, else `postgres://postgres@127.0.0.1:5432`); the bench uses the
 //!   database `mcp_tasks_test`, one fresh schema per configuration, dropped afterwards.
 //! - `--max-replicas N`: measure 1 to N replicas (default 3)
+//! - `--group-commit on|off|both`: PostgreSQL's group commit (`PostgresOptions::group_commit`,
+//!   default `on`); `both` measures each replica count with it and then without it
 //! - `--without-trigger NAME` (repeatable): an experiment — the trigger `NAME` of `mcp_tasks`
 //!   (`mcp_tasks_changed`, the `NOTIFY` of every write; `mcp_tasks_usage`; `mcp_tasks_listed`,
 //!   `mcp_tasks_relisted`) is disabled once the schema exists, to measure what it costs. The
@@ -38,6 +40,8 @@ struct Args {
     server: String,
     max_replicas: usize,
     without_triggers: Vec<String>,
+    /// The `PostgresOptions::group_commit` settings to measure, in order.
+    group_commit: Vec<bool>,
 }
 
 fn parse_args() -> Args {
@@ -48,6 +52,7 @@ fn parse_args() -> Args {
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned()),
         max_replicas: 3,
         without_triggers: Vec::new(),
+        group_commit: vec![true],
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -57,6 +62,14 @@ fn parse_args() -> Args {
             "--clients" => args.clients = value().parse().expect("--clients N"),
             "--server" => args.server = value(),
             "--max-replicas" => args.max_replicas = value().parse().expect("--max-replicas N"),
+            "--group-commit" => {
+                args.group_commit = match value().as_str() {
+                    "on" => vec![true],
+                    "off" => vec![false],
+                    "both" => vec![true, false],
+                    other => panic!("--group-commit on|off|both, not {other:?}"),
+                }
+            }
             "--without-trigger" => {
                 let name = value();
                 assert!(
@@ -68,7 +81,7 @@ fn parse_args() -> Args {
             "--bench" => {}
             other => {
                 eprintln!(
-                    "unknown option {other}\nusage: cargo bench --bench replicas -- [--secs N] [--clients N] [--server URL] [--max-replicas N] [--without-trigger NAME]..."
+                    "unknown option {other}\nusage: cargo bench --bench replicas -- [--secs N] [--clients N] [--server URL] [--max-replicas N] [--group-commit on|off|both] [--without-trigger NAME]..."
                 );
                 std::process::exit(2);
             }
@@ -237,7 +250,10 @@ async fn main() {
             args.without_triggers.join(", ")
         );
     }
-    for n in 1..=args.max_replicas {
+    let configurations: Vec<(usize, bool)> = (1..=args.max_replicas)
+        .flat_map(|n| args.group_commit.iter().map(move |g| (n, *g)))
+        .collect();
+    for (n, group_commit) in configurations {
         let schema = format!("bench_replicas_{n}_{}", std::process::id());
         admin(
             &args.server,
@@ -250,6 +266,7 @@ async fn main() {
             let options = PostgresOptions {
                 node_id: Some(node.clone()),
                 schema: Some(schema.clone()),
+                group_commit,
                 ..PostgresOptions::default()
             };
             let store = Store::postgres(&format!("{}/mcp_tasks_test", args.server), options)
@@ -274,7 +291,12 @@ async fn main() {
             }
         }
         let (l, g) = measure(&replicas, &args).await;
-        println!("| PostgreSQL, {n} replica(s) | {l:.0} | {g:.0} |");
+        let grouping = if group_commit {
+            ""
+        } else {
+            ", one transaction per commit"
+        };
+        println!("| PostgreSQL, {n} replica(s){grouping} | {l:.0} | {g:.0} |");
         shutdown(replicas).await;
         admin(&args.server, &format!("DROP SCHEMA {schema} CASCADE")).await;
     }

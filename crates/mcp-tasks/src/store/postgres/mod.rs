@@ -514,6 +514,10 @@ pub struct PostgresOptions {
     /// lost `NOTIFY` (requests for its tasks recorded by other nodes, the tasks that its
     /// listen streams follow on other nodes, the answers of its own requests). Default 1 s.
     pub poll_interval: Duration,
+    /// Group commit: the transitions of this node's tasks that wait at the same time are
+    /// written in one transaction, each keeping its own outcome (see docs/BENCHMARKS.md,
+    /// "PostgreSQL beside redb"). `false`: one transaction per commit. Default `true`.
+    pub group_commit: bool,
     /// **Test only.** Writes of a task are unconditional (no owner, epoch or sequence-number
     /// check: like a job queue that completes a job by its id), so a replica that lost a
     /// lease overwrites the new owner's work. The replica crash suite uses it to show that
@@ -531,6 +535,7 @@ impl Default for PostgresOptions {
             connect_timeout: Duration::from_secs(5),
             schema: None,
             poll_interval: Duration::from_secs(1),
+            group_commit: true,
             unsafe_skip_fencing: false,
         }
     }
@@ -573,6 +578,8 @@ struct Inner {
     lease_ttl: Duration,
     boot_epoch: u64,
     skip_fencing: bool,
+    /// [`PostgresOptions::group_commit`].
+    group_commit: bool,
     /// The lease epoch this node holds, per task it runs.
     held: Mutex<HashMap<String, i64>>,
     closed: AtomicBool,
@@ -1297,6 +1304,7 @@ impl PostgresStore {
             lease_ttl: options.lease_ttl,
             boot_epoch,
             skip_fencing: options.unsafe_skip_fencing,
+            group_commit: options.group_commit,
             held: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             commits: AtomicU64::new(0),
@@ -2055,7 +2063,7 @@ impl TaskStore for PostgresStore {
             let n = ops.len() as u64;
             let started = std::time::Instant::now();
             let _creating = Creating::register(&self.inner, &ops);
-            let outcome = if group::groupable(&ops) {
+            let outcome = if self.inner.group_commit && group::groupable(&ops) {
                 self.inner.commit_grouped(ops).await
             } else {
                 self.inner.commit_job(&ops).await
