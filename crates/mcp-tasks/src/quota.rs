@@ -7,7 +7,7 @@
 //!
 //! | quota | protects | default |
 //! |---|---|---|
-//! | [`Quotas::max_live_tasks`] | memory: each live task holds an actor and its record (~14–20 KB plus its arguments) until it finishes or expires | 1,000 |
+//! | [`Quotas::max_live_tasks`] | memory: each live task holds an actor and its record (~10–14 KB plus its arguments) until it finishes or expires; one parked while it waits for input (`RuntimeConfig::passivate_after`) about 1 KB, and still counts | 1,000 |
 //! | [`Quotas::max_live_argument_bytes`] | memory: a live task's arguments stay in memory (several copies: record, snapshot, tool) until it ends | 64 MiB of JSON |
 //! | [`Quotas::create_rate`] / [`Quotas::create_burst`] | the store writer and the reaper (each creation is a commit, each expiry another) | 20/s, bursts of 100 |
 //! | [`Quotas::max_listens`] | memory and file descriptors: each open `subscriptions/listen` holds a stream and a subscriber actor | 16 |
