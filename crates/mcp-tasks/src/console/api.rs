@@ -184,6 +184,7 @@ async fn overview_json(state: &ConsoleState, viewer: &Viewer) -> Result<Value, R
             "live": live,
         },
         "liveActors": if admin { Value::from(state.shared.live.len()) } else { Value::Null },
+        "parkedTasks": if admin { Value::from(state.shared.live.parked()) } else { Value::Null },
         "recovery": recovery,
         "nodes": nodes,
     }))

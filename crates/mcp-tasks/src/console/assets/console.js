@@ -429,6 +429,7 @@
     } else rec = h('span', { class: 'muted', text: 'no recovery recorded' });
     return dl([
       ['Live actors', h('span', { class: 'big-n', text: o.liveActors == null ? '—' : String(o.liveActors) }), 'live-actors'],
+      ['Parked (waiting for input, no actor)', h('span', { class: 'big-n', text: o.parkedTasks == null ? '—' : String(o.parkedTasks) }), 'parked-tasks'],
       ['Recovery at start', rec, 'recovery'],
     ]);
   }
