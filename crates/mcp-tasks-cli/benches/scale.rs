@@ -43,6 +43,7 @@
 //! OS thread, one connection each. Nothing here asserts speed.
 
 mod common;
+mod conditions;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -363,6 +364,10 @@ fn main() {
         .tempdir_in(&target)
         .expect("creating the temp dir under target/");
     let path = dir.path().join("scale.redb");
+    conditions::print(
+        dir.path(),
+        "redb: every commit fsync'd before it is acknowledged (Durability::Immediate); the fill writes without fsync and closes the store cleanly",
+    );
     println!(
         "mcp-tasks scale benchmark: {} stored, {} live, {} s get runs, cache size {}, record cache size {}, quick repair {}\n",
         args.stored,
