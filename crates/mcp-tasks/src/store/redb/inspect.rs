@@ -751,6 +751,8 @@ pub(crate) async fn delete(path: &Path, ids: Vec<String>) -> Result<(), AdminErr
                 live.remove(id.as_str()).map_err(|e| err(&e))?;
                 replace_due(&mut due, id, old, None).map_err(|e| err(&e))?;
             }
+            owners.flush().map_err(|e| err(&e))?;
+            listing.flush().map_err(|e| err(&e))?;
         }
         w.commit().map_err(|e| err(&e))?;
         Ok(())
@@ -834,6 +836,8 @@ pub(crate) async fn load(path: &Path, dump: Dump) -> Result<(u64, u64), AdminErr
                 }
                 replace_due(&mut due, id, old, row.due_ms).map_err(|e| err(&e))?;
             }
+            owners.flush().map_err(|e| err(&e))?;
+            listing.flush().map_err(|e| err(&e))?;
             for (key, value) in &dump.meta {
                 if key == META_SCHEMA_VERSION {
                     continue; // the target's own (written when it was created)

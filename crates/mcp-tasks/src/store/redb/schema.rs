@@ -1,6 +1,8 @@
 //! The redb schema: table definitions, opening (or atomically creating) the file, and the
 //! storage backends that tell a failed fsync apart from other I/O errors.
 
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
@@ -179,10 +181,42 @@ use crate::store::listing::{
 };
 pub(crate) use crate::store::{listing_of_snapshot, owner_of_snapshot};
 
+/// A counter of a write transaction as the table holds it when first read, and as the
+/// transaction's writes so far left it (`None`: no entry). See [`OwnerTables::flush`] and
+/// [`ListingTables::flush`].
+#[derive(Clone, Copy)]
+struct Tally<V> {
+    stored: Option<V>,
+    now: Option<V>,
+}
+
+impl<V: PartialEq> Tally<V> {
+    fn loaded(stored: Option<V>) -> Self
+    where
+        V: Copy,
+    {
+        Tally {
+            stored,
+            now: stored,
+        }
+    }
+
+    /// What the table must get at the flush: `None` when it already holds `now`.
+    fn change(&self) -> Option<Option<&V>> {
+        (self.now != self.stored).then_some(self.now.as_ref())
+    }
+}
+
 /// The owner index and usage counters a write keeps beside the records.
+///
+/// The usage counters are kept in memory for the life of the value and written by
+/// [`OwnerTables::flush`], which every writer calls before it commits: a group commit of
+/// many tasks of one owner writes that owner's counter once (each insert walks and rewrites
+/// the counter's leaf), and not at all when the batch leaves it as it was.
 pub(crate) struct OwnerTables<'t> {
     pub(crate) owners: redb::Table<'t, (&'static str, u64, &'static str), ()>,
     pub(crate) usage: redb::Table<'t, &'static str, (u64, u64)>,
+    tally: BTreeMap<String, Tally<(u64, u64)>>,
 }
 
 impl<'t> OwnerTables<'t> {
@@ -191,12 +225,41 @@ impl<'t> OwnerTables<'t> {
         Ok(Self {
             owners: txn.open_table(OWNERS)?,
             usage: txn.open_table(USAGE)?,
+            tally: BTreeMap::new(),
         })
+    }
+
+    /// The usage counter of `owner` as this transaction's writes left it.
+    fn usage_of(&mut self, owner: &str) -> Result<&mut Tally<(u64, u64)>, redb::Error> {
+        match self.tally.entry(owner.to_owned()) {
+            Entry::Occupied(e) => Ok(e.into_mut()),
+            Entry::Vacant(e) => {
+                let stored = self.usage.get(owner)?.map(|v| v.value());
+                Ok(e.insert(Tally::loaded(stored)))
+            }
+        }
+    }
+
+    /// Writes the usage counters this value changed. Must run before the transaction
+    /// commits; the counters read afterwards come from the table again.
+    pub(crate) fn flush(&mut self) -> Result<(), redb::Error> {
+        for (owner, tally) in std::mem::take(&mut self.tally) {
+            match tally.change() {
+                None => {}
+                Some(None) => {
+                    self.usage.remove(owner.as_str())?;
+                }
+                Some(Some(value)) => {
+                    self.usage.insert(owner.as_str(), *value)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Replaces the record of `id` whose `tasks` value had the owner entry and length `old`
     /// (`None`: not stored) by the value `new`, in the index and the usage. The common case —
-    /// the same owner entry, another size — writes only the usage (every table a transaction
+    /// the same owner entry, another size — changes only the usage (every table a transaction
     /// writes costs its commit pages), and nothing when the size is the same.
     pub(crate) fn replace(
         &mut self,
@@ -220,12 +283,12 @@ impl<'t> OwnerTables<'t> {
         if old_len == new.len() {
             return Ok(());
         }
-        let key = owner.owner.as_str();
-        let (tasks, bytes) = self.usage.get(key)?.map_or((0, 0), |v| v.value());
+        let tally = self.usage_of(&owner.owner)?;
+        let (tasks, bytes) = tally.now.unwrap_or((0, 0));
         let bytes = bytes
             .saturating_sub(old_len as u64)
             .saturating_add(new.len() as u64);
-        self.usage.insert(key, (tasks.max(1), bytes))?;
+        tally.now = Some((tasks.max(1), bytes));
         Ok(())
     }
 
@@ -253,24 +316,18 @@ impl<'t> OwnerTables<'t> {
         sign: i8,
     ) -> Result<(), redb::Error> {
         let key = owner.owner.as_str();
-        let mut usage = match self.usage.get(key)? {
-            Some(v) => {
-                let (tasks, bytes) = v.value();
-                Usage { tasks, bytes }
-            }
-            None => Usage::default(),
-        };
-        usage.add(size, sign);
         if sign > 0 {
             self.owners.insert((key, owner.created_ms, id), ())?;
         } else {
             self.owners.remove((key, owner.created_ms, id))?;
         }
-        if usage.tasks == 0 {
-            self.usage.remove(key)?;
-        } else {
-            self.usage.insert(key, (usage.tasks, usage.bytes))?;
-        }
+        let tally = self.usage_of(key)?;
+        let mut usage = tally
+            .now
+            .map_or_else(Usage::default, |(tasks, bytes)| Usage { tasks, bytes });
+        usage.add(size, sign);
+        // No entry for an owner without tasks (as the table would have it after a removal).
+        tally.now = (usage.tasks != 0).then_some((usage.tasks, usage.bytes));
         Ok(())
     }
 }
@@ -329,11 +386,21 @@ impl StoredListing {
 
 /// The listing index, its counters and the throughput buckets a write keeps beside the
 /// records (layout 4).
+///
+/// The counters and the buckets are kept in memory for the life of the value and written by
+/// [`ListingTables::flush`], which every writer calls before it commits: a group commit of
+/// many transitions writes each counter and bucket it changed once, not once per transition,
+/// and leaves alone one that ends where it started.
 pub(crate) struct ListingTables<'t> {
     pub(crate) listing: redb::Table<'t, (u64, &'static str), &'static [u8]>,
     pub(crate) by: redb::Table<'t, (u8, &'static str, u64, &'static str), ()>,
     pub(crate) counts: redb::Table<'t, (&'static str, &'static str, u8), u64>,
     pub(crate) throughput: redb::Table<'t, (u64, u8), u64>,
+    counted: BTreeMap<(String, String, u8), Tally<u64>>,
+    buckets: BTreeMap<(u64, u8), Tally<u64>>,
+    /// Buckets of minutes before this one are dropped at the flush (see
+    /// [`ListingTables::count_throughput`]); 0 when none are.
+    drop_before: u64,
 }
 
 impl<'t> ListingTables<'t> {
@@ -344,7 +411,54 @@ impl<'t> ListingTables<'t> {
             by: txn.open_table(LISTING_BY)?,
             counts: txn.open_table(LISTING_COUNTS)?,
             throughput: txn.open_table(THROUGHPUT)?,
+            counted: BTreeMap::new(),
+            buckets: BTreeMap::new(),
+            drop_before: 0,
         })
+    }
+
+    /// Writes the counters and buckets this value changed, and drops the buckets past
+    /// their retention. Must run before the transaction commits.
+    pub(crate) fn flush(&mut self) -> Result<(), redb::Error> {
+        for ((owner, tool, status), tally) in std::mem::take(&mut self.counted) {
+            let key = (owner.as_str(), tool.as_str(), status);
+            match tally.change() {
+                None => {}
+                Some(None) => {
+                    self.counts.remove(key)?;
+                }
+                Some(Some(n)) => {
+                    self.counts.insert(key, *n)?;
+                }
+            }
+        }
+        let drop_before = std::mem::take(&mut self.drop_before);
+        if drop_before > 0 {
+            let stale: Vec<(u64, u8)> = self
+                .throughput
+                .range(..(drop_before, 0))?
+                .map(|e| e.map(|(k, _)| k.value()))
+                .collect::<Result<_, _>>()?;
+            for k in stale {
+                self.throughput.remove(k)?;
+            }
+        }
+        for (key, tally) in std::mem::take(&mut self.buckets) {
+            // A bucket of a dropped minute that was counted again after the drop: the drop
+            // above took its stored value, so it is written whatever it held.
+            let change = if key.0 < drop_before {
+                Some(tally.now.as_ref())
+            } else {
+                tally.change()
+            };
+            match change {
+                None | Some(None) => {}
+                Some(Some(n)) => {
+                    self.throughput.insert(key, *n)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Moves the listing of task `id`, created at `created_ms` by `owner`, to `new`
@@ -449,38 +563,59 @@ impl<'t> ListingTables<'t> {
         let (was, is) = (old.map(key), new.map(key));
         if was != is {
             if let Some(key) = was {
-                let n = self.counts.get(key)?.map_or(0, |v| v.value());
-                if n <= 1 {
-                    self.counts.remove(key)?;
-                } else {
-                    self.counts.insert(key, n - 1)?;
-                }
+                let tally = self.counter(key)?;
+                // No entry for a count of zero (nor below: a damaged count stays at none).
+                tally.now = tally.now.filter(|n| *n > 1).map(|n| n - 1);
             }
             if let Some(key) = is {
-                let n = self.counts.get(key)?.map_or(0, |v| v.value());
-                self.counts.insert(key, n + 1)?;
+                let tally = self.counter(key)?;
+                tally.now = Some(tally.now.unwrap_or(0).saturating_add(1));
             }
         }
         Ok(())
     }
 
-    /// Adds one to a throughput bucket; the first count of a minute also drops the buckets
-    /// older than [`THROUGHPUT_RETENTION_MS`].
-    fn count_throughput(&mut self, minute: u64, kind: ThroughputKind) -> Result<(), redb::Error> {
-        let key = (minute, kind.code());
-        let n = self.throughput.get(key)?.map(|v| v.value());
-        if n.is_none() {
-            let oldest = minute.saturating_sub(THROUGHPUT_RETENTION_MS);
-            let stale: Vec<(u64, u8)> = self
-                .throughput
-                .range(..(oldest, 0))?
-                .map(|e| e.map(|(k, _)| k.value()))
-                .collect::<Result<_, _>>()?;
-            for k in stale {
-                self.throughput.remove(k)?;
+    /// The counter of `key` as this transaction's writes left it.
+    fn counter(&mut self, key: (&str, &str, u8)) -> Result<&mut Tally<u64>, redb::Error> {
+        match self
+            .counted
+            .entry((key.0.to_owned(), key.1.to_owned(), key.2))
+        {
+            Entry::Occupied(e) => Ok(e.into_mut()),
+            Entry::Vacant(e) => {
+                let stored = self.counts.get(key)?.map(|v| v.value());
+                Ok(e.insert(Tally::loaded(stored)))
             }
         }
-        self.throughput.insert(key, n.unwrap_or(0) + 1)?;
+    }
+
+    /// Adds one to a throughput bucket; the first count of a minute also drops the buckets
+    /// older than [`THROUGHPUT_RETENTION_MS`] (at the flush; from here on they count as gone).
+    fn count_throughput(&mut self, minute: u64, kind: ThroughputKind) -> Result<(), redb::Error> {
+        let key = (minute, kind.code());
+        let drop_before = self.drop_before;
+        let tally = match self.buckets.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                let stored = self.throughput.get(key)?.map(|v| v.value());
+                let mut tally = Tally::loaded(stored);
+                if minute < drop_before {
+                    tally.now = None;
+                }
+                e.insert(tally)
+            }
+        };
+        let first = tally.now.is_none();
+        tally.now = Some(tally.now.unwrap_or(0).saturating_add(1));
+        if first {
+            // Every bucket before `oldest` is gone from here on, a bucket counted again since
+            // an earlier drop included.
+            let oldest = minute.saturating_sub(THROUGHPUT_RETENTION_MS);
+            self.drop_before = self.drop_before.max(oldest);
+            for (_, tally) in self.buckets.range_mut(..(oldest, 0)) {
+                tally.now = None;
+            }
+        }
         Ok(())
     }
 }
@@ -703,6 +838,7 @@ fn convert_v3(txn: &WriteTransaction) -> Result<u64, LayoutError> {
             .listing
             .insert((owner.created_ms, id), entry.encode().as_slice())?;
     }
+    listing.flush().map_err(LayoutError::Redb)?;
     Ok(converted)
 }
 
@@ -746,6 +882,7 @@ fn convert_v2(txn: &WriteTransaction) -> Result<u64, LayoutError> {
         converted += 1;
         after = Some(id);
     }
+    owners.flush().map_err(LayoutError::Redb)?;
     Ok(converted)
 }
 

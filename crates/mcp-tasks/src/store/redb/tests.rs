@@ -1675,3 +1675,78 @@ async fn the_listing_index_follows_puts_and_deletes() {
     assert_eq!(buckets.len(), 1, "{buckets:?}");
     store.close().await;
 }
+
+/// What a store's counters hold: the listing counters, the throughput buckets and the usage
+/// of every owner, each in its table's order.
+async fn counters_of(
+    store: &RedbStore,
+) -> (
+    Vec<crate::store::listing::ListingCount>,
+    Vec<crate::store::listing::ThroughputBucket>,
+    Vec<(String, crate::store::Usage)>,
+) {
+    (
+        store.listing_counts().await.unwrap(),
+        store.throughput(0).await.unwrap(),
+        store.usage_by_owner().await.unwrap(),
+    )
+}
+
+/// The counters a group commit keeps in memory and writes once are what the same writes
+/// leave one commit each: a task created and finished in one batch, a task finished and
+/// deleted, a counter that goes up and back down, a minute a day later that drops the old
+/// buckets while a bucket of an old minute is counted in the same batch, between two first
+/// counts of a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_of_one_batch_are_those_of_one_commit_per_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (
+        crate::store::owner_key("t", "a"),
+        crate::store::owner_key("t", "b"),
+    );
+    let minute = 10 * 60_000;
+    let later = minute + crate::store::listing::THROUGHPUT_RETENTION_MS + 120_000;
+    let before = vec![
+        listed("t0", &a, minute, ListedStatus::Working, "x", minute),
+        listed("t1", &b, minute + 1, ListedStatus::Working, "y", minute + 1),
+        listed("t2", &a, minute + 2, ListedStatus::Working, "x", minute + 2),
+    ];
+    let batch = vec![
+        listed("t3", &a, minute + 3, ListedStatus::Working, "x", minute + 3),
+        listed("t3", &a, minute + 3, ListedStatus::Completed, "x", minute + 4),
+        listed("t0", &a, minute, ListedStatus::Failed, "x", minute + 5),
+        WriteOp::Delete { id: "t0".into() },
+        listed("t2", &a, minute + 2, ListedStatus::InputRequired, "x", minute + 6),
+        listed("t2", &a, minute + 2, ListedStatus::Working, "x", minute + 7),
+        listed("t4", &b, later, ListedStatus::Working, "y", later),
+        listed("t1", &b, minute + 1, ListedStatus::Completed, "y", minute + 8),
+        listed("t5", &b, later + 1, ListedStatus::Cancelled, "z", later + 1),
+    ];
+    let one_by_one = open(&dir.path().join("one.redb")).await;
+    for op in before.iter().chain(&batch) {
+        one_by_one.commit(vec![op.clone()]).await.unwrap();
+    }
+    let batched = open(&dir.path().join("batch.redb")).await;
+    batched.commit(before.clone()).await.unwrap();
+    batched.commit(batch.clone()).await.unwrap();
+    let expected = counters_of(&one_by_one).await;
+    assert_eq!(counters_of(&batched).await, expected);
+    // The day-old buckets went in both (the old minute counted after the first drop went
+    // again with the next minute's first count).
+    assert!(
+        expected
+            .1
+            .iter()
+            .all(|b| b.minute_ms >= later - crate::store::listing::THROUGHPUT_RETENTION_MS
+                || b.minute_ms == minute),
+        "{:?}",
+        expected.1
+    );
+    assert!(expected.0.iter().any(|c| c.status == ListedStatus::Working && c.tasks == 1));
+    one_by_one.close().await;
+    batched.close().await;
+    // And as the file holds them after a reopen.
+    let reopened = open(&dir.path().join("batch.redb")).await;
+    assert_eq!(counters_of(&reopened).await, expected);
+    reopened.close().await;
+}
