@@ -275,8 +275,8 @@ impl RedbStore {
     }
 
     /// One page of the listing index (`TaskStore::listing`): a reverse range of the index the
-    /// filter names, each entry's listing looked up in the `listing` table (one lookup; none for the
-    /// walk of every task, whose index holds the listing).
+    /// filter names, each entry's listing looked up under the creation index (one lookup;
+    /// none for the walk of every task, whose index holds the listing).
     pub async fn listing(
         &self,
         filter: &ListingFilter,
