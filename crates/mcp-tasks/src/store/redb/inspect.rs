@@ -311,8 +311,8 @@ impl RedbReader {
                     .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
                     .map(u64::from_le_bytes);
                 let mut pages = 0u64;
-                // Every table the file has (a layout-1 file also has `seq` and `due_by_id`, a layout-4
-                // file the four listing tables).
+                // Every table the file has (a layout-1 file also has `seq` and `due_by_id`, a
+                // layout-4 file the four listing tables).
                 macro_rules! add {
                     ($t:expr) => {{
                         if let Some(table) = open_optional(path, txn, $t)? {
