@@ -599,14 +599,14 @@ async fn a_newer_redb_schema_is_a_one_line_error_and_changes_nothing() {
     let (code, stdout, stderr) = run(&["store", "stats", "--store", p, "--json"]);
     assert_eq!(code, 0, "{stderr}");
     let stats: Value = serde_json::from_str(&stdout).unwrap();
-    assert_eq!(stats["schema_version"], 4);
+    assert_eq!(stats["schema_version"], 5);
     {
         use redb::ReadableDatabase;
         let db = redb::Database::open(&path).unwrap();
         let r = db.begin_read().unwrap();
         let meta = r.open_table(META).unwrap();
         let v = meta.get("schema_version").unwrap().unwrap();
-        assert_eq!(v.value(), 4u64.to_le_bytes().as_slice());
+        assert_eq!(v.value(), 5u64.to_le_bytes().as_slice());
         drop((v, meta, r));
         let w = db.begin_write().unwrap();
         w.open_table(META)
@@ -627,7 +627,7 @@ async fn a_newer_redb_schema_is_a_one_line_error_and_changes_nothing() {
     ] {
         run_fails(
             &args,
-            "schema version 99, newer than the 4 this build supports",
+            "schema version 99, newer than the 5 this build supports",
         );
         assert!(
             std::fs::read(&path).unwrap() == before,
@@ -886,17 +886,15 @@ fn write_as_layout_1(from: &Path, to: &Path, without_seq: &str) {
     w.commit().unwrap();
 }
 
-/// The tables of a redb file of the current layout (4), in name order.
-const LAYOUT_4_TABLES: [&str; 10] = [
+/// The tables of a redb file of the current layout (5), in name order.
+const LAYOUT_TABLES: [&str; 8] = [
     "due",
-    "listing",
-    "listing_by",
-    "listing_counts",
+    "listing_counters",
+    "listing_index",
     "live",
     "meta",
     "owners",
     "tasks",
-    "throughput",
     "usage",
 ];
 
@@ -1000,7 +998,7 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
     .unwrap();
     assert_eq!((report.tasks, report.live), (3, 2));
     assert_eq!(redb_tables(&path), v1_tables, "the source is not converted");
-    assert_eq!(redb_tables(&migrated), LAYOUT_4_TABLES.to_vec());
+    assert_eq!(redb_tables(&migrated), LAYOUT_TABLES.to_vec());
     let report = admin::verify(&Location::parse(migrated.to_str().unwrap()))
         .await
         .unwrap();
@@ -1017,11 +1015,11 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
         "completed",
     ]);
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(redb_tables(&purged), LAYOUT_4_TABLES.to_vec());
+    assert_eq!(redb_tables(&purged), LAYOUT_TABLES.to_vec());
     let stats = admin::stats(&Location::parse(purged.to_str().unwrap()))
         .await
         .unwrap();
-    assert_eq!((stats.schema_version, stats.tasks, stats.live), (4, 2, 2));
+    assert_eq!((stats.schema_version, stats.tasks, stats.live), (5, 2, 2));
     let report = admin::verify(&Location::parse(purged.to_str().unwrap()))
         .await
         .unwrap();
@@ -1052,11 +1050,11 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     rt.shutdown().await;
-    assert_eq!(redb_tables(&path), LAYOUT_4_TABLES.to_vec());
+    assert_eq!(redb_tables(&path), LAYOUT_TABLES.to_vec());
     let stats = admin::stats(&Location::parse(path.to_str().unwrap()))
         .await
         .unwrap();
-    assert_eq!((stats.schema_version, stats.tasks, stats.live), (4, 2, 0));
+    assert_eq!((stats.schema_version, stats.tasks, stats.live), (5, 2, 0));
     let report = admin::verify(&Location::parse(path.to_str().unwrap()))
         .await
         .unwrap();
@@ -1065,5 +1063,5 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
     let rt = tools(Runtime::builder(&backup)).start().await.unwrap();
     wait_status(&rt, &working, "working").await;
     rt.shutdown().await;
-    assert_eq!(redb_tables(&backup), LAYOUT_4_TABLES.to_vec());
+    assert_eq!(redb_tables(&backup), LAYOUT_TABLES.to_vec());
 }

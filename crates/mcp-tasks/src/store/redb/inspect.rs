@@ -13,10 +13,10 @@ use redb::{
 };
 
 use super::schema::{
-    DUE, LISTING, LISTING_BY, LISTING_COUNTS, LIVE, ListingTables, META, META_SCHEMA_VERSION,
-    OWNERS, OwnerTables, RecordHeader, SCHEMA_VERSION, TASKS, THROUGHPUT, USAGE, V1_DUE_BY_ID,
-    V1_SEQ, create_private_file, old_due, owner_of_snapshot, replace_due, stored_schema_version,
-    upgrade_layout,
+    DUE, LISTING_COUNTERS, LISTING_INDEX, LIVE, ListingTables, META, META_SCHEMA_VERSION, OWNERS,
+    OwnerTables, RecordHeader, SCHEMA_VERSION, TASKS, USAGE, V1_DUE_BY_ID, V1_SEQ, V4_LISTING,
+    V4_LISTING_BY, V4_LISTING_COUNTS, V4_THROUGHPUT, create_private_file, old_due,
+    owner_of_snapshot, replace_due, stored_schema_version, upgrade_layout,
 };
 use crate::store::META_BOOT_EPOCH;
 use crate::store::RedbStore;
@@ -311,7 +311,8 @@ impl RedbReader {
                     .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
                     .map(u64::from_le_bytes);
                 let mut pages = 0u64;
-                // Every table the file has (a layout-1 file also has `seq` and `due_by_id`).
+                // Every table the file has (a layout-1 file also has `seq` and `due_by_id`, a
+                // layout-4 file the four listing tables).
                 macro_rules! add {
                     ($t:expr) => {{
                         if let Some(table) = open_optional(path, txn, $t)? {
@@ -328,10 +329,12 @@ impl RedbReader {
                 add!(V1_SEQ);
                 add!(OWNERS);
                 add!(USAGE);
-                add!(LISTING);
-                add!(LISTING_BY);
-                add!(LISTING_COUNTS);
-                add!(THROUGHPUT);
+                add!(LISTING_INDEX);
+                add!(LISTING_COUNTERS);
+                add!(V4_LISTING);
+                add!(V4_LISTING_BY);
+                add!(V4_LISTING_COUNTS);
+                add!(V4_THROUGHPUT);
                 Ok((epoch, pages * PAGE_SIZE, schema))
             })
             .await?;
@@ -751,6 +754,8 @@ pub(crate) async fn delete(path: &Path, ids: Vec<String>) -> Result<(), AdminErr
                 live.remove(id.as_str()).map_err(|e| err(&e))?;
                 replace_due(&mut due, id, old, None).map_err(|e| err(&e))?;
             }
+            owners.flush().map_err(|e| err(&e))?;
+            listing.flush().map_err(|e| err(&e))?;
         }
         w.commit().map_err(|e| err(&e))?;
         Ok(())
@@ -834,6 +839,8 @@ pub(crate) async fn load(path: &Path, dump: Dump) -> Result<(u64, u64), AdminErr
                 }
                 replace_due(&mut due, id, old, row.due_ms).map_err(|e| err(&e))?;
             }
+            owners.flush().map_err(|e| err(&e))?;
+            listing.flush().map_err(|e| err(&e))?;
             for (key, value) in &dump.meta {
                 if key == META_SCHEMA_VERSION {
                     continue; // the target's own (written when it was created)

@@ -12,8 +12,8 @@ use super::reader::PointRead;
 use std::ops::Bound;
 
 use super::schema::{
-    BY_STATUS, BY_TOOL, DUE, LISTING, LISTING_BY, LISTING_COUNTS, LIVE, META, OWNERS,
-    StoredListing, TASKS, THROUGHPUT, USAGE, snapshot_of,
+    BY_STATUS, BY_TOOL, DUE, LISTING_COUNTERS, LISTING_INDEX, LIVE, META, OWNERS, StoredListing,
+    TASKS, USAGE, bucket_key, created_key, snapshot_of, tasks_key,
 };
 use super::{DbState, RedbStore, panic_message, redb_cause};
 use crate::store::listing::{
@@ -275,8 +275,8 @@ impl RedbStore {
     }
 
     /// One page of the listing index (`TaskStore::listing`): a reverse range of the index the
-    /// filter names, each entry's listing looked up in the `listing` table (one lookup; none for the
-    /// walk of every task, whose index holds the listing).
+    /// filter names, each entry's listing looked up under the creation index (one lookup;
+    /// none for the walk of every task, whose index holds the listing).
     pub async fn listing(
         &self,
         filter: &ListingFilter,
@@ -286,7 +286,7 @@ impl RedbStore {
     ) -> Result<ListingPage, StoreError> {
         let filter = filter.clone();
         self.read(move |txn| {
-            let entries = match txn.open_table(LISTING) {
+            let entries = match txn.open_table(LISTING_INDEX) {
                 Ok(t) => t,
                 Err(redb::TableError::TableDoesNotExist(_)) => return Ok(ListingPage::default()),
                 Err(e) => return Err(e.into()),
@@ -298,22 +298,26 @@ impl RedbStore {
             let after = after.as_ref();
             let lookup = |created_ms: u64, id: &str| -> Result<Option<ListedTask>, redb::Error> {
                 Ok(entries
-                    .get((created_ms, id))?
+                    .get(created_key(created_ms, id))?
                     .and_then(|v| StoredListing::decode(v.value()))
                     .and_then(|e| e.task(created_ms, id)))
             };
             let keep = |r: Result<Option<ListedTask>, redb::Error>| r.transpose();
             match filter.index() {
                 ListingIndex::Created => {
-                    let walk = entries.range((from, "")..(to, ""))?.rev().filter_map(|e| {
-                        keep(e.map_err(redb::Error::from).map(|(k, v)| {
-                            let (created_ms, id) = k.value();
-                            if !listing::before_cursor(created_ms, id, after) {
-                                return None;
-                            }
-                            StoredListing::decode(v.value()).and_then(|e| e.task(created_ms, id))
-                        }))
-                    });
+                    let walk = entries
+                        .range(created_key(from, "")..created_key(to, ""))?
+                        .rev()
+                        .filter_map(|e| {
+                            keep(e.map_err(redb::Error::from).map(|(k, v)| {
+                                let (_, _, created_ms, id) = k.value();
+                                if !listing::before_cursor(created_ms, id, after) {
+                                    return None;
+                                }
+                                StoredListing::decode(v.value())
+                                    .and_then(|e| e.task(created_ms, id))
+                            }))
+                        });
                     listing::fill_page(walk, &filter, limit, budget)
                 }
                 ListingIndex::Owner(owner) => {
@@ -338,8 +342,7 @@ impl RedbStore {
                         ListingIndex::Status(status) => (BY_STATUS, status.as_str()),
                         _ => unreachable!("matched above"),
                     };
-                    let by = txn.open_table(LISTING_BY)?;
-                    let walk = by
+                    let walk = entries
                         .range((kind, value, from, "")..(kind, value, to, ""))?
                         .rev()
                         .filter_map(|e| {
@@ -361,15 +364,15 @@ impl RedbStore {
     /// The listing counters (`TaskStore::listing_counts`).
     pub async fn listing_counts(&self) -> Result<Vec<ListingCount>, StoreError> {
         self.read(|txn| {
-            let counts = match txn.open_table(LISTING_COUNTS) {
+            let counts = match txn.open_table(LISTING_COUNTERS) {
                 Ok(t) => t,
                 Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
                 Err(e) => return Err(e.into()),
             };
             let mut out = Vec::new();
-            for entry in counts.iter()? {
+            for entry in counts.range(tasks_key("", "", 0)..bucket_key(0, 0))? {
                 let (k, v) = entry?;
-                let (owner, tool, status) = k.value();
+                let (_, owner, tool, _, status) = k.value();
                 if let Some(status) = ListedStatus::from_code(status) {
                     out.push(ListingCount {
                         owner: owner.to_owned(),
@@ -387,15 +390,16 @@ impl RedbStore {
     /// The throughput buckets from `since_ms` on (`TaskStore::throughput`).
     pub async fn throughput(&self, since_ms: u64) -> Result<Vec<ThroughputBucket>, StoreError> {
         self.read(move |txn| {
-            let buckets = match txn.open_table(THROUGHPUT) {
+            let buckets = match txn.open_table(LISTING_COUNTERS) {
                 Ok(t) => t,
                 Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
                 Err(e) => return Err(e.into()),
             };
             let mut out = Vec::new();
-            for entry in buckets.range((listing::minute_of(since_ms), 0)..)? {
+            let from = bucket_key(listing::minute_of(since_ms), 0);
+            for entry in buckets.range(from..=bucket_key(u64::MAX, u8::MAX))? {
                 let (k, v) = entry?;
-                let (minute_ms, kind) = k.value();
+                let (_, _, _, minute_ms, kind) = k.value();
                 if let Some(kind) = ThroughputKind::from_code(kind) {
                     out.push(ThroughputBucket {
                         minute_ms,

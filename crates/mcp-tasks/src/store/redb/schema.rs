@@ -1,6 +1,8 @@
 //! The redb schema: table definitions, opening (or atomically creating) the file, and the
 //! storage backends that tell a failed fsync apart from other I/O errors.
 
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
@@ -46,22 +48,55 @@ pub(crate) const OWNERS: TableDefinition<(&str, u64, &str), ()> = TableDefinitio
 /// each record's id plus its `tasks` value. Changed in the transaction that changes the
 /// records, so it is exact after a crash; the disk quota reads it.
 pub(crate) const USAGE: TableDefinition<&str, (u64, u64)> = TableDefinition::new("usage");
-/// (created_ms, id) → the owner and listing of every record whose header names an owner
-/// (layout 4; [`StoredListing`]): the listing index in creation order.
-pub(crate) const LISTING: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("listing");
-/// (index, value, created_ms, id) of every [`LISTING`] entry: index [`BY_STATUS`] with the
-/// status's wire spelling, index [`BY_TOOL`] with the tool (layout 4).
-pub(crate) const LISTING_BY: TableDefinition<(u8, &str, u64, &str), ()> =
+/// The listing index (layout 5): (index, value, created_ms, id) of every record whose header
+/// names an owner, in three indexes of one table (a transaction pays its commit pages per
+/// table it writes, and every transition writes the listing):
+///
+/// | index | value | holds |
+/// |---|---|---|
+/// | [`BY_CREATED`] | `""` | the owner and listing ([`StoredListing`]): every listed task in creation order |
+/// | [`BY_STATUS`] | the status's wire spelling | nothing (the entry is looked up under [`BY_CREATED`]) |
+/// | [`BY_TOOL`] | the tool | nothing |
+pub(crate) const LISTING_INDEX: TableDefinition<(u8, &str, u64, &str), &[u8]> =
+    TableDefinition::new("listing_index");
+/// The [`LISTING_INDEX`] index of every listed task, in creation order.
+pub(crate) const BY_CREATED: u8 = 0;
+/// The [`LISTING_INDEX`] index of statuses.
+pub(crate) const BY_STATUS: u8 = 1;
+/// The [`LISTING_INDEX`] index of tools.
+pub(crate) const BY_TOOL: u8 = 2;
+/// The listing's counters (layout 5), (kind, owner key, tool, minute start ms, code) → count,
+/// two kinds in one table:
+///
+/// | kind | key | counts |
+/// |---|---|---|
+/// | [`COUNT_TASKS`] | (owner key, tool, 0, status code) | stored tasks |
+/// | [`COUNT_THROUGHPUT`] | (`""`, `""`, minute start ms, kind code) | creations and arrivals in a final status in that minute |
+pub(crate) const LISTING_COUNTERS: TableDefinition<(u8, &str, &str, u64, u8), u64> =
+    TableDefinition::new("listing_counters");
+/// The [`LISTING_COUNTERS`] kind of the stored tasks per (owner, tool, status).
+pub(crate) const COUNT_TASKS: u8 = 0;
+/// The [`LISTING_COUNTERS`] kind of the throughput buckets.
+pub(crate) const COUNT_THROUGHPUT: u8 = 1;
+
+/// Layout 4 only: (created_ms, id) → [`StoredListing`], now [`LISTING_INDEX`]'s
+/// [`BY_CREATED`]. Read by the conversion and by the read-only administration of a layout-4
+/// file.
+pub(crate) const V4_LISTING: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("listing");
+/// Layout 4 only: (index, value, created_ms, id), index [`V4_BY_STATUS`] or [`V4_BY_TOOL`]; now
+/// [`LISTING_INDEX`].
+pub(crate) const V4_LISTING_BY: TableDefinition<(u8, &str, u64, &str), ()> =
     TableDefinition::new("listing_by");
-/// (owner key, tool, status code) → stored tasks (layout 4).
-pub(crate) const LISTING_COUNTS: TableDefinition<(&str, &str, u8), u64> =
+/// Layout 4 only: (owner key, tool, status code) → stored tasks; now [`LISTING_COUNTERS`].
+pub(crate) const V4_LISTING_COUNTS: TableDefinition<(&str, &str, u8), u64> =
     TableDefinition::new("listing_counts");
-/// (minute start ms, kind code) → count: creations and arrivals in a final status (layout 4).
-pub(crate) const THROUGHPUT: TableDefinition<(u64, u8), u64> = TableDefinition::new("throughput");
-/// The [`LISTING_BY`] index of statuses.
-pub(crate) const BY_STATUS: u8 = 0;
-/// The [`LISTING_BY`] index of tools.
-pub(crate) const BY_TOOL: u8 = 1;
+/// Layout 4 only: (minute start ms, kind code) → count; now [`LISTING_COUNTERS`].
+pub(crate) const V4_THROUGHPUT: TableDefinition<(u64, u8), u64> =
+    TableDefinition::new("throughput");
+/// Layout 4's [`V4_LISTING_BY`] index of statuses.
+pub(crate) const V4_BY_STATUS: u8 = 0;
+/// Layout 4's [`V4_LISTING_BY`] index of tools.
+pub(crate) const V4_BY_TOOL: u8 = 1;
 
 /// Layout 1 only: id → due_ms, the reverse of [`DUE`] (now in the record header). Read by the
 /// migration and by the read-only administration of a layout-1 file.
@@ -81,9 +116,10 @@ pub(crate) const META_SCHEMA_VERSION: &str = "schema_version";
 ///
 /// Layout 2 → 3 adds the owner to the record header and the tables [`OWNERS`] and [`USAGE`];
 /// the conversion reads each record's owner and creation time from its snapshot. Layout 3 → 4
-/// adds the listing index ([`LISTING`], [`LISTING_BY`], [`LISTING_COUNTS`], [`THROUGHPUT`]),
-/// read from each record's snapshot.
-pub(crate) const SCHEMA_VERSION: u64 = 4;
+/// added the listing index (tables `listing`, `listing_by`, `listing_counts`, `throughput`),
+/// read from each record's snapshot. Layout 4 → 5 keeps the same entries in two tables,
+/// [`LISTING_INDEX`] and [`LISTING_COUNTERS`] (every transition wrote all four).
+pub(crate) const SCHEMA_VERSION: u64 = 5;
 
 /// The length of the fixed part of a [`RecordHeader`] in a `tasks` value.
 pub(crate) const RECORD_HEADER_LEN: usize = 17;
@@ -179,10 +215,62 @@ use crate::store::listing::{
 };
 pub(crate) use crate::store::{listing_of_snapshot, owner_of_snapshot};
 
+/// A counter of a write transaction as the table holds it when first read, and as the
+/// transaction's writes so far left it (`None`: no entry). See [`OwnerTables::flush`] and
+/// [`ListingTables::flush`].
+#[derive(Clone, Copy)]
+struct Tally<V> {
+    stored: Option<V>,
+    now: Option<V>,
+}
+
+impl<V: PartialEq> Tally<V> {
+    fn loaded(stored: Option<V>) -> Self
+    where
+        V: Copy,
+    {
+        Tally {
+            stored,
+            now: stored,
+        }
+    }
+
+    /// What the table must get at the flush: `None` when it already holds `now`.
+    fn change(&self) -> Option<Option<&V>> {
+        (self.now != self.stored).then_some(self.now.as_ref())
+    }
+}
+
+/// The [`LISTING_INDEX`] key of the entry of task `id` created at `created_ms`.
+pub(crate) fn created_key(created_ms: u64, id: &str) -> (u8, &'static str, u64, &str) {
+    (BY_CREATED, "", created_ms, id)
+}
+
+/// The [`LISTING_COUNTERS`] key of the tasks of `owner` with `tool` in status `status`.
+pub(crate) fn tasks_key<'a>(
+    owner: &'a str,
+    tool: &'a str,
+    status: u8,
+) -> (u8, &'a str, &'a str, u64, u8) {
+    (COUNT_TASKS, owner, tool, 0, status)
+}
+
+/// The [`LISTING_COUNTERS`] key of the throughput bucket of `kind` in the minute starting at
+/// `minute`.
+pub(crate) fn bucket_key(minute: u64, kind: u8) -> (u8, &'static str, &'static str, u64, u8) {
+    (COUNT_THROUGHPUT, "", "", minute, kind)
+}
+
 /// The owner index and usage counters a write keeps beside the records.
+///
+/// The usage counters are kept in memory for the life of the value and written by
+/// [`OwnerTables::flush`], which every writer calls before it commits: a group commit of
+/// many tasks of one owner writes that owner's counter once (each insert walks and rewrites
+/// the counter's leaf), and not at all when the batch leaves it as it was.
 pub(crate) struct OwnerTables<'t> {
     pub(crate) owners: redb::Table<'t, (&'static str, u64, &'static str), ()>,
     pub(crate) usage: redb::Table<'t, &'static str, (u64, u64)>,
+    tally: BTreeMap<String, Tally<(u64, u64)>>,
 }
 
 impl<'t> OwnerTables<'t> {
@@ -191,12 +279,41 @@ impl<'t> OwnerTables<'t> {
         Ok(Self {
             owners: txn.open_table(OWNERS)?,
             usage: txn.open_table(USAGE)?,
+            tally: BTreeMap::new(),
         })
+    }
+
+    /// The usage counter of `owner` as this transaction's writes left it.
+    fn usage_of(&mut self, owner: &str) -> Result<&mut Tally<(u64, u64)>, redb::Error> {
+        match self.tally.entry(owner.to_owned()) {
+            Entry::Occupied(e) => Ok(e.into_mut()),
+            Entry::Vacant(e) => {
+                let stored = self.usage.get(owner)?.map(|v| v.value());
+                Ok(e.insert(Tally::loaded(stored)))
+            }
+        }
+    }
+
+    /// Writes the usage counters this value changed. Must run before the transaction
+    /// commits; the counters read afterwards come from the table again.
+    pub(crate) fn flush(&mut self) -> Result<(), redb::Error> {
+        for (owner, tally) in std::mem::take(&mut self.tally) {
+            match tally.change() {
+                None => {}
+                Some(None) => {
+                    self.usage.remove(owner.as_str())?;
+                }
+                Some(Some(value)) => {
+                    self.usage.insert(owner.as_str(), *value)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Replaces the record of `id` whose `tasks` value had the owner entry and length `old`
     /// (`None`: not stored) by the value `new`, in the index and the usage. The common case —
-    /// the same owner entry, another size — writes only the usage (every table a transaction
+    /// the same owner entry, another size — changes only the usage (every table a transaction
     /// writes costs its commit pages), and nothing when the size is the same.
     pub(crate) fn replace(
         &mut self,
@@ -220,12 +337,12 @@ impl<'t> OwnerTables<'t> {
         if old_len == new.len() {
             return Ok(());
         }
-        let key = owner.owner.as_str();
-        let (tasks, bytes) = self.usage.get(key)?.map_or((0, 0), |v| v.value());
+        let tally = self.usage_of(&owner.owner)?;
+        let (tasks, bytes) = tally.now.unwrap_or((0, 0));
         let bytes = bytes
             .saturating_sub(old_len as u64)
             .saturating_add(new.len() as u64);
-        self.usage.insert(key, (tasks.max(1), bytes))?;
+        tally.now = Some((tasks.max(1), bytes));
         Ok(())
     }
 
@@ -253,29 +370,24 @@ impl<'t> OwnerTables<'t> {
         sign: i8,
     ) -> Result<(), redb::Error> {
         let key = owner.owner.as_str();
-        let mut usage = match self.usage.get(key)? {
-            Some(v) => {
-                let (tasks, bytes) = v.value();
-                Usage { tasks, bytes }
-            }
-            None => Usage::default(),
-        };
-        usage.add(size, sign);
         if sign > 0 {
             self.owners.insert((key, owner.created_ms, id), ())?;
         } else {
             self.owners.remove((key, owner.created_ms, id))?;
         }
-        if usage.tasks == 0 {
-            self.usage.remove(key)?;
-        } else {
-            self.usage.insert(key, (usage.tasks, usage.bytes))?;
-        }
+        let tally = self.usage_of(key)?;
+        let mut usage = tally
+            .now
+            .map_or_else(Usage::default, |(tasks, bytes)| Usage { tasks, bytes });
+        usage.add(size, sign);
+        // No entry for an owner without tasks (as the table would have it after a removal).
+        tally.now = (usage.tasks != 0).then_some((usage.tasks, usage.bytes));
         Ok(())
     }
 }
 
-/// A [`LISTING`] value (postcard; frozen with layout 4: a change is a new layout).
+/// A [`LISTING_INDEX`] value under [`BY_CREATED`] (postcard; frozen with layout 4, the same in
+/// layout 5: a change is a new layout).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct StoredListing {
     pub(crate) owner: String,
@@ -328,23 +440,76 @@ impl StoredListing {
 }
 
 /// The listing index, its counters and the throughput buckets a write keeps beside the
-/// records (layout 4).
+/// records (layout 5: [`LISTING_INDEX`] and [`LISTING_COUNTERS`]).
+///
+/// The counters and the buckets are kept in memory for the life of the value and written by
+/// [`ListingTables::flush`], which every writer calls before it commits: a group commit of
+/// many transitions writes each counter and bucket it changed once, not once per transition,
+/// and leaves alone one that ends where it started.
 pub(crate) struct ListingTables<'t> {
-    pub(crate) listing: redb::Table<'t, (u64, &'static str), &'static [u8]>,
-    pub(crate) by: redb::Table<'t, (u8, &'static str, u64, &'static str), ()>,
-    pub(crate) counts: redb::Table<'t, (&'static str, &'static str, u8), u64>,
-    pub(crate) throughput: redb::Table<'t, (u64, u8), u64>,
+    pub(crate) index: redb::Table<'t, (u8, &'static str, u64, &'static str), &'static [u8]>,
+    pub(crate) counters: redb::Table<'t, (u8, &'static str, &'static str, u64, u8), u64>,
+    counted: BTreeMap<(String, String, u8), Tally<u64>>,
+    buckets: BTreeMap<(u64, u8), Tally<u64>>,
+    /// Buckets of minutes before this one are dropped at the flush (see
+    /// [`ListingTables::count_throughput`]); 0 when none are.
+    drop_before: u64,
 }
 
 impl<'t> ListingTables<'t> {
-    /// Opens the four tables in `txn`.
+    /// Opens both tables in `txn`.
     pub(crate) fn open(txn: &'t WriteTransaction) -> Result<Self, redb::TableError> {
         Ok(Self {
-            listing: txn.open_table(LISTING)?,
-            by: txn.open_table(LISTING_BY)?,
-            counts: txn.open_table(LISTING_COUNTS)?,
-            throughput: txn.open_table(THROUGHPUT)?,
+            index: txn.open_table(LISTING_INDEX)?,
+            counters: txn.open_table(LISTING_COUNTERS)?,
+            counted: BTreeMap::new(),
+            buckets: BTreeMap::new(),
+            drop_before: 0,
         })
+    }
+
+    /// Writes the counters and buckets this value changed, and drops the buckets past
+    /// their retention. Must run before the transaction commits.
+    pub(crate) fn flush(&mut self) -> Result<(), redb::Error> {
+        for ((owner, tool, status), tally) in std::mem::take(&mut self.counted) {
+            let key = tasks_key(&owner, &tool, status);
+            match tally.change() {
+                None => {}
+                Some(None) => {
+                    self.counters.remove(key)?;
+                }
+                Some(Some(n)) => {
+                    self.counters.insert(key, *n)?;
+                }
+            }
+        }
+        let drop_before = std::mem::take(&mut self.drop_before);
+        if drop_before > 0 {
+            let stale: Vec<(u64, u8)> = self
+                .counters
+                .range(bucket_key(0, 0)..bucket_key(drop_before, 0))?
+                .map(|e| e.map(|(k, _)| (k.value().3, k.value().4)))
+                .collect::<Result<_, _>>()?;
+            for (minute, kind) in stale {
+                self.counters.remove(bucket_key(minute, kind))?;
+            }
+        }
+        for (key, tally) in std::mem::take(&mut self.buckets) {
+            // A bucket of a dropped minute that was counted again after the drop: the drop
+            // above took its stored value, so it is written whatever it held.
+            let change = if key.0 < drop_before {
+                Some(tally.now.as_ref())
+            } else {
+                tally.change()
+            };
+            match change {
+                None | Some(None) => {}
+                Some(Some(n)) => {
+                    self.counters.insert(bucket_key(key.0, key.1), *n)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Moves the listing of task `id`, created at `created_ms` by `owner`, to `new`
@@ -359,8 +524,8 @@ impl<'t> ListingTables<'t> {
         new: Option<&Listing>,
     ) -> Result<(), redb::Error> {
         let old = self
-            .listing
-            .get((created_ms, id))?
+            .index
+            .get(created_key(created_ms, id))?
             .and_then(|v| StoredListing::decode(v.value()));
         let old_listing = old.as_ref().and_then(StoredListing::listing);
         let new_entry = new.map(|l| StoredListing::new(owner, l));
@@ -370,14 +535,14 @@ impl<'t> ListingTables<'t> {
         self.move_entries(id, created_ms, old.as_ref(), new_entry.as_ref())?;
         match (new, &new_entry) {
             (Some(listing), Some(entry)) => {
-                self.listing
-                    .insert((created_ms, id), entry.encode().as_slice())?;
+                self.index
+                    .insert(created_key(created_ms, id), entry.encode().as_slice())?;
                 for (minute, kind) in throughput_of(old_listing.as_ref(), listing, created_ms) {
                     self.count_throughput(minute, kind)?;
                 }
             }
             _ => {
-                self.listing.remove((created_ms, id))?;
+                self.index.remove(created_key(created_ms, id))?;
             }
         }
         Ok(())
@@ -436,10 +601,11 @@ impl<'t> ListingTables<'t> {
         ] {
             if was != is {
                 if let Some(value) = was {
-                    self.by.remove((index, value, created_ms, id))?;
+                    self.index.remove((index, value, created_ms, id))?;
                 }
                 if let Some(value) = is {
-                    self.by.insert((index, value, created_ms, id), ())?;
+                    self.index
+                        .insert((index, value, created_ms, id), [].as_slice())?;
                 }
             }
         }
@@ -449,38 +615,65 @@ impl<'t> ListingTables<'t> {
         let (was, is) = (old.map(key), new.map(key));
         if was != is {
             if let Some(key) = was {
-                let n = self.counts.get(key)?.map_or(0, |v| v.value());
-                if n <= 1 {
-                    self.counts.remove(key)?;
-                } else {
-                    self.counts.insert(key, n - 1)?;
-                }
+                let tally = self.counter(key)?;
+                // No entry for a count of zero (nor below: a damaged count stays at none).
+                tally.now = tally.now.filter(|n| *n > 1).map(|n| n - 1);
             }
             if let Some(key) = is {
-                let n = self.counts.get(key)?.map_or(0, |v| v.value());
-                self.counts.insert(key, n + 1)?;
+                let tally = self.counter(key)?;
+                tally.now = Some(tally.now.unwrap_or(0).saturating_add(1));
             }
         }
         Ok(())
     }
 
-    /// Adds one to a throughput bucket; the first count of a minute also drops the buckets
-    /// older than [`THROUGHPUT_RETENTION_MS`].
-    fn count_throughput(&mut self, minute: u64, kind: ThroughputKind) -> Result<(), redb::Error> {
-        let key = (minute, kind.code());
-        let n = self.throughput.get(key)?.map(|v| v.value());
-        if n.is_none() {
-            let oldest = minute.saturating_sub(THROUGHPUT_RETENTION_MS);
-            let stale: Vec<(u64, u8)> = self
-                .throughput
-                .range(..(oldest, 0))?
-                .map(|e| e.map(|(k, _)| k.value()))
-                .collect::<Result<_, _>>()?;
-            for k in stale {
-                self.throughput.remove(k)?;
+    /// The counter of `key` as this transaction's writes left it.
+    fn counter(&mut self, key: (&str, &str, u8)) -> Result<&mut Tally<u64>, redb::Error> {
+        match self
+            .counted
+            .entry((key.0.to_owned(), key.1.to_owned(), key.2))
+        {
+            Entry::Occupied(e) => Ok(e.into_mut()),
+            Entry::Vacant(e) => {
+                let stored = self
+                    .counters
+                    .get(tasks_key(key.0, key.1, key.2))?
+                    .map(|v| v.value());
+                Ok(e.insert(Tally::loaded(stored)))
             }
         }
-        self.throughput.insert(key, n.unwrap_or(0) + 1)?;
+    }
+
+    /// Adds one to a throughput bucket; the first count of a minute also drops the buckets
+    /// older than [`THROUGHPUT_RETENTION_MS`] (at the flush; from here on they count as gone).
+    fn count_throughput(&mut self, minute: u64, kind: ThroughputKind) -> Result<(), redb::Error> {
+        let key = (minute, kind.code());
+        let drop_before = self.drop_before;
+        let tally = match self.buckets.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                let stored = self
+                    .counters
+                    .get(bucket_key(minute, key.1))?
+                    .map(|v| v.value());
+                let mut tally = Tally::loaded(stored);
+                if minute < drop_before {
+                    tally.now = None;
+                }
+                e.insert(tally)
+            }
+        };
+        let first = tally.now.is_none();
+        tally.now = Some(tally.now.unwrap_or(0).saturating_add(1));
+        if first {
+            // Every bucket before `oldest` is gone from here on, a bucket counted again since
+            // an earlier drop included.
+            let oldest = minute.saturating_sub(THROUGHPUT_RETENTION_MS);
+            self.drop_before = self.drop_before.max(oldest);
+            for (_, tally) in self.buckets.range_mut(..(oldest, 0)) {
+                tally.now = None;
+            }
+        }
         Ok(())
     }
 }
@@ -638,7 +831,9 @@ const MIGRATION_CHUNK: usize = 1024;
 /// decode gets none (it is in no owner's index and counted for nobody; the reaper
 /// quarantines it).
 ///
-/// Layout 3 → 4: [`convert_v3`].
+/// Layout 3 → 4: [`convert_v3`], which writes layout 5's tables directly.
+///
+/// Layout 4 → 5: [`convert_v4`].
 pub(crate) fn upgrade_layout(txn: &WriteTransaction) -> Result<Option<u64>, LayoutError> {
     let tables: std::collections::HashSet<String> =
         txn.list_tables()?.map(|t| t.name().to_owned()).collect();
@@ -665,6 +860,9 @@ pub(crate) fn upgrade_layout(txn: &WriteTransaction) -> Result<Option<u64>, Layo
     if found < 4 && existing {
         converted = Some(convert_v3(txn)?);
     }
+    if found == 4 && existing {
+        converted = Some(convert_v4(txn, &tables)?);
+    }
     if found != SCHEMA_VERSION || !recorded {
         meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION.to_le_bytes().as_slice())?;
     }
@@ -677,10 +875,80 @@ pub(crate) fn upgrade_layout(txn: &WriteTransaction) -> Result<Option<u64>, Layo
     Ok(converted)
 }
 
-/// The layout-3 → 4 conversion of [`upgrade_layout`]; returns the number of records. Every
-/// record whose header names an owner gets its [`LISTING`] entry, read from its snapshot (a
-/// snapshot that does not decode gets none). The throughput of the past is not known: its
-/// buckets start empty.
+/// The layout-4 → 5 conversion of [`upgrade_layout`]; returns the number of listed records.
+/// Every entry of the four listing tables of layout 4 is copied as it is into
+/// [`LISTING_INDEX`] and [`LISTING_COUNTERS`] (the indexes and counter kinds renumbered),
+/// then those tables are deleted.
+fn convert_v4(
+    txn: &WriteTransaction,
+    tables: &std::collections::HashSet<String>,
+) -> Result<u64, LayoutError> {
+    let mut converted = 0u64;
+    {
+        let mut index = txn.open_table(LISTING_INDEX)?;
+        let mut counters = txn.open_table(LISTING_COUNTERS)?;
+        if tables.contains(V4_LISTING.name()) {
+            let old = txn.open_table(V4_LISTING)?;
+            for entry in old.iter()? {
+                let (k, v) = entry?;
+                let (created_ms, id) = k.value();
+                index.insert(created_key(created_ms, id), v.value())?;
+                converted += 1;
+            }
+        }
+        if tables.contains(V4_LISTING_BY.name()) {
+            let old = txn.open_table(V4_LISTING_BY)?;
+            for entry in old.iter()? {
+                let (k, _) = entry?;
+                let (by, value, created_ms, id) = k.value();
+                let by = match by {
+                    V4_BY_STATUS => BY_STATUS,
+                    V4_BY_TOOL => BY_TOOL,
+                    other => {
+                        return Err(LayoutError::Corrupt(format!(
+                            "the layout-4 table listing_by has an entry of unknown index {other}"
+                        )));
+                    }
+                };
+                index.insert((by, value, created_ms, id), [].as_slice())?;
+            }
+        }
+        if tables.contains(V4_LISTING_COUNTS.name()) {
+            let old = txn.open_table(V4_LISTING_COUNTS)?;
+            for entry in old.iter()? {
+                let (k, v) = entry?;
+                let (owner, tool, status) = k.value();
+                counters.insert(tasks_key(owner, tool, status), v.value())?;
+            }
+        }
+        if tables.contains(V4_THROUGHPUT.name()) {
+            let old = txn.open_table(V4_THROUGHPUT)?;
+            for entry in old.iter()? {
+                let (k, v) = entry?;
+                let (minute, kind) = k.value();
+                counters.insert(bucket_key(minute, kind), v.value())?;
+            }
+        }
+    }
+    if tables.contains(V4_LISTING.name()) {
+        txn.delete_table(V4_LISTING)?;
+    }
+    if tables.contains(V4_LISTING_BY.name()) {
+        txn.delete_table(V4_LISTING_BY)?;
+    }
+    if tables.contains(V4_LISTING_COUNTS.name()) {
+        txn.delete_table(V4_LISTING_COUNTS)?;
+    }
+    if tables.contains(V4_THROUGHPUT.name()) {
+        txn.delete_table(V4_THROUGHPUT)?;
+    }
+    Ok(converted)
+}
+
+/// The layout-3 → 4 conversion of [`upgrade_layout`] (written in layout 5's tables); returns
+/// the number of records. Every record whose header names an owner gets its listing entries,
+/// read from its snapshot (a snapshot that does not decode gets none). The throughput of the
+/// past is not known: its buckets start empty.
 fn convert_v3(txn: &WriteTransaction) -> Result<u64, LayoutError> {
     let tasks = txn.open_table(TASKS)?;
     let mut listing = ListingTables::open(txn)?;
@@ -700,9 +968,10 @@ fn convert_v3(txn: &WriteTransaction) -> Result<u64, LayoutError> {
             .move_entries(id, owner.created_ms, None, Some(&entry))
             .map_err(LayoutError::Redb)?;
         listing
-            .listing
-            .insert((owner.created_ms, id), entry.encode().as_slice())?;
+            .index
+            .insert(created_key(owner.created_ms, id), entry.encode().as_slice())?;
     }
+    listing.flush().map_err(LayoutError::Redb)?;
     Ok(converted)
 }
 
@@ -746,6 +1015,7 @@ fn convert_v2(txn: &WriteTransaction) -> Result<u64, LayoutError> {
         converted += 1;
         after = Some(id);
     }
+    owners.flush().map_err(LayoutError::Redb)?;
     Ok(converted)
 }
 

@@ -3,20 +3,18 @@ use std::time::Duration;
 use super::*;
 use crate::store::META_BOOT_EPOCH;
 use crate::store::listing::{ListedStatus, Listing, ListingFilter, ListingPage, ThroughputKind};
-use redb::{ReadableDatabase, ReadableTableMetadata};
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use std::time::Instant;
 
-/// The tables of a store of the current layout (4), in name order.
-const LAYOUT_4_TABLES: [&str; 10] = [
+/// The tables of a store of the current layout (5), in name order.
+const LAYOUT_TABLES: [&str; 8] = [
     "due",
-    "listing",
-    "listing_by",
-    "listing_counts",
+    "listing_counters",
+    "listing_index",
     "live",
     "meta",
     "owners",
     "tasks",
-    "throughput",
     "usage",
 ];
 
@@ -1058,7 +1056,7 @@ async fn a_layout_1_store_is_converted_on_open() {
 
         // The current layout on disk: `seq` and `due_by_id` are gone, and a second open
         // converts nothing (the data is as it was left).
-        assert_eq!(table_names(&path), LAYOUT_4_TABLES.to_vec());
+        assert_eq!(table_names(&path), LAYOUT_TABLES.to_vec());
         {
             let db = redb::Database::open(&path).unwrap();
             let w = db.begin_write().unwrap();
@@ -1427,7 +1425,7 @@ async fn a_layout_2_store_gets_its_owner_index_on_open() {
             .all(|c| c.status == ListedStatus::Working && c.tool == "echo")
     );
     store.close().await;
-    assert_eq!(table_names(&path), LAYOUT_4_TABLES.to_vec());
+    assert_eq!(table_names(&path), LAYOUT_TABLES.to_vec());
 }
 
 /// A put with the owner and listing the runtime sends.
@@ -1674,4 +1672,260 @@ async fn the_listing_index_follows_puts_and_deletes() {
     let buckets = store.throughput(0).await.unwrap();
     assert_eq!(buckets.len(), 1, "{buckets:?}");
     store.close().await;
+}
+
+/// What a store's counters hold: the listing counters, the throughput buckets and the usage
+/// of every owner, each in its table's order.
+async fn counters_of(
+    store: &RedbStore,
+) -> (
+    Vec<crate::store::listing::ListingCount>,
+    Vec<crate::store::listing::ThroughputBucket>,
+    Vec<(String, crate::store::Usage)>,
+) {
+    (
+        store.listing_counts().await.unwrap(),
+        store.throughput(0).await.unwrap(),
+        store.usage_by_owner().await.unwrap(),
+    )
+}
+
+/// The counters a group commit keeps in memory and writes once are what the same writes
+/// leave one commit each: a task created and finished in one batch, a task finished and
+/// deleted, a counter that goes up and back down, a minute a day later that drops the old
+/// buckets while a bucket of an old minute is counted in the same batch, between two first
+/// counts of a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_of_one_batch_are_those_of_one_commit_per_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (
+        crate::store::owner_key("t", "a"),
+        crate::store::owner_key("t", "b"),
+    );
+    let minute = 10 * 60_000;
+    let later = minute + crate::store::listing::THROUGHPUT_RETENTION_MS + 120_000;
+    let before = vec![
+        listed("t0", &a, minute, ListedStatus::Working, "x", minute),
+        listed("t1", &b, minute + 1, ListedStatus::Working, "y", minute + 1),
+        listed("t2", &a, minute + 2, ListedStatus::Working, "x", minute + 2),
+    ];
+    let batch = vec![
+        listed("t3", &a, minute + 3, ListedStatus::Working, "x", minute + 3),
+        listed(
+            "t3",
+            &a,
+            minute + 3,
+            ListedStatus::Completed,
+            "x",
+            minute + 4,
+        ),
+        listed("t0", &a, minute, ListedStatus::Failed, "x", minute + 5),
+        WriteOp::Delete { id: "t0".into() },
+        listed(
+            "t2",
+            &a,
+            minute + 2,
+            ListedStatus::InputRequired,
+            "x",
+            minute + 6,
+        ),
+        listed("t2", &a, minute + 2, ListedStatus::Working, "x", minute + 7),
+        listed("t4", &b, later, ListedStatus::Working, "y", later),
+        listed(
+            "t1",
+            &b,
+            minute + 1,
+            ListedStatus::Completed,
+            "y",
+            minute + 8,
+        ),
+        listed("t5", &b, later + 1, ListedStatus::Cancelled, "z", later + 1),
+    ];
+    let one_by_one = open(&dir.path().join("one.redb")).await;
+    for op in before.iter().chain(&batch) {
+        one_by_one.commit(vec![op.clone()]).await.unwrap();
+    }
+    let batched = open(&dir.path().join("batch.redb")).await;
+    batched.commit(before.clone()).await.unwrap();
+    batched.commit(batch.clone()).await.unwrap();
+    let expected = counters_of(&one_by_one).await;
+    assert_eq!(counters_of(&batched).await, expected);
+    // The day-old buckets went in both (the old minute counted after the first drop went
+    // again with the next minute's first count).
+    assert!(
+        expected.1.iter().all(|b| b.minute_ms
+            >= later - crate::store::listing::THROUGHPUT_RETENTION_MS
+            || b.minute_ms == minute),
+        "{:?}",
+        expected.1
+    );
+    assert!(
+        expected
+            .0
+            .iter()
+            .any(|c| c.status == ListedStatus::Working && c.tasks == 1)
+    );
+    one_by_one.close().await;
+    batched.close().await;
+    // And as the file holds them after a reopen.
+    let reopened = open(&dir.path().join("batch.redb")).await;
+    assert_eq!(counters_of(&reopened).await, expected);
+    reopened.close().await;
+}
+
+/// A store of layout 4 (the listing in four tables) is converted by the first writable open:
+/// the same entries, counters and buckets in layout 5's two tables, the old tables gone, and
+/// the listing, the counters and the throughput read as before the conversion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_4_store_keeps_its_listing_in_layout_5() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v4.redb");
+    let (a, b) = (
+        crate::store::owner_key("t", "a"),
+        crate::store::owner_key("t", "b"),
+    );
+    let minute = 10 * 60_000;
+    let store = open(&path).await;
+    for n in 0..8u64 {
+        let owner = if n % 2 == 0 { &a } else { &b };
+        let (status, tool) = match n % 4 {
+            0 => (ListedStatus::Working, "x"),
+            1 => (ListedStatus::Completed, "y"),
+            2 => (ListedStatus::InputRequired, "x"),
+            _ => (ListedStatus::Failed, "z"),
+        };
+        let id = format!("t{n}");
+        store
+            .commit(vec![listed(
+                &id,
+                owner,
+                minute + n,
+                ListedStatus::Working,
+                tool,
+                minute + n,
+            )])
+            .await
+            .unwrap();
+        store
+            .commit(vec![listed(
+                &id,
+                owner,
+                minute + n,
+                status,
+                tool,
+                minute + 60_000 + n,
+            )])
+            .await
+            .unwrap();
+    }
+    let filters = [
+        ListingFilter::default(),
+        ListingFilter {
+            status: Some(ListedStatus::Working),
+            ..Default::default()
+        },
+        ListingFilter {
+            tool: Some("x".into()),
+            ..Default::default()
+        },
+        ListingFilter {
+            owner: Some(b.clone()),
+            ..Default::default()
+        },
+    ];
+    let mut pages = Vec::new();
+    for f in &filters {
+        pages.push(store.listing(f, None, 100, 1000).await.unwrap());
+    }
+    let counters = counters_of(&store).await;
+    assert_eq!(counters.1.len(), 3, "{:?}", counters.1);
+    store.close().await;
+
+    // The same entries as layout 4 kept them.
+    {
+        let db = redb::Database::open(&path).unwrap();
+        let w = db.begin_write().unwrap();
+        {
+            let index = w.open_table(schema::LISTING_INDEX).unwrap();
+            let counts = w.open_table(schema::LISTING_COUNTERS).unwrap();
+            let mut listing = w.open_table(schema::V4_LISTING).unwrap();
+            let mut by = w.open_table(schema::V4_LISTING_BY).unwrap();
+            let mut old_counts = w.open_table(schema::V4_LISTING_COUNTS).unwrap();
+            let mut throughput = w.open_table(schema::V4_THROUGHPUT).unwrap();
+            for e in index.iter().unwrap() {
+                let (k, v) = e.unwrap();
+                let (i, value, created_ms, id) = k.value();
+                match i {
+                    schema::BY_CREATED => {
+                        listing.insert((created_ms, id), v.value()).unwrap();
+                    }
+                    schema::BY_STATUS => {
+                        by.insert((schema::V4_BY_STATUS, value, created_ms, id), ())
+                            .unwrap();
+                    }
+                    _ => {
+                        by.insert((schema::V4_BY_TOOL, value, created_ms, id), ())
+                            .unwrap();
+                    }
+                }
+            }
+            for e in counts.iter().unwrap() {
+                let (k, v) = e.unwrap();
+                let (kind, owner, tool, minute, code) = k.value();
+                if kind == schema::COUNT_TASKS {
+                    old_counts.insert((owner, tool, code), v.value()).unwrap();
+                } else {
+                    throughput.insert((minute, code), v.value()).unwrap();
+                }
+            }
+        }
+        w.delete_table(schema::LISTING_INDEX).unwrap();
+        w.delete_table(schema::LISTING_COUNTERS).unwrap();
+        w.open_table(META)
+            .unwrap()
+            .insert(META_SCHEMA_VERSION, 4u64.to_le_bytes().as_slice())
+            .unwrap();
+        w.commit().unwrap();
+    }
+    assert_eq!(
+        table_names(&path),
+        [
+            "due",
+            "listing",
+            "listing_by",
+            "listing_counts",
+            "live",
+            "meta",
+            "owners",
+            "tasks",
+            "throughput",
+            "usage"
+        ]
+    );
+
+    let store = open(&path).await;
+    assert_eq!(
+        store.meta_get(META_SCHEMA_VERSION).await.unwrap(),
+        Some(SCHEMA_VERSION.to_le_bytes().to_vec())
+    );
+    for (f, page) in filters.iter().zip(&pages) {
+        assert_eq!(
+            &store.listing(f, None, 100, 1000).await.unwrap(),
+            page,
+            "{f:?}"
+        );
+    }
+    assert_eq!(counters_of(&store).await, counters);
+    // And the converted index goes on following writes.
+    store
+        .commit(vec![WriteOp::Delete { id: "t0".into() }])
+        .await
+        .unwrap();
+    let all = store
+        .listing(&ListingFilter::default(), None, 100, 1000)
+        .await
+        .unwrap();
+    assert_eq!(all.tasks.len(), 7);
+    store.close().await;
+    assert_eq!(table_names(&path), LAYOUT_TABLES.to_vec());
 }

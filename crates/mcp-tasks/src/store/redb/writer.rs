@@ -334,6 +334,9 @@ fn apply_jobs_to(
         }
         results.push(Ok(()));
     }
+    // The counters the batch changed, once each (kept in memory while the ops applied).
+    tables.owners.flush()?;
+    tables.listing.flush()?;
     Ok(results)
 }
 
