@@ -179,7 +179,9 @@ impl ToolSource for Gateway {
     fn recover(&self, name: &str) -> Option<Arc<dyn Tool>> {
         let upstream = self.upstreams.iter().find(|u| u.remote(name).is_some())?;
         let remote = upstream.remote(name)?.to_owned();
-        let descriptor = ToolDescriptor::new(name, "");
+        // Never passivated, like every gateway tool (see `upstream::descriptor`): a task
+        // resumed here follows its upstream call again, also while it waits for input.
+        let descriptor = ToolDescriptor::new(name, "").stay_active_while_waiting();
         Some(Arc::new(GatewayTool {
             descriptor,
             upstream: upstream.clone(),
