@@ -158,22 +158,33 @@ async fn notified(stream: &mut MessageStream, status: &str, key: Option<&str>) -
     }
 }
 
-on_both_stores! {
-async fn a_parked_task_resumes_where_it_was_when_answered(backend: Backend) {
-    let Some(place) = Place::new(backend).await else {
-        return;
-    };
-    let counts = Arc::new(Counts::default());
-    let rt = place.builder("p").await
-        .config(parking_config())
+/// Starts `builder` with `two_questions` and one task of it, and waits until the task asks
+/// its first question and is parked (the builder's configuration parks at once); the
+/// runtime, the task's id and its state then.
+async fn parked_at_first_question(
+    builder: mcp_tasks::RuntimeBuilder,
+    counts: &Arc<Counts>,
+) -> (Runtime, String, Value) {
+    let rt = builder
         .tool(two_questions(counts.clone(), false))
         .start()
         .await
         .unwrap();
     let task = create(&rt, "two_questions", json!({})).await;
     let asking = wait_asking(&rt, &task, "first").await;
-    assert_eq!(asking["status"], "input_required");
     wait_parked(&rt, 1, 0).await;
+    (rt, task, asking)
+}
+
+on_both_stores! {
+async fn a_parked_task_resumes_where_it_was_when_answered(backend: Backend) {
+    let Some(place) = Place::new(backend).await else {
+        return;
+    };
+    let counts = Arc::new(Counts::default());
+    let builder = place.builder("p").await.config(parking_config());
+    let (rt, task, asking) = parked_at_first_question(builder, &counts).await;
+    assert_eq!(asking["status"], "input_required");
     // Parked: read from the store, exactly the state it parked in.
     assert_eq!(get(&rt, &task).await["result"], asking);
 
@@ -214,15 +225,8 @@ async fn a_parked_task_is_cancelled(backend: Backend) {
         return;
     };
     let counts = Arc::new(Counts::default());
-    let rt = place.builder("c").await
-        .config(parking_config())
-        .tool(two_questions(counts.clone(), false))
-        .start()
-        .await
-        .unwrap();
-    let task = create(&rt, "two_questions", json!({})).await;
-    wait_asking(&rt, &task, "first").await;
-    wait_parked(&rt, 1, 0).await;
+    let builder = place.builder("c").await.config(parking_config());
+    let (rt, task, _) = parked_at_first_question(builder, &counts).await;
     let ack = call(&rt, "tasks/cancel", json!({ "taskId": task })).await;
     assert_eq!(ack["result"]["resultType"], "complete", "{ack}");
     wait_status(&rt, &task, "cancelled").await;
@@ -243,16 +247,10 @@ async fn a_parked_task_expires(backend: Backend) {
     config.default_ttl = Some(Duration::from_secs(60));
     config.reaper_interval = Duration::from_millis(10);
     let counts = Arc::new(Counts::default());
-    let rt = place.builder("e").await
+    let builder = place.builder("e").await
         .config(config)
-        .clock(Arc::new(clock.clone()))
-        .tool(two_questions(counts.clone(), false))
-        .start()
-        .await
-        .unwrap();
-    let task = create(&rt, "two_questions", json!({})).await;
-    wait_asking(&rt, &task, "first").await;
-    wait_parked(&rt, 1, 0).await;
+        .clock(Arc::new(clock.clone()));
+    let (rt, task, _) = parked_at_first_question(builder, &counts).await;
     clock.advance(60_000);
     wait_parked(&rt, 0, 0).await;
     let stored = mcp_tasks::internals::runtime_store(&rt)
@@ -321,15 +319,8 @@ async fn a_parked_task_still_counts_against_its_owners_live_quota(backend: Backe
     let mut quotas = mcp_tasks::quota::Quotas::unlimited();
     quotas.max_live_tasks = 1;
     config.quotas = quotas;
-    let rt = place.builder("q").await
-        .config(config)
-        .tool(two_questions(Arc::default(), false))
-        .start()
-        .await
-        .unwrap();
-    let task = create(&rt, "two_questions", json!({})).await;
-    wait_asking(&rt, &task, "first").await;
-    wait_parked(&rt, 1, 0).await;
+    let builder = place.builder("q").await.config(config);
+    let (rt, _, _) = parked_at_first_question(builder, &Arc::default()).await;
     let refused = call(&rt, "tools/call", json!({ "name": "two_questions", "arguments": {} })).await;
     assert_eq!(refused["error"]["code"], -32010, "{refused}");
     rt.shutdown().await;
