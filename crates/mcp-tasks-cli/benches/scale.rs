@@ -481,19 +481,17 @@ fn main() {
     }
 }
 
-/// The client capabilities of the waiting tasks' client: it can be asked for a form.
-fn answering_client(url: &str) -> impl std::future::Future<Output = mcp_tasks::client::Client> {
-    let url = url.to_owned();
-    async move {
-        mcp_tasks::client::Client::http(&url)
-            .expect("client")
-            .retry(mcp_tasks::client::RetryPolicy::none())
-            .timeout(Duration::from_secs(60))
-            .capabilities(json!({ "elicitation": {} }))
-            .build()
-            .await
-            .expect("client build")
-    }
+/// A client of `url` as [`common::client`] makes it, declaring that it can be asked for a form
+/// (what `wait_input` asks).
+async fn answering_client(url: &str) -> mcp_tasks::client::Client {
+    mcp_tasks::client::Client::http(url)
+        .expect("client")
+        .retry(mcp_tasks::client::RetryPolicy::none())
+        .timeout(Duration::from_secs(60))
+        .capabilities(json!({ "elicitation": {} }))
+        .build()
+        .await
+        .expect("client build")
 }
 
 /// `wait_input`, which must become a task; its handle.

@@ -321,14 +321,12 @@ impl Actor for Supervisor {
             SupervisorMsg::LeaseLost(id, port) => {
                 if !self.shared.store.holds(id.as_str()) {
                     self.shared.live.forget_parked(&id);
-                }
-                if !self.shared.store.holds(id.as_str())
-                    && let Some(stale) = self.shared.live.actor_of(&id)
-                {
-                    tracing::info!(task = %id, "task actor stops: this node lost the task's lease");
-                    stale.actor.stop(Some("lease lost".into()));
-                    self.shared.live.remove_if(&id, stale.actor.get_id());
-                    state.pending.remove(&id);
+                    if let Some(stale) = self.shared.live.actor_of(&id) {
+                        tracing::info!(task = %id, "task actor stops: this node lost the task's lease");
+                        stale.actor.stop(Some("lease lost".into()));
+                        self.shared.live.remove_if(&id, stale.actor.get_id());
+                        state.pending.remove(&id);
+                    }
                 }
                 let _ = port.send(());
             }

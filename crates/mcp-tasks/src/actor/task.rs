@@ -190,7 +190,7 @@ impl TaskActor {
     /// [`crate::RuntimeConfig::passivate_after`], or `at_least`. A later commit makes that
     /// message stale.
     fn arm_passivation(&self, myself: &ActorRef<TaskMsg>, record: &TaskRecord, at_least: Duration) {
-        if !self.may_park(record) {
+        if !may_park(&self.shared, record) {
             return;
         }
         let Some(after) = self.shared.config.passivate_after else {
@@ -205,34 +205,24 @@ impl TaskActor {
         }
     }
 
-    /// Whether `record`'s task may be parked without an actor: it waits for input (no
-    /// cancellation requested, whose grace timer needs the actor) and its tool, if
-    /// registered, does not ask to stay active.
-    fn may_park(&self, record: &TaskRecord) -> bool {
-        may_park(&self.shared, record)
-    }
-
     /// Passivates the actor if its task still waits for input at commit `seq`: the live
     /// entry becomes parked (still counted as live), the tool's future is dropped, the actor
     /// stops. Messages already in its mailbox are dropped with it; their senders find no
     /// actor and get one started again (`Dispatcher::deliver`, the reaper's next pass).
     fn passivate(&self, myself: &ActorRef<TaskMsg>, state: &mut TaskState, seq: u64) {
-        if state.record.seq != seq || !self.may_park(&state.record) {
+        if state.record.seq != seq || !may_park(&self.shared, &state.record) {
             return;
         }
-        let gauge = state.gauge.take();
+        // `false`: not this actor's entry any more (it is being replaced): nothing to park.
         if self
             .shared
             .live
-            .park(&state.record.id, myself.get_id(), gauge)
+            .park(&state.record.id, myself.get_id(), &mut state.gauge)
         {
             tracing::debug!(task = %state.record.id, seq,
                 "task actor passivated: the task waits for input without an actor");
             state.tool = None;
             myself.stop(Some("passivated".into()));
-        } else {
-            // Not this actor's entry any more (it is being replaced): nothing to park.
-            state.gauge = TaskGauge::new(state.record.status);
         }
     }
 
@@ -332,9 +322,10 @@ impl TaskActor {
     }
 }
 
-/// Whether a live task at `record` may be parked without an actor (see
-/// [`TaskActor::may_park`]); also what the supervisor asks of a task it finds waiting for
-/// input at start-up.
+/// Whether a live task at `record` may be parked without an actor: it waits for input (no
+/// cancellation requested, whose grace timer needs the actor) and its tool, if registered,
+/// does not ask to stay active. Asked by the actor after each commit and by the supervisor of
+/// each task it finds live at start-up.
 pub(crate) fn may_park(shared: &Shared, record: &TaskRecord) -> bool {
     shared.config.passivate_after.is_some()
         && record.status == crate::task::TaskStatus::InputRequired

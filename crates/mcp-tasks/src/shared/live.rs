@@ -126,13 +126,7 @@ impl LiveTasks {
     /// the commit is acknowledged), but readers do not see it until
     /// [`LiveTasks::mark_committed`].
     pub(crate) fn insert(&self, id: TaskId, task: LiveTask, committed: bool) {
-        let (owner, bytes) = {
-            let record = task.snapshots.borrow();
-            (
-                record.owner.clone(),
-                crate::limits::json_len(&record.arguments) as u64,
-            )
-        };
+        let (owner, bytes) = counted(&task.snapshots.borrow());
         let slot = Slot::Active { task, committed };
         let old = self.lock().put(id, owner, bytes, slot);
         if let Some(Slot::Parked(parked)) = old {
@@ -141,8 +135,9 @@ impl LiveTasks {
     }
 
     /// Parks the task `id` whose actor is `actor`, which stops right after: the task stays
-    /// live without an actor. `false` (nothing changed) when the entry is not that actor's.
-    pub(crate) fn park(&self, id: &TaskId, actor: ActorId, gauge: TaskGauge) -> bool {
+    /// live without an actor, and its count in `gauge` moves to the parked entry. `false`
+    /// (nothing changed) when the entry is not that actor's.
+    pub(crate) fn park(&self, id: &TaskId, actor: ActorId, gauge: &mut TaskGauge) -> bool {
         let mut map = self.lock();
         let Some(entry) = map.tasks.get_mut(id) else {
             return false;
@@ -151,7 +146,7 @@ impl LiveTasks {
             return false;
         }
         entry.slot = Slot::Parked(Parked {
-            _gauge: gauge,
+            _gauge: gauge.take(),
             _parked: ParkedGauge::new(true),
             wake: None,
         });
@@ -166,13 +161,13 @@ impl LiveTasks {
         if map.tasks.contains_key(&record.id) {
             return false;
         }
-        let bytes = crate::limits::json_len(&record.arguments) as u64;
+        let (owner, bytes) = counted(record);
         let slot = Slot::Parked(Parked {
             _gauge: TaskGauge::new(record.status),
             _parked: ParkedGauge::new(false),
             wake: None,
         });
-        map.put(record.id.clone(), record.owner.clone(), bytes, slot);
+        map.put(record.id.clone(), owner, bytes, slot);
         true
     }
 
@@ -274,6 +269,14 @@ impl LiveTasks {
     pub(crate) fn usage_of(&self, owner: &Owner) -> (usize, u64) {
         self.lock().per_owner.get(owner).copied().unwrap_or((0, 0))
     }
+}
+
+/// What a live task counts for in its owner's usage: the owner, and its arguments' bytes.
+fn counted(record: &TaskRecord) -> (Owner, u64) {
+    (
+        record.owner.clone(),
+        crate::limits::json_len(&record.arguments) as u64,
+    )
 }
 
 /// The client capabilities of recently created tasks, so that tasks created with the same

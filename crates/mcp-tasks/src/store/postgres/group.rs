@@ -42,22 +42,26 @@ pub(super) const GROUP_LOCK_WAIT_MS: u64 = 50;
 /// What one commit returns: the leases it changed and the rows it deleted.
 pub(super) type Applied = (Vec<(String, Option<i64>)>, u64);
 
-/// One commit waiting for its group.
+/// One commit (of one `Put`) waiting for its group.
 pub(super) struct GroupJob {
-    ops: Vec<WriteOp>,
+    op: WriteOp,
     done: oneshot::Sender<Result<Applied, PgFailure>>,
 }
 
-/// Whether `ops` may join a group: one `Put`.
-pub(super) fn groupable(ops: &[WriteOp]) -> bool {
-    matches!(ops, [WriteOp::Put { .. }])
+/// `Ok(the Put)` when `ops` may join a group (one `Put`), else `Err(ops)`.
+pub(super) fn groupable(mut ops: Vec<WriteOp>) -> Result<WriteOp, Vec<WriteOp>> {
+    match ops.as_slice() {
+        [WriteOp::Put { .. }] => ops.pop().ok_or(ops),
+        _ => Err(ops),
+    }
 }
 
 impl Inner {
-    /// Commits `ops` (see [`groupable`]) with whatever other commits wait at the same time.
+    /// Commits `op` (a `Put`, see [`groupable`]) with whatever other commits wait at the same
+    /// time.
     pub(super) async fn commit_grouped(
         self: &Arc<Self>,
-        ops: Vec<WriteOp>,
+        op: WriteOp,
     ) -> Result<Applied, PgFailure> {
         let queue = self.group.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -65,7 +69,7 @@ impl Inner {
             tx
         });
         let (done, answer) = oneshot::channel();
-        if queue.send(GroupJob { ops, done }).is_err() {
+        if queue.send(GroupJob { op, done }).is_err() {
             return Err(PgFailure::Store(StoreError::Closed));
         }
         answer
@@ -78,7 +82,7 @@ impl Inner {
     fn commit_alone(self: &Arc<Self>, job: GroupJob) {
         let inner = self.clone();
         tokio::spawn(async move {
-            let outcome = inner.commit_job(&job.ops).await;
+            let outcome = inner.commit_job(std::slice::from_ref(&job.op)).await;
             let _ = job.done.send(outcome);
         });
     }
@@ -144,7 +148,7 @@ impl Inner {
             return Grouped::RolledBack;
         }
         let outcomes = futures::future::join_all(jobs.iter().map(|job| async {
-            let lease = self.put_op(&tx, &job.ops[0]).await?;
+            let lease = self.put_op(&tx, &job.op).await?;
             Ok((lease.into_iter().collect::<Vec<_>>(), 0))
         }))
         .await;

@@ -2063,10 +2063,14 @@ impl TaskStore for PostgresStore {
             let n = ops.len() as u64;
             let started = std::time::Instant::now();
             let _creating = Creating::register(&self.inner, &ops);
-            let outcome = if self.inner.group_commit && group::groupable(&ops) {
-                self.inner.commit_grouped(ops).await
+            let grouped = if self.inner.group_commit {
+                group::groupable(ops)
             } else {
-                self.inner.commit_job(&ops).await
+                Err(ops)
+            };
+            let outcome = match grouped {
+                Ok(op) => self.inner.commit_grouped(op).await,
+                Err(ops) => self.inner.commit_job(&ops).await,
             };
             let outcome = self.inner.maybe_lose_ack(outcome);
             if let Err(e) = &outcome

@@ -241,6 +241,18 @@ impl<V: PartialEq> Tally<V> {
     }
 }
 
+/// The tally of `key` in `tallies`, read from its table by `load` the first time.
+fn tally_of<K: Ord, V: Copy + PartialEq>(
+    tallies: &mut BTreeMap<K, Tally<V>>,
+    key: K,
+    load: impl FnOnce() -> Result<Option<V>, redb::Error>,
+) -> Result<&mut Tally<V>, redb::Error> {
+    Ok(match tallies.entry(key) {
+        Entry::Occupied(e) => e.into_mut(),
+        Entry::Vacant(e) => e.insert(Tally::loaded(load()?)),
+    })
+}
+
 /// The [`LISTING_INDEX`] key of the entry of task `id` created at `created_ms`.
 pub(crate) fn created_key(created_ms: u64, id: &str) -> (u8, &'static str, u64, &str) {
     (BY_CREATED, "", created_ms, id)
@@ -285,13 +297,10 @@ impl<'t> OwnerTables<'t> {
 
     /// The usage counter of `owner` as this transaction's writes left it.
     fn usage_of(&mut self, owner: &str) -> Result<&mut Tally<(u64, u64)>, redb::Error> {
-        match self.tally.entry(owner.to_owned()) {
-            Entry::Occupied(e) => Ok(e.into_mut()),
-            Entry::Vacant(e) => {
-                let stored = self.usage.get(owner)?.map(|v| v.value());
-                Ok(e.insert(Tally::loaded(stored)))
-            }
-        }
+        let usage = &self.usage;
+        tally_of(&mut self.tally, owner.to_owned(), || {
+            Ok(usage.get(owner)?.map(|v| v.value()))
+        })
     }
 
     /// Writes the usage counters this value changed. Must run before the transaction
@@ -629,19 +638,16 @@ impl<'t> ListingTables<'t> {
 
     /// The counter of `key` as this transaction's writes left it.
     fn counter(&mut self, key: (&str, &str, u8)) -> Result<&mut Tally<u64>, redb::Error> {
-        match self
-            .counted
-            .entry((key.0.to_owned(), key.1.to_owned(), key.2))
-        {
-            Entry::Occupied(e) => Ok(e.into_mut()),
-            Entry::Vacant(e) => {
-                let stored = self
-                    .counters
+        let counters = &self.counters;
+        tally_of(
+            &mut self.counted,
+            (key.0.to_owned(), key.1.to_owned(), key.2),
+            || {
+                Ok(counters
                     .get(tasks_key(key.0, key.1, key.2))?
-                    .map(|v| v.value());
-                Ok(e.insert(Tally::loaded(stored)))
-            }
-        }
+                    .map(|v| v.value()))
+            },
+        )
     }
 
     /// Adds one to a throughput bucket; the first count of a minute also drops the buckets
@@ -649,20 +655,15 @@ impl<'t> ListingTables<'t> {
     fn count_throughput(&mut self, minute: u64, kind: ThroughputKind) -> Result<(), redb::Error> {
         let key = (minute, kind.code());
         let drop_before = self.drop_before;
-        let tally = match self.buckets.entry(key) {
-            Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => {
-                let stored = self
-                    .counters
-                    .get(bucket_key(minute, key.1))?
-                    .map(|v| v.value());
-                let mut tally = Tally::loaded(stored);
-                if minute < drop_before {
-                    tally.now = None;
-                }
-                e.insert(tally)
+        let counters = &self.counters;
+        let tally = tally_of(&mut self.buckets, key, || {
+            // A bucket of a minute already dropped counts from nothing (the flush writes such
+            // a bucket whatever it held).
+            if minute < drop_before {
+                return Ok(None);
             }
-        };
+            Ok(counters.get(bucket_key(minute, key.1))?.map(|v| v.value()))
+        })?;
         let first = tally.now.is_none();
         tally.now = Some(tally.now.unwrap_or(0).saturating_add(1));
         if first {
