@@ -268,6 +268,17 @@ impl Server {
         post(self.addr, Some(who), &body).await
     }
 
+    /// Waits (bounded) until every task created so far has committed its end and its actor
+    /// has stopped: the `keep` tool finishes at once, but its last commit lands after the
+    /// creation's answer.
+    async fn all_finished(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.rt.live_tasks() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(self.rt.live_tasks(), 0, "the instant tasks never finished");
+    }
+
     async fn create_ok(&self, who: &str, pad: usize) -> String {
         let r = self.create(who, pad).await;
         assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
@@ -467,11 +478,7 @@ async fn the_disk_quota_counts_finished_tasks_until_they_are_purged() {
     assert!(usage.bytes > created * PAD as u64, "{usage:?}");
     // The tasks finish at once (the last one's actor may still be stopping): only the disk
     // quota holds them back.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while server.rt.live_tasks() > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(server.rt.live_tasks(), 0);
+    server.all_finished().await;
     // Another principal has its own allowance.
     server.create_ok("bob", PAD).await;
 
@@ -528,6 +535,8 @@ async fn store_stats_by_owner_online_and_offline() {
         server.create_ok("alice", 10_000).await;
     }
     server.create_ok("bob", 100).await;
+    // A finished record is larger than a working one: read the figures once all are final.
+    server.all_finished().await;
     let alice = mcp_tasks::internals::runtime_store(&server.rt)
         .usage(&mcp_tasks::store::owner_key("t", "alice"))
         .await
