@@ -1,8 +1,9 @@
 //! Group commit on PostgreSQL (`store/postgres/group.rs`): the one-`Put` commits waiting at
 //! once share a transaction, and each keeps the outcome it would have had alone — a refused
 //! one is refused without taking the others with it, and a row locked by another transaction
-//! holds the others back briefly, not for the session's lock bound. Skipped without a server
-//! unless `MCP_TASKS_REQUIRE_POSTGRES` is set.
+//! holds the others back briefly, not for the session's lock bound; a `COMMIT` that waits for
+//! a lock waits as any commit does, and one the server refuses leaves each commit to be made
+//! alone. Skipped without a server unless `MCP_TASKS_REQUIRE_POSTGRES` is set.
 #![cfg(feature = "postgres")]
 
 use crate::pg;
@@ -174,5 +175,105 @@ async fn a_locked_row_does_not_hold_its_group_for_the_lock_bound() {
         Ok(store) => store.close().await,
         Err(_) => panic!("the store is still shared"),
     }
+    pg.drop().await;
+}
+
+/// Installs a deferred constraint trigger on `mcp_tasks` that runs `body` (PL/pgSQL) at
+/// `COMMIT` for the row of task `n`.
+async fn at_commit_for(client: &tokio_postgres::Client, n: u32, body: &str) {
+    client
+        .batch_execute(&format!(
+            "CREATE FUNCTION at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF NEW.id = '{}' THEN {body} END IF;
+                 RETURN NULL;
+             END $$;
+             CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT ON mcp_tasks
+                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION at_commit();",
+            id(n)
+        ))
+        .await
+        .unwrap();
+}
+
+// One thread: the ten creations are queued before the group committer runs (one group).
+#[tokio::test(flavor = "current_thread")]
+async fn a_group_whose_commit_the_server_refuses_is_made_commit_by_commit() {
+    let Some(pg) = pg::fresh().await else { return };
+    let store = PostgresStore::open(&pg.url, pg.options("a", Duration::from_secs(15)))
+        .await
+        .unwrap();
+    let client = pg.client().await;
+    // An error at COMMIT (PostgreSQL reports it before the commit record: the transaction is
+    // rolled back) for task 3's row only.
+    at_commit_for(&client, 3, "RAISE EXCEPTION 'refused at commit';").await;
+    const N: u32 = 10;
+    let created =
+        futures::future::join_all((0..N).map(|n| store.commit(vec![put(n, 1, Expect::Absent)])))
+            .await;
+    for (n, outcome) in (0..N).zip(&created) {
+        if n == 3 {
+            assert!(
+                matches!(outcome, Err(StoreError::Commit(_))),
+                "task 3 is refused at its own commit: {outcome:?}"
+            );
+        } else {
+            assert!(
+                outcome.is_ok(),
+                "task {n} is stored though its group's COMMIT failed: {outcome:?}"
+            );
+        }
+    }
+    let stored: Vec<String> = client
+        .query("SELECT id FROM mcp_tasks ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let expected: Vec<String> = (0..N).filter(|n| *n != 3).map(id).collect();
+    assert_eq!(stored, expected);
+    store.close().await;
+    pg.drop().await;
+}
+
+// One thread: the ten creations are queued before the group committer runs (one group).
+#[tokio::test(flavor = "current_thread")]
+async fn a_groups_commit_waits_for_a_lock_as_long_as_any_commit() {
+    let Some(pg) = pg::fresh().await else { return };
+    let store = PostgresStore::open(&pg.url, pg.options("a", Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let client = pg.client().await;
+    // At COMMIT, task 0's row waits for a lock another session holds for 300 ms: as a
+    // notifying transaction waits for the lock on PostgreSQL's notification queue while
+    // another one commits. The group's 50 ms bound on row locks must not apply to it.
+    client
+        .batch_execute("CREATE TABLE probe (k int PRIMARY KEY); INSERT INTO probe VALUES (1);")
+        .await
+        .unwrap();
+    at_commit_for(&client, 0, "PERFORM 1 FROM probe WHERE k = 1 FOR UPDATE;").await;
+    let holder = pg.client().await;
+    holder
+        .batch_execute("BEGIN; SELECT 1 FROM probe WHERE k = 1 FOR UPDATE")
+        .await
+        .unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        holder.batch_execute("ROLLBACK").await.unwrap();
+    });
+    const N: u32 = 10;
+    let ids: Vec<String> = (0..N).map(id).collect();
+    let created =
+        futures::future::join_all((0..N).map(|n| store.commit(vec![put(n, 1, Expect::Absent)])))
+            .await;
+    assert!(created.iter().all(Result::is_ok), "{created:?}");
+    release.await.unwrap();
+    let by = writers(&client, &ids).await;
+    assert!(
+        by < i64::from(N),
+        "{N} creations by {by} transactions: the group gave up at its COMMIT's lock wait"
+    );
+    store.close().await;
     pg.drop().await;
 }

@@ -19,8 +19,14 @@
 //!   commit made alone under the session's own lock bound, so a locked row delays the others
 //!   by that wait, not by the lock bound. Commits made alone (a group of one, or after a
 //!   roll-back) run beside the committer, which goes on with the next group meanwhile.
-//! - A failed `COMMIT` leaves every commit that was not refused with an unknown outcome, as a
-//!   failed `COMMIT` of one would (the reconciliation that follows is the same).
+//! - `COMMIT` itself waits for a lock under the session's bound, not the group's: PostgreSQL
+//!   serialises notifying commits with a lock on its notification queue, held by each one
+//!   while it commits, and a group must not give up for that ordinary wait.
+//! - A `COMMIT` the server refuses with an error (a lock wait past its bound, a deferred
+//!   trigger) was rolled back: each commit is then made alone. A `COMMIT` whose answer is lost
+//!   (the connection, or a session the server ended) leaves every commit that was not refused
+//!   with an unknown outcome, as a failed `COMMIT` of one would (the reconciliation that
+//!   follows is the same).
 //! - Only commits of one `Put` are grouped; a commit of several operations (the reaper's
 //!   deletions, a store administration job) keeps its own transaction, since a refusal in the
 //!   middle of it must undo its earlier operations and nothing else's.
@@ -172,11 +178,31 @@ impl Inner {
                 return Grouped::CommitFailed(failure, outcomes);
             }
         }
+        // The group's short bound is for rows another transaction holds. `COMMIT` may wait
+        // for PostgreSQL's lock on the notification queue, which each notifying transaction
+        // holds while it commits: that wait is bounded as any commit's (the session's bound).
+        if tx
+            .batch_execute("SET LOCAL lock_timeout TO DEFAULT")
+            .await
+            .is_err()
+        {
+            return Grouped::RolledBack;
+        }
         match tx.commit().await {
             Ok(()) => Grouped::Committed(outcomes),
+            Err(e) if rolled_back_at_commit(&e) => Grouped::RolledBack,
             Err(e) => Grouped::CommitFailed(PgFailure::Pg(e), outcomes),
         }
     }
+}
+
+/// Whether `COMMIT` failed with an error the server reported for it (a deferred trigger, a
+/// lock wait past its bound): PostgreSQL reports those before it writes the commit record, so
+/// the transaction was rolled back and nothing of it was written. A lost connection, or a
+/// server that ends the session (`FATAL`), leaves the outcome unknown.
+fn rolled_back_at_commit(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error()
+        .is_some_and(|db| db.parsed_severity() == Some(tokio_postgres::error::Severity::Error))
 }
 
 /// How a group went.
