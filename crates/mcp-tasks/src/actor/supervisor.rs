@@ -33,10 +33,11 @@ pub(crate) enum SupervisorMsg {
     /// here from the stored record, replacing a local actor that is behind the store (a
     /// request reached this node for a task another node changed or runs).
     TakeOver(TaskId, RpcReplyPort<Result<(), RpcError>>),
-    /// This node just claimed the task's lease (an orphan): start its actor from the stored
-    /// record, replacing an actor left from an earlier lease of this node (its record may be
-    /// older than the stored one).
-    Claimed(TaskId, RpcReplyPort<Result<(), RpcError>>),
+    /// This node just claimed the task's lease (an orphan): start its actor from the record
+    /// the claim returned (the stored one, encoded: no other node writes it while this node
+    /// holds its lease), replacing an actor left from an earlier lease of this node (its
+    /// record may be older than the stored one).
+    Claimed(TaskId, Vec<u8>, RpcReplyPort<Result<(), RpcError>>),
     /// On a shared store: this node no longer holds the task's lease (found by reconciling
     /// its leases with the store): its actor stops, without writing, if the lease was not
     /// taken back meanwhile.
@@ -115,18 +116,19 @@ impl Supervisor {
         myself: &ActorRef<SupervisorMsg>,
         state: &mut SupervisorState,
         id: &TaskId,
-        claimed: bool,
     ) -> Result<(), RuntimeError> {
-        self.rehydrate_with(myself, state, id, claimed, false).await
+        self.rehydrate_with(myself, state, id, None, false).await
     }
 
-    /// [`Supervisor::rehydrate`]; `steal` = claim the lease even if this node holds it.
+    /// [`Supervisor::rehydrate`]; `claimed`: this node just claimed the task's lease, and the
+    /// claim returned these bytes of its record (not read again); `steal` = claim the lease
+    /// even if this node holds it.
     async fn rehydrate_with(
         &self,
         myself: &ActorRef<SupervisorMsg>,
         state: &mut SupervisorState,
         id: &TaskId,
-        claimed: bool,
+        claimed: Option<Vec<u8>>,
         steal: bool,
     ) -> Result<(), RuntimeError> {
         let store = &self.shared.store;
@@ -134,7 +136,7 @@ impl Supervisor {
         match self.shared.live.actor_of(id) {
             // An actor left from a lease this node lost: it stops, the task is claimed anew
             // (or was just claimed) and runs from the stored record.
-            Some(stale) if take_over || claimed => {
+            Some(stale) if take_over || claimed.is_some() => {
                 stale.actor.stop(Some("lease lost".into()));
                 self.shared.live.remove_if(id, stale.actor.get_id());
             }
@@ -149,12 +151,14 @@ impl Supervisor {
         // Claimed from a node that stopped without releasing it: that run ended badly, and
         // counts against the task's budget whichever node runs it next (cluster-wide, as the
         // count is in the record), unless that node turns out to have been paused.
-        let lapsed = claimed && store.took_from_lapsed(id.as_str());
+        let lapsed = claimed.is_some() && store.took_from_lapsed(id.as_str());
         if lapsed {
             count = true;
             cause.get_or_insert_with(|| LAPSED.to_owned());
         }
-        let stored = if take_over {
+        let stored = if let Some(bytes) = claimed {
+            Some(Arc::new(persist::decode(&bytes)?))
+        } else if take_over {
             match store.claim_one(id.as_str()).await? {
                 Some(bytes) => Some(Arc::new(persist::decode(&bytes)?)),
                 None => None,
@@ -304,15 +308,17 @@ impl Actor for Supervisor {
                 let _ = port.send(r.map(|_| ()).map_err(RpcError::from));
             }
             SupervisorMsg::Ensure(id, port) => {
-                let r = self.rehydrate(&myself, state, &id, false).await;
+                let r = self.rehydrate(&myself, state, &id).await;
                 let _ = port.send(r.map_err(RpcError::from));
             }
             SupervisorMsg::TakeOver(id, port) => {
-                let r = self.rehydrate_with(&myself, state, &id, false, true).await;
+                let r = self.rehydrate_with(&myself, state, &id, None, true).await;
                 let _ = port.send(r.map_err(RpcError::from));
             }
-            SupervisorMsg::Claimed(id, port) => {
-                let r = self.rehydrate(&myself, state, &id, true).await;
+            SupervisorMsg::Claimed(id, bytes, port) => {
+                let r = self
+                    .rehydrate_with(&myself, state, &id, Some(bytes), false)
+                    .await;
                 let _ = port.send(r.map_err(RpcError::from));
             }
             SupervisorMsg::Ready(port) => {
@@ -330,7 +336,7 @@ impl Actor for Supervisor {
                 }
                 let _ = port.send(());
             }
-            SupervisorMsg::Restart(id) => match self.rehydrate(&myself, state, &id, false).await {
+            SupervisorMsg::Restart(id) => match self.rehydrate(&myself, state, &id).await {
                 Ok(()) => {}
                 Err(RuntimeError::Store(e)) => {
                     // The store is failing (I/O error, reopening): try again later; the task
