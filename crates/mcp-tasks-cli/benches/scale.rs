@@ -49,7 +49,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{client, create_sleep, free_port, on_client_thread, wait_ready};
+use common::{client, create_live, create_sleep, free_port, on_client_thread, wait_ready};
 use mcp_tasks::internals::persist;
 use mcp_tasks::internals::task::{Event, Owner, TaskId, TaskOutcome, TaskRecord, apply};
 use mcp_tasks::store::{Durability, Expect, Store, StoreOptions, WriteOp};
@@ -242,31 +242,6 @@ fn gets(url: &str, ids: Vec<String>, concurrency: usize, secs: f64) -> (f64, f64
             latencies.sort_by(f64::total_cmp);
             let pick = |p: f64| latencies[((latencies.len() - 1) as f64 * p) as usize];
             (latencies.len() as f64 / secs, pick(0.5), pick(0.99))
-        })
-    })
-}
-
-/// Creates `n` long sleeping tasks (8 clients); their ids.
-fn create_live(url: &str, n: usize) -> Vec<String> {
-    let url = url.to_owned();
-    on_client_thread(move || {
-        Box::pin(async move {
-            let workers = (0..8).map(|c| {
-                let url = url.clone();
-                async move {
-                    let client = client(&url, Duration::from_secs(60)).await;
-                    let mut ids = Vec::new();
-                    for _ in 0..(n / 8 + usize::from(c < n % 8)) {
-                        ids.push(create_sleep(&client, 86_400_000).await.id().to_owned());
-                    }
-                    ids
-                }
-            });
-            futures::future::join_all(workers)
-                .await
-                .into_iter()
-                .flatten()
-                .collect()
         })
     })
 }

@@ -1,4 +1,4 @@
-//! What the HTTP benchmarks (`http.rs`, `scale.rs`) share: the client side of a measurement
+//! What the HTTP benchmarks (`http.rs`, `scale.rs`, `takeover.rs`, `console.rs`) share: the client side of a measurement
 //! and waiting for a `serve` child process. Not a bench target itself (a folder module).
 
 use std::net::TcpListener;
@@ -75,6 +75,35 @@ pub fn wait_ready(url: &str, limit: Duration, poll: Duration) {
                 assert!(Instant::now() < deadline, "the server did not start");
                 tokio::time::sleep(poll).await;
             }
+        })
+    })
+}
+
+/// Creates `n` long sleeping tasks (8 clients); their ids.
+#[allow(
+    dead_code,
+    reason = "each bench compiles this module; not all create live tasks"
+)]
+pub fn create_live(url: &str, n: usize) -> Vec<String> {
+    let url = url.to_owned();
+    on_client_thread(move || {
+        Box::pin(async move {
+            let workers = (0..8).map(|c| {
+                let url = url.clone();
+                async move {
+                    let client = client(&url, Duration::from_secs(60)).await;
+                    let mut ids = Vec::new();
+                    for _ in 0..(n / 8 + usize::from(c < n % 8)) {
+                        ids.push(create_sleep(&client, 86_400_000).await.id().to_owned());
+                    }
+                    ids
+                }
+            });
+            futures::future::join_all(workers)
+                .await
+                .into_iter()
+                .flatten()
+                .collect()
         })
     })
 }

@@ -806,7 +806,7 @@ async fn the_lease_epoch_refuses_a_write_the_sequence_number_would_let_through()
         mcp_tasks::internals::pg_faults::pause_heartbeat(&a, true);
         let mut claimed = Vec::new();
         for _ in 0..100 {
-            claimed = b.claim_orphans(16).await.unwrap();
+            claimed = b.claim_orphans("", 16).await.unwrap();
             if !claimed.is_empty() {
                 break;
             }
@@ -983,5 +983,51 @@ async fn takeovers_of_lapsed_leases_spend_one_cluster_wide_restart_budget() {
     for rt in [b, c, d] {
         rt.shutdown().await;
     }
+    pg.drop().await;
+}
+
+/// Orphans are claimed in id order past a cursor: batches that go on past the previous one's
+/// greatest id take every orphan exactly once and then none (a takeover reads each row once,
+/// `cargo bench --bench takeover` measures it), and a cursor past every id claims nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphans_are_claimed_in_id_order_past_a_cursor_each_once() {
+    let Some(pg) = pg::fresh().await else { return };
+    let ttl = Duration::from_millis(300);
+    let a = PostgresStore::open(&pg.url, pg.options("a", ttl))
+        .await
+        .unwrap();
+    let b = PostgresStore::open(&pg.url, pg.options("b", ttl))
+        .await
+        .unwrap();
+    let ids: Vec<String> = (0..40).map(|n| format!("tsk_orphan_{n:02}")).collect();
+    let ops = ids.iter().map(|id| put(id, 1, true)).collect();
+    a.commit(ops).await.unwrap();
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&a, true);
+    // Nothing past the greatest id, even once the lease has lapsed.
+    let mut none = Vec::new();
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        none = b.claim_orphans("tsk_orphan_99", 16).await.unwrap();
+    }
+    assert!(none.is_empty(), "{none:?}");
+    // The lease has lapsed: batches of 16 from the start.
+    let mut claimed: Vec<String> = Vec::new();
+    let mut after = String::new();
+    let mut sizes = Vec::new();
+    loop {
+        let batch = b.claim_orphans(&after, 16).await.unwrap();
+        sizes.push(batch.len());
+        let Some(last) = batch.iter().map(|(id, _)| id.clone()).max() else {
+            break;
+        };
+        assert!(batch.iter().all(|(id, _)| id.as_str() > after.as_str()));
+        claimed.extend(batch.into_iter().map(|(id, _)| id));
+        after = last;
+    }
+    assert_eq!(sizes, vec![16, 16, 8, 0]);
+    assert_eq!(claimed, ids, "each orphan once, in id order");
+    assert!(ids.iter().all(|id| b.holds(id)));
+    a.close().await;
+    b.close().await;
     pg.drop().await;
 }

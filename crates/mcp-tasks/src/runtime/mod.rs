@@ -727,8 +727,10 @@ async fn take_over(
             _ = stop.changed() => return,
         }
         reconcile(&shared, &supervisor).await;
+        // Each batch from past the previous one's greatest id: every orphan looked at once.
+        let mut after = String::new();
         loop {
-            let claimed = match shared.store.claim_orphans(CLAIM_BATCH).await {
+            let claimed = match shared.store.claim_orphans(&after, CLAIM_BATCH).await {
                 Ok(claimed) => claimed,
                 Err(e) => {
                     tracing::warn!(error = %e, "claiming orphaned tasks failed; retrying");
@@ -736,7 +738,10 @@ async fn take_over(
                 }
             };
             let full = claimed.len() >= CLAIM_BATCH;
-            for (raw, _) in claimed {
+            if let Some((last, _)) = claimed.iter().max_by(|a, b| a.0.cmp(&b.0)) {
+                after.clone_from(last);
+            }
+            for (raw, bytes) in claimed {
                 let Ok(id) = crate::task::TaskId::parse(&raw) else {
                     tracing::warn!(id = %raw, "a claimed task has an invalid id; skipped");
                     continue;
@@ -744,7 +749,7 @@ async fn take_over(
                 tracing::info!(task = %id, node = shared.store.node_id(), "took an orphaned task over");
                 let task = id.clone();
                 match supervisor
-                    .call(|port| SupervisorMsg::Claimed(task, port), None)
+                    .call(|port| SupervisorMsg::Claimed(task, bytes, port), None)
                     .await
                 {
                     Ok(ractor::rpc::CallResult::Success(Ok(()))) => {}
@@ -797,14 +802,14 @@ async fn reconcile(shared: &Arc<Shared>, supervisor: &ActorRef<SupervisorMsg>) {
             let _ = live.actor.cast(TaskMsg::RefundLapse);
         }
     }
-    for (raw, _) in found.forgotten {
+    for (raw, bytes) in found.forgotten {
         let Ok(id) = crate::task::TaskId::parse(&raw) else {
             tracing::warn!(id = %raw, "a reclaimed task has an invalid id; skipped");
             continue;
         };
         let task = id.clone();
         match supervisor
-            .call(|port| SupervisorMsg::Claimed(task, port), None)
+            .call(|port| SupervisorMsg::Claimed(task, bytes, port), None)
             .await
         {
             Ok(ractor::rpc::CallResult::Success(Ok(()))) => {}

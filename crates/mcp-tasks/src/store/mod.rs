@@ -891,8 +891,16 @@ pub trait Cluster: Send + Sync {
     /// this node id held before), *claimed*: their lease epochs are bumped.
     fn claim_live(&self) -> StoreFuture<'_, Vec<(String, Vec<u8>)>>;
     /// Claims at most `limit` live tasks whose node stopped renewing its lease (orphans),
-    /// bumping their lease epochs; the runtime then runs them from their journal.
-    fn claim_orphans(&self, limit: usize) -> StoreFuture<'_, Vec<(String, Vec<u8>)>>;
+    /// the first ones in id order past `after` (`""`: from the first), bumping their lease
+    /// epochs; the runtime then runs them from their journal. A claimer that goes on past
+    /// the greatest id of a full batch looks at each task once, so a takeover of many tasks
+    /// costs in proportion to them, not to their square; a task skipped (its row locked) is
+    /// claimed at a later round from `""`.
+    fn claim_orphans<'a>(
+        &'a self,
+        after: &'a str,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<(String, Vec<u8>)>>;
     /// Whether this process holds the lease of task `id`.
     fn holds(&self, id: &str) -> bool;
     /// How often the runtime looks for orphans to claim.
@@ -1253,9 +1261,13 @@ impl Store {
 
     /// Claims orphaned live tasks (always none for a store owned by one process); see
     /// [`Cluster::claim_orphans`].
-    pub async fn claim_orphans(&self, limit: usize) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+    pub async fn claim_orphans(
+        &self,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         match self.inner.cluster() {
-            Some(cluster) => cluster.claim_orphans(limit).await,
+            Some(cluster) => cluster.claim_orphans(after, limit).await,
             None => Ok(Vec::new()),
         }
     }

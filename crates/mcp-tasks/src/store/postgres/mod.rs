@@ -1115,9 +1115,16 @@ impl Inner {
         Ok(StoreError::Fenced { id: id.to_owned() })
     }
 
-    /// Claims live tasks for this node: those no live node holds (`own` = also those this
-    /// node id held, at start). Bumps their epochs; at most `limit`.
-    async fn claim(&self, own: bool, limit: i64) -> Result<Vec<(String, Vec<u8>)>, PgFailure> {
+    /// Claims live tasks for this node: `own` = those this node id held (at start, all at
+    /// once); otherwise at most `limit` of those no live node holds, the first in id order
+    /// past `after` (the `ORDER BY` walks the primary key from there: a claimer that goes on
+    /// past each full batch reads each row once). Bumps their epochs; sorted by id.
+    async fn claim(
+        &self,
+        own: bool,
+        after: &str,
+        limit: i64,
+    ) -> Result<Vec<(String, Vec<u8>)>, PgFailure> {
         let client = self.client().await?;
         let ttl = self.lease_ttl.as_secs_f64();
         // The fourth column: whether the lease lapsed (its node stopped without releasing it;
@@ -1135,7 +1142,7 @@ impl Inner {
                        t.owner_node AS node, n.instance AS instance
                 FROM mcp_tasks t
                 LEFT JOIN mcp_nodes n ON n.node_id = t.owner_node
-                WHERE t.live
+                WHERE t.live AND t.id > $4
                   AND (t.owner_node IS NULL
                        OR (t.owner_node <> $1
                            AND (n.node_id IS NULL
@@ -1151,7 +1158,9 @@ impl Inner {
         let rows = if own {
             client.query(&st, &[&self.node]).await?
         } else {
-            client.query(&st, &[&self.node, &ttl, &limit]).await?
+            client
+                .query(&st, &[&self.node, &ttl, &limit, &after])
+                .await?
         };
         let mut out = Vec::with_capacity(rows.len());
         let mut held = self.held();
@@ -1445,16 +1454,20 @@ impl Cluster for PostgresStore {
             self.inner.check_open()?;
             let mut all = self
                 .inner
-                .claim(true, 0)
+                .claim(true, "", 0)
                 .await
                 .map_err(|e| self.inner.fail(e, true))?;
+            let mut after = String::new();
             loop {
                 let batch = self
                     .inner
-                    .claim(false, CLAIM_BATCH)
+                    .claim(false, &after, CLAIM_BATCH)
                     .await
                     .map_err(|e| self.inner.fail(e, true))?;
                 let done = (batch.len() as i64) < CLAIM_BATCH;
+                if let Some((last, _)) = batch.last() {
+                    after.clone_from(last);
+                }
                 all.extend(batch);
                 if done {
                     break;
@@ -1464,12 +1477,16 @@ impl Cluster for PostgresStore {
             Ok(all)
         })
     }
-    fn claim_orphans(&self, limit: usize) -> StoreFuture<'_, Vec<(String, Vec<u8>)>> {
+    fn claim_orphans<'a>(
+        &'a self,
+        after: &'a str,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<(String, Vec<u8>)>> {
         Box::pin(async move {
             self.inner.check_open()?;
             let limit = limit.min(i64::MAX as usize) as i64;
             self.inner
-                .claim(false, limit)
+                .claim(false, after, limit)
                 .await
                 .map_err(|e| self.inner.fail(e, true))
         })
