@@ -154,7 +154,7 @@ async fn admin(server: &str) -> tokio_postgres::Client {
     client
 }
 
-/// Waits until `node` holds the lease of `n` live tasks of `schema`; the time it took.
+/// Waits until `node` holds the lease of `n` live tasks of `schema`; when it did.
 async fn until_held(db: &tokio_postgres::Client, schema: &str, node: &str, n: usize) -> Instant {
     let sql = format!("SELECT count(*) FROM {schema}.mcp_tasks WHERE live AND owner_node = $1");
     let deadline = Instant::now() + Duration::from_secs(1800);
