@@ -893,9 +893,9 @@ pub trait Cluster: Send + Sync {
     /// Claims at most `limit` live tasks whose node stopped renewing its lease (orphans),
     /// the first ones in id order past `after` (`""`: from the first), bumping their lease
     /// epochs; the runtime then runs them from their journal. A claimer that goes on past
-    /// the greatest id of a full batch looks at each task once, so a takeover of many tasks
-    /// costs in proportion to them, not to their square; a task skipped (its row locked) is
-    /// claimed at a later round from `""`.
+    /// the greatest id of a full batch looks at each task once, so the claims of a takeover
+    /// read rows in proportion to the orphans, not to their square; a task skipped (its row
+    /// locked) is claimed at a later round from `""`.
     fn claim_orphans<'a>(
         &'a self,
         after: &'a str,
