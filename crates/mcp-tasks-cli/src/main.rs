@@ -226,6 +226,8 @@ struct ServeArgs {
     /// tasks (with authentication, for tokens with the `admin` scope only). Off by default.
     #[arg(long, env = "MCP_TASKS_CONSOLE_ACTIONS", requires = "console_listen")]
     console_actions: bool,
+    #[command(flatten)]
+    console: ConsoleArgs,
     /// Serve newline-delimited JSON-RPC on stdin/stdout instead of HTTP (logs on stderr).
     #[arg(long, env = "MCP_TASKS_STDIO", conflicts_with_all = ["listen", "allowed_origins", "allowed_hosts", "strict_headers", "http_auth"])]
     stdio: bool,
@@ -449,9 +451,62 @@ struct HttpAuthArgs {
     #[arg(long, env = "MCP_TASKS_RESOURCE_URL", value_name = "URL")]
     resource_url: Option<String>,
     /// Serve without authentication on a non-loopback address (every caller is the same
-    /// anonymous principal).
+    /// anonymous principal); also lets `--console-listen` bind one without authentication.
     #[arg(long, env = "MCP_TASKS_NO_AUTH", conflicts_with_all = ["auth_tokens", "auth_jwt_jwks"])]
     no_auth: bool,
+    /// Refused credentials one address (or one principal a JWT claims) may send, on the MCP
+    /// endpoint and on the console each, within `--auth-failure-window` before its requests
+    /// are answered 429 unchecked (0 turns throttling off).
+    #[arg(
+        long,
+        env = "MCP_TASKS_AUTH_MAX_FAILURES",
+        value_name = "N",
+        default_value_t = 10
+    )]
+    auth_max_failures: u32,
+    /// The window `--auth-max-failures` counts in. Units: ms, s, m, h, d.
+    #[arg(long, env = "MCP_TASKS_AUTH_FAILURE_WINDOW", value_name = "DURATION", default_value = "1m", value_parser = units::parse_duration)]
+    auth_failure_window: Duration,
+}
+
+/// The console's sessions, cookies and streams (with `--console-listen`).
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Console")]
+struct ConsoleArgs {
+    /// How long a console sign-in lasts from its login. Units: ms, s, m, h, d.
+    #[arg(long, env = "MCP_TASKS_CONSOLE_SESSION_TTL", value_name = "DURATION", default_value = "12h", value_parser = units::parse_duration, requires = "console_listen")]
+    console_session_ttl: Duration,
+    /// How long an unused console sign-in lasts. Units: ms, s, m, h, d.
+    #[arg(long, env = "MCP_TASKS_CONSOLE_SESSION_IDLE", value_name = "DURATION", default_value = "30m", value_parser = units::parse_duration, requires = "console_listen")]
+    console_session_idle: Duration,
+    /// Mark the console's session cookie `Secure` (for a console reached over https only;
+    /// without it the cookie is `Secure` when a trusted proxy says the request came over
+    /// https).
+    #[arg(
+        long,
+        env = "MCP_TASKS_CONSOLE_SECURE_COOKIE",
+        requires = "console_listen"
+    )]
+    console_secure_cookie: bool,
+    /// A proxy in front of the console whose `X-Forwarded-Proto` and `X-Forwarded-For` are
+    /// believed (repeatable; an IP address).
+    #[arg(
+        long = "console-trusted-proxy",
+        env = "MCP_TASKS_CONSOLE_TRUSTED_PROXY",
+        value_delimiter = ',',
+        value_name = "IP",
+        requires = "console_listen"
+    )]
+    console_trusted_proxies: Vec<std::net::IpAddr>,
+    /// The most live event streams one principal may hold open on the console (429 beyond).
+    #[arg(
+        long,
+        env = "MCP_TASKS_CONSOLE_MAX_STREAMS",
+        value_name = "N",
+        default_value_t = 16,
+        requires = "console_listen"
+    )]
+    console_max_streams: usize,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -916,15 +971,76 @@ impl ConsoleServer {
     }
 }
 
+/// Whether `addr` (a bound listener's address) is a loopback one.
+fn is_loopback(listener: &tokio::net::TcpListener) -> bool {
+    listener.local_addr().is_ok_and(|a| a.ip().is_loopback())
+}
+
+/// Refuses a console on a non-loopback address without authentication, unless `--no-auth`
+/// says so (then it warns): anyone who can reach the address would read every tenant's tasks
+/// (and, with `--console-actions`, cancel and purge them).
+fn check_console_exposure(
+    listener: &tokio::net::TcpListener,
+    authenticated: bool,
+    no_auth: bool,
+) -> Result<(), String> {
+    if authenticated || is_loopback(listener) {
+        return Ok(());
+    }
+    let addr = listener
+        .local_addr()
+        .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+    if !no_auth {
+        return Err(format!(
+            "refusing to serve the console on {addr} without authentication: it is not a \
+             loopback address, so anyone who can reach it could read every tenant's tasks (and \
+             with --console-actions cancel and purge them). Pass --auth-tokens PATH or \
+             --auth-jwt-jwks/--auth-jwt-issuer (the console then asks for the same tokens), bind \
+             it to 127.0.0.1, or pass --no-auth to serve it to everyone."
+        ));
+    }
+    tracing::warn!(%addr, "serving the console on a non-loopback address WITHOUT authentication (--no-auth)");
+    Ok(())
+}
+
+/// How the console of `serve` is set up.
+struct ConsoleSetup<'a> {
+    authenticator: Option<Arc<dyn Authenticator>>,
+    actions: bool,
+    args: &'a ConsoleArgs,
+    allowed_hosts: &'a [String],
+    allowed_origins: &'a [String],
+    required_scopes: &'a [String],
+    throttle: (u32, Duration),
+}
+
 /// Serves the operator console of `runtime` on `listener`.
 fn serve_console(
     listener: tokio::net::TcpListener,
     runtime: &Runtime,
-    authenticator: Option<Arc<dyn Authenticator>>,
-    actions: bool,
+    setup: ConsoleSetup<'_>,
 ) -> ConsoleServer {
-    let mut console = mcp_tasks::console::Console::new(runtime).actions(actions);
-    if let Some(authenticator) = authenticator {
+    let actions = setup.actions;
+    let mut console = mcp_tasks::console::Console::new(runtime)
+        .actions(actions)
+        .required_scopes(setup.required_scopes.iter().cloned())
+        .sessions(mcp_tasks::console::SessionPolicy {
+            ttl: setup.args.console_session_ttl,
+            idle: setup.args.console_session_idle,
+        })
+        .secure_cookies(setup.args.console_secure_cookie)
+        .max_streams_per_principal(setup.args.console_max_streams)
+        .login_throttle(setup.throttle.0, setup.throttle.1);
+    for host in setup.allowed_hosts {
+        console = console.allow_host(host.clone());
+    }
+    for origin in setup.allowed_origins {
+        console = console.allow_origin(origin.clone());
+    }
+    for proxy in &setup.args.console_trusted_proxies {
+        console = console.trusted_proxy(*proxy);
+    }
+    if let Some(authenticator) = setup.authenticator {
         console = console.authenticator(authenticator);
     }
     let addr = listener
@@ -998,6 +1114,8 @@ async fn serve_http(
     config.max_body_bytes = args.limits.max_body_bytes;
     config.max_requests_per_principal = args.limits.max_requests_per_principal;
     config.body_timeout = args.limits.body_timeout;
+    config.max_auth_failures = args.http_auth.auth_max_failures;
+    config.auth_failure_window = args.http_auth.auth_failure_window;
     let tokens = match configure_auth(&args.http_auth, &addr, &mut config).await {
         Ok(tokens) => tokens,
         Err(e) => {
@@ -1014,11 +1132,35 @@ async fn serve_http(
                 .authenticator
                 .requires_credentials()
                 .then(|| config.authenticator.clone());
+            if let Err(e) =
+                check_console_exposure(&listener, authenticator.is_some(), args.http_auth.no_auth)
+            {
+                eprintln!("error: {e}");
+                drop(router_tx);
+                stop_serving(stop_tx, serving).await;
+                runtime.shutdown().await;
+                return ExitCode::FAILURE;
+            }
+            let required_scopes = config
+                .resource
+                .as_ref()
+                .map(|r| r.scopes.clone())
+                .unwrap_or_default();
             Some(serve_console(
                 listener,
                 &runtime,
-                authenticator,
-                args.console_actions,
+                ConsoleSetup {
+                    authenticator,
+                    actions: args.console_actions,
+                    args: &args.console,
+                    allowed_hosts: &args.allowed_hosts,
+                    allowed_origins: &args.allowed_origins,
+                    required_scopes: &required_scopes,
+                    throttle: (
+                        args.http_auth.auth_max_failures,
+                        args.http_auth.auth_failure_window,
+                    ),
+                },
             ))
         }
         None => None,
@@ -1116,9 +1258,33 @@ async fn serve_stdio(args: ServeArgs, started: &OnceLock<mcp_tasks::RuntimeHandl
     let Some((runtime, _admin)) = start(&args, started).await else {
         return ExitCode::FAILURE;
     };
-    // Over stdio there is no HTTP authentication: the console has none either.
-    let console = console_listener
-        .map(|listener| serve_console(listener, &runtime, None, args.console_actions));
+    // Over stdio there is no HTTP authentication: the console has none either, so it is
+    // served on a loopback address only.
+    if let Some(listener) = &console_listener
+        && let Err(e) = check_console_exposure(listener, false, false)
+    {
+        eprintln!("error: {e}");
+        runtime.shutdown().await;
+        return ExitCode::FAILURE;
+    }
+    let console = console_listener.map(|listener| {
+        serve_console(
+            listener,
+            &runtime,
+            ConsoleSetup {
+                authenticator: None,
+                actions: args.console_actions,
+                args: &args.console,
+                allowed_hosts: &[],
+                allowed_origins: &[],
+                required_scopes: &[],
+                throttle: (
+                    args.http_auth.auth_max_failures,
+                    args.http_auth.auth_failure_window,
+                ),
+            },
+        )
+    });
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let serving = stdio::serve_with_shutdown(
         runtime.handle(),

@@ -23,6 +23,7 @@
 //! | `mcp_tasks_upstream_calls_total` | counter | `upstream` | calls of an upstream tool through the gateway (feature `gateway`) |
 //! | `mcp_tasks_upstream_errors_total` | counter | `upstream`, `kind` | failed upstream calls and connections: `kind` `unreachable`, `http`, `timeout`, `protocol` or `rpc` (the upstream's own JSON-RPC error) |
 //! | `mcp_tasks_upstream_call_duration_seconds` | histogram | `upstream` | one upstream call, from the request to its answer (waits for the client's input included) |
+//! | `mcp_tasks_auth_failures_total` | counter | `surface`, `outcome` | refused credentials: `surface` `mcp` (a bearer token on the MCP endpoint) or `console` (a login, a bearer header or a session of the console); `outcome` `invalid_token` (the authenticator refused it), `insufficient_scope` (the console refused a credential the endpoint would refuse), `session` (a console session unknown, expired, idle too long, or whose credential was revoked) or `throttled` (`429` before checking: too many failures from its address or for its claimed principal) |
 //! | `mcp_tasks_refusals_total` | counter | `reason`, `quota` | requests refused before any work: `reason` `401` (no or a bad credential), `403` (a foreign or repeated `Host`/`Origin`, a missing scope, a read-only credential asking for a write), `408` (body too slow), `413` (body too large) on HTTP; `429` for a quota refusal (`-32010`) on any transport, with the quota's name in `quota` |
 
 use std::time::Duration;
@@ -59,6 +60,8 @@ pub const SUBSCRIPTION_DROPPED: &str = "mcp_tasks_subscription_dropped_total";
 
 /// `mcp_tasks_refusals_total`.
 pub const REFUSALS: &str = "mcp_tasks_refusals_total";
+/// `mcp_tasks_auth_failures_total`.
+pub const AUTH_FAILURES: &str = "mcp_tasks_auth_failures_total";
 /// `mcp_tasks_upstream_calls_total`.
 pub const UPSTREAM_CALLS: &str = "mcp_tasks_upstream_calls_total";
 /// `mcp_tasks_upstream_errors_total`.
@@ -81,6 +84,10 @@ pub fn describe() {
     describe_gauge!(
         PARKED_TASKS,
         "Live tasks parked without an actor while they wait for input."
+    );
+    describe_counter!(
+        AUTH_FAILURES,
+        "Refused credentials, by surface (mcp, console) and outcome."
     );
     describe_counter!(
         PASSIVATIONS,
@@ -210,6 +217,12 @@ pub(crate) fn refused(status: u16) {
         _ => return,
     };
     counter!(REFUSALS, "reason" => reason).increment(1);
+}
+
+/// A credential refused on `surface` (`mcp`, `console`) with `outcome`.
+#[cfg(feature = "http")]
+pub(crate) fn auth_failure(surface: &'static str, outcome: &'static str) {
+    counter!(AUTH_FAILURES, "surface" => surface, "outcome" => outcome).increment(1);
 }
 
 /// A request refused by quota `quota` (`-32010`, HTTP `429`).

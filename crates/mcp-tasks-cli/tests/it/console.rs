@@ -480,7 +480,7 @@ async fn a_principal_sees_its_own_tasks_and_only_admin_acts() {
     assert_eq!(o["statuses"]["working"], 1);
     assert_eq!(
         o["viewer"],
-        json!({ "tenant": "acme", "principal": "alice", "admin": false })
+        json!({ "tenant": "acme", "principal": "alice", "admin": false, "readOnly": false })
     );
     assert_eq!(o["throughput"], Value::Null);
     assert_eq!(o["actions"], false);

@@ -25,6 +25,7 @@ mod cli;
 mod client;
 mod console;
 mod console_browser;
+mod console_security;
 mod deploy;
 mod features;
 mod fixtures;

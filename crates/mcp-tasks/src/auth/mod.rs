@@ -18,6 +18,7 @@
 
 #[cfg(feature = "jwt")]
 mod jwt;
+mod throttle;
 mod tokens;
 
 use std::collections::BTreeSet;
@@ -35,6 +36,7 @@ use serde_json::{Value, json};
 pub use jsonwebtoken::Algorithm as JwtAlgorithm;
 #[cfg(feature = "jwt")]
 pub use jwt::{JwksSource, JwtConfig, JwtSetupError, JwtVerifier};
+pub use throttle::{FailureThrottle, claimed_principal};
 pub use tokens::{StaticTokens, TokenFileError};
 
 use crate::task::Owner;
@@ -70,6 +72,39 @@ impl Identity {
     pub fn is_read_only(&self, required: &[String]) -> bool {
         self.scopes.contains(READ_ONLY_SCOPE)
             && (required.is_empty() || required.iter().any(|s| !self.scopes.contains(s)))
+    }
+}
+
+/// What an authenticated credential may do on a server that requires `required` scopes: the
+/// one scope policy of the MCP endpoint and the console.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Access {
+    /// Read and change its tasks.
+    Full,
+    /// Read only ([`READ_ONLY_SCOPE`]): never creates, answers or cancels anything.
+    ReadOnly,
+}
+
+impl Identity {
+    /// What this credential may do on a server that requires `required` scopes, or the
+    /// `insufficient_scope` refusal: a credential lacking a required scope is refused unless it
+    /// carries [`READ_ONLY_SCOPE`] (then it may read); one carrying [`READ_ONLY_SCOPE`] is
+    /// read-only unless it also carries every required scope (see [`Identity::is_read_only`]).
+    pub fn access(&self, required: &[String]) -> Result<Access, AuthError> {
+        if self.is_read_only(required) {
+            return Ok(Access::ReadOnly);
+        }
+        let missing: Vec<String> = required
+            .iter()
+            .filter(|s| !self.scopes.contains(*s))
+            .cloned()
+            .collect();
+        if missing.is_empty() {
+            Ok(Access::Full)
+        } else {
+            Err(AuthError::InsufficientScope(missing))
+        }
     }
 }
 

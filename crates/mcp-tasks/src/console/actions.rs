@@ -9,11 +9,12 @@
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::api::{scoped_query, store_error, visible_record};
+use super::guard::Caller;
 use super::viewer::{self, Viewer, error, may_act};
 use super::{AppState, ConsoleState};
 use crate::store::WriteOp;
@@ -28,9 +29,9 @@ const BATCH: usize = 500;
 const PURGE_COMMIT: usize = 250;
 
 /// The viewer, if it may act.
-async fn actor(state: &ConsoleState, headers: &HeaderMap) -> Result<Viewer, Response> {
-    let viewer = viewer::viewer(state, headers).await?;
-    may_act(state, &viewer, headers)?;
+async fn actor(state: &ConsoleState, caller: &Caller) -> Result<Viewer, Response> {
+    let viewer = viewer::viewer(state, caller).await?;
+    may_act(state, &viewer, &caller.headers)?;
     Ok(viewer)
 }
 
@@ -73,10 +74,10 @@ async fn cancel(state: &ConsoleState, record: &TaskRecord) -> Result<String, Str
 /// `POST api/tasks/TASK_ID/cancel`.
 pub(super) async fn cancel_one(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Response {
-    let viewer = match actor(&state, &headers).await {
+    let viewer = match actor(&state, &caller).await {
         Ok(v) => v,
         Err(r) => return r,
     };
@@ -108,11 +109,11 @@ pub(super) async fn cancel_one(
 /// tasks the filter matches, from the cursor on; answers how many, and where to go on.
 pub(super) async fn cancel_matching(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    caller: Caller,
     uri: Uri,
     body: Bytes,
 ) -> Response {
-    let viewer = match actor(&state, &headers).await {
+    let viewer = match actor(&state, &caller).await {
         Ok(v) => v,
         Err(r) => return r,
     };
@@ -200,12 +201,8 @@ fn describe(f: &ListingFilter) -> String {
 /// `POST api/purge` `{"before": "2026-12-01"}`: deletes up to [`BATCH`] finished tasks last
 /// updated before that time (on a store shared by replicas too: a finished task is never
 /// written again, so no node's lease is involved).
-pub(super) async fn purge(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let viewer = match actor(&state, &headers).await {
+pub(super) async fn purge(State(state): State<AppState>, caller: Caller, body: Bytes) -> Response {
+    let viewer = match actor(&state, &caller).await {
         Ok(v) => v,
         Err(r) => return r,
     };

@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use super::guard::Caller;
 use super::query::{self, ListQuery};
 use super::viewer::{self, Viewer, error};
 use super::{AppState, ConsoleState};
@@ -73,8 +74,8 @@ pub(super) fn scoped_query(viewer: &Viewer, uri: &Uri) -> Result<ListQuery, Resp
 }
 
 /// `GET api/overview`.
-pub(super) async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    let viewer = match viewer::viewer(&state, &headers).await {
+pub(super) async fn overview(State(state): State<AppState>, caller: Caller) -> Response {
+    let viewer = match viewer::viewer(&state, &caller).await {
         Ok(v) => v,
         Err(r) => return r,
     };
@@ -171,7 +172,7 @@ async fn overview_json(state: &ConsoleState, viewer: &Viewer) -> Result<Value, R
     Ok(json!({
         "now": now,
         "viewer": viewer.json(),
-        "actions": state.actions && admin,
+        "actions": state.actions && admin && viewer.may_write(),
         "csrf": viewer.csrf(state),
         "statuses": statuses,
         "tools": tools,
@@ -203,8 +204,8 @@ fn store_kind(store: &crate::store::Store) -> &'static str {
 }
 
 /// `GET api/tasks?…`: one page of the list.
-pub(super) async fn tasks(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    let viewer = match viewer::viewer(&state, &headers).await {
+pub(super) async fn tasks(State(state): State<AppState>, caller: Caller, uri: Uri) -> Response {
+    let viewer = match viewer::viewer(&state, &caller).await {
         Ok(v) => v,
         Err(r) => return r,
     };
@@ -268,8 +269,8 @@ pub(super) async fn count_matching(
 }
 
 /// `GET api/tasks/count?…`.
-pub(super) async fn count(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    let viewer = match viewer::viewer(&state, &headers).await {
+pub(super) async fn count(State(state): State<AppState>, caller: Caller, uri: Uri) -> Response {
+    let viewer = match viewer::viewer(&state, &caller).await {
         Ok(v) => v,
         Err(r) => return r,
     };
@@ -305,10 +306,10 @@ pub(super) async fn visible_record(
 /// `GET api/tasks/TASK_ID`.
 pub(super) async fn task(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Response {
-    let viewer = match viewer::viewer(&state, &headers).await {
+    let viewer = match viewer::viewer(&state, &caller).await {
         Ok(v) => v,
         Err(r) => return r,
     };

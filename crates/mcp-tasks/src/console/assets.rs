@@ -4,11 +4,12 @@
 //! security headers every console response carries.
 
 use axum::extract::{OriginalUri, Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::http::{HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
 use super::api::visible_record;
+use super::guard::Caller;
 use super::viewer;
 
 const SHELL: &str = include_str!("assets/console.html");
@@ -46,7 +47,7 @@ pub(super) async fn security_headers(mut response: Response) -> Response {
 
 /// The path the console is mounted at, ending in `/` (`/` when it is not nested): the
 /// request's original path less the path the console's router saw.
-fn root(original: &Uri, inner: &Uri) -> String {
+pub(super) fn root(original: &Uri, inner: &Uri) -> String {
     let full = original.path();
     let own = inner.path();
     let prefix = if own != "/" && full.ends_with(own) {
@@ -89,10 +90,10 @@ pub(super) async fn task_page(
     State(state): State<AppState>,
     OriginalUri(original): OriginalUri,
     uri: Uri,
-    headers: HeaderMap,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Response {
-    let status = match viewer::viewer(&state, &headers).await {
+    let status = match viewer::viewer(&state, &caller).await {
         Ok(viewer) => match visible_record(&state, &viewer, &id).await {
             Ok(Some(_)) => StatusCode::OK,
             Ok(None) => StatusCode::NOT_FOUND,

@@ -3,16 +3,23 @@
 //! On a store of one process the events are the runtime's committed changes
 //! ([`crate::shared::Changes`], sent after each commit, like the snapshots listens follow).
 //! On a store shared by replicas they come from the store's notifications of every node's
-//! commits ([`crate::store::Cluster::watch_commits`]): the ids that arrive in a short window
-//! are read together and sent as rows. A viewer gets only the tasks it may see; one that
-//! falls behind gets a `resync` event (the page reloads what it shows) instead of a backlog.
+//! commits ([`crate::store::Cluster::watch_commits`]), read by one [`Follower`] per console
+//! whatever the number of streams: the ids that arrive in a short window are read together,
+//! once, and the rows are handed to every stream, each keeping those its viewer may see. A
+//! viewer gets only the tasks it may see; one that falls behind gets a `resync` event (the
+//! page reloads what it shows) instead of a backlog.
+//!
+//! A principal holds at most [`super::Console::max_streams_per_principal`] streams (`429`
+//! beyond), and every stream checks its viewer's credential again every [`RECHECK`]: a
+//! credential removed from the token file, expired, or whose session ended closes its streams.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
@@ -21,6 +28,7 @@ use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::api::row;
+use super::guard::Caller;
 use super::viewer::{self, Viewer};
 use super::{AppState, ConsoleState};
 use crate::shared::TaskChange;
@@ -35,26 +43,108 @@ const GATHER: Duration = Duration::from_millis(250);
 const MAX_BATCH: usize = 256;
 /// The keep-alive comment interval.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// How often a stream checks its viewer's credential (and session) again.
+pub(super) const RECHECK: Duration = Duration::from_secs(2);
+/// Batches of the follower a slow stream may fall behind by before it resyncs.
+const FOLLOWER_BACKLOG: usize = 64;
 
 /// `GET api/events`.
-pub(super) async fn events(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    let viewer = match viewer::viewer(&state, &headers).await {
+pub(super) async fn events(State(state): State<AppState>, caller: Caller) -> Response {
+    let viewer = match viewer::viewer(&state, &caller).await {
         Ok(v) => v,
         Err(r) => return r,
     };
-    let stream = match state.shared.store.cluster().and_then(|c| c.watch_commits()) {
-        Some(ids) => cluster_events(state.clone(), viewer, ids),
-        None => local_events(&state, viewer),
+    let Some(slot) = StreamSlot::take(&state, &viewer) else {
+        tracing::info!(principal = %viewer.principal(), "console: event stream refused: too many open");
+        let mut refused = viewer::error(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "this principal already holds {} open event streams (the most allowed)",
+                state.max_streams_per_principal
+            ),
+        );
+        refused.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from_static("5"),
+        );
+        return refused;
+    };
+    let stream = match follow(&state) {
+        Some(batches) => cluster_events(viewer.clone(), batches),
+        None => local_events(&state, viewer.clone()),
     };
     let closing = state.shared.closing.clone();
-    // The stream ends when the runtime shuts down (a server's graceful drain waits for it).
-    let stream = stream.take_until(async move {
-        let mut closing = closing;
-        let _ = closing.wait_for(|c| *c).await;
-    });
+    // The stream ends when the runtime shuts down (a server's graceful drain waits for it),
+    // and when the viewer's credential is no longer accepted.
+    let stream = stream
+        .take_until(async move {
+            let mut closing = closing;
+            let _ = closing.wait_for(|c| *c).await;
+        })
+        .take_until(revoked(state.clone(), caller, viewer))
+        // The slot is released with the stream.
+        .map(move |event| {
+            let _held = &slot;
+            event
+        });
     Sse::new(stream.map(Ok::<_, Infallible>))
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive"))
         .into_response()
+}
+
+/// Returns once `viewer`'s credential is no longer accepted as it was (refused, revoked,
+/// expired, its session ended, or its scopes changed); never without authentication.
+async fn revoked(state: AppState, caller: Caller, viewer: Viewer) {
+    if state.authenticator.is_none() {
+        return futures::future::pending().await;
+    }
+    loop {
+        tokio::time::sleep(RECHECK).await;
+        match viewer::viewer(&state, &caller).await {
+            Ok(now) if now.identity == viewer.identity => {}
+            Ok(_) | Err(_) => {
+                tracing::info!(principal = %viewer.principal(),
+                    "console: an event stream closed: its credential is no longer accepted");
+                return;
+            }
+        }
+    }
+}
+
+/// One open event stream of a principal, counted until dropped.
+struct StreamSlot {
+    state: Weak<ConsoleState>,
+    key: String,
+}
+
+impl StreamSlot {
+    fn take(state: &AppState, viewer: &Viewer) -> Option<StreamSlot> {
+        let key = viewer.stream_key();
+        let mut streams = ConsoleState::lock(&state.streams);
+        let n = streams.entry(key.clone()).or_default();
+        if *n >= state.max_streams_per_principal {
+            return None;
+        }
+        *n += 1;
+        Some(StreamSlot {
+            state: Arc::downgrade(state),
+            key,
+        })
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        if let Some(state) = self.state.upgrade() {
+            let mut streams = ConsoleState::lock(&state.streams);
+            if let Some(n) = streams.get_mut(&self.key) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    streams.remove(&self.key);
+                }
+            }
+        }
+    }
 }
 
 fn task_event(task: &ListedTask) -> Event {
@@ -127,58 +217,120 @@ fn local_events(state: &ConsoleState, viewer: Viewer) -> BoxStream<'static, Even
     .boxed()
 }
 
-/// Every node's commits, from the store's notifications: the ids of a [`GATHER`] window,
-/// read back together.
-fn cluster_events(
-    state: AppState,
-    viewer: Viewer,
-    receiver: broadcast::Receiver<String>,
-) -> BoxStream<'static, Event> {
-    futures::stream::unfold(
-        (receiver, viewer, state),
-        |(mut receiver, viewer, state)| async move {
-            loop {
-                let (ids, lagged) = gather(&mut receiver).await?;
-                let ids: BTreeSet<String> = ids.into_iter().collect();
-                if lagged || ids.len() > MAX_BATCH {
-                    return Some((vec![resync()], (receiver, viewer, state)));
-                }
-                let events = read_rows(&state, &viewer, ids).await;
-                if !events.is_empty() {
-                    return Some((events, (receiver, viewer, state)));
-                }
+/// What the [`Follower`] hands every stream.
+#[derive(Debug)]
+enum Batch {
+    /// The rows of the tasks committed in one window.
+    Rows(Vec<ListedTask>),
+    /// Too many, or some were lost: reload.
+    Resync,
+}
+
+/// The one reader of a shared store's commit notifications per console: it reads the rows of
+/// each window's ids once and broadcasts them to the console's streams. Started by the first
+/// stream; it ends once no stream is left (at the next notification).
+pub(super) struct Follower {
+    batches: broadcast::Sender<Arc<Batch>>,
+}
+
+/// A receiver of the follower's batches, starting the follower if none runs; `None` when the
+/// store is not shared.
+fn follow(state: &AppState) -> Option<broadcast::Receiver<Arc<Batch>>> {
+    let cluster = state.shared.store.cluster()?;
+    let mut follower = ConsoleState::lock(&state.follower);
+    if let Some(running) = follower.as_ref() {
+        return Some(running.batches.subscribe());
+    }
+    let ids = cluster.watch_commits()?;
+    let (batches, receiver) = broadcast::channel(FOLLOWER_BACKLOG);
+    *follower = Some(Follower {
+        batches: batches.clone(),
+    });
+    tokio::spawn(run_follower(Arc::downgrade(state), ids, batches));
+    Some(receiver)
+}
+
+async fn run_follower(
+    state: Weak<ConsoleState>,
+    mut ids: broadcast::Receiver<String>,
+    batches: broadcast::Sender<Arc<Batch>>,
+) {
+    tracing::debug!("console: the follower of committed changes started");
+    loop {
+        let gathered = gather(&mut ids).await;
+        let Some(state) = state.upgrade() else { return };
+        let Some((ids_of_window, lagged)) = gathered else {
+            *ConsoleState::lock(&state.follower) = None;
+            return;
+        };
+        let ids_of_window: BTreeSet<String> = ids_of_window.into_iter().collect();
+        let batch = if lagged || ids_of_window.len() > MAX_BATCH {
+            Batch::Resync
+        } else {
+            read_rows(&state, ids_of_window).await
+        };
+        let delivered = batches.send(Arc::new(batch)).is_ok();
+        if !delivered || *state.shared.closing.borrow() {
+            let mut follower = ConsoleState::lock(&state.follower);
+            // Streams subscribe under this lock: none can join between the check and the end.
+            if batches.receiver_count() == 0 || *state.shared.closing.borrow() {
+                *follower = None;
+                tracing::debug!("console: the follower of committed changes ended");
+                return;
             }
-        },
-    )
+        }
+    }
+}
+
+/// One stream's share of the follower's batches: the rows its viewer may see.
+fn cluster_events(
+    viewer: Viewer,
+    receiver: broadcast::Receiver<Arc<Batch>>,
+) -> BoxStream<'static, Event> {
+    futures::stream::unfold((receiver, viewer), |(mut receiver, viewer)| async move {
+        loop {
+            let batch = match receiver.recv().await {
+                Ok(batch) => batch,
+                Err(RecvError::Lagged(_)) => return Some((vec![resync()], (receiver, viewer))),
+                Err(RecvError::Closed) => return None,
+            };
+            let events: Vec<Event> = match &*batch {
+                Batch::Resync => vec![resync()],
+                Batch::Rows(rows) => rows
+                    .iter()
+                    .filter(|task| viewer.may_see_key(&task.owner))
+                    .map(task_event)
+                    .collect(),
+            };
+            if !events.is_empty() {
+                return Some((events, (receiver, viewer)));
+            }
+        }
+    })
     .flat_map(futures::stream::iter)
     .boxed()
 }
 
-/// The rows of `ids` the viewer may see, read from the store.
-async fn read_rows(state: &ConsoleState, viewer: &Viewer, ids: BTreeSet<String>) -> Vec<Event> {
+/// The rows of `ids`, read from the store once.
+async fn read_rows(state: &ConsoleState, ids: BTreeSet<String>) -> Batch {
     let ids: Vec<String> = ids.into_iter().collect();
     let records = match state.shared.store.get_many(ids).await {
         Ok(r) => r,
         Err(e) => {
             tracing::debug!(error = %e, "console: could not read changed tasks");
-            return vec![resync()];
+            return Batch::Resync;
         }
     };
-    let mut events = Vec::new();
-    for bytes in records.into_iter().flatten() {
-        let Ok(record) = crate::persist::decode(&bytes) else {
-            continue;
-        };
-        if !viewer.may_see(&record.owner) {
-            continue;
-        }
-        let task = ListedTask {
+    let rows = records
+        .into_iter()
+        .flatten()
+        .filter_map(|bytes| crate::persist::decode(&bytes).ok())
+        .map(|record| ListedTask {
             id: record.id.as_str().to_owned(),
             owner: owner_key(&record.owner.tenant, &record.owner.principal),
             created_ms: record.created_at_ms,
             listing: crate::store::listing_of(&record),
-        };
-        events.push(task_event(&task));
-    }
-    events
+        })
+        .collect();
+    Batch::Rows(rows)
 }

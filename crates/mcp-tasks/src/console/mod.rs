@@ -16,12 +16,19 @@
 //! - with [`Console::actions`], cancelling a task, every task a filter matches, and purging
 //!   finished tasks, each logged with the principal that did it.
 //!
-//! With an [`Authenticator`] the console asks for a token (a login form stores it in an
-//! `HttpOnly`, `SameSite=Strict` cookie; an `Authorization` header works too), shows a
-//! principal only its own tasks, and lets only a credential with the `admin` scope see every
-//! tenant and act. Actions from a browser need the CSRF token of `/api/overview` in the
-//! `X-Console-Csrf` header, and a cross-site `Origin` is refused. Every response carries a
-//! Content-Security-Policy without inline scripts; the pages load nothing from elsewhere.
+//! With an [`Authenticator`] the console asks for a credential (a login form opens a
+//! server-side session whose id an `HttpOnly`, `SameSite=Strict` cookie carries; an
+//! `Authorization` header works too), applies the MCP endpoint's scope policy
+//! ([`Console::required_scopes`]: a credential the endpoint refuses gets nothing here, a
+//! read-only one never acts), shows a principal only its own tasks, and lets only a credential
+//! with the `admin` scope see every tenant and act. Refused credentials are throttled per
+//! address and claimed principal. Like the endpoint, it answers only the `Host` names and
+//! `Origin`s it is told to (loopback names by default): a page on another name — a DNS
+//! rebinding — is refused before any handler runs. Actions from a browser need the CSRF token
+//! of `/api/overview` in the `X-Console-Csrf` header, and a cross-site `Origin` is refused.
+//! Every response carries a Content-Security-Policy without inline scripts; the pages load
+//! nothing from elsewhere. docs/CONSOLE.md ("Security") has the threat model and the tests
+//! behind each defence.
 
 // Handlers answer refusals as ready-made responses (`Result<_, Response>`), as axum's own
 // extractors do; the size of the error variant does not matter on this path.
@@ -30,18 +37,26 @@
 mod actions;
 mod api;
 mod assets;
+mod guard;
 mod live;
 mod query;
+mod session;
 mod viewer;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
+use axum::middleware::from_fn_with_state;
 use axum::routing::{delete, get, post};
 
-use crate::auth::Authenticator;
+use crate::auth::{Authenticator, FailureThrottle};
 use crate::runtime::{Runtime, RuntimeHandle};
 use crate::shared::Shared;
+
+pub use session::SessionPolicy;
 
 /// The console of a runtime, to configure before [`Console::router`] builds its router.
 #[derive(Clone)]
@@ -49,6 +64,15 @@ pub struct Console {
     handle: RuntimeHandle,
     authenticator: Option<Arc<dyn Authenticator>>,
     actions: bool,
+    allowed_hosts: Vec<String>,
+    allowed_origins: Vec<String>,
+    required_scopes: Vec<String>,
+    sessions: SessionPolicy,
+    secure_cookies: bool,
+    trusted_proxies: Vec<IpAddr>,
+    max_streams_per_principal: usize,
+    max_login_failures: u32,
+    login_failure_window: Duration,
 }
 
 impl std::fmt::Debug for Console {
@@ -56,6 +80,13 @@ impl std::fmt::Debug for Console {
         f.debug_struct("Console")
             .field("authenticated", &self.authenticator.is_some())
             .field("actions", &self.actions)
+            .field("allowed_hosts", &self.allowed_hosts)
+            .field("allowed_origins", &self.allowed_origins)
+            .field("required_scopes", &self.required_scopes)
+            .field("sessions", &self.sessions)
+            .field("secure_cookies", &self.secure_cookies)
+            .field("trusted_proxies", &self.trusted_proxies)
+            .field("max_streams_per_principal", &self.max_streams_per_principal)
             .finish_non_exhaustive()
     }
 }
@@ -73,6 +104,15 @@ impl Console {
             handle,
             authenticator: None,
             actions: false,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            required_scopes: Vec::new(),
+            sessions: SessionPolicy::default(),
+            secure_cookies: false,
+            trusted_proxies: Vec::new(),
+            max_streams_per_principal: 16,
+            max_login_failures: 10,
+            login_failure_window: Duration::from_secs(60),
         }
     }
 
@@ -91,6 +131,73 @@ impl Console {
         self
     }
 
+    /// Answers one more `Host` name besides the loopback names (`localhost`, `127.0.0.1`,
+    /// `[::1]`, any port): `name` for any port, `name:port`, or `*` for every host (behind a
+    /// proxy that checks it). Any other `Host` is `403` before any handler runs, as on the MCP
+    /// endpoint ([`crate::transport::http::HttpConfig::allowed_hosts`]).
+    pub fn allow_host(mut self, host: impl Into<String>) -> Console {
+        self.allowed_hosts.push(host.into());
+        self
+    }
+
+    /// Answers requests from one more `Origin` besides loopback ones (`https://ops.example`;
+    /// `*` for all).
+    pub fn allow_origin(mut self, origin: impl Into<String>) -> Console {
+        self.allowed_origins.push(origin.into());
+        self
+    }
+
+    /// The scopes the MCP endpoint requires ([`crate::auth::ProtectedResource::scopes`]): a
+    /// credential lacking one of them is refused here too, unless it carries
+    /// [`crate::auth::READ_ONLY_SCOPE`], which may look but never act
+    /// ([`crate::auth::Identity::access`]).
+    pub fn required_scopes(
+        mut self,
+        scopes: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Console {
+        self.required_scopes = scopes.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// How long sign-in sessions last (default 12 h, 30 min idle).
+    pub fn sessions(mut self, policy: SessionPolicy) -> Console {
+        self.sessions = policy;
+        self
+    }
+
+    /// Marks the session cookie `Secure` (and names it `__Host-…` when the console is served
+    /// at `/`) on every response: for a console reached over https only. Without it, the
+    /// cookie is `Secure` when a [trusted proxy](Console::trusted_proxy) says the request came
+    /// over https (`X-Forwarded-Proto: https`).
+    pub fn secure_cookies(mut self, secure: bool) -> Console {
+        self.secure_cookies = secure;
+        self
+    }
+
+    /// Trusts the proxy at `address`: its `X-Forwarded-Proto` and `X-Forwarded-For` say how and
+    /// from where a request came (for the cookie's `Secure` and the login throttle). Headers
+    /// from any other peer are ignored.
+    pub fn trusted_proxy(mut self, address: IpAddr) -> Console {
+        self.trusted_proxies.push(address);
+        self
+    }
+
+    /// The most live event streams (`/api/events`) one principal may hold open (default 16;
+    /// `429` beyond).
+    pub fn max_streams_per_principal(mut self, n: usize) -> Console {
+        self.max_streams_per_principal = n;
+        self
+    }
+
+    /// Throttles refused logins and credentials: `max_failures` per address or claimed
+    /// principal within `window`, then `429` until the window passes (default 10 a minute; 0
+    /// turns it off).
+    pub fn login_throttle(mut self, max_failures: u32, window: Duration) -> Console {
+        self.max_login_failures = max_failures;
+        self.login_failure_window = window;
+        self
+    }
+
     /// The console's router: nest it under any path (`Router::nest("/console", …)`) or serve
     /// it on an address of its own.
     pub fn router(self) -> Router {
@@ -102,6 +209,17 @@ impl Console {
             authenticator: self.authenticator,
             actions: self.actions,
             csrf_key,
+            allowed_hosts: self.allowed_hosts,
+            allowed_origins: self.allowed_origins,
+            required_scopes: self.required_scopes,
+            sessions: self.sessions,
+            secure_cookies: self.secure_cookies,
+            trusted_proxies: self.trusted_proxies,
+            max_streams_per_principal: self.max_streams_per_principal,
+            throttle: FailureThrottle::new(self.max_login_failures, self.login_failure_window),
+            streams: Mutex::new(HashMap::new()),
+            follower: Mutex::new(None),
+            sweep_after: Mutex::new(None),
         });
         Router::new()
             .route("/", get(assets::page))
@@ -119,6 +237,10 @@ impl Console {
             .route("/api/cancel", post(actions::cancel_matching))
             .route("/api/purge", post(actions::purge))
             .fallback(assets::not_found)
+            .layer(from_fn_with_state(
+                state.clone(),
+                guard::check_host_and_origin,
+            ))
             .layer(axum::middleware::map_response(assets::security_headers))
             .with_state(state)
     }
@@ -137,6 +259,28 @@ pub(crate) struct ConsoleState {
     authenticator: Option<Arc<dyn Authenticator>>,
     actions: bool,
     csrf_key: Vec<u8>,
+    allowed_hosts: Vec<String>,
+    allowed_origins: Vec<String>,
+    required_scopes: Vec<String>,
+    sessions: SessionPolicy,
+    secure_cookies: bool,
+    trusted_proxies: Vec<IpAddr>,
+    max_streams_per_principal: usize,
+    /// Refused logins and credentials per address and claimed principal.
+    throttle: FailureThrottle,
+    /// Open event streams per principal (owner key; `""` without authentication).
+    streams: Mutex<HashMap<String, usize>>,
+    /// On a store shared by replicas: the one reader of every node's commits that feeds
+    /// this console's event streams (started with the first stream, ended after the last).
+    follower: Mutex<Option<live::Follower>>,
+    /// Where the next sweep of ended sessions carries on.
+    sweep_after: Mutex<Option<String>>,
+}
+
+impl ConsoleState {
+    fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        mutex.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 type AppState = Arc<ConsoleState>;

@@ -1,6 +1,6 @@
 //! Who is looking: the console's authentication (the runtime's [`Authenticator`], through an
-//! `Authorization` header or the login cookie), what a viewer may see, and the CSRF check of
-//! actions.
+//! `Authorization` header or a sign-in session's cookie), the endpoint's scope policy, what a
+//! viewer may see, and the CSRF check of actions.
 
 use axum::Json;
 use axum::body::Bytes;
@@ -12,13 +12,18 @@ use hmac::{Hmac, Mac};
 use serde_json::json;
 use sha2::Sha256;
 
+use super::guard::{Caller, Client};
+use super::session::{self, SessionId};
 use super::{AppState, ConsoleState};
-use crate::auth::Identity;
+use crate::auth::{Access, AuthError, Identity};
 use crate::store::owner_key;
 use crate::task::Owner;
 
-/// The login cookie's name.
+/// The session cookie's name.
 const COOKIE: &str = "mcp_tasks_console";
+/// Its name when it is `Secure` and the console is served at `/` (browsers then refuse to let
+/// any other path or subdomain set or shadow it).
+const HOST_COOKIE: &str = "__Host-mcp_tasks_console";
 /// The header an action from a browser carries its CSRF token in.
 pub(super) const CSRF_HEADER: &str = "x-console-csrf";
 /// The scope that sees every tenant and may act.
@@ -29,18 +34,26 @@ pub(super) const ADMIN_SCOPE: &str = "admin";
 pub(super) struct Viewer {
     /// `None`: the console has no authentication (everyone sees everything).
     pub(super) identity: Option<Identity>,
-    /// The credential came in the login cookie (a browser: actions need the CSRF token).
+    /// What the endpoint's scope policy lets the credential do.
+    access: Access,
+    /// The credential came with a session cookie (a browser: actions need the CSRF token).
     pub(super) by_cookie: bool,
-    /// The credential (for the CSRF token); empty without authentication.
-    credential: String,
+    /// What the CSRF token is bound to: the session, or the `Authorization` value; empty
+    /// without authentication.
+    csrf_basis: Vec<u8>,
 }
 
 impl Viewer {
-    /// Whether the viewer sees every tenant (and may act, when actions are on).
+    /// Whether the viewer sees every tenant.
     pub(super) fn admin(&self) -> bool {
         self.identity
             .as_ref()
             .is_none_or(|i| i.scopes.contains(ADMIN_SCOPE))
+    }
+
+    /// Whether the viewer's credential may change tasks (not a read-only one).
+    pub(super) fn may_write(&self) -> bool {
+        self.access == Access::Full
     }
 
     /// The owner key the viewer is restricted to; `None` for an admin.
@@ -59,6 +72,19 @@ impl Viewer {
         }
     }
 
+    /// Whether the viewer may see a task of the owner key `key`.
+    pub(super) fn may_see_key(&self, key: &str) -> bool {
+        self.scope().is_none_or(|own| own == key)
+    }
+
+    /// The key its open event streams are counted under.
+    pub(super) fn stream_key(&self) -> String {
+        match &self.identity {
+            Some(i) => owner_key(&i.owner.tenant, &i.owner.principal),
+            None => String::new(),
+        }
+    }
+
     /// The principal actions are logged with.
     pub(super) fn principal(&self) -> String {
         match &self.identity {
@@ -74,16 +100,17 @@ impl Viewer {
                 "tenant": i.owner.tenant,
                 "principal": i.owner.principal,
                 "admin": self.admin(),
+                "readOnly": !self.may_write(),
             }),
             None => serde_json::Value::Null,
         }
     }
 
-    /// The CSRF token of this viewer's credential.
+    /// The CSRF token of this viewer's session or credential.
     pub(super) fn csrf(&self, state: &ConsoleState) -> String {
         let mut mac = Hmac::<Sha256>::new_from_slice(&state.csrf_key)
             .expect("HMAC accepts keys of any length");
-        mac.update(self.credential.as_bytes());
+        mac.update(&self.csrf_basis);
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes())
     }
 }
@@ -93,30 +120,138 @@ pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response 
     (status, Json(json!({ "error": message.into() }))).into_response()
 }
 
-/// The viewer of a request, or the 401 that asks for a credential.
-pub(super) async fn viewer(state: &ConsoleState, headers: &HeaderMap) -> Result<Viewer, Response> {
+/// The viewer of a request, or the refusal: `401` that asks for a credential, `403` for a
+/// credential the endpoint's scope policy refuses, `429` for a throttled address or principal.
+pub(super) async fn viewer(state: &ConsoleState, caller: &Caller) -> Result<Viewer, Response> {
     let Some(auth) = &state.authenticator else {
         return Ok(Viewer {
             identity: None,
+            access: Access::Full,
             by_cookie: false,
-            credential: String::new(),
+            csrf_basis: Vec::new(),
         });
     };
-    let (credential, by_cookie) = match headers.get(header::AUTHORIZATION) {
-        Some(value) => (value.to_str().unwrap_or_default().to_owned(), false),
-        None => match cookie(headers) {
-            Some(token) => (format!("Bearer {token}"), true),
-            None => return Err(login_required("sign in with a token")),
-        },
+    let headers = &caller.headers;
+    if let Some(value) = headers.get(header::AUTHORIZATION) {
+        let credential = value.to_str().unwrap_or_default().to_owned();
+        let identity = checked(state, &caller.client, auth.as_ref(), &credential).await?;
+        let access = policy(state, &identity)?;
+        return Ok(Viewer {
+            identity: Some(identity),
+            access,
+            by_cookie: false,
+            csrf_basis: credential.into_bytes(),
+        });
+    }
+    let Some(id) = cookie(headers).and_then(|c| SessionId::parse(&c)) else {
+        return Err(login_required("sign in with a token"));
     };
-    let identity = authenticate(auth.as_ref(), &credential)
-        .await
-        .map_err(|why| login_required(format!("the credential was refused: {why}")))?;
+    let now = state.shared.now_ms();
+    let credential = match session::resume(&state.shared.store, &state.sessions, &id, now).await {
+        Ok(credential) => credential,
+        Err(session::Ended::Unavailable(why)) => {
+            tracing::warn!(error = %why, "console: sessions cannot be read");
+            return Err(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "sessions cannot be read right now",
+            ));
+        }
+        Err(ended) => {
+            crate::telemetry::auth_failure("console", "session");
+            let why = match ended {
+                session::Ended::Expired => "the session expired: sign in again",
+                _ => "the session ended: sign in again",
+            };
+            return Err(login_required(why));
+        }
+    };
+    let identity = match authenticate(auth.as_ref(), &credential).await {
+        Ok(identity) => identity,
+        Err(why) => {
+            // Revoked or expired since the login: the session ends with it.
+            session::end(&state.shared.store, &id).await;
+            crate::telemetry::auth_failure("console", "session");
+            tracing::info!(reason = %why, "console: a session's credential is no longer accepted; it ended");
+            return Err(login_required(
+                "the credential of this session is no longer accepted: sign in again",
+            ));
+        }
+    };
+    let access = match policy(state, &identity) {
+        Ok(access) => access,
+        Err(refused) => {
+            session::end(&state.shared.store, &id).await;
+            return Err(refused);
+        }
+    };
     Ok(Viewer {
         identity: Some(identity),
-        by_cookie,
-        credential,
+        access,
+        by_cookie: true,
+        csrf_basis: id.bind(&state.csrf_key),
     })
+}
+
+/// The identity of `credential` (an `Authorization` value), throttled: `429` unchecked for an
+/// address or claimed principal with too many refused credentials; a refusal counts.
+async fn checked(
+    state: &ConsoleState,
+    client: &Client,
+    auth: &dyn crate::auth::Authenticator,
+    credential: &str,
+) -> Result<Identity, Response> {
+    let claimed = crate::auth::claimed_principal(credential);
+    if let Err(retry_after) = state.throttle.check(client.address, claimed.as_deref()) {
+        crate::telemetry::auth_failure("console", "throttled");
+        tracing::info!(address = ?client.address, claimed = ?claimed,
+            "console: refused: too many refused credentials from this address or for this principal");
+        return Err(throttled(retry_after));
+    }
+    match authenticate(auth, credential).await {
+        Ok(identity) => Ok(identity),
+        Err(why) => {
+            if matches!(why, AuthError::InvalidToken(_) | AuthError::Missing) {
+                state.throttle.failed(client.address, claimed.as_deref());
+                crate::telemetry::auth_failure("console", "invalid_token");
+            }
+            tracing::info!(reason = %why, address = ?client.address, claimed = ?claimed,
+                "console: credential refused");
+            Err(match why {
+                AuthError::Unavailable(_) => {
+                    error(StatusCode::SERVICE_UNAVAILABLE, why.to_string())
+                }
+                _ => login_required(format!("the credential was refused: {why}")),
+            })
+        }
+    }
+}
+
+/// The endpoint's scope policy ([`Identity::access`]): `403` for a credential it refuses.
+fn policy(state: &ConsoleState, identity: &Identity) -> Result<Access, Response> {
+    identity.access(&state.required_scopes).map_err(|why| {
+        crate::telemetry::auth_failure("console", "insufficient_scope");
+        tracing::info!(tenant = %identity.owner.tenant, principal = %identity.owner.principal,
+            reason = %why, "console: credential refused by the scope policy");
+        error(
+            StatusCode::FORBIDDEN,
+            format!("the MCP endpoint refuses this credential, so does the console: {why}"),
+        )
+    })
+}
+
+/// `429` with `Retry-After` for a throttled address or principal.
+fn throttled(retry_after: std::time::Duration) -> Response {
+    let mut response = error(
+        StatusCode::TOO_MANY_REQUESTS,
+        format!(
+            "too many refused credentials from this address or for this principal: retry in {} s",
+            retry_after.as_secs()
+        ),
+    );
+    if let Ok(value) = HeaderValue::from_str(&retry_after.as_secs().to_string()) {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    response
 }
 
 /// The 401 of a request without an accepted credential.
@@ -132,20 +267,20 @@ fn login_required(message: impl Into<String>) -> Response {
 async fn authenticate(
     auth: &dyn crate::auth::Authenticator,
     authorization: &str,
-) -> Result<Identity, String> {
-    let value =
-        HeaderValue::from_str(authorization).map_err(|_| "a malformed credential".to_owned())?;
+) -> Result<Identity, AuthError> {
+    let value = HeaderValue::from_str(authorization)
+        .map_err(|_| AuthError::InvalidToken("a malformed credential".to_owned()))?;
     let (parts, ()) = Request::builder()
         .method(Method::GET)
         .uri("/")
         .header(header::AUTHORIZATION, value)
         .body(())
-        .map_err(|e| e.to_string())?
+        .map_err(|e| AuthError::InvalidToken(e.to_string()))?
         .into_parts();
-    auth.authenticate(&parts).await.map_err(|e| e.to_string())
+    auth.authenticate(&parts).await
 }
 
-/// The login cookie's value.
+/// The session cookie's value (either name).
 fn cookie(headers: &HeaderMap) -> Option<String> {
     headers
         .get_all(header::COOKIE)
@@ -153,9 +288,30 @@ fn cookie(headers: &HeaderMap) -> Option<String> {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|c| c.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
+        .find(|(name, _)| *name == COOKIE || *name == HOST_COOKIE)
         .map(|(_, value)| value.to_owned())
         .filter(|v| !v.is_empty())
+}
+
+/// The `Set-Cookie` value of the session cookie for `client`: `value` for `max_age` seconds
+/// (0 forgets it), scoped to the console's path, `HttpOnly`, `SameSite=Strict`, and `Secure`
+/// (named `__Host-…` at `/`) when the request came over https.
+fn set_cookie(client: &Client, value: &str, max_age: u64) -> Option<HeaderValue> {
+    let name = if client.https && client.root == "/" {
+        HOST_COOKIE
+    } else {
+        COOKIE
+    };
+    let secure = if client.https { "; Secure" } else { "" };
+    // The path without its trailing `/` (a browser sends the cookie to `/console` and below).
+    let path = match client.root.trim_end_matches('/') {
+        "" => "/",
+        p => p,
+    };
+    HeaderValue::from_str(&format!(
+        "{name}={value}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite=Strict{secure}"
+    ))
+    .ok()
 }
 
 /// Refuses an action the viewer may not take: without actions enabled, without the `admin`
@@ -175,6 +331,12 @@ pub(super) fn may_act(
         return Err(error(
             StatusCode::FORBIDDEN,
             "actions need a credential with the `admin` scope",
+        ));
+    }
+    if !viewer.may_write() {
+        return Err(error(
+            StatusCode::FORBIDDEN,
+            "a read-only credential (`tasks:read`) never acts, whatever else it carries",
         ));
     }
     same_origin(headers)?;
@@ -229,16 +391,13 @@ fn same_origin(headers: &HeaderMap) -> Result<(), Response> {
     Ok(())
 }
 
-/// `POST api/session` `{"token": "…"}`: checks the token and sets the login cookie.
-pub(super) async fn login(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
+/// `POST api/session` `{"token": "…"}`: checks the token (throttled), then opens a session
+/// and sets its cookie.
+pub(super) async fn login(State(state): State<AppState>, caller: Caller, body: Bytes) -> Response {
     let Some(auth) = &state.authenticator else {
         return error(StatusCode::NOT_FOUND, "this console has no authentication");
     };
-    if let Err(refused) = same_origin(&headers) {
+    if let Err(refused) = same_origin(&caller.headers) {
         return refused;
     }
     let token = serde_json::from_slice::<serde_json::Value>(&body)
@@ -257,33 +416,53 @@ pub(super) async fn login(
             "send {\"token\": \"…\"} with a bearer token or JWT",
         );
     }
-    match authenticate(auth.as_ref(), &format!("Bearer {token}")).await {
-        Ok(identity) => {
-            tracing::info!(tenant = %identity.owner.tenant, principal = %identity.owner.principal,
-                "console: signed in");
-            let cookie = format!("{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict");
-            let mut response = StatusCode::NO_CONTENT.into_response();
-            if let Ok(value) = HeaderValue::from_str(&cookie) {
-                response.headers_mut().insert(header::SET_COOKIE, value);
-            }
-            response
-        }
-        Err(why) => error(
-            StatusCode::UNAUTHORIZED,
-            format!("the token was refused: {why}"),
-        ),
+    let credential = format!("Bearer {token}");
+    let identity = match checked(&state, &caller.client, auth.as_ref(), &credential).await {
+        Ok(identity) => identity,
+        Err(refused) => return refused,
+    };
+    if let Err(refused) = policy(&state, &identity) {
+        return refused;
     }
+    let now = state.shared.now_ms();
+    // Each login sweeps one page of ended sessions: the table stays as large as the sessions
+    // in use.
+    let after = ConsoleState::lock(&state.sweep_after).take();
+    let next = session::sweep(&state.shared.store, &state.sessions, after, now).await;
+    *ConsoleState::lock(&state.sweep_after) = next;
+    let id = match session::create(&state.shared.store, &state.sessions, &credential, now).await {
+        Ok(id) => id,
+        Err(why) => {
+            tracing::warn!(error = %why, "console: a session could not be opened");
+            return error(StatusCode::SERVICE_UNAVAILABLE, why);
+        }
+    };
+    tracing::info!(tenant = %identity.owner.tenant, principal = %identity.owner.principal,
+        "console: signed in");
+    let mut response = StatusCode::NO_CONTENT.into_response();
+    if let Some(value) = set_cookie(
+        &caller.client,
+        &id.cookie_value(),
+        state.sessions.ttl.as_secs(),
+    ) {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+    response
 }
 
-/// `DELETE api/session`: forgets the login cookie.
-pub(super) async fn logout() -> Response {
+/// `DELETE api/session`: ends the session and forgets its cookie.
+pub(super) async fn logout(State(state): State<AppState>, caller: Caller) -> Response {
+    if let Err(refused) = same_origin(&caller.headers) {
+        return refused;
+    }
+    if let Some(id) = cookie(&caller.headers).and_then(|c| SessionId::parse(&c)) {
+        session::end(&state.shared.store, &id).await;
+        tracing::info!("console: signed out");
+    }
     let mut response = StatusCode::NO_CONTENT.into_response();
-    response.headers_mut().insert(
-        header::SET_COOKIE,
-        HeaderValue::from_static(
-            "mcp_tasks_console=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0",
-        ),
-    );
+    if let Some(value) = set_cookie(&caller.client, "", 0) {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
     response
 }
 

@@ -117,6 +117,12 @@ pub struct HttpConfig {
     /// and required scopes. When set, refusals point at its metadata document, which is
     /// served, and every request must carry its scopes.
     pub resource: Option<ProtectedResource>,
+    /// Refused bearer tokens one address (or one claimed principal) may send within
+    /// [`HttpConfig::auth_failure_window`] before its requests are `429` without being checked
+    /// (default 10; 0 turns throttling off): [`crate::auth::FailureThrottle`].
+    pub max_auth_failures: u32,
+    /// The window [`HttpConfig::max_auth_failures`] counts in (default 60 s).
+    pub auth_failure_window: Duration,
 }
 
 impl Default for HttpConfig {
@@ -133,6 +139,8 @@ impl Default for HttpConfig {
             legacy_resume_grace: Duration::from_secs(30),
             authenticator: Arc::new(Anonymous),
             resource: None,
+            max_auth_failures: 10,
+            auth_failure_window: Duration::from_secs(60),
         }
     }
 }
@@ -153,6 +161,8 @@ impl std::fmt::Debug for HttpConfig {
             .field("body_timeout", &self.body_timeout)
             .field("legacy_resume_grace", &self.legacy_resume_grace)
             .field("resource", &self.resource)
+            .field("max_auth_failures", &self.max_auth_failures)
+            .field("auth_failure_window", &self.auth_failure_window)
             .finish_non_exhaustive()
     }
 }
@@ -217,6 +227,14 @@ impl HttpConfig {
         self.resource = Some(resource);
         self
     }
+
+    /// Throttles refused bearer tokens: `max_failures` per address or claimed principal within
+    /// `window`, then `429` until the window passes (0 turns it off).
+    pub fn auth_throttle(mut self, max_failures: u32, window: Duration) -> Self {
+        self.max_auth_failures = max_failures;
+        self.auth_failure_window = window;
+        self
+    }
 }
 
 mod guards;
@@ -232,6 +250,8 @@ struct Endpoint {
     entry: crate::era::Entry,
     /// Requests in progress per owner.
     in_flight: std::sync::Mutex<HashMap<Owner, usize>>,
+    /// Refused bearer tokens per address and claimed principal.
+    throttle: crate::auth::FailureThrottle,
 }
 
 impl Endpoint {
@@ -283,6 +303,10 @@ pub fn router(handle: RuntimeHandle, config: HttpConfig) -> Router {
     let endpoint = Arc::new(Endpoint {
         entry: crate::era::Entry::new(handle.clone()),
         handle,
+        throttle: crate::auth::FailureThrottle::new(
+            config.max_auth_failures,
+            config.auth_failure_window,
+        ),
         config,
         in_flight: std::sync::Mutex::new(HashMap::new()),
     });
@@ -345,7 +369,11 @@ fn probe(status: StatusCode, body: String) -> Response {
 
 async fn resource_metadata(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Response {
     let config = &endpoint.config;
-    if let Err(why) = check_host(request.headers(), request.uri().authority(), config) {
+    if let Err(why) = check_host(
+        request.headers(),
+        request.uri().authority(),
+        &config.allowed_hosts,
+    ) {
         crate::telemetry::refused(StatusCode::FORBIDDEN.as_u16());
         return transport_error(StatusCode::FORBIDDEN, None, &why);
     }
@@ -504,13 +532,16 @@ fn host_part(authority: &str) -> &str {
     }
 }
 
-fn check_host(
+/// DNS-rebinding protection, shared by the MCP endpoint and the console: the request's `Host`
+/// (or, without one, its URI's authority) must be a loopback name or one of `allowed_hosts`
+/// (`name` for any port, `name:port`, or `*` for every host).
+pub(crate) fn check_host(
     headers: &HeaderMap,
     authority: Option<&axum::http::uri::Authority>,
-    config: &HttpConfig,
+    allowed_hosts: &[String],
 ) -> Result<(), String> {
     let value = single(headers, &header::HOST, "Host")?;
-    if config.allowed_hosts.iter().any(|h| h == "*") {
+    if allowed_hosts.iter().any(|h| h == "*") {
         return Ok(());
     }
     let host = match value {
@@ -531,8 +562,7 @@ fn check_host(
     }
     let name = host_part(&host);
     let allowed = is_local_host(name)
-        || config
-            .allowed_hosts
+        || allowed_hosts
             .iter()
             .any(|h| h.eq_ignore_ascii_case(&host) || h.eq_ignore_ascii_case(name));
     if allowed {
@@ -588,7 +618,9 @@ fn port_number(port: &str) -> bool {
         && port.parse::<u32>().is_ok_and(|p| p <= 65_535)
 }
 
-fn check_origin(headers: &HeaderMap, config: &HttpConfig) -> Result<(), String> {
+/// The `Origin` check beside [`check_host`]: absent, local (`http(s)://` a loopback name), or
+/// one of `allowed_origins` (`*` for all).
+pub(crate) fn check_origin(headers: &HeaderMap, allowed_origins: &[String]) -> Result<(), String> {
     let Some(value) = single(headers, &header::ORIGIN, "Origin")? else {
         return Ok(());
     };
@@ -604,7 +636,7 @@ fn check_origin(headers: &HeaderMap, config: &HttpConfig) -> Result<(), String> 
             && is_local_host(host_part(authority))
     });
     let allowed = local
-        || config.allowed_origins.iter().any(|o| {
+        || allowed_origins.iter().any(|o| {
             o == "*" || {
                 let o = o.trim();
                 o.strip_suffix('/')
@@ -821,7 +853,7 @@ mod tests {
         let host = |v: &'static str| {
             let mut h = HeaderMap::new();
             h.insert(header::HOST, HeaderValue::from_static(v));
-            check_host(&h, None, &config).is_ok()
+            check_host(&h, None, &config.allowed_hosts).is_ok()
         };
         assert!(host("localhost:3000"));
         assert!(host("127.0.0.1"));
@@ -844,15 +876,15 @@ mod tests {
         let mut twice = HeaderMap::new();
         twice.append(header::HOST, HeaderValue::from_static("localhost"));
         twice.append(header::HOST, HeaderValue::from_static("localhost"));
-        assert!(check_host(&twice, None, &config).is_err());
+        assert!(check_host(&twice, None, &config.allowed_hosts).is_err());
         let mut twice = HeaderMap::new();
         twice.append(header::ORIGIN, HeaderValue::from_static("http://localhost"));
         twice.append(header::ORIGIN, HeaderValue::from_static("http://localhost"));
-        assert!(check_origin(&twice, &config).is_err());
+        assert!(check_origin(&twice, &config.allowed_origins).is_err());
         let origin = |v: &'static str| {
             let mut h = HeaderMap::new();
             h.insert(header::ORIGIN, HeaderValue::from_static(v));
-            check_origin(&h, &config).is_ok()
+            check_origin(&h, &config.allowed_origins).is_ok()
         };
         assert!(origin("http://localhost:5173"));
         assert!(origin("https://127.0.0.1"));
@@ -865,6 +897,6 @@ mod tests {
         assert!(!origin("file://localhost"));
         assert!(!origin("http://localhost:99999"));
         assert!(!origin("http://localhost:"));
-        assert!(check_origin(&HeaderMap::new(), &config).is_ok());
+        assert!(check_origin(&HeaderMap::new(), &config.allowed_origins).is_ok());
     }
 }

@@ -161,6 +161,11 @@ pub async fn serve_with(
                 let mut router = router.clone();
                 let busy = slot.busy();
                 request.extensions_mut().insert(slot.clone());
+                // The peer's address, as axum's `into_make_service_with_connect_info` gives it:
+                // the authentication throttles count failures by it.
+                request
+                    .extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
                 async move {
                     let response = tower_service::Service::call(
                         &mut router,

@@ -3,7 +3,8 @@
 //! 1. [`observe`]: times the request, counts refusals (`telemetry::refused`), logs it;
 //! 2. [`check_host_and_origin`]: DNS-rebinding protection, `403`;
 //! 3. [`allow_methods`]: `POST`, or `GET`/`DELETE` of a legacy session, else `405`;
-//! 4. [`authenticate`]: the authenticator on the head alone, `401`/`403`/`503`;
+//! 4. [`authenticate`]: the authenticator on the head alone, `401`/`403`/`503`; `429` for
+//!    an address or claimed principal with too many refused tokens;
 //! 5. [`bind_connection`]: the caller's connections, `429` (connection closed);
 //! 6. [`limit_in_flight`]: the caller's requests in progress, `429`;
 //! 7. [`read_body`]: a `POST` body bounded in size (`413`) and time (`408`);
@@ -99,10 +100,14 @@ async fn check_host_and_origin(
     next: Next,
 ) -> Response {
     let config = &endpoint.config;
-    if let Err(why) = check_host(request.headers(), request.uri().authority(), config) {
+    if let Err(why) = check_host(
+        request.headers(),
+        request.uri().authority(),
+        &config.allowed_hosts,
+    ) {
         return refuse(transport_error(StatusCode::FORBIDDEN, None, &why), "host");
     }
-    if let Err(why) = check_origin(request.headers(), config) {
+    if let Err(why) = check_origin(request.headers(), &config.allowed_origins) {
         return refuse(transport_error(StatusCode::FORBIDDEN, None, &why), "origin");
     }
     next.run(request).await
@@ -135,7 +140,7 @@ async fn authenticate(
     next: Next,
 ) -> Response {
     let (mut parts, body) = request.into_parts();
-    match identify(&endpoint.config, &parts).await {
+    match identify(&endpoint, &parts).await {
         Ok(identity) => {
             parts.extensions.insert(identity);
             next.run(Request::from_parts(parts, body)).await
@@ -324,31 +329,75 @@ fn quota_refusal(kind: crate::quota::QuotaKind, limit: usize) -> Response {
 // ---------------------------------------------------------------------------------------------
 // Refusals
 
-/// The caller's identity, or the `401`/`403`/`503` refusal to send.
+/// The caller's identity, or the `401`/`403`/`429`/`503` refusal to send. A refused bearer
+/// token counts against its address and claimed principal ([`crate::auth::FailureThrottle`]);
+/// once they are over the limit, requests carrying a credential are `429` unchecked.
 async fn identify(
-    config: &HttpConfig,
+    endpoint: &Endpoint,
     parts: &axum::http::request::Parts,
 ) -> Result<Identity, Response> {
+    let config = &endpoint.config;
+    let address = peer_address(parts);
+    let claimed = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::auth::claimed_principal);
+    let carries_credential = parts.headers.contains_key(header::AUTHORIZATION);
+    if carries_credential
+        && let Err(retry_after) = endpoint.throttle.check(address, claimed.as_deref())
+    {
+        crate::telemetry::auth_failure("mcp", "throttled");
+        tracing::info!(
+            address = ?address,
+            claimed = ?claimed,
+            "request refused: too many refused credentials from this address or for this principal"
+        );
+        return Err(throttled(retry_after));
+    }
     let result = config.authenticator.authenticate(parts).await;
     let result = result.and_then(|identity| match &config.resource {
-        Some(resource) => {
-            let missing = resource.missing_scopes(&identity);
-            // A read-only credential is admitted; what it asks for is checked once the
-            // message is read.
-            if missing.is_empty() || identity.scopes.contains(crate::auth::READ_ONLY_SCOPE) {
-                Ok(identity)
-            } else {
-                Err(AuthError::InsufficientScope(missing))
-            }
-        }
+        // A read-only credential is admitted; what it asks for is checked once the message
+        // is read.
+        Some(resource) => identity.access(&resource.scopes).map(|_| identity),
         None => Ok(identity),
     });
     let error = match result {
         Ok(identity) => return Ok(identity),
         Err(error) => error,
     };
-    tracing::info!(reason = %error, "request refused by authentication");
+    if let AuthError::InvalidToken(_) = error {
+        endpoint.throttle.failed(address, claimed.as_deref());
+        crate::telemetry::auth_failure("mcp", "invalid_token");
+    }
+    tracing::info!(reason = %error, address = ?address, claimed = ?claimed, "request refused by authentication");
     Err(auth_refusal(config, &error, None))
+}
+
+/// The TCP peer's address of a request, when the server that accepted it says
+/// (`ConnectInfo<SocketAddr>`: [`super::serve_with`] and axum's
+/// `into_make_service_with_connect_info` set it).
+pub(crate) fn peer_address(parts: &axum::http::request::Parts) -> Option<std::net::IpAddr> {
+    parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip())
+}
+
+/// `429` with `Retry-After` for a throttled credential.
+pub(crate) fn throttled(retry_after: Duration) -> Response {
+    let mut response = transport_error(
+        StatusCode::TOO_MANY_REQUESTS,
+        None,
+        &format!(
+            "Too many refused credentials from this address or for this principal: retry in {} s",
+            retry_after.as_secs()
+        ),
+    );
+    if let Ok(value) = HeaderValue::from_str(&retry_after.as_secs().to_string()) {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    response
 }
 
 /// Whether `identity` may only read on this server.
