@@ -241,3 +241,68 @@ async fn the_console_in_a_real_browser() {
     rt.shutdown().await;
     place.finish().await;
 }
+
+/// A DNS rebinding, as a browser lives it: a page served under a name the attacker controls
+/// that resolves to the console's loopback address (`--host-resolver-rules`) gets a 403 for the
+/// page and for every request its script makes to the API: it reads no task, no CSRF token,
+/// and cancels nothing. The same console under `127.0.0.1` works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_on_a_rebinding_name_reads_nothing() {
+    let Some(browser) =
+        Browser::launch_with(&["--host-resolver-rules=MAP attacker.example 127.0.0.1"]).await
+    else {
+        return;
+    };
+    let place = Place::new(Backend::Redb).await.unwrap();
+    let rt = start(&place).await;
+    let me = Owner::anonymous();
+    let task = create(&rt, &me, "slow", json!({ "message": "payroll-2026.xlsx" })).await;
+    wait_status(&rt, &me, &task, "working").await;
+    // The quick start's console: no authentication, actions on.
+    let console = serve(Console::new(&rt).actions(true)).await;
+    let port = console.base.rsplit(':').next().unwrap().to_owned();
+    let page = browser.new_page(1024, 768).await.expect("a page");
+
+    page.goto(&format!("http://attacker.example:{port}/"))
+        .await
+        .unwrap();
+    assert_eq!(page.status_of_last_navigation(), Some(403));
+    let body = page.eval("document.body.innerText").await.unwrap();
+    assert!(
+        !body.to_string().contains("payroll") && !body.to_string().contains(&task),
+        "{body}"
+    );
+    // The page's own script, same-origin under the rebinding name, tries the API.
+    let seen = page
+        .eval(&format!(
+            "Promise.all([\
+               fetch('/api/overview').then(r => r.text().then(t => r.status + ' ' + t)),\
+               fetch('/api/tasks').then(r => r.text().then(t => r.status + ' ' + t)),\
+               fetch('/api/tasks/{task}').then(r => r.text().then(t => r.status + ' ' + t)),\
+               fetch('/api/cancel', {{method: 'POST', headers: {{'content-type': 'application/json'}}, body: '{{}}'}}).then(r => r.status + ''),\
+             ])"
+        ))
+        .await
+        .unwrap();
+    let seen: Vec<String> = serde_json::from_value(seen).unwrap();
+    for answer in &seen {
+        assert!(answer.starts_with("403"), "{seen:?}");
+        assert!(
+            !answer.contains("csrf") && !answer.contains("payroll") && !answer.contains(&task),
+            "{answer}"
+        );
+    }
+    wait_status(&rt, &me, &task, "working").await;
+
+    // The console itself, under its loopback address, is served.
+    page.goto(&format!("{}/tasks/{task}", console.base))
+        .await
+        .unwrap();
+    page.wait_until(READY, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(page.status_of_last_navigation(), Some(200));
+    drop(console);
+    rt.shutdown().await;
+    place.finish().await;
+}

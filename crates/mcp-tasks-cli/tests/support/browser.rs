@@ -133,6 +133,11 @@ impl Browser {
     /// is none (`/usr/bin/chromium`, or `$MCP_TASKS_CHROMIUM`). Panics when it is missing and
     /// `MCP_TASKS_REQUIRE_BROWSER` is set, and when it is there but does not start.
     pub async fn launch() -> Option<Browser> {
+        Browser::launch_with(&[]).await
+    }
+
+    /// [`Browser::launch`] with more command-line switches (`--host-resolver-rules=…`, say).
+    pub async fn launch_with(extra: &[&str]) -> Option<Browser> {
         let exe = std::env::var_os("MCP_TASKS_CHROMIUM")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
@@ -150,13 +155,13 @@ impl Browser {
             );
             return None;
         }
-        match Browser::start(&exe).await {
+        match Browser::start(&exe, extra).await {
             Ok(browser) => Some(browser),
             Err(e) => panic!("Chromium ({}) did not start: {e}", exe.display()),
         }
     }
 
-    async fn start(exe: &Path) -> Result<Browser, String> {
+    async fn start(exe: &Path, extra: &[&str]) -> Result<Browser, String> {
         let dir = tempfile::Builder::new()
             .prefix("mcp-tasks-chromium-")
             .tempdir()
@@ -181,6 +186,7 @@ impl Browser {
                 "--hide-scrollbars",
                 "--remote-debugging-port=0",
             ])
+            .args(extra)
             .arg(format!("--user-data-dir={}", profile.display()))
             .arg("about:blank")
             // The crash reporter's database goes under $XDG_CONFIG_HOME, not the profile.
