@@ -5,6 +5,7 @@
 //! cargo bench --bench console -- --stored 100000 --requests 20
 //! cargo bench --bench console -- --store postgres://postgres@127.0.0.1:5432/postgres --finished-only
 //! cargo bench --bench console -- --only load --rounds 3          # the MCP load part only
+//! cargo bench --bench console -- --only streams --store postgres://postgres@127.0.0.1:5432/postgres
 //! ```
 //!
 //! **Scale.** `--stored` finished and live tasks (4 tools, 100 owners, the five statuses —
@@ -21,7 +22,16 @@
 //! `tasks/get` until it is terminal), alternately with the console closed and with it open —
 //! a live stream (`/api/events`) read to the end and, every 500 ms, `/api/overview` and a
 //! page of `/api/tasks`, as an open overview page does — for `--rounds` rounds each.
-//! Lifecycles/s of both and their ratio. Nothing here asserts speed.
+//! Lifecycles/s of both and their ratio.
+//!
+//! **Streams** (`--only streams`, PostgreSQL: `--store` is required). `serve` on the
+//! database with static tokens; carol (not admin) holds `--streams` live streams open
+//! (default 400; `--console-max-streams` raised to allow them) while alice, another tenant, runs
+//! create → `tasks/get` → cancel cycles (`sleep_task`) for `--seconds` (default 10) from 4
+//! clients; the `tasks/get` latencies, p50 / p95 / max, with carol's streams closed and open,
+//! alternately for `--rounds` rounds, and the median change of p95. Every stream of a node
+//! is fed by its one follower of the cluster's commits: the streams' cost should not grow with
+//! their number. Nothing here asserts speed.
 
 mod common;
 
@@ -38,7 +48,8 @@ use mcp_tasks::store::{Durability, Expect, Store, StoreOptions, WriteOp};
 use serde_json::json;
 
 const USAGE: &str = "usage: cargo bench --bench console -- [--stored N] [--requests N] \
-                     [--store postgres://…] [--finished-only] [--lifecycles N] [--rounds N] [--only scale|load]";
+                     [--store postgres://…] [--finished-only] [--lifecycles N] [--rounds N] [--only scale|load|streams] \
+                     [--streams N] [--seconds N]";
 
 struct Args {
     stored: usize,
@@ -51,6 +62,11 @@ struct Args {
     finished_only: bool,
     scale: bool,
     load: bool,
+    streams: bool,
+    /// Carol's open streams (`--only streams`).
+    stream_count: usize,
+    /// Seconds of alice's load per measurement (`--only streams`).
+    seconds: u64,
 }
 
 fn parse_args() -> Args {
@@ -63,6 +79,9 @@ fn parse_args() -> Args {
         finished_only: false,
         scale: true,
         load: true,
+        streams: false,
+        stream_count: 400,
+        seconds: 10,
     };
     let mut it = std::env::args().skip(1);
     let fail = |msg: String| -> ! {
@@ -81,12 +100,17 @@ fn parse_args() -> Args {
             "--requests" => args.requests = num("--requests", it.next()),
             "--lifecycles" => args.lifecycles = num("--lifecycles", it.next()),
             "--rounds" => args.rounds = num("--rounds", it.next()),
+            "--streams" => args.stream_count = num("--streams", it.next()),
+            "--seconds" => args.seconds = num("--seconds", it.next()) as u64,
             "--store" => args.store = it.next(),
             "--finished-only" => args.finished_only = true,
             "--only" => match it.next().as_deref() {
                 Some("scale") => args.load = false,
                 Some("load") => args.scale = false,
-                other => fail(format!("--only scale|load, not {other:?}")),
+                Some("streams") => {
+                    (args.scale, args.load, args.streams) = (false, false, true);
+                }
+                other => fail(format!("--only scale|load|streams, not {other:?}")),
             },
             "--bench" => {}
             other => fail(format!("unknown argument {other}")),
@@ -104,6 +128,46 @@ struct Server {
 
 impl Server {
     fn start(store: &str, extra: &[&str]) -> Server {
+        let server = Server::spawn(store, extra);
+        wait_ready(
+            &server.mcp,
+            Duration::from_secs(600),
+            Duration::from_millis(50),
+        );
+        server
+    }
+
+    /// A server with authentication: ready once `/readyz` answers 200 (`server/discover`
+    /// would need a token).
+    fn start_authenticated(store: &str, extra: &[&str]) -> Server {
+        let server = Server::spawn(store, extra);
+        let addr = server
+            .mcp
+            .trim_start_matches("http://")
+            .trim_end_matches("/mcp")
+            .to_owned();
+        let ready = || -> std::io::Result<bool> {
+            use std::io::{Read, Write};
+            let mut stream = std::net::TcpStream::connect(&addr)?;
+            write!(
+                stream,
+                "GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+            )?;
+            let mut head = [0u8; 12];
+            stream.read_exact(&mut head)?;
+            Ok(&head[9..12] == b"200")
+        };
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            if ready().unwrap_or(false) {
+                return server;
+            }
+            assert!(Instant::now() < deadline, "the server did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn spawn(store: &str, extra: &[&str]) -> Server {
         let (port, console_port) = (free_port(), free_port());
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-tasks"));
         cmd.args([
@@ -122,7 +186,6 @@ impl Server {
         .stderr(Stdio::inherit());
         let child = cmd.spawn().expect("starting mcp-tasks serve");
         let mcp = format!("http://127.0.0.1:{port}/mcp");
-        wait_ready(&mcp, Duration::from_secs(600), Duration::from_millis(50));
         Server {
             child,
             mcp,
@@ -566,6 +629,182 @@ fn load(args: &Args) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `tasks/get` latencies (ms) of alice's create → get → cancel cycles for `seconds`.
+fn tenant_gets(url: &str, seconds: u64) -> Vec<f64> {
+    let url = url.to_owned();
+    on_client_thread(move || {
+        Box::pin(async move {
+            let mut clients = Vec::new();
+            for _ in 0..4 {
+                let client = mcp_tasks::client::Client::http(&url)
+                    .expect("client")
+                    .retry(mcp_tasks::client::RetryPolicy::none())
+                    .timeout(Duration::from_secs(30))
+                    .bearer_token("alice-token")
+                    .build()
+                    .await
+                    .expect("client build");
+                clients.push(client);
+            }
+            let until = Instant::now() + Duration::from_secs(seconds);
+            let workers = clients.into_iter().map(|client| async move {
+                let mut gets = Vec::new();
+                while Instant::now() < until {
+                    let handle = create_sleep(&client, 600_000).await;
+                    let started = Instant::now();
+                    handle.get().await.expect("tasks/get");
+                    gets.push(started.elapsed().as_secs_f64() * 1000.0);
+                    handle.cancel().await.expect("tasks/cancel");
+                }
+                gets
+            });
+            futures::future::join_all(workers)
+                .await
+                .into_iter()
+                .flatten()
+                .collect()
+        })
+    })
+}
+
+/// Carol's `n` live streams, read until `stop`; how many opened.
+fn carol_streams(
+    base: String,
+    n: usize,
+    stop: Arc<AtomicBool>,
+    opened: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async move {
+                use futures::StreamExt;
+                let http = reqwest::Client::new();
+                let mut readers = Vec::new();
+                for _ in 0..n {
+                    let response = http
+                        .get(format!("{base}/api/events"))
+                        .header("authorization", "Bearer carol-token")
+                        .send()
+                        .await
+                        .expect("events");
+                    assert_eq!(response.status(), 200, "a stream of carol's opens");
+                    opened.fetch_add(1, Ordering::Relaxed);
+                    let stop = stop.clone();
+                    readers.push(tokio::spawn(async move {
+                        let mut body = response.bytes_stream();
+                        while !stop.load(Ordering::Relaxed) {
+                            if let Ok(None | Some(Err(_))) =
+                                tokio::time::timeout(Duration::from_millis(200), body.next()).await
+                            {
+                                break;
+                            }
+                        }
+                    }));
+                }
+                futures::future::join_all(readers).await;
+            })
+    })
+}
+
+fn streams(args: &Args) {
+    let Some(url) = args.store.clone() else {
+        eprintln!("--only streams needs --store postgres://…\n{USAGE}");
+        std::process::exit(2);
+    };
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("console-streams-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("bench dir");
+    let tokens = dir.join("tokens.toml");
+    let entry = |token: &str, tenant: &str, principal: &str| {
+        use sha2::Digest;
+        let hash: String = sha2::Sha256::digest(token.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!(
+            "[[tokens]]\nsha256 = \"{hash}\"\ntenant = \"{tenant}\"\nprincipal = \"{principal}\"\n\n"
+        )
+    };
+    std::fs::write(
+        &tokens,
+        [
+            entry("alice-token", "acme", "alice"),
+            entry("carol-token", "globex", "carol"),
+        ]
+        .concat(),
+    )
+    .expect("the token file");
+    let max = args.stream_count.to_string();
+    let server = Server::start_authenticated(
+        &url,
+        &[
+            "--auth-tokens",
+            &tokens.display().to_string(),
+            "--console-max-streams",
+            &max,
+        ],
+    );
+    // Warm up.
+    tenant_gets(&server.mcp, 2);
+    let (mut closed, mut open) = (Vec::new(), Vec::new());
+    for round in 0..args.rounds {
+        for streams_open in if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        } {
+            if streams_open {
+                let stop = Arc::new(AtomicBool::new(false));
+                let opened = Arc::new(AtomicU64::new(0));
+                let carol = carol_streams(
+                    server.console.clone(),
+                    args.stream_count,
+                    stop.clone(),
+                    opened.clone(),
+                );
+                while opened.load(Ordering::Relaxed) < args.stream_count as u64 {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                open.push(percentiles(tenant_gets(&server.mcp, args.seconds)));
+                stop.store(true, Ordering::Relaxed);
+                carol.join().expect("carol's streams");
+            } else {
+                closed.push(percentiles(tenant_gets(&server.mcp, args.seconds)));
+            }
+        }
+    }
+    println!(
+        "\nAnother tenant's tasks/get while carol (not admin) holds {} console streams (PostgreSQL, one replica; {} rounds of {} s)",
+        args.stream_count, args.rounds, args.seconds
+    );
+    println!("| carol's streams | tasks/get p50 / p95 / max, ms, per round |");
+    println!("|---|---|");
+    let fmt = |v: &[(f64, f64, f64)]| {
+        v.iter()
+            .map(|(a, b, c)| format!("{a:.1} / {b:.1} / {c:.1}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    println!("| closed | {} |", fmt(&closed));
+    println!("| {} open | {} |", args.stream_count, fmt(&open));
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let p95 = |v: &[(f64, f64, f64)]| median(v.iter().map(|p| p.1).collect());
+    println!(
+        "median p95: {:.1} ms closed, {:.1} ms open: moved by {:+.1} ms",
+        p95(&closed),
+        p95(&open),
+        p95(&open) - p95(&closed)
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 fn main() {
     let args = parse_args();
     if args.scale {
@@ -573,5 +812,8 @@ fn main() {
     }
     if args.load {
         load(&args);
+    }
+    if args.streams {
+        streams(&args);
     }
 }
