@@ -177,6 +177,18 @@ fn scripts_drive_tasks_by_exit_code() {
     let task = json(&r);
     assert_eq!(task["status"], "failed");
     assert!(task["error"]["code"].is_i64());
+    // `get` of the failed task: its status on stdout, its error once, on stderr.
+    let message = task["error"]["message"].as_str().unwrap();
+    let id = task["taskId"].as_str().unwrap();
+    let r = run(url, &["get", id]);
+    assert_eq!(r.code, 3);
+    assert!(
+        r.stdout.starts_with(&format!("{id} failed\n")),
+        "{}",
+        r.stdout
+    );
+    let all = format!("{}{}", r.stdout, r.stderr);
+    assert_eq!(all.matches(message).count(), 1, "the error once: {all}");
 
     // Input required without a terminal: the id and the requests, exit 5; answer; watch.
     let r = run(url, &["call", "multi_input"]);
@@ -870,6 +882,79 @@ fn completions_for_each_shell() {
     }
     let r = run("http://127.0.0.1:9/mcp", &["completions", "tcsh"]);
     assert_eq!(r.code, 2);
+}
+
+/// In a real bash, the completion script registers its function for `mcp-tasks` and completes
+/// the options of subcommands (`serve --upstream-i<Tab>`), not only the subcommands' names:
+/// every `cmd` the script can set has the `case` arm that lists its options.
+#[test]
+fn bash_completes_the_options_of_subcommands() {
+    let r = run("http://127.0.0.1:9/mcp", &["completions", "bash"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    for cmd in r.stdout.split("cmd=\"").skip(1) {
+        let cmd = &cmd[..cmd.find('"').unwrap()];
+        if !cmd.is_empty() {
+            assert!(
+                r.stdout.contains(&format!("\n        {cmd})\n")),
+                "no case arm for {cmd}"
+            );
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("completion.bash");
+    std::fs::write(&script, &r.stdout).unwrap();
+    // What bash hands the function on <Tab>: the words so far, the one being completed last.
+    let driver = r#"
+source "$1"
+complete -p mcp-tasks
+complete_words() {
+  COMP_WORDS=("$@"); COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))
+  COMP_LINE="$*"; COMP_POINT=${#COMP_LINE}; COMPREPLY=()
+  _mcp__tasks mcp-tasks "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
+  echo "$*: ${COMPREPLY[*]}"
+}
+complete_words mcp-tasks wat
+complete_words mcp-tasks serve --upstream-i
+complete_words mcp-tasks store list --sta
+complete_words mcp-tasks call --det
+"#;
+    let out = match Command::new("bash")
+        .arg("-c")
+        .arg(driver)
+        .arg("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("SKIPPED: no bash to run the completion script in ({e})");
+            return;
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.lines().any(|l| l.starts_with("complete ")
+            && l.contains(" -F _mcp__tasks ")
+            && l.ends_with(" mcp-tasks")),
+        "the function is not registered for mcp-tasks:\n{stdout}"
+    );
+    for line in [
+        "mcp-tasks wat: watch",
+        "mcp-tasks serve --upstream-i: --upstream-idempotent",
+        "mcp-tasks store list --sta: --status",
+        "mcp-tasks call --det: --detach",
+    ] {
+        assert!(
+            stdout.lines().any(|l| l == line),
+            "{line:?} not in:\n{stdout}"
+        );
+    }
 }
 
 /// A pseudo-terminal: the child gets the slave as stdin, stdout and stderr.
