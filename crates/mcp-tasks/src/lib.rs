@@ -51,6 +51,11 @@
 #[doc = include_str!("../../../README.md")]
 struct WorkspaceReadme;
 
+/// The client library's example in the workspace's `docs/CLI.md`, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/CLI.md")]
+struct CliDoc;
+
 // The internal layers. Some of their items are public only through `internals` below, for the
 // workspace's tests: `missing_docs` is for the public API.
 mod actor;

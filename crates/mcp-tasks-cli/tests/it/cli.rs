@@ -1,5 +1,5 @@
 //! The client commands of the binary against `mcp-tasks serve --fixtures conformance` (and
-//! the README's against a default `mcp-tasks serve`) on 127.0.0.1: output and exit codes without a terminal, errors a person can act on, and the
+//! docs/CLI.md's against a default `mcp-tasks serve`) on 127.0.0.1: output and exit codes without a terminal, errors a person can act on, and the
 //! interactive path under a pseudo-terminal.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -1114,20 +1114,20 @@ fn ctrl_c_stops_following_and_leaves_the_task_running() {
     assert_eq!(r.code, 6, "the task goes on: {}", r.stdout);
 }
 
-/// The `sh` block that follows `marker` in the README.
+/// The `sh` block that follows `marker` in docs/CLI.md.
 fn readme_block(marker: &str) -> String {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/CLI.md")).unwrap();
     let at = readme
         .find(marker)
-        .unwrap_or_else(|| panic!("README has {marker:?}"));
+        .unwrap_or_else(|| panic!("docs/CLI.md has {marker:?}"));
     let start = readme[at..].find("```sh\n").unwrap() + at + "```sh\n".len();
     let end = readme[start..].find("```").unwrap() + start;
     readme[start..end].to_owned()
 }
 
 /// Runs `script` with bash, `mcp-tasks` on the PATH and `MCP_TASKS_URL` set to `url`; the
-/// README's own `--url http://127.0.0.1:8080/mcp` is pointed at `url` too.
+/// docs/CLI.md's own `--url http://127.0.0.1:8080/mcp` is pointed at `url` too.
 fn run_script(url: &str, script: &str, handles: &std::path::Path) -> Run {
     let bin_dir = std::path::Path::new(BIN).parent().unwrap();
     let path = format!(
@@ -1149,11 +1149,11 @@ fn run_script(url: &str, script: &str, handles: &std::path::Path) -> Run {
     shown(out, &format!("bash -c <<{script}"))
 }
 
-/// The README's client commands and its script, exactly as the README writes them, against a
+/// docs/CLI.md's client commands and its script, exactly as it writes them, against a
 /// default `mcp-tasks serve` (the demo's `generate_report`, no fixtures): each command's exit
 /// code is the one its comment promises, and the script ends with the report.
 #[test]
-fn the_readme_client_commands_run_as_written() {
+fn the_documented_client_commands_run_as_written() {
     let server = Serve::start_plain(&[]);
     let url = server.url.as_str();
     let dir = tempfile::tempdir().unwrap();
