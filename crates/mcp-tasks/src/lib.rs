@@ -52,7 +52,7 @@
 struct WorkspaceReadme;
 
 /// The client library's example in the workspace's `docs/CLI.md`, compiled as a doctest.
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "client"))]
 #[doc = include_str!("../../../docs/CLI.md")]
 struct CliDoc;
 
