@@ -246,7 +246,7 @@ struct ServeArgs {
     gateway: gateway_args::GatewayArgs,
 }
 
-/// Per-principal quotas and connection limits (defaults in the README).
+/// Per-principal quotas and connection limits (defaults in docs/SERVE.md).
 #[derive(Args)]
 #[command(next_help_heading = "Limits")]
 struct LimitArgs {

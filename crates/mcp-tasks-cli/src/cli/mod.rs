@@ -25,7 +25,7 @@ use mcp_tasks::client::{
 };
 use serde_json::{Map, Value};
 
-/// The exit codes, as `--help` and the README list them.
+/// The exit codes, as `--help` and docs/CLI.md list them.
 pub const EXIT_CODES: &str = "\
 Exit codes:
     0  completed (for `answer`, `cancel`, `tools`, `ls`: the server acknowledged or the
