@@ -417,6 +417,15 @@ async fn the_demo_prints_the_six_id_lines_of_the_sequence() {
     ))
     .unwrap();
     assert_eq!(id_lines(&expected), DEMO_ID_LINES);
+    // The README shows the same output, line for line.
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let shown = readme
+        .split("cargo run --release -- demo\n```\n\n```text\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README shows the demo's output after its command");
+    assert_eq!(shown, expected);
     for _ in 0..3 {
         let dir = tempfile::tempdir().unwrap();
         let mut out = Vec::new();
