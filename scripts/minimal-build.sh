@@ -2,7 +2,7 @@
 # The library as an embedder with the smallest build takes it (`default-features = false,
 # features = ["redb"]`): it must build, carry no HTTP server, TLS client, JWT or TOML, and
 # stay within its dependency budget. Prints the crate counts of the minimal and the full
-# build (the README states them). Seconds, once the dependencies are compiled.
+# build (crates/mcp-tasks/README.md states them). Seconds, once the dependencies are compiled.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -19,7 +19,7 @@ pub enum StoreCommand {
     /// version and boot epoch.
     Stats {
         #[command(flatten)]
-        common: Common,
+        common: Target,
         /// Instead: what each principal keeps in the store (tasks and bytes, finished tasks
         /// included), largest first: the figures the disk quota (`serve --max-stored-bytes`)
         /// compares with its limit. Reads the store's usage counters, no record.
@@ -29,7 +29,7 @@ pub enum StoreCommand {
     /// Tasks matching filters, a page at a time (`--after` the last id for the next page).
     List {
         #[command(flatten)]
-        common: Common,
+        common: Target,
         #[command(flatten)]
         filter: FilterArgs,
         /// Print the ids only, one a line, without the header (for scripts).
@@ -48,7 +48,7 @@ pub enum StoreCommand {
     /// verified by opening it.
     Backup {
         #[command(flatten)]
-        common: Common,
+        common: Target,
         /// The new file (never overwritten).
         #[arg(long, value_name = "FILE")]
         to: PathBuf,
@@ -56,12 +56,12 @@ pub enum StoreCommand {
     /// Gives a redb file's free pages back to the file system (offline: stop the server).
     Compact {
         #[command(flatten)]
-        common: Common,
+        common: Target,
     },
     /// Checks a store: redb's page checksums (offline), every record decoded, the indexes.
     Verify {
         #[command(flatten)]
-        common: Common,
+        common: Target,
     },
     /// Copies every task, journal and answer to another store (redb ⇄ PostgreSQL);
     /// idempotent; refuses a store a running server holds.
@@ -79,7 +79,7 @@ pub enum StoreCommand {
     /// Removes the tasks matching filters (offline for redb; refuses while replicas run).
     Purge {
         #[command(flatten)]
-        common: Common,
+        common: Target,
         #[command(flatten)]
         filter: FilterArgs,
         /// Only list what would be removed.
@@ -88,14 +88,47 @@ pub enum StoreCommand {
     },
 }
 
+/// The store a command reads when none is named.
+const DEFAULT_STORE: &str = "mcp-tasks.redb";
+
 #[derive(Args)]
 pub struct Common {
-    /// The store: a redb file or a postgres:// URL.
-    #[arg(long, value_name = "PATH|URL", default_value = "mcp-tasks.redb")]
-    store: String,
+    /// The store: a redb file or a postgres:// URL [default: mcp-tasks.redb].
+    #[arg(long = "store", value_name = "PATH|URL")]
+    store_option: Option<String>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
+}
+
+impl Common {
+    fn location(&self) -> Location {
+        Location::parse(self.store_option.as_deref().unwrap_or(DEFAULT_STORE))
+    }
+}
+
+/// The store of a command that takes no other argument: named as the argument
+/// (`store list FILE`) or with `--store`.
+#[derive(Args)]
+pub struct Target {
+    /// The store: a redb file or a postgres:// URL (the same as `--store`).
+    #[arg(value_name = "STORE", conflicts_with = "store_option")]
+    store: Option<String>,
+    #[command(flatten)]
+    common: Common,
+}
+
+impl Target {
+    fn location(&self) -> Location {
+        match &self.store {
+            Some(store) => Location::parse(store),
+            None => self.common.location(),
+        }
+    }
+
+    fn json(&self) -> bool {
+        self.common.json
+    }
 }
 
 #[derive(Args)]
@@ -221,36 +254,36 @@ async fn execute(command: StoreCommand) -> Result<ExitCode, AdminError> {
             common,
             by_owner: true,
         } => {
-            let r = admin::usage_by_owner(&Location::parse(&common.store)).await?;
-            report(common.json, &r, print_usage);
+            let r = admin::usage_by_owner(&common.location()).await?;
+            report(common.json(), &r, print_usage);
         }
         StoreCommand::Stats { common, .. } => {
-            let r = admin::stats(&Location::parse(&common.store)).await?;
-            report(common.json, &r, print_stats);
+            let r = admin::stats(&common.location()).await?;
+            report(common.json(), &r, print_stats);
         }
         StoreCommand::List {
             common,
             filter,
             quiet,
         } => {
-            let page = admin::list(&Location::parse(&common.store), &filter.filter()).await?;
-            report(common.json, &page, |page| print_list(page, quiet));
+            let page = admin::list(&common.location(), &filter.filter()).await?;
+            report(common.json(), &page, |page| print_list(page, quiet));
         }
         StoreCommand::Show { common, id } => {
-            let t = admin::show(&Location::parse(&common.store), &id).await?;
+            let t = admin::show(&common.location(), &id).await?;
             report(common.json, &t, print_task);
         }
         StoreCommand::Backup { common, to } => {
-            let r = admin::backup(&Location::parse(&common.store), &to).await?;
-            report(common.json, &r, print_backup);
+            let r = admin::backup(&common.location(), &to).await?;
+            report(common.json(), &r, print_backup);
         }
         StoreCommand::Compact { common } => {
-            let r = admin::compact(&Location::parse(&common.store)).await?;
-            report(common.json, &r, print_compact);
+            let r = admin::compact(&common.location()).await?;
+            report(common.json(), &r, print_compact);
         }
         StoreCommand::Verify { common } => {
-            let r = admin::verify(&Location::parse(&common.store)).await?;
-            report(common.json, &r, print_verify);
+            let r = admin::verify(&common.location()).await?;
+            report(common.json(), &r, print_verify);
             return Ok(if r.is_clean() {
                 ExitCode::SUCCESS
             } else {
@@ -266,9 +299,8 @@ async fn execute(command: StoreCommand) -> Result<ExitCode, AdminError> {
             filter,
             dry_run,
         } => {
-            let r =
-                admin::purge(&Location::parse(&common.store), &filter.filter(), dry_run).await?;
-            report(common.json, &r, print_purge);
+            let r = admin::purge(&common.location(), &filter.filter(), dry_run).await?;
+            report(common.json(), &r, print_purge);
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -248,7 +248,7 @@ struct ServeArgs {
     gateway: gateway_args::GatewayArgs,
 }
 
-/// Per-principal quotas and connection limits (defaults in the README).
+/// Per-principal quotas and connection limits (defaults in docs/SERVE.md).
 #[derive(Args)]
 #[command(next_help_heading = "Limits")]
 struct LimitArgs {
@@ -520,6 +520,17 @@ enum Fixtures {
     Crash,
 }
 
+/// clap_complete's bash script for a hyphenated binary name sets `cmd` to
+/// `mcp__tasks__subcmd__serve` but names the `case` arm of its options
+/// `mcp__subcmd__tasks__subcmd__serve`, so no subcommand's options ever complete. The arms get
+/// the names `cmd` takes (`tests/it/cli.rs` `bash_completes_the_options_of_subcommands` runs the
+/// script in bash).
+fn bash_completion_names(script: &[u8]) -> Vec<u8> {
+    String::from_utf8_lossy(script)
+        .replace("mcp__subcmd__tasks", "mcp__tasks")
+        .into_bytes()
+}
+
 fn main() -> ExitCode {
     let cli: Cli = serve_config::parse(std::env::args_os().collect());
     if let Command::Completions { shell } = cli.command {
@@ -527,6 +538,9 @@ fn main() -> ExitCode {
         use std::io::Write;
         let mut script = Vec::new();
         clap_complete::generate(shell, &mut Cli::command(), "mcp-tasks", &mut script);
+        if shell == clap_complete::Shell::Bash {
+            script = bash_completion_names(&script);
+        }
         let mut out = std::io::stdout().lock();
         return match out.write_all(&script).and_then(|()| out.flush()) {
             Ok(()) => ExitCode::SUCCESS,

@@ -185,7 +185,8 @@ impl<W: Write> Client<'_, W> {
         Ok(response)
     }
 
-    /// One line: the answer's id, `resultType` and status, then what the step shows.
+    /// The answer's id, `resultType` and status on one line, then what the step shows on a
+    /// line of its own (so that the `id=` lines compare as they are).
     fn print(&mut self, id: u64, response: &Value, note: &str) -> Result<(), DemoError> {
         let result = response
             .get("result")
@@ -198,8 +199,8 @@ impl<W: Write> Client<'_, W> {
             .get("status")
             .and_then(Value::as_str)
             .unwrap_or("ack");
-        let line = format!("id={id} resultType={result_type} status={status}");
-        writeln!(self.out, "{line:<48}# {note}")?;
+        writeln!(self.out, "id={id} resultType={result_type} status={status}")?;
+        writeln!(self.out, "     # {note}")?;
         Ok(())
     }
 
@@ -277,7 +278,7 @@ pub async fn run(store: &Path, verbose: bool, out: &mut impl Write) -> Result<()
     runtime.shutdown().await;
     writeln!(
         client.out,
-        "-- the runtime stops and a new one starts on the same store --"
+        "     -- the runtime stops and a new one starts on the same store --"
     )?;
     let runtime = start().await?;
 
@@ -308,7 +309,7 @@ pub async fn run(store: &Path, verbose: bool, out: &mut impl Write) -> Result<()
         let code = r["error"]["code"].as_i64().unwrap_or_default();
         writeln!(
             client.out,
-            "id={id} method={method} error={code} ({})  # expected: a method removed in {PROTOCOL_VERSION}",
+            "     # expected: request {id}, {method}, answers {code} ({}): a method removed in {PROTOCOL_VERSION}",
             r["error"]["message"].as_str().unwrap_or("")
         )?;
     }

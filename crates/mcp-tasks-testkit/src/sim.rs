@@ -2,8 +2,8 @@
 //! several journaled steps whose side effects are appended to a log, optional input requests
 //! and an optional failure, plus a strictly increasing clock.
 //!
-//! The side-effect log is what proves invariant 6 (a journaled step whose result was committed
-//! never runs again): every execution of a step body appends one line `task step value` with a
+//! The side-effect log is what proves that a journaled step whose result was committed never
+//! runs again (ARCHITECTURE.md, "steps are at-least-once, committed results exactly-once"): every execution of a step body appends one line `task step value` with a
 //! fresh random `value`, and the step returns that value, so the journal names the execution
 //! whose result it committed; a later line for the same task and step is a re-execution.
 //!

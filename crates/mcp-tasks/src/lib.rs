@@ -1,4 +1,6 @@
 #![doc = include_str!("../README.md")]
+// On docs.rs (nightly, `--cfg docsrs`): each item gated by a feature says which.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 //!
@@ -11,7 +13,8 @@
 //! ([`units`]), the [`store`] backends (and the
 //! [`store::TaskStore`] trait for a host's own), the `client` module (feature `client`), the
 //! `gateway` module (feature `gateway`: upstream MCP servers' tools as durable tasks), the
-//! `otel` module (feature `otel`: OpenTelemetry export of the spans), and the
+//! `otel` module (feature `otel`: OpenTelemetry export of the spans), the `console` module
+//! (feature `console`: the operator console), and the
 //! types re-exported here. Everything else is internal and layered bottom-up, each layer
 //! naming only the ones below it (checked by the workspace's `tests/it/layering.rs`):
 //!
@@ -34,6 +37,8 @@
 //! - `client`: the `client` module, an MCP client for any Tasks server.
 //! - `gateway`: the `gateway` module, upstream MCP servers (HTTP or stdio) whose tools the
 //!   runtime serves as durable tasks (implies `client`).
+//! - `console`: the `console` module, the operator console (a web page and a JSON API over
+//!   every stored task, with actions; implies `http`).
 //! - `postgres`: `store::PostgresStore`, replicas sharing one database.
 //! - `otel`: the `otel` module, OpenTelemetry export of the runtime's spans and metrics.
 //! - `failpoints`: crash-test failpoints.
@@ -45,6 +50,11 @@
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct WorkspaceReadme;
+
+/// The client library's example in the workspace's `docs/CLI.md`, compiled as a doctest.
+#[cfg(all(doctest, feature = "client"))]
+#[doc = include_str!("../../../docs/CLI.md")]
+struct CliDoc;
 
 // The internal layers. Some of their items are public only through `internals` below, for the
 // workspace's tests: `missing_docs` is for the public API.

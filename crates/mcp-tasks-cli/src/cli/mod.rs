@@ -25,7 +25,7 @@ use mcp_tasks::client::{
 };
 use serde_json::{Map, Value};
 
-/// The exit codes, as `--help` and the README list them.
+/// The exit codes, as `--help` and docs/CLI.md list them.
 pub const EXIT_CODES: &str = "\
 Exit codes:
     0  completed (for `answer`, `cancel`, `tools`, `ls`: the server acknowledged or the
@@ -781,7 +781,9 @@ fn print_terminal(task: &Task) {
                 .map(|e| format!("JSON-RPC error {}: {}", e.code, e.message))
                 .unwrap_or_else(|| "no error given".to_owned());
             eprintln!("task {} failed: {detail}", task.task_id);
-            if let Some(m) = &task.status_message {
+            // Often the error's own message again: then once is enough.
+            let repeated = |m: &String| task.error.as_ref().is_some_and(|e| e.message == *m);
+            if let Some(m) = task.status_message.as_ref().filter(|m| !repeated(m)) {
                 eprintln!("  {m}");
             }
         }
@@ -800,7 +802,9 @@ fn print_task(task: &Task) {
     {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{} {}", task.task_id, task.status.as_str());
-        if let Some(m) = &task.status_message {
+        // A failed or cancelled task's message comes once, with its outcome on stderr.
+        let ended = matches!(task.status, TaskStatus::Failed | TaskStatus::Cancelled);
+        if let Some(m) = task.status_message.as_ref().filter(|_| !ended) {
             let _ = writeln!(out, "  {m}");
         }
         if !task.created_at.is_empty() {

@@ -1,5 +1,5 @@
 //! The client commands of the binary against `mcp-tasks serve --fixtures conformance` (and
-//! the README's against a default `mcp-tasks serve`) on 127.0.0.1: output and exit codes without a terminal, errors a person can act on, and the
+//! docs/CLI.md's against a default `mcp-tasks serve`) on 127.0.0.1: output and exit codes without a terminal, errors a person can act on, and the
 //! interactive path under a pseudo-terminal.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -177,6 +177,18 @@ fn scripts_drive_tasks_by_exit_code() {
     let task = json(&r);
     assert_eq!(task["status"], "failed");
     assert!(task["error"]["code"].is_i64());
+    // `get` of the failed task: its status on stdout, its error once, on stderr.
+    let message = task["error"]["message"].as_str().unwrap();
+    let id = task["taskId"].as_str().unwrap();
+    let r = run(url, &["get", id]);
+    assert_eq!(r.code, 3);
+    assert!(
+        r.stdout.starts_with(&format!("{id} failed\n")),
+        "{}",
+        r.stdout
+    );
+    let all = format!("{}{}", r.stdout, r.stderr);
+    assert_eq!(all.matches(message).count(), 1, "the error once: {all}");
 
     // Input required without a terminal: the id and the requests, exit 5; answer; watch.
     let r = run(url, &["call", "multi_input"]);
@@ -872,6 +884,79 @@ fn completions_for_each_shell() {
     assert_eq!(r.code, 2);
 }
 
+/// In a real bash, the completion script registers its function for `mcp-tasks` and completes
+/// the options of subcommands (`serve --upstream-i<Tab>`), not only the subcommands' names:
+/// every `cmd` the script can set has the `case` arm that lists its options.
+#[test]
+fn bash_completes_the_options_of_subcommands() {
+    let r = run("http://127.0.0.1:9/mcp", &["completions", "bash"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    for cmd in r.stdout.split("cmd=\"").skip(1) {
+        let cmd = &cmd[..cmd.find('"').unwrap()];
+        if !cmd.is_empty() {
+            assert!(
+                r.stdout.contains(&format!("\n        {cmd})\n")),
+                "no case arm for {cmd}"
+            );
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("completion.bash");
+    std::fs::write(&script, &r.stdout).unwrap();
+    // What bash hands the function on <Tab>: the words so far, the one being completed last.
+    let driver = r#"
+source "$1"
+complete -p mcp-tasks
+complete_words() {
+  COMP_WORDS=("$@"); COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))
+  COMP_LINE="$*"; COMP_POINT=${#COMP_LINE}; COMPREPLY=()
+  _mcp__tasks mcp-tasks "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
+  echo "$*: ${COMPREPLY[*]}"
+}
+complete_words mcp-tasks wat
+complete_words mcp-tasks serve --upstream-i
+complete_words mcp-tasks store list --sta
+complete_words mcp-tasks call --det
+"#;
+    let out = match Command::new("bash")
+        .arg("-c")
+        .arg(driver)
+        .arg("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("SKIPPED: no bash to run the completion script in ({e})");
+            return;
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.lines().any(|l| l.starts_with("complete ")
+            && l.contains(" -F _mcp__tasks ")
+            && l.ends_with(" mcp-tasks")),
+        "the function is not registered for mcp-tasks:\n{stdout}"
+    );
+    for line in [
+        "mcp-tasks wat: watch",
+        "mcp-tasks serve --upstream-i: --upstream-idempotent",
+        "mcp-tasks store list --sta: --status",
+        "mcp-tasks call --det: --detach",
+    ] {
+        assert!(
+            stdout.lines().any(|l| l == line),
+            "{line:?} not in:\n{stdout}"
+        );
+    }
+}
+
 /// A pseudo-terminal: the child gets the slave as stdin, stdout and stderr.
 struct Pty {
     master: std::fs::File,
@@ -1029,20 +1114,20 @@ fn ctrl_c_stops_following_and_leaves_the_task_running() {
     assert_eq!(r.code, 6, "the task goes on: {}", r.stdout);
 }
 
-/// The `sh` block that follows `marker` in the README.
+/// The `sh` block that follows `marker` in docs/CLI.md.
 fn readme_block(marker: &str) -> String {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/CLI.md")).unwrap();
     let at = readme
         .find(marker)
-        .unwrap_or_else(|| panic!("README has {marker:?}"));
+        .unwrap_or_else(|| panic!("docs/CLI.md has {marker:?}"));
     let start = readme[at..].find("```sh\n").unwrap() + at + "```sh\n".len();
     let end = readme[start..].find("```").unwrap() + start;
     readme[start..end].to_owned()
 }
 
 /// Runs `script` with bash, `mcp-tasks` on the PATH and `MCP_TASKS_URL` set to `url`; the
-/// README's own `--url http://127.0.0.1:8080/mcp` is pointed at `url` too.
+/// docs/CLI.md's own `--url http://127.0.0.1:8080/mcp` is pointed at `url` too.
 fn run_script(url: &str, script: &str, handles: &std::path::Path) -> Run {
     let bin_dir = std::path::Path::new(BIN).parent().unwrap();
     let path = format!(
@@ -1064,11 +1149,11 @@ fn run_script(url: &str, script: &str, handles: &std::path::Path) -> Run {
     shown(out, &format!("bash -c <<{script}"))
 }
 
-/// The README's client commands and its script, exactly as the README writes them, against a
+/// docs/CLI.md's client commands and its script, exactly as it writes them, against a
 /// default `mcp-tasks serve` (the demo's `generate_report`, no fixtures): each command's exit
 /// code is the one its comment promises, and the script ends with the report.
 #[test]
-fn the_readme_client_commands_run_as_written() {
+fn the_documented_client_commands_run_as_written() {
     let server = Serve::start_plain(&[]);
     let url = server.url.as_str();
     let dir = tempfile::tempdir().unwrap();

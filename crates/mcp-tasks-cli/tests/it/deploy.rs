@@ -70,8 +70,8 @@ fn the_systemd_unit_restarts_on_74_and_reloads_with_sighup() {
         values("Environment"),
         ["MCP_TASKS_STORE=/var/lib/mcp-tasks/tasks.redb"]
     );
-    // README: exit 74 is the fail-stop after a failed fsync.
-    assert!(read("README.md").contains("exits with status 74"));
+    // docs/SERVE.md: exit 74 is the fail-stop after a failed fsync.
+    assert!(read("docs/SERVE.md").contains("exits with status 74"));
 }
 
 /// The Dockerfile: two stages on the crate's Rust version, a non-root numeric user, the store

@@ -394,20 +394,47 @@ async fn declined_approval_is_a_safe_completed_outcome(backend: Backend) {
 }
 }
 
+/// The demo's six `id=` lines, as people compare them: each exactly this, in this order, with
+/// the explanations on lines of their own.
+const DEMO_ID_LINES: [&str; 6] = [
+    "id=0 resultType=complete status=ack",
+    "id=1 resultType=task status=working",
+    "id=2 resultType=complete status=working",
+    "id=3 resultType=complete status=input_required",
+    "id=4 resultType=complete status=ack",
+    "id=5 resultType=complete status=completed",
+];
+
+fn id_lines(out: &str) -> Vec<&str> {
+    out.lines().filter(|l| l.starts_with("id=")).collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_demo_prints_the_lesson_sequence() {
+async fn the_demo_prints_the_six_id_lines_of_the_sequence() {
     let expected = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../docs/demo-output.txt"
     ))
     .unwrap();
+    assert_eq!(id_lines(&expected), DEMO_ID_LINES);
+    // The README shows the same output, line for line.
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let shown = readme
+        .split("cargo run --release -- demo\n```\n\n```text\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README shows the demo's output after its command");
+    assert_eq!(shown, expected);
     for _ in 0..3 {
         let dir = tempfile::tempdir().unwrap();
         let mut out = Vec::new();
         mcp_tasks_testkit::demo::run(&dir.path().join("demo.redb"), false, &mut out)
             .await
             .unwrap();
-        assert_eq!(String::from_utf8(out).unwrap(), expected);
+        let out = String::from_utf8(out).unwrap();
+        assert_eq!(id_lines(&out), DEMO_ID_LINES);
+        assert_eq!(out, expected);
     }
 }
 
@@ -427,6 +454,10 @@ fn the_binary_plays_the_demo() {
         "/../../docs/demo-output.txt"
     ))
     .unwrap();
+    assert_eq!(
+        id_lines(&String::from_utf8_lossy(&out.stdout)),
+        DEMO_ID_LINES
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
 }
 

@@ -268,7 +268,7 @@ fn approve(server: &mut Server, id: u64, task: &str) {
 }
 
 #[test]
-fn lesson_sequence() {
+fn the_demo_sequence_over_stdio() {
     let mut server = Server::start();
 
     let r = server.call(json!(0), "server/discover", json!({}));

@@ -166,6 +166,16 @@ async fn stats_list_and_show_see_every_status() {
     let printed: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(printed["tasks"], 5);
     assert_eq!(printed["by_status"]["cancelled"], 1);
+    // The store may be the argument instead of `--store`; naming it both ways is a usage error.
+    let p = path.to_str().unwrap();
+    let (code, by_argument, stderr) = run(&["store", "list", p, "-q"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(by_argument.lines().count(), 5, "{by_argument}");
+    assert_eq!(run(&["store", "list", "--store", p, "-q"]).1, by_argument);
+    let (code, stdout, _) = run(&["store", "stats", p, "--json"]);
+    assert_eq!(code, 0);
+    assert_eq!(serde_json::from_str::<Value>(&stdout).unwrap()["tasks"], 5);
+    assert_eq!(run(&["store", "list", p, "--store", p]).0, 2);
 
     // Filters and pages.
     let live = admin::list(

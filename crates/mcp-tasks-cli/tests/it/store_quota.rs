@@ -709,7 +709,7 @@ async fn legacy_send(
     b.send().await
 }
 
-/// The refusal's status and JSON-RPC error, checked as the README documents every quota's:
+/// The refusal's status and JSON-RPC error, checked as docs/SERVE.md documents every quota's:
 /// `429` with `Retry-After`, `-32010`, the quota and its limit named in `data` and in the
 /// message.
 async fn assert_quota_refusal(r: reqwest::Response, quota: &str, limit: u64) {

@@ -13,8 +13,26 @@
 //! capabilities, client info, log level) and the modern result translated back; core MRTR
 //! `input_required` rounds become server-to-client requests whose responses feed the next
 //! round; a task-augmented `tools/call` is a modern task creation; `tasks/result` follows the
-//! task through `subscriptions/listen`; `tasks/list` is an owner-scoped read of the store.
-//! ARCHITECTURE.md has the full table.
+//! task through `subscriptions/listen`; `tasks/list` is an owner-scoped read of the store:
+//!
+//! | Legacy message | Runtime operation |
+//! |---|---|
+//! | `initialize` | none: a signed session id (no store write) |
+//! | `notifications/initialized`, `notifications/cancelled` | none (accepted) |
+//! | `ping` | none (`{}`) |
+//! | `logging/setLevel` | `meta` write of the session state; later calls carry `_meta.logLevel` |
+//! | `resources/subscribe`, `resources/unsubscribe` | `meta` write of the session state |
+//! | `tools/list` | modern `tools/list`, plus `execution.taskSupport` from each tool's `TaskPolicy` |
+//! | `tools/call` | modern `tools/call`; each `input_required` round → server-to-client requests, their responses → the next round's `inputResponses` + `requestState` |
+//! | `tools/call` with `params.task` | modern `tools/call` declaring the Tasks extension (durable creation) → nested `CreateTaskResult`; the session follows the task's watcher |
+//! | `tasks/get` | modern `tasks/get` → legacy `Task`; the session follows the task's watcher |
+//! | `tasks/result` | modern `tasks/get`, then the task's watcher until terminal; input requests on the response stream |
+//! | `tasks/list` | `Dispatcher::owned_tasks` (owner-scoped store read, paginated) |
+//! | `tasks/cancel` | modern `tasks/get` (terminal → `-32602`), modern `tasks/cancel`, modern `tasks/get` until terminal (at most the cancel grace) |
+//! | response to `mcp-tasks/task/{id}/{key}` | modern `tasks/update` with `inputResponses: {key: result}` |
+//! | response to `mcp-tasks/call/{n}` | hands the answer to the waiting synchronous call |
+//! | `prompts/*`, `resources/list|read|templates/list`, `completion/complete` | the modern method |
+//! | `GET` (standing stream, `Last-Event-ID`), `DELETE` | hub read; `meta` write (the record replaced by an `ended` tombstone, the owner's index) |
 
 pub(crate) mod hub;
 pub(crate) mod session;

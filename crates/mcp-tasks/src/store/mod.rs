@@ -1,8 +1,11 @@
 //! Where tasks are persisted: the [`TaskStore`] trait and its backends.
 //!
-//! The store knows nothing about tasks: it keeps opaque snapshot bytes keyed by task id, with
-//! the indexes the runtime maintains through [`WriteOp::Put`] (live tasks, due times for the
-//! expiry reaper, the sequence number for compare-and-set) and a small meta table. Every
+//! The store keeps opaque snapshot bytes keyed by task id, with the indexes the runtime
+//! maintains through [`WriteOp::Put`] (live tasks, due times for the expiry reaper, the
+//! sequence number for compare-and-set, the owner and listing entries) and a small meta table.
+//! It decodes a snapshot in one case only: to derive a record's owner and listing entries where
+//! the runtime handed none (converting a store written before those indexes, and the
+//! administration commands that copy records). Every
 //! write is a [`Store::commit`] of a batch of [`WriteOp`]s that is durable when it returns.
 //!
 //! Backends:

@@ -45,7 +45,39 @@
 //! runs under [`SessionBounds`] derived from the TTL, and a request's takeover never waits
 //! for a locked row ([`StoreError::Busy`]). A takeover of a lapsed lease counts against the
 //! task's restart budget unless this node itself saw the database unreachable after the
-//! owner's last heartbeat (an outage, not a crash). See docs/SCALE-OUT.md.
+//! owner's last heartbeat (an outage, not a crash). See docs/SCALE-OUT.md. The session
+//! bounds are proved by `replica_faults::the_stores_statements_are_bounded_by_its_session_timeouts`
+//! and `postgres_failpoints::a_transaction_left_open_by_a_frozen_node_releases_its_row_locks_within_the_bound`
+//! (in `crates/mcp-tasks-cli/tests/pg/`), which fail without them.
+//!
+//! **Owner index and usage (schema 3).** Each row keeps `task_owner`, `created_ms` and a
+//! generated `size` column, with an index on `(task_owner, created_ms, id)`; `mcp_usage` (per
+//! owner, one row per shard of the task ids, summed by readers, so that one owner's concurrent
+//! commits do not queue on one row lock) is kept by a trigger in the commit's transaction, so
+//! every replica reads the same figures. A schema-2 database is converted by the first writable
+//! open, reading each record's owner from its snapshot.
+//!
+//! **Signalling** (`notify.rs`; [`crate::store::Cluster`], implemented by this backend only).
+//! Commands for another node's tasks go through `mcp_commands`; wake-ups are `NOTIFY`s (ids
+//! only; a trigger on task writes), with a polling fallback (`PostgresOptions::poll_interval`).
+//! The dedicated `LISTEN` connection reconnects with backoff, then wakes every watcher once
+//! (catch-up); it also holds the sweep leadership (a session advisory lock: the reaper's due
+//! query returns finished tasks to the leader only). `Cluster::nodes`, `lease_of` and
+//! `watch_commits` serve the operator console.
+//!
+//! **Group commit** (`group.rs`, `PostgresOptions::group_commit`, on by default). The one-`Put`
+//! commits waiting at once go in one transaction, their statements pipelined on one
+//! connection. A refusal is that commit's alone; any other failure before `COMMIT`, or a
+//! `COMMIT` the server refuses (reported before it writes the commit record), rolls the group
+//! back, and each commit is then made alone. The group's `lock_timeout` is 50 ms for its rows,
+//! so a row a frozen peer holds delays the others by that, not by the session's lock bound;
+//! `COMMIT` itself waits under the session's bound (PostgreSQL serialises notifying commits with
+//! a lock on its notification queue: under load a 50 ms bound there failed creations).
+//! Tests: `crates/mcp-tasks-cli/tests/pg/postgres_group_commit.rs`.
+//!
+//! **Administration** (`inspect.rs`): one plain connection for the `store …` commands (schema
+//! version checked, never migrated by a read; writes refused while a node's heartbeat is
+//! fresh).
 
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;

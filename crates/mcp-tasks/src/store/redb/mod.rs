@@ -1,19 +1,60 @@
 //! The redb backend: one file, one writer OS thread, group commit.
 //!
 //! It keeps opaque snapshot bytes keyed by task id and the index tables that the runtime
-//! maintains through [`WriteOp::Put`] (table layout 2, see `schema.rs`):
-//!
-//! | table   | key            | value                                 | purpose                                        |
-//! |---------|----------------|---------------------------------------|------------------------------------------------|
-//! | `tasks` | id             | header (seq, due_ms) + snapshot bytes | the latest snapshot of every stored task       |
-//! | `live`  | id             | `()`                                  | non-terminal tasks, read at start to rehydrate |
-//! | `due`   | `(due_ms, id)` | `()`                                  | when the reaper must next look at a task       |
-//! | `meta`  | key            | bytes                                 | schema version, boot epoch, ...                |
+//! maintains through [`WriteOp::Put`]. The tables of layout 5 (today's, recorded as
+//! `schema_version` in `meta`) are defined, with their key and value formats, in `schema.rs`:
+//! `tasks` (id → a record header — flags, sequence number, due time, and the owner entry —
+//! then the snapshot bytes), `live` (ids of non-terminal tasks, read at start to rehydrate),
+//! `due` (`(due_ms, id)` for the reaper), `meta` (schema version, boot epoch, ...), `owners`
+//! and `usage` (the owner index and the per-owner usage), `listing_index` and
+//! `listing_counters` (the operator console's listing). A newer layout is refused unchanged
+//! with [`StoreError::SchemaTooNew`](crate::store::StoreError::SchemaTooNew) by a server and by the `store …` commands.
 //!
 //! The sequence number (for compare-and-set) and the due time live in the record's header, so
-//! a `Put` writes one table plus `live` and `due` when they change: a commit's cost is set by
-//! the number of tables it touches. A layout-1 file (with the tables `seq` and `due_by_id`)
-//! is converted by the first open.
+//! a `Put` writes `tasks`, and `live` and `due` only when they change; the compare-and-set
+//! reads the sequence number from the stored record's header (one lookup), and the old due
+//! entry comes from the same header: a commit's cost is set by the number of tables it
+//! touches.
+//!
+//! **Owner index and usage (layout 3).** A `Put` may carry an [`OwnerEntry`](crate::store::OwnerEntry) (the owner's key,
+//! `store::owner_key`: the tenant's length, `:`, tenant, principal; and the creation time); the
+//! runtime sends it with every record. It is kept in the record header (flag bit 2), in
+//! `owners` (`(owner, created_ms, id)`) and in `usage` (owner → tasks, bytes: each record counts
+//! its id plus its stored value). The writer moves both in the transaction that changes the
+//! record (the old value's header says whose it was), so they are exact after a crash; counters
+//! kept in the commit rather than recomputed keep an open as cheap as before.
+//!
+//! **The listing index (layouts 4 and 5).** A `Put` may carry a listing (`store/listing.rs`:
+//! tool, status, status message cut to 240 bytes, last update). Layout 5 keeps the entries by
+//! creation time, status and tool as three key prefixes of `listing_index`, and the counters
+//! per (owner, tool, status) and the one-minute throughput buckets as two key prefixes of
+//! `listing_counters`, because a commit pays pages for every table it writes
+//! (`schema::ListingTables`). The counters a group commit changes are kept in memory while its
+//! ops apply and written once each before it commits, so every writer that opens
+//! `ListingTables` or `OwnerTables` (the writer thread, the layout conversions, `store
+//! migrate`/`purge`) calls their `flush` before `commit`, or the counters it changed are lost
+//! (`counters_of_one_batch_are_those_of_one_commit_per_write`;
+//! `the_listing_index_follows_puts_and_deletes`).
+//!
+//! **Older layouts** are converted by the first writable open, in the transaction that records
+//! the boot epoch (a crash leaves the old layout whole; one info line with the number of
+//! records; every record is written anew before the old pages are free, so a conversion needs
+//! free disk of about the file's size; its time and memory at 1M records are in
+//! docs/BENCHMARKS.md). Layout 1 had bare snapshots in `tasks`, the sequence number in `seq`
+//! and the reverse of `due` in `due_by_id`; layout 2 had no owner index (a record's owner is
+//! read from its snapshot, `store::owner_of_snapshot`; a record that does not decode stays in
+//! nobody's index); layout 3 had no listing (read from each snapshot); layout 4 had the listing
+//! in four tables (copied). `store stats`, `list`, `show`, `verify` and `backup` read any layout
+//! as it is, and `store purge` and a `store migrate` into an existing file convert it in their
+//! own write transaction.
+//!
+//! **Failures.** A failed fsync halts the store for good (fail-stop, [`StoreError::Halted`](crate::store::StoreError::Halted)).
+//! Any other failed commit (a full disk) makes the writer reopen the database
+//! (`recovery.rs`), recovering the last durable commit without a second whole-file check and
+//! never recreating a missing file; if that fails the store is *unavailable* and every later
+//! write tries again. Opening checks every page's checksum unless told not to.
+//! `RedbStore::open_with_backend` runs the store on any redb `StorageBackend` (the crash
+//! simulations' disk). Client-facing errors never name the file.
 //!
 //! Writes go through [`RedbStore::commit`]: the ops are queued to a dedicated writer thread
 //! that drains everything queued, applies all of it in one write transaction with one commit

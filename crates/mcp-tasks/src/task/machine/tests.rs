@@ -1,6 +1,6 @@
 //! Unit tests of [`apply`] per event, and property tests that run random event sequences
 //! against a small reference model and check the invariants of the state machine after every
-//! step (ARCHITECTURE invariants 3, 4 and 5).
+//! step (ARCHITECTURE.md's invariants: monotonic sequence, terminal is final, input keys).
 
 use std::collections::{BTreeMap, BTreeSet};
 
