@@ -1,24 +1,4 @@
-//! Failed credentials, throttled: after [`FailureThrottle::max_failures`] refused credentials
-//! within [`FailureThrottle::window`] from one address, or naming one principal, further
-//! attempts from it are answered `429` with `Retry-After` *before* the credential is checked,
-//! until the window that counted them has passed.
-//!
-//! The MCP endpoint counts the bearer tokens its authenticator refuses (not requests without
-//! any credential: an OAuth client's first request has none, by design); the console counts
-//! refused logins and refused `Authorization` headers. Each surface has its own throttle.
-//!
-//! The address is the TCP peer's (the `ConnectInfo<SocketAddr>` extension, which
-//! [`crate::transport::http::serve_with`] sets), IPv6 addresses by their `/64` prefix (one
-//! host commonly holds a whole prefix). The *claimed* principal is what a credential says about
-//! its owner before it is verified: the `sub` (with its `iss`) of a JWT. An opaque bearer
-//! token names nobody, so only its address counts. A claimed principal can be named by
-//! anyone: an attacker can hold a principal's logins at `429` for one window at a time (never
-//! longer than [`FailureThrottle::window`] after the last failure) — the price of bounding a
-//! guess-the-secret attack per account.
-//!
-//! Memory is bounded: at most [`MAX_TRACKED`] addresses and principals are tracked; past that,
-//! expired entries are dropped, and while every entry is live new keys are not tracked (logged
-//! once a window).
+//! Failed credentials, throttled: [`FailureThrottle`].
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -29,7 +9,7 @@ use base64::Engine as _;
 use tokio::time::Instant;
 
 /// The most addresses and principals one throttle tracks at once.
-pub const MAX_TRACKED: usize = 65_536;
+pub(crate) const MAX_TRACKED: usize = 65_536;
 
 /// What a throttle counts failures by.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -46,8 +26,28 @@ struct Window {
     failures: u32,
 }
 
-/// Counts refused credentials per address and per claimed principal, and says when to stop
-/// checking them for a while (see the [module docs](self)).
+/// Counts refused credentials per address and per claimed principal: after
+/// [`FailureThrottle::max_failures`] refused credentials within [`FailureThrottle::window`]
+/// from one address, or naming one principal, further
+/// attempts from it are answered `429` with `Retry-After` *before* the credential is checked,
+/// until the window that counted them has passed.
+///
+/// The MCP endpoint counts the bearer tokens its authenticator refuses (not requests without
+/// any credential: an OAuth client's first request has none, by design); the console counts
+/// refused logins and refused `Authorization` headers. Each surface has its own throttle.
+///
+/// The address is the TCP peer's (the `ConnectInfo<SocketAddr>` extension, which
+/// [`crate::transport::http::serve_with`] sets), IPv6 addresses by their `/64` prefix (one
+/// host commonly holds a whole prefix). The *claimed* principal is what a credential says about
+/// its owner before it is verified: the `sub` (with its `iss`) of a JWT. An opaque bearer
+/// token names nobody, so only its address counts. A claimed principal can be named by
+/// anyone: an attacker can hold a principal's logins at `429` for one window at a time (never
+/// longer than [`FailureThrottle::window`] after the last failure) — the price of bounding a
+/// guess-the-secret attack per account.
+///
+/// Memory is bounded: at most 65,536 addresses and principals are tracked; past that,
+/// expired entries are dropped, and while every entry is live new keys are not tracked (logged
+/// once a window).
 #[derive(Debug)]
 pub struct FailureThrottle {
     max_failures: u32,
