@@ -103,10 +103,12 @@ impl GatewayArgs {
         }
         for (i, spec) in self.command.iter().enumerate() {
             let (name, command) = split_name(spec, || default_name(total, "command", i));
-            let words = shlex::split(command)
-                .ok_or_else(|| format!("--upstream-command {spec}: unbalanced quotes"))?;
+            // The command is never echoed: its arguments may hold secrets.
+            let words = shlex::split(command).ok_or_else(|| {
+                format!("--upstream-command {name}=…: unbalanced quotes in the command")
+            })?;
             let Some((program, args)) = words.split_first() else {
-                return Err(format!("--upstream-command {spec}: no command"));
+                return Err(format!("--upstream-command {name}=: no command"));
             };
             upstreams.push(Upstream::command(name, program, args));
         }
@@ -172,7 +174,8 @@ impl GatewayArgs {
                 ),
             };
             if name.is_empty() {
-                return Err(format!("--upstream-env {spec}: no variable name"));
+                // Not the spec: its value may be a secret.
+                return Err("--upstream-env =…: no variable name before `=`".to_owned());
             }
             upstreams = upstreams
                 .into_iter()
@@ -263,12 +266,21 @@ mod tests {
                 .unwrap_err()
                 .contains("NOPE is not set")
         );
+        // Errors never echo a command or an environment value (they may hold secrets).
         let mut a = args();
-        a.command = vec!["x='unbalanced".into()];
+        a.command = vec!["x=tool --api-key 's3cret".into()];
+        let e = a.upstreams_with(|_| None).unwrap_err();
         assert!(
-            a.upstreams_with(|_| None)
-                .unwrap_err()
-                .contains("unbalanced")
+            e.contains("unbalanced") && e.contains("x=") && !e.contains("s3cret"),
+            "{e}"
+        );
+        let mut a = args();
+        a.command = vec!["x=node".into()];
+        a.env = vec!["=s3cret".into()];
+        let e = a.upstreams_with(|_| None).unwrap_err();
+        assert!(
+            e.contains("no variable name") && !e.contains("s3cret"),
+            "{e}"
         );
         let mut a = args();
         a.http = vec!["a=http://a/mcp".into(), "b=http://b/mcp".into()];

@@ -108,7 +108,10 @@ async fn start() -> Server {
         .start()
         .await
         .unwrap();
+    // These tests send many refused credentials from one address on purpose: the failure
+    // throttle (tested in `console_security.rs`) would answer 429 to the later ones.
     let config = HttpConfig::default()
+        .auth_throttle(0, std::time::Duration::from_secs(60))
         .authenticator(Arc::new(auth::Chain::new(vec![tokens, Arc::new(jwt)])))
         .resource(
             ProtectedResource::new(&resource)

@@ -52,12 +52,36 @@ impl JwksSource {
     }
 }
 
+/// Shown without what may be a secret: a URL's user information (`user:password@`) and its
+/// query (`?token=…`) are replaced by `…`.
 impl std::fmt::Display for JwksSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Path(p) => write!(f, "{}", p.display()),
-            Self::Url(u) => f.write_str(u),
+            Self::Url(u) => f.write_str(&redact_url(u)),
         }
+    }
+}
+
+/// `url` without its user information and query.
+pub(crate) fn redact_url(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let (authority, path) = match rest.find(['/', '?', '#']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let authority = match authority.rsplit_once('@') {
+        Some((_, host)) => format!("…@{host}"),
+        None => authority.to_owned(),
+    };
+    let path = match path.find(['?', '#']) {
+        Some(i) => format!("{}?…", &path[..i]),
+        None => path.to_owned(),
+    };
+    if scheme.is_empty() {
+        format!("{authority}{path}")
+    } else {
+        format!("{scheme}://{authority}{path}")
     }
 }
 
@@ -192,7 +216,7 @@ impl JwtVerifier {
             .build()
             .map_err(|e| JwtSetupError::Jwks {
                 location: config.jwks.to_string(),
-                detail: e.to_string(),
+                detail: e.without_url().to_string(),
             })?;
         let verifier = Self {
             keys: RwLock::new(Arc::new(Keys {
@@ -229,17 +253,22 @@ impl JwtVerifier {
         let bytes = match &self.config.jwks {
             JwksSource::Path(path) => tokio::fs::read(path).await.map_err(|e| e.to_string())?,
             JwksSource::Url(url) => {
+                // reqwest's errors name the URL, which may hold credentials: not here.
                 let mut response = self
                     .client
                     .get(url)
                     .send()
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| e.without_url().to_string())?;
                 if !response.status().is_success() {
                     return Err(format!("HTTP status {}", response.status()));
                 }
                 let mut body = Vec::new();
-                while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
+                while let Some(chunk) = response
+                    .chunk()
+                    .await
+                    .map_err(|e| e.without_url().to_string())?
+                {
                     if body.len() + chunk.len() > MAX_JWKS_BYTES {
                         return Err(format!("the document exceeds {MAX_JWKS_BYTES} bytes"));
                     }
@@ -455,4 +484,41 @@ fn parse_jwks(bytes: &[u8]) -> Result<Keys, String> {
         keys,
         fetched: Instant::now(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jwks_url_is_shown_without_credentials_or_query() {
+        for (url, shown) in [
+            (
+                "https://user:s3cret@idp.example/jwks.json?key=k3y#frag",
+                "https://…@idp.example/jwks.json?…",
+            ),
+            ("https://idp.example/jwks", "https://idp.example/jwks"),
+            ("http://a:b@127.0.0.1:9", "http://…@127.0.0.1:9"),
+            ("https://idp.example?t=1", "https://idp.example?…"),
+        ] {
+            assert_eq!(JwksSource::parse(url).to_string(), shown);
+        }
+    }
+
+    /// A JWKS that cannot be fetched names its location without the secret parts, and the
+    /// transport's error does not repeat the URL.
+    #[tokio::test]
+    async fn setup_errors_hold_no_credentials() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let url = format!("http://user:s3cret@127.0.0.1:{port}/jwks?token=t0ken");
+        let config = JwtConfig::new(JwksSource::parse(&url), "https://idp", "https://rs");
+        let error = JwtVerifier::new(config).await.unwrap_err().to_string();
+        assert!(error.contains("could not be loaded"), "{error}");
+        assert!(
+            !error.contains("s3cret") && !error.contains("t0ken"),
+            "{error}"
+        );
+    }
 }

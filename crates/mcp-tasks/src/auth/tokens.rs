@@ -171,7 +171,7 @@ fn parse_table(path: &Path, text: &str) -> Result<Table, TokenFileError> {
         path: path.to_owned(),
         detail,
     };
-    let file: File = toml::from_str(text).map_err(|e| invalid(e.message().to_owned()))?;
+    let file: File = toml::from_str(text).map_err(|e| invalid(toml_error(text, &e)))?;
     let mut table = Table::new();
     for (i, entry) in file.tokens.into_iter().enumerate() {
         let n = i + 1;
@@ -192,6 +192,45 @@ fn parse_table(path: &Path, text: &str) -> Result<Table, TokenFileError> {
     Ok(table)
 }
 
+/// A TOML error of the token file without anything quoted from it (a key or a value may be a
+/// secret pasted in the wrong place): its message with quoted text elided, and its line.
+fn toml_error(text: &str, error: &toml::de::Error) -> String {
+    let message = elide_quoted(error.message());
+    match error.span() {
+        Some(span) => {
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            format!("line {line}: {message}")
+        }
+        None => message,
+    }
+}
+
+/// `message` with the text between backticks or double quotes replaced by `…`.
+pub(crate) fn elide_quoted(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut open: Option<char> = None;
+    for c in message.chars() {
+        match open {
+            Some(q) if c == q => {
+                out.push('…');
+                out.push(c);
+                open = None;
+            }
+            Some(_) => {}
+            None => {
+                out.push(c);
+                if c == '`' || c == '"' {
+                    open = Some(c);
+                }
+            }
+        }
+    }
+    if open.is_some() {
+        out.push('…');
+    }
+    out
+}
+
 fn parse_digest(hex: &str) -> Option<[u8; 32]> {
     let hex = hex.trim();
     if hex.len() != 64 {
@@ -207,6 +246,29 @@ fn parse_digest(hex: &str) -> Option<[u8; 32]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A token pasted as a key or a value never appears in the error (nor does the line).
+    #[test]
+    fn errors_quote_nothing_from_the_file() {
+        for text in [
+            "tok-SECRET-1 = \"x\"\n",
+            "[[tokens]]\nsha256 = 5\ntenant = \"a\"\nprincipal = \"tok-SECRET-1\"\n",
+            "[[tokens]]\nsha256 = \"tok-SECRET-1\"\n",
+            "[[tokens]]\ntok-SECRET-1\n",
+            "[[tokens]]\nsha256 = \"tok-SECRET-1\n",
+        ] {
+            let e = StaticTokens::parse(text).unwrap_err().to_string();
+            assert!(!e.contains("SECRET"), "{e}");
+        }
+        let e = StaticTokens::parse("\n\ntok-SECRET-1 = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 3"), "{e}");
+        assert_eq!(
+            elide_quoted("unknown field `x`, expected `a`"),
+            "unknown field `…`, expected `…`"
+        );
+    }
 
     fn sha(token: &str) -> String {
         Sha256::digest(token.as_bytes())
