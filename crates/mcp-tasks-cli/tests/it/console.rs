@@ -148,6 +148,17 @@ pub(crate) async fn serve(console: Console) -> Served {
     }
 }
 
+/// Waits (10 s at most) until a console served by a child process answers at `base`.
+pub(crate) async fn wait_until_answers(base: &str) {
+    for _ in 0..400 {
+        if reqwest::get(format!("{base}/api/overview")).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the console at {base} does not answer");
+}
+
 /// One HTTP exchange: status and JSON body (`null` when the body is not JSON).
 pub(crate) async fn http(
     method: reqwest::Method,
@@ -692,15 +703,7 @@ async fn serve_console_listen_serves_the_console() {
             .unwrap(),
     );
     let base = format!("http://127.0.0.1:{console}");
-    let mut up = false;
-    for _ in 0..400 {
-        if reqwest::get(format!("{base}/api/overview")).await.is_ok() {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(up, "the console answers");
+    wait_until_answers(&base).await;
     assert_eq!(
         get(&format!("{base}/api/overview"), &[]).await.0,
         401,

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::backend::{Backend, Place};
-use crate::console::{create, http as request, serve, start, wait_status};
+use crate::console::{create, http as request, serve, start, wait_status, wait_until_answers};
 use crate::support::embedded::req;
 use crate::support::token_entry;
 
@@ -143,6 +143,21 @@ async fn a_foreign_host_is_refused_on_every_console_route() {
     place.finish().await;
 }
 
+/// The MCP endpoint of `rt` with `config` on 127.0.0.1:0: its URL, and the sender that stops it.
+async fn serve_mcp(rt: &Runtime, config: HttpConfig) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mcp = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(http::serve(
+        listener,
+        http::router(rt.handle(), config),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    (mcp, stop)
+}
+
 /// The credentials of the scope tests, with `--auth-scope tasks` on the endpoint.
 fn scoped_tokens() -> Arc<StaticTokens> {
     let toml = [
@@ -172,16 +187,7 @@ async fn the_console_applies_the_endpoints_scope_policy() {
     let config = HttpConfig::default()
         .authenticator(tokens.clone())
         .resource(ProtectedResource::new("http://127.0.0.1/mcp").scope("tasks"));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let mcp = format!("http://{}/mcp", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(http::serve(
-        listener,
-        http::router(rt.handle(), config),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (mcp, stop) = serve_mcp(&rt, config).await;
     let console = serve(
         Console::new(&rt)
             .authenticator(tokens)
@@ -526,16 +532,7 @@ async fn refused_credentials_are_throttled_and_recover() {
     let config = HttpConfig::default()
         .authenticator(tokens)
         .auth_throttle(3, window);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let mcp = format!("http://{}/mcp", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(http::serve(
-        listener,
-        http::router(rt.handle(), config),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (mcp, stop) = serve_mcp(&rt, config).await;
     let post = |token: &'static str| {
         let mcp = mcp.clone();
         async move {
@@ -791,15 +788,7 @@ async fn serve_refuses_an_open_console_and_counts_auth_failures() {
             .unwrap(),
     );
     let base = format!("http://127.0.0.1:{console}");
-    let mut up = false;
-    for _ in 0..400 {
-        if reqwest::get(format!("{base}/api/overview")).await.is_ok() {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(up, "the console answers");
+    wait_until_answers(&base).await;
     for _ in 0..2 {
         let (status, _, _) = request(
             Method::POST,

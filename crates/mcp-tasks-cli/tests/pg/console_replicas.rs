@@ -37,16 +37,7 @@ async fn get(url: &str) -> Value {
 async fn any_replicas_console_shows_the_whole_cluster_live() {
     let Some(pg) = pg::fresh().await else { return };
     let (a, b) = (node(&pg, "a").await, node(&pg, "b").await);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(mcp_tasks::transport::http::serve(
-        listener,
-        Console::new(&a).router(),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (base, stop) = serve_console(Console::new(&a)).await;
     // Node a's console follows every node's commits from now on.
     let mut events = reqwest::get(format!("{base}/api/events"))
         .await
