@@ -7,6 +7,7 @@
 //! cargo bench --bench scale -- --cache-size 64MiB                 # passed to serve
 //! cargo bench --bench scale -- --quick-repair                     # passed to serve
 //! cargo bench --bench scale -- --only parked --parked 100000      # tasks waiting for input
+//! cargo bench --bench scale -- --only returned --returned 20000   # memory given back
 //! ```
 //!
 //! Phases, each against `mcp-tasks serve --fixtures bench --no-quotas` started as a child
@@ -38,6 +39,11 @@
 //!    against active. Last, the parking server is stopped cleanly and started again: its
 //!    waiting tasks are parked at start without an actor; time to ready, RSS above an empty
 //!    server's start.
+//! 7. **Memory given back** (`--only returned`; `--returned`, default 20,000). One server with
+//!    the default flags (a waiting task parks after 30 s): 1,000 `wait_input` tasks completed
+//!    (the warm-up), then `--returned` left waiting; RSS above the warmed server right after
+//!    they asked and `--after` seconds later (default 60: they have all been parked by then),
+//!    per waiting task.
 //!
 //! Clients are this crate's `mcp_tasks::client` on a single-threaded tokio runtime on its own
 //! OS thread, one connection each. Nothing here asserts speed.
@@ -56,7 +62,7 @@ use mcp_tasks::store::{Durability, Expect, Store, StoreOptions, WriteOp};
 use serde_json::json;
 
 const USAGE: &str = "usage: cargo bench --bench scale -- [--stored N] [--live N] [--secs S] \
-                     [--parked N] [--only parked] [--cache-size SIZE] [--record-cache-size SIZE] \
+                     [--parked N] [--only parked|returned] [--returned N] [--after S] [--cache-size SIZE] [--record-cache-size SIZE] \
                      [--quick-repair] [--keep]";
 
 struct Args {
@@ -66,6 +72,12 @@ struct Args {
     parked: usize,
     /// Run phase 6 only.
     only_parked: bool,
+    /// Tasks of phase 7 (memory given back).
+    returned: usize,
+    /// Run phase 7 only.
+    only_returned: bool,
+    /// Seconds phase 7 waits after the tasks asked.
+    after: u64,
     secs: f64,
     cache_size: Option<String>,
     record_cache_size: Option<String>,
@@ -81,6 +93,9 @@ fn parse_args() -> Args {
         live: 10_000,
         parked: 100_000,
         only_parked: false,
+        returned: 20_000,
+        only_returned: false,
+        after: 60,
         secs: 5.0,
         cache_size: None,
         record_cache_size: None,
@@ -106,8 +121,13 @@ fn parse_args() -> Args {
             "--parked" => args.parked = num("--parked", it.next()),
             "--only" => match it.next().as_deref() {
                 Some("parked") => args.only_parked = true,
-                other => fail(format!("--only takes `parked`, not {other:?}")),
+                Some("returned") => args.only_returned = true,
+                other => fail(format!(
+                    "--only takes `parked` or `returned`, not {other:?}"
+                )),
             },
+            "--returned" => args.returned = num("--returned", it.next()).max(1),
+            "--after" => args.after = num("--after", it.next()) as u64,
             "--secs" => args.secs = num("--secs", it.next()).max(1) as f64,
             "--cache-size" => {
                 args.cache_size = Some(it.next().unwrap_or_else(|| fail("--cache-size".into())))
@@ -357,6 +377,10 @@ fn main() {
         parked_phase(dir.path(), &args);
         return;
     }
+    if args.only_returned {
+        returned_phase(dir.path(), &args);
+        return;
+    }
 
     // 1. Empty store.
     let server = Server::start(&path, &args, &[]);
@@ -560,6 +584,37 @@ fn answer_each(url: &str, ids: Vec<String>) -> Vec<f64> {
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p) as usize]
+}
+
+/// Phase 7: the memory of tasks waiting for input, once parked, given back to the system.
+fn returned_phase(dir: &Path, args: &Args) {
+    let n = args.returned;
+    println!(
+        "\n{n} tasks waiting for input with the default flags (parked after 30 s): memory given back"
+    );
+    let server = Server::start(&dir.join("returned.redb"), args, &[]);
+    let empty = server.rss();
+    create_waiting_tasks(&server.url, 1_000, true);
+    std::thread::sleep(Duration::from_millis(500));
+    let before = server.rss();
+    let t = Instant::now();
+    create_waiting_tasks(&server.url, n, false);
+    let took = t.elapsed().as_secs_f64();
+    let asked = server.rss();
+    std::thread::sleep(Duration::from_secs(args.after));
+    let later = server.rss();
+    let per = |rss: u64| rss.saturating_sub(before) as f64 / n as f64;
+    println!(
+        "  empty {:.1} MiB, warmed {:.1} MiB; {n} created and waiting in {took:.1} s: RSS {:.1} MiB ({:.0} bytes per task above the warmed server); {} s later {:.1} MiB ({:.0} bytes per task)",
+        mib(empty),
+        mib(before),
+        mib(asked),
+        per(asked),
+        args.after,
+        mib(later),
+        per(later),
+    );
+    server.stop();
 }
 
 /// Phase 6: what a task waiting for input costs, parked and with its actor.

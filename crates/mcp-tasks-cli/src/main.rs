@@ -15,6 +15,7 @@ use mcp_tasks_testkit::{demo, fixtures};
 mod cli;
 mod cli_store;
 mod gateway_args;
+mod memory;
 mod serve_config;
 
 #[derive(Parser)]
@@ -210,6 +211,10 @@ struct ServeArgs {
     /// keeps every actor; `0s` parks at once. Units: ms, s, m, h, d.
     #[arg(long, env = "MCP_TASKS_PASSIVATE_AFTER", value_name = "DURATION", default_value = "30s", value_parser = parse_passivate_after)]
     passivate_after: PassivateAfter,
+    /// Keep the heap a burst of stopped task actors freed (by default it is given back to the
+    /// system with glibc's `malloc_trim` once the actors have fallen by 256 or more).
+    #[arg(long, env = "MCP_TASKS_NO_MALLOC_TRIM")]
+    no_malloc_trim: bool,
     /// Where `--fixtures crash` appends its step side effects (docs/CRASH-TESTING.md).
     #[arg(long, value_name = "PATH", hide = true)]
     side_effects: Option<PathBuf>,
@@ -868,6 +873,10 @@ async fn start(
     match builder(args, base, node, gateway).start().await {
         Ok(runtime) => {
             let _ = started.set(runtime.handle());
+            if !args.no_malloc_trim {
+                // Ends with the process (its tokio runtime).
+                drop(memory::spawn(runtime.handle()));
+            }
             let admin = if args.no_admin_socket {
                 None
             } else {

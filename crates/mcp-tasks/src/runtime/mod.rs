@@ -594,6 +594,16 @@ pub struct RuntimeHandle {
 }
 
 impl RuntimeHandle {
+    /// The number of tasks with a running actor ([`Runtime::live_tasks`]).
+    pub fn live_tasks(&self) -> usize {
+        self.dispatcher.shared.live.len()
+    }
+
+    /// The number of live tasks parked without an actor ([`Runtime::parked_tasks`]).
+    pub fn parked_tasks(&self) -> usize {
+        self.dispatcher.shared.live.parked()
+    }
+
     /// The dispatcher behind this handle (for adapters at the edge).
     pub(crate) fn dispatcher(&self) -> &Arc<Dispatcher> {
         &self.dispatcher
