@@ -100,7 +100,10 @@ impl HttpLink {
         // The upstream's timeout is a bound on its silence, not on a call's length: a read
         // that waits longer fails (a call's stream is also watched by `link::drive`).
         let build = |read_timeout: Option<Duration>| {
+            // Streamable HTTP needs no redirect: following one would hand the headers, the
+            // session and the tenant's request to another origin.
             let mut builder = reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
                 .connect_timeout(Duration::from_secs(10).min(config.timeout))
                 .user_agent(concat!("mcp-tasks-gateway/", env!("CARGO_PKG_VERSION")));
             if let Some(t) = read_timeout {
@@ -286,6 +289,18 @@ impl HttpLink {
                 }
             }
         }
+        // A request that does no work (discovery, `tools/list`, a notification…) also has a
+        // total deadline: bytes dripped slower than the read timeout cannot hold it open. A
+        // call, or a task's polling, is bounded by its silence instead.
+        let method = message.get("method").and_then(Value::as_str);
+        if message.get("id").is_none()
+            || matches!(
+                method,
+                Some("server/discover" | "initialize" | "tools/list" | "ping")
+            )
+        {
+            request = request.timeout(self.timeout);
+        }
         let response = request
             .body(message.to_string())
             .send()
@@ -328,7 +343,11 @@ impl HttpLink {
                 })
             });
             return Ok((
-                Reply1::Stream(SseStream::new(chunks.boxed(), idle, self.upstream.clone())),
+                Reply1::Stream(
+                    SseStream::new(chunks.boxed(), idle, self.upstream.clone())
+                        .max_event(MAX_BODY)
+                        .comments_are_activity(false),
+                ),
                 set_session,
             ));
         }
@@ -724,6 +743,10 @@ fn stream_error(upstream: &str, timeout: Duration, e: crate::client::ClientError
         crate::client::ClientError::Timeout { .. } => UpstreamError::Timeout {
             upstream: upstream.to_owned(),
             seconds: timeout.as_secs_f64(),
+        },
+        crate::client::ClientError::Protocol(reason) => UpstreamError::Protocol {
+            upstream: upstream.to_owned(),
+            reason,
         },
         _ => UpstreamError::Unreachable {
             upstream: upstream.to_owned(),
