@@ -97,16 +97,18 @@ impl GatewayArgs {
         for (i, spec) in self.http.iter().enumerate() {
             let (name, url) = split_name(spec, || default_name(total, "upstream", i));
             if url.is_empty() {
-                return Err(format!("--upstream {spec}: no URL"));
+                return Err(format!("--upstream {name}: no URL"));
             }
             upstreams.push(Upstream::http(name, url));
         }
         for (i, spec) in self.command.iter().enumerate() {
             let (name, command) = split_name(spec, || default_name(total, "command", i));
-            let words = shlex::split(command)
-                .ok_or_else(|| format!("--upstream-command {spec}: unbalanced quotes"))?;
+            let words = shlex::split(command).ok_or_else(|| {
+                // Not quoted: a command line may hold a secret.
+                format!("--upstream-command {name}: unbalanced quotes")
+            })?;
             let Some((program, args)) = words.split_first() else {
-                return Err(format!("--upstream-command {spec}: no command"));
+                return Err(format!("--upstream-command {name}: no command"));
             };
             upstreams.push(Upstream::command(name, program, args));
         }
@@ -172,7 +174,7 @@ impl GatewayArgs {
                 ),
             };
             if name.is_empty() {
-                return Err(format!("--upstream-env {spec}: no variable name"));
+                return Err("--upstream-env: a value without a variable name (`=…`; the value is not shown)".to_owned());
             }
             upstreams = upstreams
                 .into_iter()
@@ -278,6 +280,24 @@ mod tests {
                 .unwrap_err()
                 .contains("UPSTREAM_tool")
         );
+        // Secrets are not echoed: neither a command line nor an environment value.
+        let mut a = args();
+        a.command = vec!["x=tool --api-key 's3cret".into()];
+        let e = a.upstreams_with(|_| None).unwrap_err();
+        assert!(e.contains("`x`") || e.contains(" x:"), "{e}");
+        assert!(!e.contains("s3cret"), "{e}");
+        let mut a = args();
+        a.command = vec!["x=tool".into()];
+        a.env = vec!["=s3cret".into()];
+        let e = a.upstreams_with(|_| None).unwrap_err();
+        assert!(!e.contains("s3cret") && e.contains("--upstream-env"), "{e}");
+        let mut a = args();
+        a.http = vec!["h=http://me:s3cret@127.0.0.1:1/mcp".into()];
+        a.command = vec!["c=tool --api-key s3cret".into()];
+        a.env = vec!["KEY=s3cret".into()];
+        let shown = format!("{:?}", a.upstreams_with(|_| None).unwrap());
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("http://***@127.0.0.1:1/mcp"), "{shown}");
         // A URL with `=` in its query is not taken for a name.
         let mut a = args();
         a.http = vec!["http://a/mcp?x=1".into()];

@@ -17,6 +17,14 @@ use serde_json::{Value, json};
 
 use crate::gateway::{Gateway, free_port, start_task, terminal, wait_for, wait_port, wait_tools};
 
+/// A tool name that would forge a log line if written raw.
+const NASTY_NAME: &str = "ctl\x07\x1b[31mred\r\nX-Injected: 1";
+
+/// Whether `log` holds a raw control character or a forged line.
+fn forged(log: &str) -> bool {
+    log.contains(['\x07', '\x1b', '\r']) || log.lines().any(|l| l.starts_with("X-Injected"))
+}
+
 /// What the hostile upstream saw.
 #[derive(Default)]
 struct Seen {
@@ -96,6 +104,7 @@ async fn mcp(State((seen, port)): State<(Arc<Seen>, u16)>, body: Bytes) -> Respo
         "redirect",
         "drip",
         "code",
+        NASTY_NAME,
     ]
     .iter()
     .map(|name| json!({ "name": name, "inputSchema": { "type": "object" } }))
@@ -256,7 +265,36 @@ async fn redirects_are_not_followed_and_a_drip_does_not_hold_a_call() {
         message.contains("upstream `bad` did not answer within 1 s"),
         "{message}"
     );
-    assert!(!gw.log().contains("SECRET-KEY-42"));
+    let log = gw.log();
+    assert!(!log.contains("SECRET-KEY-42"));
+    // The tool with a nasty name was left out, and said so escaped.
+    assert!(log.contains("upstream tool left out"), "{log}");
+    assert!(!forged(&log), "{log}");
+}
+
+#[tokio::test]
+async fn an_upstream_process_cannot_forge_log_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &[
+            "--upstream-command".into(),
+            r#"sh -c 'printf "ctl\007\033[31mred\r\nX-Injected: 1\n" >&2; sleep 30'"#.into(),
+        ],
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let log = loop {
+        let log = gw.log();
+        if log.contains("X-Injected") {
+            break log;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no stderr line: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!forged(&log), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -33,7 +33,7 @@ use super::{AuthError, Authenticator, Identity, bearer_token, check_name};
 use crate::task::Owner;
 
 /// Where the issuer's public keys are.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum JwksSource {
     /// A local JSON file holding a JWK Set.
     Path(PathBuf),
@@ -52,11 +52,24 @@ impl JwksSource {
     }
 }
 
+/// Shows a URL without its credentials, like [`Display`](std::fmt::Display).
+impl std::fmt::Debug for JwksSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Path(p) => f.debug_tuple("Path").field(p).finish(),
+            Self::Url(u) => f
+                .debug_tuple("Url")
+                .field(&crate::units::without_userinfo(u))
+                .finish(),
+        }
+    }
+}
+
 impl std::fmt::Display for JwksSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Path(p) => write!(f, "{}", p.display()),
-            Self::Url(u) => f.write_str(u),
+            Self::Url(u) => f.write_str(&crate::units::without_userinfo(u)),
         }
     }
 }
@@ -234,12 +247,16 @@ impl JwtVerifier {
                     .get(url)
                     .send()
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| e.without_url().to_string())?;
                 if !response.status().is_success() {
                     return Err(format!("HTTP status {}", response.status()));
                 }
                 let mut body = Vec::new();
-                while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
+                while let Some(chunk) = response
+                    .chunk()
+                    .await
+                    .map_err(|e| e.without_url().to_string())?
+                {
                     if body.len() + chunk.len() > MAX_JWKS_BYTES {
                         return Err(format!("the document exceeds {MAX_JWKS_BYTES} bytes"));
                     }
@@ -455,4 +472,26 @@ fn parse_jwks(bytes: &[u8]) -> Result<Keys, String> {
         keys,
         fetched: Instant::now(),
     })
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::JwksSource;
+
+    #[test]
+    fn a_jwks_url_is_shown_without_its_credentials() {
+        let source = JwksSource::parse("https://me:s3cret@idp.example/jwks?x=@y");
+        for shown in [source.to_string(), format!("{source:?}")] {
+            assert!(
+                !shown.contains("s3cret") && !shown.contains("me:"),
+                "{shown}"
+            );
+            assert!(
+                shown.contains("https://***@idp.example/jwks?x=@y"),
+                "{shown}"
+            );
+        }
+        let plain = "http://127.0.0.1:9000/keys";
+        assert_eq!(JwksSource::parse(plain).to_string(), plain);
+    }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::GatewayError;
 
 /// How the gateway reaches an upstream server.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum UpstreamTransport {
     /// Streamable HTTP at this URL, either era: MCP `2026-07-28` (stateless, found with
@@ -24,6 +24,24 @@ pub enum UpstreamTransport {
         /// Its arguments.
         args: Vec<String>,
     },
+}
+
+/// Shows a URL without its credentials and a command without its arguments (either may
+/// hold a secret).
+impl std::fmt::Debug for UpstreamTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Http { url } => f
+                .debug_struct("Http")
+                .field("url", &crate::units::without_userinfo(url))
+                .finish(),
+            Self::Command { program, args } => f
+                .debug_struct("Command")
+                .field("program", program)
+                .field("args", &format_args!("[{} hidden]", args.len()))
+                .finish(),
+        }
+    }
 }
 
 /// One upstream MCP server a [`super::Gateway`] serves the tools of, as durable tasks.

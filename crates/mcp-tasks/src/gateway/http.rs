@@ -599,7 +599,7 @@ impl HttpLink {
         if hooks.is_task()
             && let Some(task_id) = hooks.upstream_task()
         {
-            tracing::info!(upstream = %self.upstream, task = %task_id, "following the upstream task again");
+            tracing::info!(upstream = %self.upstream, task = ?task_id, "following the upstream task again");
             return self.follow(&task_id, hooks).await;
         }
         let mut params = Map::new();
@@ -619,7 +619,7 @@ impl HttpLink {
                         .ok_or_else(|| self.protocol("a task result without a taskId"))?
                         .to_owned();
                     hooks.remember_task(&task_id).await?;
-                    tracing::info!(upstream = %self.upstream, task = %task_id, "the upstream runs the call as its task");
+                    tracing::info!(upstream = %self.upstream, task = ?task_id, "the upstream runs the call as its task");
                     return self.follow(&task_id, hooks).await;
                 }
                 Some("input_required") => {
@@ -782,7 +782,7 @@ impl HttpLink {
                 Err(e @ (UpstreamError::Unreachable { .. } | UpstreamError::Http { .. }))
                     if since.elapsed() < self.timeout =>
                 {
-                    tracing::warn!(upstream = %self.upstream, error = %e, "cannot read the upstream task; asking again");
+                    tracing::warn!(upstream = %self.upstream, error = %e.to_string().escape_debug(), "cannot read the upstream task; asking again");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(10));
                 }

@@ -392,7 +392,7 @@ pub(crate) async fn session_call(
     }
     let task_id = match hooks.upstream_task() {
         Some(id) => {
-            tracing::info!(upstream = driver.upstream(), task = %id, "following the upstream task again");
+            tracing::info!(upstream = driver.upstream(), task = ?id, "following the upstream task again");
             id
         }
         None => {
@@ -409,7 +409,7 @@ pub(crate) async fn session_call(
                 })?
                 .to_owned();
             hooks.remember_task(&id).await?;
-            tracing::info!(upstream = driver.upstream(), task = %id, "the upstream runs the call as its task");
+            tracing::info!(upstream = driver.upstream(), task = ?id, "the upstream runs the call as its task");
             id
         }
     };

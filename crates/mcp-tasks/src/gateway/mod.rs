@@ -155,7 +155,7 @@ impl Gateway {
                     remote,
                 });
                 if let Err(e) = set.register(tool) {
-                    tracing::warn!(upstream = %upstream.name(), tool = %name, error = %e, "upstream tool left out");
+                    tracing::warn!(upstream = %upstream.name(), tool = ?name, error = %e.to_string().escape_debug(), "upstream tool left out");
                 }
             }
         }

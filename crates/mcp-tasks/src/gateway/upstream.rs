@@ -142,7 +142,7 @@ impl UpstreamState {
                 Ok(link) => link,
                 Err(e) => {
                     metrics::counter!(super::UPSTREAM_ERRORS, "upstream" => self.config.name.clone(), "kind" => e.kind()).increment(1);
-                    tracing::warn!(upstream = %self.config.name, error = %e, retry_in_ms = backoff.as_millis() as u64, "upstream not available");
+                    tracing::warn!(upstream = %self.config.name, error = %e.to_string().escape_debug(), retry_in_ms = backoff.as_millis() as u64, "upstream not available");
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}
                         () = stop.cancelled() => return,
@@ -166,7 +166,7 @@ impl UpstreamState {
                     }
                     Err(e) => {
                         // A connection that cannot list its tools is of no use: a new one.
-                        tracing::warn!(upstream = %self.config.name, error = %e, "cannot list the upstream's tools");
+                        tracing::warn!(upstream = %self.config.name, error = %e.to_string().escape_debug(), "cannot list the upstream's tools");
                         break;
                     }
                 }
