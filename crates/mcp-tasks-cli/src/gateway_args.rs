@@ -58,6 +58,13 @@ pub(crate) struct GatewayArgs {
     /// waits for one; calls waiting for a client's answer hold theirs.
     #[arg(long = "upstream-processes", env = "MCP_TASKS_UPSTREAM_PROCESSES", value_name = "N", default_value_t = mcp_tasks::gateway::DEFAULT_MAX_PROCESSES)]
     pub(crate) processes: usize,
+    /// The most tools one upstream may list. A larger list is refused and logged, and the
+    /// upstream's previous list kept.
+    #[arg(long = "upstream-max-tools", env = "MCP_TASKS_UPSTREAM_MAX_TOOLS", value_name = "N", default_value_t = mcp_tasks::gateway::DEFAULT_MAX_TOOLS)]
+    pub(crate) max_tools: usize,
+    /// The most bytes one upstream's tool list may take as JSON, like --upstream-max-tools.
+    #[arg(long = "upstream-max-tools-bytes", env = "MCP_TASKS_UPSTREAM_MAX_TOOLS_BYTES", value_name = "SIZE", default_value = "16MiB", value_parser = units::parse_size_usize)]
+    pub(crate) max_tools_bytes: usize,
     /// A tool that is safe to call twice (repeatable), named as `tools/list` shows it: a call
     /// in flight when the gateway stopped runs again from the start afterwards. Any other
     /// such call ends `failed`.
@@ -187,6 +194,7 @@ impl GatewayArgs {
                 u.timeout(self.timeout)
                     .trust_annotations(self.trust_annotations)
                     .max_processes(self.processes)
+                    .max_tools(self.max_tools, self.max_tools_bytes)
             })
             .collect())
     }
@@ -222,6 +230,8 @@ mod tests {
         GatewayArgs {
             timeout: Duration::from_secs(300),
             processes: 32,
+            max_tools: 10_000,
+            max_tools_bytes: 16 << 20,
             ..Default::default()
         }
     }

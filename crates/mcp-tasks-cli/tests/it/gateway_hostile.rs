@@ -32,6 +32,12 @@ struct Seen {
     stolen: AtomicUsize,
     /// Bytes of event stream offered by the flooding tools.
     offered: AtomicUsize,
+    /// `tools/list` requests answered.
+    listings: AtomicUsize,
+    /// Tools listed besides the fixed ones, `extra_N`.
+    extra: AtomicUsize,
+    /// The length of each extra tool's description.
+    extra_description: AtomicUsize,
 }
 
 /// How much a flooding tool offers at most (far over the gateway's 64 MiB cap).
@@ -104,6 +110,7 @@ async fn mcp(State((seen, port)): State<(Arc<Seen>, u16)>, body: Bytes) -> Respo
         "redirect",
         "drip",
         "code",
+        "changed",
         NASTY_NAME,
     ]
     .iter()
@@ -119,13 +126,16 @@ async fn mcp(State((seen, port)): State<(Arc<Seen>, u16)>, body: Bytes) -> Respo
                 "serverInfo": { "name": "hostile", "version": "1" }
             }),
         ),
-        "tools/list" => answer(
-            &id,
-            json!({
-                "resultType": "complete",
-                "tools": tools
-            }),
-        ),
+        "tools/list" => {
+            seen.listings.fetch_add(1, Ordering::Relaxed);
+            let description = "d".repeat(seen.extra_description.load(Ordering::Relaxed));
+            let mut tools = tools;
+            tools.extend((0..seen.extra.load(Ordering::Relaxed)).map(|i| {
+                json!({ "name": format!("extra_{i}"), "description": description,
+                        "inputSchema": { "type": "object" } })
+            }));
+            answer(&id, json!({ "resultType": "complete", "tools": tools }))
+        }
         "tools/call" => match message["params"]["name"].as_str().unwrap_or_default() {
             // One `data:` line that never ends.
             "huge_line" => flood(b"data: \"", Bytes::from(vec![b'A'; 64 * 1024]), seen),
@@ -150,6 +160,20 @@ async fn mcp(State((seen, port)): State<(Arc<Seen>, u16)>, body: Bytes) -> Respo
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 Some((Bytes::from_static(b":"), ()))
             })),
+            // Its tool list changed, 500 times over.
+            "changed" => {
+                let note = Bytes::from_static(
+                    b"data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n\n",
+                );
+                let end = format!(
+                    "data: {}\n\n",
+                    json!({ "jsonrpc": "2.0", "id": id, "result": {
+                        "resultType": "complete", "content": [{ "type": "text", "text": "changed" }] } })
+                );
+                sse(futures::stream::iter(
+                    std::iter::repeat_n(note, 500).chain([Bytes::from(end)]),
+                ))
+            }
             "code" => {
                 let code = message["params"]["arguments"]["code"].as_i64().unwrap_or(1);
                 (
@@ -359,4 +383,69 @@ async fn error_codes_an_upstream_makes_up_share_one_metric_label() {
         .filter_map(|l| l.split('"').next())
         .collect();
     assert_eq!(labels, ["-32602", "other"].into_iter().collect(), "{text}");
+}
+
+/// Waits until the gateway's log contains `text` (or fails after 30 s).
+async fn wait_log(gw: &Gateway, text: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = gw.log();
+        if log.contains(text) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "no `{text}`: {log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_list_over_its_bounds_is_refused_and_relisting_is_rate_limited() {
+    let up = hostile().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &[
+            "--upstream".into(),
+            format!("bad={}", up.url),
+            "--upstream-max-tools".into(),
+            "20".into(),
+            "--upstream-max-tools-bytes".into(),
+            "8KiB".into(),
+        ],
+    );
+    let client = gw.client().await;
+    wait_tools(&client, &["fine", "changed"]).await;
+    let change = |extra: usize, description: usize| {
+        up.seen.extra.store(extra, Ordering::Relaxed);
+        up.seen
+            .extra_description
+            .store(description, Ordering::Relaxed);
+        async {
+            let task = start_task(&client, "changed", json!({})).await;
+            let done = wait_for(&task, "changed", terminal).await;
+            assert_eq!(done.status, TaskStatus::Completed, "{done:?}");
+        }
+    };
+    let listed = |tools: &[Value], name: &str| tools.iter().any(|t| t["name"] == name);
+
+    // Over the count: refused, the previous list kept; 500 notifications, few listings.
+    let before = up.seen.listings.load(Ordering::Relaxed);
+    change(100, 0).await;
+    wait_log(&gw, "more than 20").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let listings = up.seen.listings.load(Ordering::Relaxed) - before;
+    assert!(
+        (1..=3).contains(&listings),
+        "{listings} listings for 500 list_changed"
+    );
+    let tools = wait_tools(&client, &["fine"]).await;
+    assert!(!listed(&tools, "extra_0"), "{tools:?}");
+    // Over the bytes: refused too.
+    change(10, 1024).await;
+    wait_log(&gw, "more than 8192 bytes").await;
+    let tools = wait_tools(&client, &["fine"]).await;
+    assert!(!listed(&tools, "extra_0"), "{tools:?}");
+    // Within both: listed.
+    change(3, 10).await;
+    wait_tools(&client, &["fine", "extra_2"]).await;
 }

@@ -68,10 +68,18 @@ pub struct Upstream {
     pub(crate) idempotent: BTreeSet<String>,
     pub(crate) trust_annotations: bool,
     pub(crate) max_processes: usize,
+    pub(crate) max_tools: usize,
+    pub(crate) max_tools_bytes: usize,
 }
 
 /// How many processes a stdio upstream may run at once, by default.
 pub const DEFAULT_MAX_PROCESSES: usize = 32;
+
+/// How many tools an upstream may list, by default.
+pub const DEFAULT_MAX_TOOLS: usize = 10_000;
+
+/// How many bytes (as JSON) an upstream's tool list may take, by default.
+pub const DEFAULT_MAX_TOOLS_BYTES: usize = 16 * 1024 * 1024;
 
 /// How long the gateway waits for an upstream that says nothing, by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -91,6 +99,8 @@ impl std::fmt::Debug for Upstream {
             .field("idempotent", &self.idempotent)
             .field("trust_annotations", &self.trust_annotations)
             .field("max_processes", &self.max_processes)
+            .field("max_tools", &self.max_tools)
+            .field("max_tools_bytes", &self.max_tools_bytes)
             .finish()
     }
 }
@@ -106,6 +116,8 @@ impl Upstream {
             idempotent: BTreeSet::new(),
             trust_annotations: false,
             max_processes: DEFAULT_MAX_PROCESSES,
+            max_tools: DEFAULT_MAX_TOOLS,
+            max_tools_bytes: DEFAULT_MAX_TOOLS_BYTES,
         }
     }
 
@@ -177,6 +189,15 @@ impl Upstream {
     /// declarations. Off by default: an upstream's annotations are its own claims.
     pub fn trust_annotations(mut self, trust: bool) -> Self {
         self.trust_annotations = trust;
+        self
+    }
+
+    /// The most tools the upstream may list (default [`DEFAULT_MAX_TOOLS`]) and the most
+    /// bytes its tool list may take as JSON (default [`DEFAULT_MAX_TOOLS_BYTES`]). A listing
+    /// over either is refused and logged, and the previous list kept.
+    pub fn max_tools(mut self, tools: usize, bytes: usize) -> Self {
+        self.max_tools = tools;
+        self.max_tools_bytes = bytes;
         self
     }
 

@@ -946,8 +946,13 @@ impl Reply for HttpLink {
 }
 
 impl Link for HttpLink {
-    fn list_tools(&self) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>> {
-        Box::pin(link::list_all(|params| self.request("tools/list", params)))
+    fn list_tools(
+        &self,
+        limits: link::ListLimits,
+    ) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>> {
+        Box::pin(link::list_all(&self.upstream, limits, |params| {
+            self.request("tools/list", params)
+        }))
     }
 
     fn call<'a>(&'a self, spec: CallSpec<'a>) -> BoxFuture<'a, Result<Value, CallError>> {

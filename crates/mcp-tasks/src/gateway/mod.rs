@@ -51,7 +51,10 @@ mod stdio;
 mod tool;
 mod upstream;
 
-pub use config::{DEFAULT_MAX_PROCESSES, DEFAULT_TIMEOUT, Upstream, UpstreamTransport};
+pub use config::{
+    DEFAULT_MAX_PROCESSES, DEFAULT_MAX_TOOLS, DEFAULT_MAX_TOOLS_BYTES, DEFAULT_TIMEOUT, Upstream,
+    UpstreamTransport,
+};
 pub use error::{GatewayError, UpstreamError};
 
 use std::collections::BTreeSet;

@@ -385,8 +385,11 @@ impl Reply for StdioLink {
 }
 
 impl Link for StdioLink {
-    fn list_tools(&self) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>> {
-        Box::pin(link::list_all(|params| {
+    fn list_tools(
+        &self,
+        limits: link::ListLimits,
+    ) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>> {
+        Box::pin(link::list_all(&self.upstream, limits, |params| {
             link::SessionDriver::request(self, "tools/list", Value::Object(params))
         }))
     }
@@ -495,8 +498,11 @@ async fn reap(pool: Weak<StdioPool>) {
 }
 
 impl Link for StdioPool {
-    fn list_tools(&self) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>> {
-        self.first.list_tools()
+    fn list_tools(
+        &self,
+        limits: link::ListLimits,
+    ) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>> {
+        self.first.list_tools(limits)
     }
 
     fn call<'a>(&'a self, spec: CallSpec<'a>) -> BoxFuture<'a, Result<Value, CallError>> {
