@@ -75,8 +75,9 @@ pub(crate) struct GatewayArgs {
         value_name = "TOOL"
     )]
     pub(crate) idempotent: Vec<String>,
-    /// Take an upstream tool's `idempotentHint: true` as --upstream-idempotent (an
-    /// upstream's annotations are its own claims, not trusted by default).
+    /// Take an upstream tool's `readOnlyHint: true` or `idempotentHint: true` as
+    /// --upstream-idempotent (an upstream's annotations are its own claims, not trusted by
+    /// default).
     #[arg(
         long = "trust-upstream-annotations",
         env = "MCP_TASKS_TRUST_UPSTREAM_ANNOTATIONS"

@@ -38,6 +38,8 @@ struct Seen {
     extra: AtomicUsize,
     /// The length of each extra tool's description.
     extra_description: AtomicUsize,
+    /// Calls of `read`.
+    reads: AtomicUsize,
 }
 
 /// How much a flooding tool offers at most (far over the gateway's 64 MiB cap).
@@ -115,6 +117,10 @@ async fn mcp(State((seen, port)): State<(Arc<Seen>, u16)>, body: Bytes) -> Respo
     ]
     .iter()
     .map(|name| json!({ "name": name, "inputSchema": { "type": "object" } }))
+    .chain(
+        [json!({ "name": "read", "inputSchema": { "type": "object" },
+                    "annotations": { "readOnlyHint": true } })],
+    )
     .collect();
     match message["method"].as_str().unwrap_or_default() {
         "server/discover" => answer(
@@ -173,6 +179,17 @@ async fn mcp(State((seen, port)): State<(Arc<Seen>, u16)>, body: Bytes) -> Respo
                 sse(futures::stream::iter(
                     std::iter::repeat_n(note, 500).chain([Bytes::from(end)]),
                 ))
+            }
+            // Read-only: the first call never answers, the next ones at once.
+            "read" => {
+                if seen.reads.fetch_add(1, Ordering::Relaxed) == 0 {
+                    sse(futures::stream::pending())
+                } else {
+                    answer(
+                        &id,
+                        json!({ "resultType": "complete", "content": [{ "type": "text", "text": "read" }] }),
+                    )
+                }
             }
             "code" => {
                 let code = message["params"]["arguments"]["code"].as_i64().unwrap_or(1);
@@ -448,4 +465,36 @@ async fn a_tool_list_over_its_bounds_is_refused_and_relisting_is_rate_limited() 
     // Within both: listed.
     change(3, 10).await;
     wait_tools(&client, &["fine", "extra_2"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trusted_annotations_take_a_read_only_tool_as_safe_to_repeat() {
+    for (trusted, expected) in [(false, TaskStatus::Failed), (true, TaskStatus::Completed)] {
+        let up = hostile().await;
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("gw.redb");
+        let mut args = vec!["--upstream".to_owned(), format!("bad={}", up.url)];
+        if trusted {
+            args.push("--trust-upstream-annotations".to_owned());
+        }
+        let mut gw = Gateway::start(&store, &args);
+        let client = gw.client().await;
+        wait_tools(&client, &["read"]).await;
+        let task = start_task(&client, "read", json!({})).await;
+        let id = task.id().to_owned();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while up.seen.reads.load(Ordering::Relaxed) == 0 {
+            assert!(std::time::Instant::now() < deadline, "the call never came");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        gw.proc.kill9();
+        let gw = Gateway::start(&store, &args);
+        let task = gw.client().await.resume(&id).await.unwrap();
+        let ended = wait_for(&task, "after the restart", terminal).await;
+        assert_eq!(ended.status, expected, "trusted: {trusted}: {ended:?}");
+        assert_eq!(
+            up.seen.reads.load(Ordering::Relaxed),
+            if trusted { 2 } else { 1 }
+        );
+    }
 }

@@ -185,7 +185,8 @@ impl Upstream {
         self
     }
 
-    /// Takes the upstream's `idempotentHint: true` annotations as [`Upstream::idempotent`]
+    /// Takes the upstream's `readOnlyHint: true` and `idempotentHint: true` annotations as
+    /// [`Upstream::idempotent`]
     /// declarations. Off by default: an upstream's annotations are its own claims.
     pub fn trust_annotations(mut self, trust: bool) -> Self {
         self.trust_annotations = trust;

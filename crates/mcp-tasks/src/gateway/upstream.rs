@@ -84,11 +84,14 @@ impl UpstreamState {
         {
             return true;
         }
+        // In MCP's tool annotations a read-only tool is safe to repeat whatever its
+        // `idempotentHint` (which only means something for a tool that is not read-only).
         self.config.trust_annotations && {
             let listed = self.listed.lock().unwrap_or_else(|e| e.into_inner());
             listed.iter().any(|t| {
                 t.get("name").and_then(Value::as_str) == Some(remote)
-                    && t.pointer("/annotations/idempotentHint") == Some(&json!(true))
+                    && (t.pointer("/annotations/readOnlyHint") == Some(&json!(true))
+                        || t.pointer("/annotations/idempotentHint") == Some(&json!(true)))
             })
         }
     }
