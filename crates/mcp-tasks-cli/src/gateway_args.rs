@@ -58,6 +58,13 @@ pub(crate) struct GatewayArgs {
     /// waits for one; calls waiting for a client's answer hold theirs.
     #[arg(long = "upstream-processes", env = "MCP_TASKS_UPSTREAM_PROCESSES", value_name = "N", default_value_t = mcp_tasks::gateway::DEFAULT_MAX_PROCESSES)]
     pub(crate) processes: usize,
+    /// The most tools one upstream may list. A larger list is refused and logged, and the
+    /// upstream's previous list kept.
+    #[arg(long = "upstream-max-tools", env = "MCP_TASKS_UPSTREAM_MAX_TOOLS", value_name = "N", default_value_t = mcp_tasks::gateway::DEFAULT_MAX_TOOLS)]
+    pub(crate) max_tools: usize,
+    /// The most bytes one upstream's tool list may take as JSON, like --upstream-max-tools.
+    #[arg(long = "upstream-max-tools-bytes", env = "MCP_TASKS_UPSTREAM_MAX_TOOLS_BYTES", value_name = "SIZE", default_value = "16MiB", value_parser = units::parse_size_usize)]
+    pub(crate) max_tools_bytes: usize,
     /// A tool that is safe to call twice (repeatable), named as `tools/list` shows it: a call
     /// in flight when the gateway stopped runs again from the start afterwards. Any other
     /// such call ends `failed`.
@@ -68,8 +75,9 @@ pub(crate) struct GatewayArgs {
         value_name = "TOOL"
     )]
     pub(crate) idempotent: Vec<String>,
-    /// Take an upstream tool's `idempotentHint: true` as --upstream-idempotent (an
-    /// upstream's annotations are its own claims, not trusted by default).
+    /// Take an upstream tool's `readOnlyHint: true` or `idempotentHint: true` as
+    /// --upstream-idempotent (an upstream's annotations are its own claims, not trusted by
+    /// default).
     #[arg(
         long = "trust-upstream-annotations",
         env = "MCP_TASKS_TRUST_UPSTREAM_ANNOTATIONS"
@@ -97,7 +105,7 @@ impl GatewayArgs {
         for (i, spec) in self.http.iter().enumerate() {
             let (name, url) = split_name(spec, || default_name(total, "upstream", i));
             if url.is_empty() {
-                return Err(format!("--upstream {spec}: no URL"));
+                return Err(format!("--upstream {name}: no URL"));
             }
             upstreams.push(Upstream::http(name, url));
         }
@@ -188,6 +196,7 @@ impl GatewayArgs {
                 u.timeout(self.timeout)
                     .trust_annotations(self.trust_annotations)
                     .max_processes(self.processes)
+                    .max_tools(self.max_tools, self.max_tools_bytes)
             })
             .collect())
     }
@@ -223,6 +232,8 @@ mod tests {
         GatewayArgs {
             timeout: Duration::from_secs(300),
             processes: 32,
+            max_tools: 10_000,
+            max_tools_bytes: 16 << 20,
             ..Default::default()
         }
     }
@@ -290,6 +301,14 @@ mod tests {
                 .unwrap_err()
                 .contains("UPSTREAM_tool")
         );
+        // Nor does their `Debug`: a URL's credentials, a command's arguments, a value.
+        let mut a = args();
+        a.http = vec!["h=http://me:s3cret@127.0.0.1:1/mcp".into()];
+        a.command = vec!["c=tool --api-key s3cret".into()];
+        a.env = vec!["KEY=s3cret".into()];
+        let shown = format!("{:?}", a.upstreams_with(|_| None).unwrap());
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("http://***@127.0.0.1:1/mcp"), "{shown}");
         // A URL with `=` in its query is not taken for a name.
         let mut a = args();
         a.http = vec!["http://a/mcp?x=1".into()];

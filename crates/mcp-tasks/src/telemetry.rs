@@ -9,7 +9,7 @@
 //!
 //! | name | kind | labels | what |
 //! |------|------|--------|------|
-//! | `mcp_server_operation_duration_seconds` | histogram | `mcp_method_name`, `outcome`, `error_type` | one JSON-RPC request, from its bytes to its answer (`outcome`: `ok` or `error`; a failed one also has `error_type`, its JSON-RPC error code, as the conventions' `error.type`) |
+//! | `mcp_server_operation_duration_seconds` | histogram | `mcp_method_name`, `outcome`, `error_type` | one JSON-RPC request, from its bytes to its answer (`outcome`: `ok` or `error`; a failed one also has `error_type`, its JSON-RPC error code when JSON-RPC or MCP defines it, else `other`, as the conventions' `error.type`) |
 //! | `mcp_tasks_tasks` | gauge | `status` | live tasks this node holds (with an actor, or parked without one), by status |
 //! | `mcp_tasks_parked_tasks` | gauge | | live tasks parked without an actor while they wait for input (`RuntimeConfig::passivate_after`) |
 //! | `mcp_tasks_passivations_total` | counter | | task actors passivated (stopped while their task waits for input) |
@@ -200,9 +200,31 @@ pub(crate) fn operation(method: &'static str, error_code: Option<i64>, elapsed: 
             OPERATION_DURATION,
             "mcp_method_name" => method,
             "outcome" => "error",
-            "error_type" => code.to_string()
+            "error_type" => error_type(code)
         )
         .record(seconds),
+    }
+}
+
+/// The `error_type` label of a JSON-RPC error code: the code itself for the codes JSON-RPC,
+/// MCP, its SDKs and this runtime define, `other` for any other (a code an upstream made up
+/// must not add a series per value).
+pub(crate) fn error_type(code: i64) -> &'static str {
+    match code {
+        -32700 => "-32700",
+        -32603 => "-32603",
+        -32602 => "-32602",
+        -32601 => "-32601",
+        -32600 => "-32600",
+        -32042 => "-32042",
+        -32022 => "-32022",
+        -32021 => "-32021",
+        -32020 => "-32020",
+        -32010 => "-32010",
+        -32002 => "-32002",
+        -32001 => "-32001",
+        -32000 => "-32000",
+        _ => "other",
     }
 }
 
@@ -328,5 +350,22 @@ impl SubscriptionGauge {
 impl Drop for SubscriptionGauge {
     fn drop(&mut self) {
         gauge!(SUBSCRIPTIONS).decrement(1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_type;
+
+    #[test]
+    fn error_type_labels_are_a_closed_set() {
+        assert_eq!(error_type(-32602), "-32602");
+        assert_eq!(error_type(-32010), "-32010");
+        assert_eq!(error_type(-32042), "-32042");
+        let labels: std::collections::HashSet<&str> =
+            (1_000_000..1_002_000).map(error_type).collect();
+        assert_eq!(labels.len(), 1);
+        assert_eq!(error_type(i64::MIN), "other");
+        assert_eq!(error_type(-32099), "other");
     }
 }

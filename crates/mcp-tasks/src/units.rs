@@ -171,6 +171,27 @@ pub fn parse_size_usize(s: &str) -> Result<usize, UnitError> {
     usize::try_from(n).map_err(|_| UnitError::TooLarge(s.trim().to_owned()))
 }
 
+/// `url` with the credentials of its authority (`user:password@`), if any, replaced by
+/// `***`: a URL is shown in errors and logs, its credentials never.
+#[cfg(any(feature = "jwt", feature = "gateway"))]
+pub(crate) fn without_userinfo(url: &str) -> std::borrow::Cow<'_, str> {
+    let Some(scheme_end) = url.find("://") else {
+        return url.into();
+    };
+    let authority_start = scheme_end + 3;
+    let rest = &url[authority_start..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!(
+            "{}***{}",
+            &url[..authority_start],
+            &url[authority_start + at..]
+        )
+        .into(),
+        None => url.into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -57,14 +57,14 @@ impl Upstreams {
 
 use crate::support::KillOnDrop as Proc;
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port()
 }
 
-fn wait_port(port: u16) {
+pub(crate) fn wait_port(port: u16) {
     let deadline = Instant::now() + WAIT;
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(Instant::now() < deadline, "nothing listens on port {port}");
@@ -73,14 +73,14 @@ fn wait_port(port: u16) {
 }
 
 /// `mcp-tasks serve` with `args`, on a free port and the redb file `store`.
-struct Gateway {
-    proc: Proc,
-    url: String,
+pub(crate) struct Gateway {
+    pub(crate) proc: Proc,
+    pub(crate) url: String,
     log: PathBuf,
 }
 
 impl Gateway {
-    fn start(store: &Path, args: &[String]) -> Self {
+    pub(crate) fn start(store: &Path, args: &[String]) -> Self {
         Self::start_on(free_port(), store, args)
     }
 
@@ -113,11 +113,11 @@ impl Gateway {
         }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    async fn client(&self) -> Client {
+    pub(crate) async fn client(&self) -> Client {
         Client::http(&self.url)
             .unwrap()
             .capabilities(json!({ "elicitation": {}, "sampling": {} }))
@@ -128,7 +128,7 @@ impl Gateway {
 }
 
 /// Polls `tools/list` until every name in `names` is listed; returns the tools.
-async fn wait_tools(client: &Client, names: &[&str]) -> Vec<Value> {
+pub(crate) async fn wait_tools(client: &Client, names: &[&str]) -> Vec<Value> {
     let deadline = Instant::now() + WAIT;
     loop {
         let tools = client
@@ -148,7 +148,7 @@ async fn wait_tools(client: &Client, names: &[&str]) -> Vec<Value> {
     }
 }
 
-async fn start_task(client: &Client, tool: &str, arguments: Value) -> TaskHandle {
+pub(crate) async fn start_task(client: &Client, tool: &str, arguments: Value) -> TaskHandle {
     match client.call_tool(tool, arguments).await.unwrap() {
         CallOutcome::Task(task) => task,
         CallOutcome::Complete(result) => panic!("{tool} answered at once: {result}"),
@@ -156,7 +156,7 @@ async fn start_task(client: &Client, tool: &str, arguments: Value) -> TaskHandle
 }
 
 /// Polls the task until `done` holds (or [`WAIT`] passes).
-async fn wait_for(task: &TaskHandle, what: &str, done: impl Fn(&Task) -> bool) -> Task {
+pub(crate) async fn wait_for(task: &TaskHandle, what: &str, done: impl Fn(&Task) -> bool) -> Task {
     let deadline = Instant::now() + WAIT;
     loop {
         let t = task.get().await.unwrap();
@@ -175,7 +175,7 @@ async fn answer(task: &TaskHandle, key: &str, response: Value) {
         .unwrap();
 }
 
-fn terminal(t: &Task) -> bool {
+pub(crate) fn terminal(t: &Task) -> bool {
     matches!(
         t.status,
         TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Cancelled

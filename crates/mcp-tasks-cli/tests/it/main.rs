@@ -30,6 +30,7 @@ mod deploy;
 mod features;
 mod fixtures;
 mod gateway;
+mod gateway_hostile;
 mod http;
 mod layering;
 mod legacy_http;

@@ -33,7 +33,7 @@ use super::{AuthError, Authenticator, Identity, bearer_token, check_name};
 use crate::task::Owner;
 
 /// Where the issuer's public keys are.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum JwksSource {
     /// A local JSON file holding a JWK Set.
     Path(PathBuf),
@@ -48,6 +48,16 @@ impl JwksSource {
             Self::Url(s.to_owned())
         } else {
             Self::Path(PathBuf::from(s))
+        }
+    }
+}
+
+/// Shows a URL without its credentials or query, like [`Display`](std::fmt::Display).
+impl std::fmt::Debug for JwksSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Path(p) => f.debug_tuple("Path").field(p).finish(),
+            Self::Url(u) => f.debug_tuple("Url").field(&redact_url(u)).finish(),
         }
     }
 }
@@ -502,6 +512,7 @@ mod tests {
             ("https://idp.example?t=1", "https://idp.example?…"),
         ] {
             assert_eq!(JwksSource::parse(url).to_string(), shown);
+            assert!(format!("{:?}", JwksSource::parse(url)).contains(shown));
         }
     }
 

@@ -339,17 +339,30 @@ fn snippet(body: &[u8]) -> String {
 // SSE
 
 /// Server-sent events to JSON-RPC messages: one message per event (its `data:` lines joined),
-/// comments (`:` keep-alives) and other fields ignored. Ends with an error when no byte
-/// arrives within the idle timeout.
+/// comments (`:` keep-alives) and other fields ignored.
+///
+/// Bounded and linear: each byte is scanned for a line end once, and a line or an event longer
+/// than the cap ([`Self::max_event`], 64 MiB by default) ends the stream with an error that
+/// names the peer but quotes none of its data. Ends with an error when no whole message (an
+/// event, or a comment when [`Self::comments_are_activity`]) arrives within the idle timeout:
+/// bytes that never complete one do not keep the stream alive.
 pub(crate) struct SseStream {
     chunks: BoxStream<'static, Result<Bytes, ClientError>>,
+    /// Bytes of the line being received (no `\n` in `buffer[..scanned]`).
     buffer: Vec<u8>,
-    data: String,
+    scanned: usize,
+    data: Vec<u8>,
+    max: usize,
+    comments: bool,
+    activity: bool,
     pending: std::collections::VecDeque<Result<Value, ClientError>>,
     idle: Duration,
     deadline: Pin<Box<tokio::time::Sleep>>,
     url: String,
     done: bool,
+    /// Bytes looked at for a line end, to show the parse is linear.
+    #[cfg(test)]
+    examined: usize,
 }
 
 impl SseStream {
@@ -361,50 +374,114 @@ impl SseStream {
         Self {
             chunks,
             buffer: Vec::new(),
-            data: String::new(),
+            scanned: 0,
+            data: Vec::new(),
+            max: MAX_BODY,
+            comments: true,
+            activity: false,
             pending: Default::default(),
             idle,
             deadline: Box::pin(tokio::time::sleep(idle)),
             url,
             done: false,
+            #[cfg(test)]
+            examined: 0,
         }
+    }
+
+    /// The largest line and event, in bytes (default 64 MiB).
+    pub(crate) fn max_event(mut self, bytes: usize) -> Self {
+        self.max = bytes;
+        self
+    }
+
+    /// Whether a comment line (a keep-alive) counts as a message for the idle timeout
+    /// (default yes).
+    pub(crate) fn comments_are_activity(mut self, yes: bool) -> Self {
+        self.comments = yes;
+        self
+    }
+
+    fn too_large(&mut self) {
+        self.buffer = Vec::new();
+        self.data = Vec::new();
+        self.pending.push_back(Err(ClientError::Protocol(format!(
+            "an event from {} exceeds {} bytes",
+            self.url, self.max
+        ))));
+        self.done = true;
     }
 
     fn feed(&mut self, bytes: &[u8]) {
         self.buffer.extend_from_slice(bytes);
-        while let Some(pos) = self.buffer.iter().position(|&b| b == b'\n') {
-            let mut line: Vec<u8> = self.buffer.drain(..=pos).collect();
-            line.pop();
-            if line.last() == Some(&b'\r') {
-                line.pop();
+        let buffer = std::mem::take(&mut self.buffer);
+        let mut start = 0;
+        let mut from = self.scanned;
+        while let Some(i) = buffer[from..].iter().position(|&b| b == b'\n') {
+            #[cfg(test)]
+            {
+                self.examined += i + 1;
             }
-            self.line(&String::from_utf8_lossy(&line));
+            let end = from + i;
+            let mut line = &buffer[start..end];
+            if let Some(stripped) = line.strip_suffix(b"\r") {
+                line = stripped;
+            }
+            self.line(line);
+            if self.done {
+                return;
+            }
+            start = end + 1;
+            from = start;
+        }
+        #[cfg(test)]
+        {
+            self.examined += buffer.len() - from;
+        }
+        self.buffer = buffer;
+        self.buffer.drain(..start);
+        self.scanned = self.buffer.len();
+        if self.buffer.len().saturating_add(self.data.len()) > self.max {
+            self.too_large();
         }
     }
 
-    fn line(&mut self, line: &str) {
+    fn line(&mut self, line: &[u8]) {
         if line.is_empty() {
             if !self.data.is_empty() {
                 let data = std::mem::take(&mut self.data);
+                self.activity = true;
                 self.pending
-                    .push_back(serde_json::from_str(&data).map_err(|e| {
-                        ClientError::Protocol(format!("an SSE event is not JSON ({e}): {data}"))
+                    .push_back(serde_json::from_slice(&data).map_err(|e| {
+                        ClientError::Protocol(format!(
+                            "an event from {} is not JSON ({e})",
+                            self.url
+                        ))
                     }));
             }
             return;
         }
-        if line.starts_with(':') {
+        if line.starts_with(b":") {
+            self.activity |= self.comments;
             return;
         }
-        let (field, value) = match line.split_once(':') {
-            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
-            None => (line, ""),
-        };
-        if field == "data" {
-            if !self.data.is_empty() {
-                self.data.push('\n');
+        let (field, value) = match line.iter().position(|&b| b == b':') {
+            Some(at) => {
+                let value = &line[at + 1..];
+                (&line[..at], value.strip_prefix(b" ").unwrap_or(value))
             }
-            self.data.push_str(value);
+            None => (line, &b""[..]),
+        };
+        if field == b"data" {
+            let separator = usize::from(!self.data.is_empty());
+            if self.data.len() + separator + value.len() > self.max {
+                self.too_large();
+                return;
+            }
+            if separator == 1 {
+                self.data.push(b'\n');
+            }
+            self.data.extend_from_slice(value);
         }
     }
 }
@@ -422,11 +499,20 @@ impl Stream for SseStream {
             }
             match self.chunks.poll_next_unpin(cx) {
                 Poll::Ready(Some(Ok(bytes))) => {
-                    let idle = self.idle;
-                    self.deadline
-                        .as_mut()
-                        .reset(tokio::time::Instant::now() + idle);
                     self.feed(&bytes);
+                    if std::mem::take(&mut self.activity) {
+                        let idle = self.idle;
+                        self.deadline
+                            .as_mut()
+                            .reset(tokio::time::Instant::now() + idle);
+                    } else if self.pending.is_empty() && self.deadline.is_elapsed() {
+                        // Bytes that complete no message are not a sign of life.
+                        self.done = true;
+                        return Poll::Ready(Some(Err(ClientError::Timeout {
+                            url: self.url.clone(),
+                            seconds: self.idle.as_secs_f64(),
+                        })));
+                    }
                 }
                 Poll::Ready(Some(Err(e))) => {
                     self.done = true;
@@ -434,7 +520,7 @@ impl Stream for SseStream {
                 }
                 Poll::Ready(None) => {
                     // A final event without its blank line still counts.
-                    self.line("");
+                    self.line(b"");
                     self.done = true;
                 }
                 Poll::Pending => {
@@ -537,5 +623,142 @@ mod tests {
                 serde_json::json!({"c":3})
             ]
         );
+    }
+
+    fn quiet() -> BoxStream<'static, Result<Bytes, ClientError>> {
+        futures::stream::pending().boxed()
+    }
+
+    /// One event whose single `data:` line is a JSON string of `len` bytes.
+    fn long_event(len: usize) -> Vec<u8> {
+        let mut event = b"data: \"".to_vec();
+        event.resize(event.len() + len, b'A');
+        event.extend_from_slice(b"\"\r\n\r\n");
+        event
+    }
+
+    #[tokio::test]
+    async fn a_long_line_is_parsed_in_linear_work_in_any_chunking() {
+        let event = long_event(4 * 1024 * 1024);
+        for chunk in [1, 64 * 1024] {
+            let mut sse = SseStream::new(quiet(), Duration::from_secs(5), "u".into());
+            for piece in event.chunks(chunk) {
+                sse.feed(piece);
+            }
+            assert!(
+                sse.examined <= event.len(),
+                "{chunk}-byte chunks: {} bytes examined for {}",
+                sse.examined,
+                event.len()
+            );
+            assert_eq!(sse.pending.len(), 1);
+            let Some(Ok(Value::String(s))) = sse.pending.pop_front() else {
+                panic!("not one string")
+            };
+            assert_eq!(s.len(), 4 * 1024 * 1024);
+            assert!(sse.buffer.is_empty() && sse.data.is_empty() && !sse.done);
+        }
+    }
+
+    #[tokio::test]
+    async fn many_short_lines_are_linear_too() {
+        let mut input = Vec::new();
+        for i in 0..20_000 {
+            input.extend_from_slice(format!(": ping\ndata: {i}\n\n").as_bytes());
+        }
+        let mut sse = SseStream::new(quiet(), Duration::from_secs(5), "u".into());
+        for piece in input.chunks(64 * 1024) {
+            sse.feed(piece);
+        }
+        assert!(sse.examined <= input.len());
+        assert_eq!(sse.pending.len(), 20_000);
+    }
+
+    #[tokio::test]
+    async fn a_line_over_the_cap_fails_without_quoting_it() {
+        let mut sse =
+            SseStream::new(quiet(), Duration::from_secs(5), "slow-upstream".into()).max_event(1024);
+        let line = vec![b'Z'; 4096];
+        for piece in line.chunks(100) {
+            sse.feed(piece);
+            if sse.done {
+                break;
+            }
+        }
+        assert!(sse.done);
+        // Refused as soon as the line passed the cap, holding no more than a chunk over it.
+        assert!(sse.buffer.capacity() == 0 && sse.data.capacity() == 0);
+        let Some(Err(e)) = sse.pending.pop_front() else {
+            panic!("no error")
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains("slow-upstream") && text.contains("1024"),
+            "{text}"
+        );
+        assert!(!text.contains("ZZZ"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn an_event_of_many_data_lines_over_the_cap_fails() {
+        let mut sse = SseStream::new(quiet(), Duration::from_secs(5), "u".into()).max_event(1024);
+        let mut fed = 0;
+        while !sse.done && fed < 1_000_000 {
+            sse.feed(b"data: 0123456789\n");
+            fed += 17;
+        }
+        assert!(sse.done, "never refused");
+        // Each line adds 10 bytes of data (and a `\n` between lines): refused at the line
+        // that would pass 1024 bytes of data.
+        assert_eq!(fed / 17, 1024 / 11 + 1, "refused after {fed} bytes");
+        assert!(matches!(
+            sse.pending.pop_front(),
+            Some(Err(ClientError::Protocol(_)))
+        ));
+    }
+
+    #[tokio::test]
+    async fn an_event_that_is_not_json_is_not_quoted() {
+        let mut sse = SseStream::new(quiet(), Duration::from_secs(5), "u".into());
+        sse.feed(b"data: SECRET-not-json\n\n");
+        let Some(Err(e)) = sse.pending.pop_front() else {
+            panic!("no error")
+        };
+        assert!(!e.to_string().contains("SECRET"), "{e}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bytes_that_complete_no_message_do_not_keep_the_stream_alive() {
+        // A drip: one byte of a never-ending comment every second, idle bound 5 s.
+        let drip = futures::stream::unfold(0u32, |n| async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Some((Ok(Bytes::from_static(b":")), n + 1))
+        });
+        let mut sse = SseStream::new(drip.boxed(), Duration::from_secs(5), "u".into());
+        let first = sse.next().await;
+        assert!(
+            matches!(first, Some(Err(ClientError::Timeout { .. }))),
+            "{first:?}"
+        );
+        assert!(sse.buffer.len() <= 6, "{} bytes taken", sse.buffer.len());
+        // Whole comments count when asked, whole events always.
+        let beats = futures::stream::unfold(0u32, |n| async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let b: &'static [u8] = if n == 8 { b"data: 1\n\n" } else { b": ka\n" };
+            Some((Ok(Bytes::from_static(b)), n + 1))
+        });
+        let mut sse = SseStream::new(beats.boxed(), Duration::from_secs(5), "u".into());
+        assert_eq!(sse.next().await.unwrap().unwrap(), serde_json::json!(1));
+        let beats = futures::stream::unfold(0u32, |n| async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let b: &'static [u8] = if n == 8 { b"data: 1\n\n" } else { b": ka\n" };
+            Some((Ok(Bytes::from_static(b)), n + 1))
+        });
+        let mut sse = SseStream::new(beats.boxed(), Duration::from_secs(5), "u".into())
+            .comments_are_activity(false);
+        assert!(matches!(
+            sse.next().await,
+            Some(Err(ClientError::Timeout { .. }))
+        ));
     }
 }

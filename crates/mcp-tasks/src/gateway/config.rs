@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::GatewayError;
 
 /// How the gateway reaches an upstream server.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum UpstreamTransport {
     /// Streamable HTTP at this URL, either era: MCP `2026-07-28` (stateless, found with
@@ -24,6 +24,24 @@ pub enum UpstreamTransport {
         /// Its arguments.
         args: Vec<String>,
     },
+}
+
+/// Shows a URL without its credentials and a command without its arguments (either may
+/// hold a secret).
+impl std::fmt::Debug for UpstreamTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Http { url } => f
+                .debug_struct("Http")
+                .field("url", &crate::units::without_userinfo(url))
+                .finish(),
+            Self::Command { program, args } => f
+                .debug_struct("Command")
+                .field("program", program)
+                .field("args", &format_args!("[{} hidden]", args.len()))
+                .finish(),
+        }
+    }
 }
 
 /// One upstream MCP server a [`super::Gateway`] serves the tools of, as durable tasks.
@@ -50,10 +68,18 @@ pub struct Upstream {
     pub(crate) idempotent: BTreeSet<String>,
     pub(crate) trust_annotations: bool,
     pub(crate) max_processes: usize,
+    pub(crate) max_tools: usize,
+    pub(crate) max_tools_bytes: usize,
 }
 
 /// How many processes a stdio upstream may run at once, by default.
 pub const DEFAULT_MAX_PROCESSES: usize = 32;
+
+/// How many tools an upstream may list, by default.
+pub const DEFAULT_MAX_TOOLS: usize = 10_000;
+
+/// How many bytes (as JSON) an upstream's tool list may take, by default.
+pub const DEFAULT_MAX_TOOLS_BYTES: usize = 16 * 1024 * 1024;
 
 /// How long the gateway waits for an upstream that says nothing, by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -73,6 +99,8 @@ impl std::fmt::Debug for Upstream {
             .field("idempotent", &self.idempotent)
             .field("trust_annotations", &self.trust_annotations)
             .field("max_processes", &self.max_processes)
+            .field("max_tools", &self.max_tools)
+            .field("max_tools_bytes", &self.max_tools_bytes)
             .finish()
     }
 }
@@ -88,6 +116,8 @@ impl Upstream {
             idempotent: BTreeSet::new(),
             trust_annotations: false,
             max_processes: DEFAULT_MAX_PROCESSES,
+            max_tools: DEFAULT_MAX_TOOLS,
+            max_tools_bytes: DEFAULT_MAX_TOOLS_BYTES,
         }
     }
 
@@ -155,10 +185,20 @@ impl Upstream {
         self
     }
 
-    /// Takes the upstream's `idempotentHint: true` annotations as [`Upstream::idempotent`]
+    /// Takes the upstream's `readOnlyHint: true` and `idempotentHint: true` annotations as
+    /// [`Upstream::idempotent`]
     /// declarations. Off by default: an upstream's annotations are its own claims.
     pub fn trust_annotations(mut self, trust: bool) -> Self {
         self.trust_annotations = trust;
+        self
+    }
+
+    /// The most tools the upstream may list (default [`DEFAULT_MAX_TOOLS`]) and the most
+    /// bytes its tool list may take as JSON (default [`DEFAULT_MAX_TOOLS_BYTES`]). A listing
+    /// over either is refused and logged, and the previous list kept.
+    pub fn max_tools(mut self, tools: usize, bytes: usize) -> Self {
+        self.max_tools = tools;
+        self.max_tools_bytes = bytes;
         self
     }
 

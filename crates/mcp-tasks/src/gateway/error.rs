@@ -69,6 +69,14 @@ pub enum UpstreamError {
         /// What it sent.
         reason: String,
     },
+    /// The upstream's tool list is over a bound ([`super::Upstream::max_tools`]).
+    #[error("upstream `{upstream}` lists too many tools: {reason}")]
+    TooManyTools {
+        /// The upstream's name.
+        upstream: String,
+        /// Which bound.
+        reason: String,
+    },
     /// The upstream answered with a JSON-RPC error.
     #[error("upstream `{upstream}`: {message}")]
     Rpc {
@@ -91,17 +99,20 @@ impl UpstreamError {
             | Self::Http { upstream, .. }
             | Self::Timeout { upstream, .. }
             | Self::Protocol { upstream, .. }
+            | Self::TooManyTools { upstream, .. }
             | Self::Rpc { upstream, .. } => upstream,
         }
     }
 
-    /// A short label for metrics: `unreachable`, `http`, `timeout`, `protocol`, `rpc`.
+    /// A short label for metrics: `unreachable`, `http`, `timeout`, `protocol`, `tools`,
+    /// `rpc`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Unreachable { .. } => "unreachable",
             Self::Http { .. } => "http",
             Self::Timeout { .. } => "timeout",
             Self::Protocol { .. } => "protocol",
+            Self::TooManyTools { .. } => "tools",
             Self::Rpc { .. } => "rpc",
         }
     }

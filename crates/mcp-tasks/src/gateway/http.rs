@@ -100,7 +100,10 @@ impl HttpLink {
         // The upstream's timeout is a bound on its silence, not on a call's length: a read
         // that waits longer fails (a call's stream is also watched by `link::drive`).
         let build = |read_timeout: Option<Duration>| {
+            // Streamable HTTP needs no redirect: following one would hand the headers, the
+            // session and the tenant's request to another origin.
             let mut builder = reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
                 .connect_timeout(Duration::from_secs(10).min(config.timeout))
                 .user_agent(concat!("mcp-tasks-gateway/", env!("CARGO_PKG_VERSION")));
             if let Some(t) = read_timeout {
@@ -286,6 +289,18 @@ impl HttpLink {
                 }
             }
         }
+        // A request that does no work (discovery, `tools/list`, a notification…) also has a
+        // total deadline: bytes dripped slower than the read timeout cannot hold it open. A
+        // call, or a task's polling, is bounded by its silence instead.
+        let method = message.get("method").and_then(Value::as_str);
+        if message.get("id").is_none()
+            || matches!(
+                method,
+                Some("server/discover" | "initialize" | "tools/list" | "ping")
+            )
+        {
+            request = request.timeout(self.timeout);
+        }
         let response = request
             .body(message.to_string())
             .send()
@@ -328,7 +343,11 @@ impl HttpLink {
                 })
             });
             return Ok((
-                Reply1::Stream(SseStream::new(chunks.boxed(), idle, self.upstream.clone())),
+                Reply1::Stream(
+                    SseStream::new(chunks.boxed(), idle, self.upstream.clone())
+                        .max_event(MAX_BODY)
+                        .comments_are_activity(false),
+                ),
                 set_session,
             ));
         }
@@ -580,7 +599,7 @@ impl HttpLink {
         if hooks.is_task()
             && let Some(task_id) = hooks.upstream_task()
         {
-            tracing::info!(upstream = %self.upstream, task = %task_id, "following the upstream task again");
+            tracing::info!(upstream = %self.upstream, task = ?task_id, "following the upstream task again");
             return self.follow(&task_id, hooks).await;
         }
         let mut params = Map::new();
@@ -600,7 +619,7 @@ impl HttpLink {
                         .ok_or_else(|| self.protocol("a task result without a taskId"))?
                         .to_owned();
                     hooks.remember_task(&task_id).await?;
-                    tracing::info!(upstream = %self.upstream, task = %task_id, "the upstream runs the call as its task");
+                    tracing::info!(upstream = %self.upstream, task = ?task_id, "the upstream runs the call as its task");
                     return self.follow(&task_id, hooks).await;
                 }
                 Some("input_required") => {
@@ -725,6 +744,10 @@ fn stream_error(upstream: &str, timeout: Duration, e: crate::client::ClientError
             upstream: upstream.to_owned(),
             seconds: timeout.as_secs_f64(),
         },
+        crate::client::ClientError::Protocol(reason) => UpstreamError::Protocol {
+            upstream: upstream.to_owned(),
+            reason,
+        },
         _ => UpstreamError::Unreachable {
             upstream: upstream.to_owned(),
             reason: "the response stream broke".into(),
@@ -759,7 +782,7 @@ impl HttpLink {
                 Err(e @ (UpstreamError::Unreachable { .. } | UpstreamError::Http { .. }))
                     if since.elapsed() < self.timeout =>
                 {
-                    tracing::warn!(upstream = %self.upstream, error = %e, "cannot read the upstream task; asking again");
+                    tracing::warn!(upstream = %self.upstream, error = %e.to_string().escape_debug(), "cannot read the upstream task; asking again");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(10));
                 }
@@ -923,8 +946,13 @@ impl Reply for HttpLink {
 }
 
 impl Link for HttpLink {
-    fn list_tools(&self) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>> {
-        Box::pin(link::list_all(|params| self.request("tools/list", params)))
+    fn list_tools(
+        &self,
+        limits: link::ListLimits,
+    ) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>> {
+        Box::pin(link::list_all(&self.upstream, limits, |params| {
+            self.request("tools/list", params)
+        }))
     }
 
     fn call<'a>(&'a self, spec: CallSpec<'a>) -> BoxFuture<'a, Result<Value, CallError>> {

@@ -79,7 +79,7 @@ pub(crate) struct CallSpec<'a> {
 /// A connection to one upstream.
 pub(crate) trait Link: Send + Sync + 'static {
     /// The upstream's `tools/list`, every page.
-    fn list_tools(&self) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>>;
+    fn list_tools(&self, limits: ListLimits) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>>;
     /// Calls a tool; resolves with its `CallToolResult`.
     fn call<'a>(&'a self, spec: CallSpec<'a>) -> BoxFuture<'a, Result<Value, CallError>>;
     /// Resolves when the connection is gone for good (a new one must be made).
@@ -310,18 +310,60 @@ pub(crate) fn input_requests(v: &Value) -> Map<String, Value> {
 /// Most pages of `tools/list` read from one upstream (a loop guard).
 const MAX_PAGES: usize = 100;
 
-/// Every page of `tools/list`, each asked with `page(params)` (`{}`, then `{"cursor": …}`).
-pub(crate) async fn list_all<F, Fut>(page: F) -> Result<Vec<Value>, UpstreamError>
+/// The bounds of one upstream's tool list: its tools, and their bytes as JSON.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ListLimits {
+    pub(crate) tools: usize,
+    pub(crate) bytes: usize,
+}
+
+/// Counts the bytes written to it.
+struct ByteCount(usize);
+
+impl std::io::Write for ByteCount {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Every page of `tools/list`, each asked with `page(params)` (`{}`, then `{"cursor": …}`);
+/// refused as soon as it passes `limits` (a page is read whole first: the transport bounds
+/// its size).
+pub(crate) async fn list_all<F, Fut>(
+    upstream: &str,
+    limits: ListLimits,
+    page: F,
+) -> Result<Vec<Value>, UpstreamError>
 where
     F: Fn(Map<String, Value>) -> Fut,
     Fut: std::future::Future<Output = Result<Value, UpstreamError>>,
 {
     let mut tools = Vec::new();
+    let mut bytes = ByteCount(0);
     let mut params = Map::new();
     for _ in 0..MAX_PAGES {
-        let result = page(params.clone()).await?;
-        if let Some(listed) = result.get("tools").and_then(Value::as_array) {
-            tools.extend(listed.iter().cloned());
+        let mut result = page(params.clone()).await?;
+        if let Some(Value::Array(listed)) = result.get_mut("tools").map(Value::take) {
+            if tools.len() + listed.len() > limits.tools {
+                return Err(UpstreamError::TooManyTools {
+                    upstream: upstream.to_owned(),
+                    reason: format!("more than {}", limits.tools),
+                });
+            }
+            for tool in &listed {
+                let _ = serde_json::to_writer(&mut bytes, tool);
+            }
+            if bytes.0 > limits.bytes {
+                return Err(UpstreamError::TooManyTools {
+                    upstream: upstream.to_owned(),
+                    reason: format!("more than {} bytes", limits.bytes),
+                });
+            }
+            tools.extend(listed);
         }
         match result.get("nextCursor").and_then(Value::as_str) {
             Some(cursor) => params.insert("cursor".into(), json!(cursor)),
@@ -392,7 +434,7 @@ pub(crate) async fn session_call(
     }
     let task_id = match hooks.upstream_task() {
         Some(id) => {
-            tracing::info!(upstream = driver.upstream(), task = %id, "following the upstream task again");
+            tracing::info!(upstream = driver.upstream(), task = ?id, "following the upstream task again");
             id
         }
         None => {
@@ -409,7 +451,7 @@ pub(crate) async fn session_call(
                 })?
                 .to_owned();
             hooks.remember_task(&id).await?;
-            tracing::info!(upstream = driver.upstream(), task = %id, "the upstream runs the call as its task");
+            tracing::info!(upstream = driver.upstream(), task = ?id, "the upstream runs the call as its task");
             id
         }
     };
@@ -481,5 +523,46 @@ async fn copy_status(driver: &dyn SessionDriver, task_id: &str, hooks: &dyn Hook
             Err(e) => tracing::debug!(error = %e, "tasks/get upstream failed"),
         }
         tokio::time::sleep(interval).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_endless_tool_list_stops_at_its_bounds() {
+        // Every page has 5,000 tools and a next cursor: refused at the third page.
+        let pages = std::sync::atomic::AtomicUsize::new(0);
+        let page = |_params: Map<String, Value>| {
+            pages.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tools: Vec<Value> = (0..5_000)
+                .map(|i| json!({ "name": format!("t{i}") }))
+                .collect();
+            async move { Ok(json!({ "tools": tools, "nextCursor": "more" })) }
+        };
+        let limits = ListLimits {
+            tools: 10_000,
+            bytes: 16 << 20,
+        };
+        let e = list_all("up", limits, page).await.unwrap_err();
+        assert!(matches!(e, UpstreamError::TooManyTools { .. }), "{e}");
+        assert_eq!(pages.load(std::sync::atomic::Ordering::Relaxed), 3);
+        // The bytes bound: about 15 bytes a tool.
+        let pages = std::sync::atomic::AtomicUsize::new(0);
+        let page = |_params: Map<String, Value>| {
+            pages.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tools: Vec<Value> = (0..100)
+                .map(|i| json!({ "name": format!("t{i}") }))
+                .collect();
+            async move { Ok(json!({ "tools": tools, "nextCursor": "more" })) }
+        };
+        let limits = ListLimits {
+            tools: 10_000,
+            bytes: 4096,
+        };
+        let e = list_all("up", limits, page).await.unwrap_err();
+        assert!(e.to_string().contains("more than 4096 bytes"), "{e}");
+        assert!(pages.load(std::sync::atomic::Ordering::Relaxed) <= 4);
     }
 }

@@ -51,7 +51,10 @@ mod stdio;
 mod tool;
 mod upstream;
 
-pub use config::{DEFAULT_MAX_PROCESSES, DEFAULT_TIMEOUT, Upstream, UpstreamTransport};
+pub use config::{
+    DEFAULT_MAX_PROCESSES, DEFAULT_MAX_TOOLS, DEFAULT_MAX_TOOLS_BYTES, DEFAULT_TIMEOUT, Upstream,
+    UpstreamTransport,
+};
 pub use error::{GatewayError, UpstreamError};
 
 use std::collections::BTreeSet;
@@ -155,7 +158,7 @@ impl Gateway {
                     remote,
                 });
                 if let Err(e) = set.register(tool) {
-                    tracing::warn!(upstream = %upstream.name(), tool = %name, error = %e, "upstream tool left out");
+                    tracing::warn!(upstream = %upstream.name(), tool = ?name, error = %e.to_string().escape_debug(), "upstream tool left out");
                 }
             }
         }

@@ -124,7 +124,8 @@ impl StdioLink {
         tokio::spawn(async move {
             let mut err = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = err.next_line().await {
-                tracing::info!(target: "mcp_tasks::gateway::upstream", upstream = %log_name, "{line}");
+                // Escaped: the line is the upstream's, control characters and all.
+                tracing::info!(target: "mcp_tasks::gateway::upstream", upstream = %log_name, "{}", line.escape_debug());
             }
         });
         let weak = Arc::downgrade(&link);
@@ -330,7 +331,7 @@ async fn read_loop(link: Weak<StdioLink>, stdout: tokio::process::ChildStdout) {
         match serde_json::from_str::<Value>(text) {
             Ok(message) => link.dispatch(message),
             Err(_) => {
-                tracing::info!(target: "mcp_tasks::gateway::upstream", upstream = %link.upstream, "stdout (not JSON-RPC): {text}")
+                tracing::info!(target: "mcp_tasks::gateway::upstream", upstream = %link.upstream, "stdout (not JSON-RPC): {}", text.escape_debug())
             }
         }
     }
@@ -384,8 +385,11 @@ impl Reply for StdioLink {
 }
 
 impl Link for StdioLink {
-    fn list_tools(&self) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>> {
-        Box::pin(link::list_all(|params| {
+    fn list_tools(
+        &self,
+        limits: link::ListLimits,
+    ) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>> {
+        Box::pin(link::list_all(&self.upstream, limits, |params| {
             link::SessionDriver::request(self, "tools/list", Value::Object(params))
         }))
     }
@@ -494,8 +498,11 @@ async fn reap(pool: Weak<StdioPool>) {
 }
 
 impl Link for StdioPool {
-    fn list_tools(&self) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>> {
-        self.first.list_tools()
+    fn list_tools(
+        &self,
+        limits: link::ListLimits,
+    ) -> BoxFuture<'_, Result<Vec<Value>, UpstreamError>> {
+        self.first.list_tools(limits)
     }
 
     fn call<'a>(&'a self, spec: CallSpec<'a>) -> BoxFuture<'a, Result<Value, CallError>> {

@@ -17,6 +17,9 @@ use crate::tool::{TaskPolicy, ToolDescriptor};
 
 /// First wait before connecting again; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+
+/// The shortest time between two listings of an upstream's tools.
+const RELIST_INTERVAL: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// One upstream: its configuration, its current connection, its listed tools.
@@ -81,11 +84,14 @@ impl UpstreamState {
         {
             return true;
         }
+        // In MCP's tool annotations a read-only tool is safe to repeat whatever its
+        // `idempotentHint` (which only means something for a tool that is not read-only).
         self.config.trust_annotations && {
             let listed = self.listed.lock().unwrap_or_else(|e| e.into_inner());
             listed.iter().any(|t| {
                 t.get("name").and_then(Value::as_str) == Some(remote)
-                    && t.pointer("/annotations/idempotentHint") == Some(&json!(true))
+                    && (t.pointer("/annotations/readOnlyHint") == Some(&json!(true))
+                        || t.pointer("/annotations/idempotentHint") == Some(&json!(true)))
             })
         }
     }
@@ -142,7 +148,7 @@ impl UpstreamState {
                 Ok(link) => link,
                 Err(e) => {
                     metrics::counter!(super::UPSTREAM_ERRORS, "upstream" => self.config.name.clone(), "kind" => e.kind()).increment(1);
-                    tracing::warn!(upstream = %self.config.name, error = %e, retry_in_ms = backoff.as_millis() as u64, "upstream not available");
+                    tracing::warn!(upstream = %self.config.name, error = %e.to_string().escape_debug(), retry_in_ms = backoff.as_millis() as u64, "upstream not available");
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}
                         () = stop.cancelled() => return,
@@ -152,8 +158,13 @@ impl UpstreamState {
                 }
             };
             let up_since = tokio::time::Instant::now();
+            let limits = super::link::ListLimits {
+                tools: self.config.max_tools,
+                bytes: self.config.max_tools_bytes,
+            };
             loop {
-                match link.list_tools().await {
+                let listed_at = tokio::time::Instant::now();
+                match link.list_tools(limits).await {
                     Ok(tools) => {
                         tracing::info!(upstream = %self.config.name, tools = tools.len(), "upstream tools listed");
                         *self.listed.lock().unwrap_or_else(|e| e.into_inner()) = tools;
@@ -164,14 +175,26 @@ impl UpstreamState {
                             self.link.send_replace(Some(link.clone()));
                         }
                     }
+                    Err(e @ UpstreamError::TooManyTools { .. }) => {
+                        // The connection works; its list is refused and the previous kept.
+                        metrics::counter!(super::UPSTREAM_ERRORS, "upstream" => self.config.name.clone(), "kind" => e.kind()).increment(1);
+                        tracing::warn!(upstream = %self.config.name, error = %e, "tool list refused; keeping the previous one");
+                    }
                     Err(e) => {
                         // A connection that cannot list its tools is of no use: a new one.
-                        tracing::warn!(upstream = %self.config.name, error = %e, "cannot list the upstream's tools");
+                        tracing::warn!(upstream = %self.config.name, error = %e.to_string().escape_debug(), "cannot list the upstream's tools");
                         break;
                     }
                 }
                 tokio::select! {
                     () = self.refresh.notified() => {}
+                    () = link.closed() => break,
+                    () = stop.cancelled() => return,
+                }
+                // At most one listing per RELIST_INTERVAL: a flood of `list_changed`
+                // notifications costs one more listing, not one each.
+                tokio::select! {
+                    () = tokio::time::sleep_until(listed_at + RELIST_INTERVAL) => {}
                     () = link.closed() => break,
                     () = stop.cancelled() => return,
                 }

@@ -47,6 +47,18 @@ pub(crate) fn legacy_task(modern: &Value) -> Value {
         && modern.pointer("/result/isError") == Some(&Value::Bool(true))
     {
         t.insert("status".into(), json!("failed"));
+        // Why, as the 2025-11-25 spec asks of a failed task: the result's first text.
+        let text = modern
+            .pointer("/result/content")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find(|c| c.get("type").and_then(Value::as_str) == Some("text"))
+            .and_then(|c| c.get("text"))
+            .and_then(Value::as_str);
+        if let Some(text) = text {
+            t.insert("statusMessage".into(), json!(status_text(text)));
+        }
     }
     t.insert(
         "ttl".into(),
@@ -56,6 +68,17 @@ pub(crate) fn legacy_task(modern: &Value) -> Value {
         t.insert("pollInterval".into(), p.clone());
     }
     Value::Object(t)
+}
+
+/// The longest `statusMessage` taken from a result's text, in characters.
+const MAX_STATUS_CHARS: usize = 1024;
+
+/// `text`, cut to [`MAX_STATUS_CHARS`] characters (with `…` when cut).
+fn status_text(text: &str) -> String {
+    match text.char_indices().nth(MAX_STATUS_CHARS) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
+    }
 }
 
 fn is_terminal(status: Option<&str>) -> bool {
@@ -431,6 +454,22 @@ mod tests {
         let modern = json!({ "taskId": "t", "status": "completed",
             "result": { "content": [], "isError": true } });
         assert_eq!(legacy_task(&modern)["status"], "failed");
+        assert_eq!(legacy_task(&modern).get("statusMessage"), None);
+        // Its first text content says why.
+        let modern = json!({ "taskId": "t", "status": "completed", "statusMessage": "step 2",
+            "result": { "content": [{ "type": "image", "data": "", "mimeType": "image/png" },
+                                    { "type": "text", "text": "disk full" },
+                                    { "type": "text", "text": "second" }], "isError": true } });
+        assert_eq!(legacy_task(&modern)["statusMessage"], "disk full");
+        let long = "é".repeat(5000);
+        let modern = json!({ "taskId": "t", "status": "completed",
+            "result": { "content": [{ "type": "text", "text": long }], "isError": true } });
+        let shown = legacy_task(&modern)["statusMessage"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert_eq!(shown.chars().count(), 1025);
+        assert!(shown.ends_with('…'));
         let fine = json!({ "taskId": "t", "status": "completed",
             "result": { "content": [], "isError": false } });
         assert_eq!(legacy_task(&fine)["status"], "completed");
