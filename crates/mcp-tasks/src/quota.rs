@@ -565,7 +565,7 @@ mod tests {
 /// tasks in creation order. See docs/SERVE.md, "Flow control".
 ///
 /// Empty by default: no limit, and no cost. A tool's own
-/// [`crate::tool::ToolDescriptor::max_running`] applies unless a limit here names the tool.
+/// [`ToolDescriptor::max_running`](method@crate::tool::ToolDescriptor::max_running) applies unless a limit here names the tool.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct FlowLimits {

@@ -49,7 +49,7 @@ pub enum StartError {
     #[error("the supervisor did not start: it stopped while rehydrating the stored tasks")]
     SupervisorStopped,
     /// Flow control (a running-task limit: [`RuntimeBuilder::max_running`],
-    /// [`crate::tool::ToolDescriptor::max_running`]) was asked for on a store shared by
+    /// [`ToolDescriptor::max_running`](method@crate::tool::ToolDescriptor::max_running)) was asked for on a store shared by
     /// replicas, where this version cannot hold a limit for the whole cluster.
     #[error(
         "running-task limits (--max-running, --max-running-per-owner, a tool's max_running) are not supported on a store shared by replicas yet: each replica would enforce its own limit; remove them or use a store of one process"
@@ -210,7 +210,7 @@ impl RuntimeBuilder {
     /// Lets at most `n` tasks of `tool` run at once (`"*"`: of all tools together); more
     /// wait in a queue, `working` with `statusMessage` `queued: N ahead`, and run when a slot
     /// frees (see [`crate::quota::FlowLimits`]). Takes precedence over the tool's own
-    /// [`crate::tool::ToolDescriptor::max_running`]. `0` is taken as 1.
+    /// [`ToolDescriptor::max_running`](method@crate::tool::ToolDescriptor::max_running). `0` is taken as 1.
     pub fn max_running(mut self, tool: impl Into<String>, n: u32) -> Self {
         let tool = tool.into();
         let n = n.max(1);

@@ -257,7 +257,7 @@ impl Flow {
         let mine = state
             .queues
             .get(&owner)
-            .map_or(0, |q| q.range(..key.clone()).count());
+            .map_or(0, |q| q.range(..key).count());
         let ahead = mine
             + state
                 .queues
@@ -268,7 +268,7 @@ impl Flow {
         let (tx, rx) = oneshot::channel();
         let queue = state.queues.entry(owner.clone()).or_default();
         queue.insert(
-            key.clone(),
+            key,
             Waiter {
                 tool: tool.to_owned(),
                 tool_limit,
@@ -318,7 +318,7 @@ impl Flow {
             let Some((_, owner, key)) = best else {
                 return;
             };
-            let (owner, key) = (owner.clone(), key.clone());
+            let (owner, key) = (owner.clone(), *key);
             let Some(queue) = state.queues.get_mut(&owner) else {
                 return;
             };

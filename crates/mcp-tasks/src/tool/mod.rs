@@ -124,7 +124,7 @@ impl ToolDescriptor {
     }
 
     /// Lets at most `n` tasks of this tool run at once; more wait, queued (see
-    /// [`ToolDescriptor::max_running`](#structfield.max_running)). `0` is taken as 1.
+    /// the `max_running` field). `0` is taken as 1.
     pub fn max_running(mut self, n: u32) -> Self {
         self.max_running = Some(n.max(1));
         self
