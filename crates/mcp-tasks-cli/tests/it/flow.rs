@@ -431,6 +431,31 @@ fn bad_max_running_values_are_clear_errors() {
             "{value}: {stderr}"
         );
     }
+    // The same checks for the environment variable and a `--config` file's key.
+    let out = Command::new(BIN)
+        .args(["serve"])
+        .env("MCP_TASKS_MAX_RUNNING", "a=1,b=0")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("b=0"), "{stderr}");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(&config, "max-running = [\"a=1\", \"x=abc\"]\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("x=abc") && stderr.contains("from 1 up"),
+        "{stderr}"
+    );
     let out = Command::new(BIN)
         .args(["serve", "--max-running-per-owner", "0"])
         .stdin(Stdio::null())
