@@ -301,6 +301,14 @@ impl Flow {
     /// Serves the owners in turn while a queued waiter fits.
     fn dispatch(self: &Arc<Self>, state: &mut State) {
         loop {
+            // All tools' limit full: nobody fits (no need to look at every waiter).
+            if self
+                .limits
+                .all_tools
+                .is_some_and(|l| state.running_all >= l)
+            {
+                return;
+            }
             // The owner next in turn (oldest last start) among those with a fitting waiter.
             let mut best: Option<(u64, &String, &QueueKey)> = None;
             for (owner, queue) in &state.queues {
