@@ -289,6 +289,21 @@ struct LimitArgs {
     /// a unit such as KiB, MiB, GB).
     #[arg(long, env = "MCP_TASKS_MAX_STORED_BYTES", value_name = "SIZE", default_value = "256MiB", value_parser = units::parse_size)]
     max_stored_bytes: u64,
+    /// Flow control: at most N tasks of TOOL run at once (`*=N`: of all tools together);
+    /// more are still created and wait `working`, `statusMessage` `queued: K ahead`, until a
+    /// slot frees. Repeatable, or comma-separated (docs/SERVE.md, "Flow control").
+    #[arg(
+        long,
+        env = "MCP_TASKS_MAX_RUNNING",
+        value_name = "TOOL=N",
+        value_delimiter = ',',
+        value_parser = parse_max_running
+    )]
+    max_running: Vec<String>,
+    /// Flow control: at most N tasks of one principal run at once, over all tools; freed slots
+    /// go to the principals with queued tasks in turn.
+    #[arg(long, env = "MCP_TASKS_MAX_RUNNING_PER_OWNER", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_running_per_owner: Option<u32>,
     /// Lift every per-principal quota above (a single trusted user, benchmarks).
     #[arg(long, env = "MCP_TASKS_NO_QUOTAS")]
     no_quotas: bool,
@@ -340,7 +355,27 @@ struct LimitArgs {
     idle_timeout: Duration,
 }
 
+/// A `--max-running` value: `TOOL=N`, N ≥ 1.
+fn parse_max_running(spec: &str) -> Result<String, String> {
+    mcp_tasks::quota::parse_limit(spec)
+        .map(|_| spec.to_owned())
+        .map_err(|e| e.to_string())
+}
+
 impl LimitArgs {
+    /// The flow-control limits (checked by clap already).
+    fn flow(&self) -> mcp_tasks::quota::FlowLimits {
+        let mut flow = mcp_tasks::quota::FlowLimits::none();
+        for spec in &self.max_running {
+            if let Err(e) = flow.add(spec) {
+                // Parsed by `parse_max_running` already.
+                tracing::error!(error = %e, "ignoring a --max-running value");
+            }
+        }
+        flow.per_owner = self.max_running_per_owner;
+        flow
+    }
+
     fn quotas(&self) -> Quotas {
         if self.no_quotas {
             return Quotas::unlimited();
@@ -785,7 +820,8 @@ fn builder(
         .expired_retention(args.expired_retention)
         .restart_budget(args.restart_budget)
         .passivate_after(args.passivate_after.0)
-        .quotas(args.limits.quotas());
+        .quotas(args.limits.quotas())
+        .flow_limits(args.limits.flow());
     if let Some(gateway) = gateway {
         return builder.tool_source(gateway);
     }

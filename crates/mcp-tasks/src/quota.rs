@@ -557,3 +557,75 @@ mod tests {
         assert!(t.lock().is_empty());
     }
 }
+
+/// Flow control: how many tasks may *run* at once, per tool, over all tools and per owner.
+/// A call over a limit is not refused: its task is created (durable before its handle, as
+/// any task) and waits `working`, its `statusMessage` `queued: N ahead`, until a slot frees.
+/// A freed slot goes to the owners with queued work in turn (round-robin), each owner's own
+/// tasks in creation order. See docs/SERVE.md, "Flow control".
+///
+/// Empty by default: no limit, and no cost. A tool's own
+/// [`ToolDescriptor::max_running`](method@crate::tool::ToolDescriptor::max_running) applies unless a limit here names the tool.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FlowLimits {
+    /// Running tasks at most per tool, by tool name.
+    pub per_tool: std::collections::BTreeMap<String, u32>,
+    /// Running tasks at most over all tools together (`--max-running '*=N'`).
+    pub all_tools: Option<u32>,
+    /// Running tasks at most per owner (tenant and principal), over all tools.
+    pub per_owner: Option<u32>,
+}
+
+/// A flow-control limit that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FlowLimitError {
+    /// Not `TOOL=N`.
+    #[error(
+        "`{0}` is not TOOL=N (a tool name, or `*` for all tools together, then `=` and a count)"
+    )]
+    Syntax(String),
+    /// The count is not a whole number from 1 up.
+    #[error("the limit in `{0}` is not a whole number of running tasks from 1 up")]
+    Count(String),
+}
+
+impl FlowLimits {
+    /// No limit (the default).
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Whether no limit is set here.
+    pub fn is_empty(&self) -> bool {
+        self.per_tool.is_empty() && self.all_tools.is_none() && self.per_owner.is_none()
+    }
+
+    /// Adds a limit written `TOOL=N` (`*=N`: all tools together), as `serve --max-running`
+    /// takes it. `N` must be at least 1.
+    pub fn add(&mut self, spec: &str) -> Result<(), FlowLimitError> {
+        let (tool, count) = parse_limit(spec)?;
+        if tool == "*" {
+            self.all_tools = Some(count);
+        } else {
+            self.per_tool.insert(tool.to_owned(), count);
+        }
+        Ok(())
+    }
+}
+
+/// `TOOL=N` → (`TOOL`, `N`), `N` ≥ 1.
+pub fn parse_limit(spec: &str) -> Result<(&str, u32), FlowLimitError> {
+    let Some((tool, count)) = spec.split_once('=') else {
+        return Err(FlowLimitError::Syntax(spec.to_owned()));
+    };
+    let tool = tool.trim();
+    if tool.is_empty() {
+        return Err(FlowLimitError::Syntax(spec.to_owned()));
+    }
+    match count.trim().parse::<u32>() {
+        Ok(n) if n >= 1 => Ok((tool, n)),
+        _ => Err(FlowLimitError::Count(spec.to_owned())),
+    }
+}

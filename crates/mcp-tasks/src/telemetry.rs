@@ -18,6 +18,8 @@
 //! | `mcp_tasks_store_commit_batch_ops` | histogram | | the write operations one group commit carried |
 //! | `mcp_tasks_recovery_duration_seconds` | gauge | | how long rehydrating the live tasks took at the last start |
 //! | `mcp_tasks_recovered_tasks` | gauge | | live tasks rehydrated at the last start |
+//! | `mcp_tasks_queued_tasks` | gauge | `tool` | tasks (and synchronous calls) waiting for a flow-control slot (`serve --max-running`), by tool |
+//! | `mcp_tasks_running_limited_tasks` | gauge | `tool` | tasks (and synchronous calls) holding a flow-control slot, by tool: the running count the limits of that tool, of `*` and of each owner are checked against |
 //! | `mcp_tasks_subscriptions` | gauge | | open `subscriptions/listen` streams |
 //! | `mcp_tasks_subscription_dropped_total` | counter | | committed snapshots of a followed task a listener never got, a newer one sent instead (latest wins: replaced while the stream was full, or superseded before its follower read it) |
 //! | `mcp_tasks_upstream_calls_total` | counter | `upstream` | calls of an upstream tool through the gateway (feature `gateway`) |
@@ -53,6 +55,10 @@ pub const STORE_COMMIT_BATCH_OPS: &str = "mcp_tasks_store_commit_batch_ops";
 pub const RECOVERY_DURATION: &str = "mcp_tasks_recovery_duration_seconds";
 /// `mcp_tasks_recovered_tasks`.
 pub const RECOVERED_TASKS: &str = "mcp_tasks_recovered_tasks";
+/// `mcp_tasks_queued_tasks`.
+pub const QUEUED_TASKS: &str = "mcp_tasks_queued_tasks";
+/// `mcp_tasks_running_limited_tasks`.
+pub const RUNNING_LIMITED_TASKS: &str = "mcp_tasks_running_limited_tasks";
 /// `mcp_tasks_subscriptions`.
 pub const SUBSCRIPTIONS: &str = "mcp_tasks_subscriptions";
 /// `mcp_tasks_subscription_dropped_total`.
@@ -114,6 +120,14 @@ pub fn describe() {
     );
     describe_gauge!(RECOVERED_TASKS, "Live tasks rehydrated at the last start.");
     describe_gauge!(SUBSCRIPTIONS, "Open subscriptions/listen streams.");
+    describe_gauge!(
+        QUEUED_TASKS,
+        "Tasks waiting for a flow-control slot, by tool."
+    );
+    describe_gauge!(
+        RUNNING_LIMITED_TASKS,
+        "Tasks holding a flow-control slot, by tool."
+    );
     describe_counter!(
         REFUSALS,
         "Requests refused before any work, by reason (HTTP status) and, for 429, quota."
@@ -265,6 +279,16 @@ pub(crate) fn commit(elapsed: Duration, ops: usize) {
 }
 
 /// The start-up rehydration finished.
+/// A waiter joined (`+1`) or left (`-1`) the flow-control queue of `tool`.
+pub(crate) fn queued(tool: &str, delta: f64) {
+    gauge!(QUEUED_TASKS, "tool" => tool.to_owned()).increment(delta);
+}
+
+/// A flow-control slot of `tool` was taken (`+1`) or freed (`-1`).
+pub(crate) fn running_limited(tool: &str, delta: f64) {
+    gauge!(RUNNING_LIMITED_TASKS, "tool" => tool.to_owned()).increment(delta);
+}
+
 pub(crate) fn recovered(elapsed: Duration, tasks: usize) {
     gauge!(RECOVERY_DURATION).set(elapsed.as_secs_f64());
     gauge!(RECOVERED_TASKS).set(tasks as f64);

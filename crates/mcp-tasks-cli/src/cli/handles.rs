@@ -139,11 +139,16 @@ pub async fn ls(conn: &Connection, refresh: bool, all: bool, quiet: bool) -> Res
     } else {
         Vec::new()
     };
+    // Refreshed tasks' status messages, by id (a queued task says so there).
+    let mut messages: std::collections::HashMap<String, Option<String>> = Default::default();
     if refresh {
         let client = connect(conn).await?;
         for saved in tasks.iter_mut().filter(|t| t.endpoint == endpoint) {
             let status = match client.resume(&saved.task_id).await?.get().await {
-                Ok(task) => task.status.as_str().to_owned(),
+                Ok(task) => {
+                    messages.insert(saved.task_id.clone(), task.status_message.clone());
+                    task.status.as_str().to_owned()
+                }
                 Err(ClientError::UnknownTask { .. } | ClientError::MalformedTaskId { .. }) => {
                     "gone".to_owned()
                 }
@@ -161,14 +166,18 @@ pub async fn ls(conn: &Connection, refresh: bool, all: bool, quiet: bool) -> Res
             tasks
                 .iter()
                 .map(|t| {
-                    json!({
+                    let mut row = json!({
                         "taskId": t.task_id,
                         "status": t.status,
                         "tool": t.tool,
                         "arguments": t.arguments,
                         "createdAt": created(t.created_at_ms),
                         "server": t.endpoint,
-                    })
+                    });
+                    if let Some(message) = messages.get(&t.task_id) {
+                        row["statusMessage"] = json!(message);
+                    }
+                    row
                 })
                 .collect(),
         ));
@@ -189,13 +198,20 @@ pub async fn ls(conn: &Connection, refresh: bool, all: bool, quiet: bool) -> Res
         );
         return Ok(code::COMPLETED);
     }
+    // A task waiting in a server's flow-control queue shows it beside its status.
+    let status = |t: &SavedTask| match messages.get(&t.task_id) {
+        Some(Some(m)) if t.status == "working" && m.starts_with("queued: ") => {
+            format!("{} ({m})", t.status)
+        }
+        _ => t.status.clone(),
+    };
     if all {
         let rows: Vec<[String; 5]> = tasks
             .iter()
             .map(|t| {
                 [
                     t.task_id.clone(),
-                    t.status.clone(),
+                    status(t),
                     t.tool.clone(),
                     created(t.created_at_ms),
                     t.endpoint.clone(),
@@ -213,7 +229,7 @@ pub async fn ls(conn: &Connection, refresh: bool, all: bool, quiet: bool) -> Res
             .map(|t| {
                 [
                     t.task_id.clone(),
-                    t.status.clone(),
+                    status(t),
                     t.tool.clone(),
                     created(t.created_at_ms),
                 ]

@@ -1219,3 +1219,54 @@ fn the_documented_client_commands_run_as_written() {
         r.stdout
     );
 }
+
+/// `serve --max-running`: a task over the limit is queued, and `ls --refresh` says so.
+#[test]
+fn ls_refresh_shows_a_task_queued_by_serve_max_running() {
+    let server = Serve::start_with(&["--max-running", "slow_compute=1"]);
+    let url = server.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("tasks.redb");
+    let env = [("MCP_TASKS_HANDLE_STORE", store.to_str().unwrap())];
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let r = run_env(
+            url,
+            &[
+                "call",
+                "slow_compute",
+                "--args",
+                r#"{"seconds":30}"#,
+                "--detach",
+            ],
+            &env,
+        );
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        ids.push(r.stdout.trim().to_owned());
+    }
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let r = run_env(url, &["ls", "--refresh", "--json"], &env);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let listed = json(&r);
+        let second = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["taskId"] == ids[1].as_str())
+            .cloned()
+            .unwrap();
+        if second["statusMessage"] == "queued: 0 ahead" {
+            assert_eq!(second["status"], "working");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", r.stdout);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r = run_env(url, &["ls", "--refresh"], &env);
+    assert!(
+        r.stdout.contains(" working (queued: 0 ahead) "),
+        "{}",
+        r.stdout
+    );
+}

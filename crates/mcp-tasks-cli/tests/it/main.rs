@@ -29,6 +29,7 @@ mod console_security;
 mod deploy;
 mod features;
 mod fixtures;
+mod flow;
 mod gateway;
 mod gateway_hostile;
 mod http;

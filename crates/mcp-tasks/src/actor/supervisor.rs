@@ -198,8 +198,16 @@ impl Supervisor {
         // A store owned by this process: every live task. A shared one: the tasks no live
         // node holds, claimed (their lease epochs bumped) for this node.
         let started = std::time::Instant::now();
-        let live = self.shared.store.claim_live().await?;
+        let mut live = self.shared.store.claim_live().await?;
         let count = live.len();
+        if self.shared.flow.active() {
+            // Flow control: the live tasks enter its queue oldest first (creation time, then
+            // id), so that the order of the queue is the same as before the restart.
+            live.sort_by_cached_key(|(id, bytes)| {
+                let created = persist::decode(bytes).map_or(0, |r| r.created_at_ms);
+                (created, id.clone())
+            });
+        }
         let resume = |id: &str| {
             let lapsed = self.shared.store.took_from_lapsed(id);
             Start::Resume {

@@ -10,6 +10,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use crate::shared::flow::{self, Entry, Slot, Ticket};
 use crate::shared::{LiveTask, RuntimeError, Shared, TaskMsg};
 use crate::store::StoreError;
 use crate::task::{Event, TaskError, TaskOutcome, TaskRecord, TransitionError, apply};
@@ -50,6 +51,21 @@ impl Drop for ToolHandle {
     }
 }
 
+/// A live task's place in flow control (see `shared::flow`).
+enum Hold {
+    /// No limit applies (or the task is finished, or its tool is not registered).
+    Free,
+    /// It holds a slot (given back when dropped: the task ends, or the actor's state goes).
+    Running { _slot: Slot },
+    /// It waits for a slot: `waiter` forwards it to the actor as [`TaskMsg::Admitted`].
+    Queued {
+        _ticket: Ticket,
+        slot: Option<oneshot::Receiver<Slot>>,
+        ahead: usize,
+        waiter: Option<ToolHandle>,
+    },
+}
+
 pub(crate) struct TaskActor {
     pub(crate) shared: Arc<Shared>,
 }
@@ -84,6 +100,8 @@ pub(crate) struct TaskState {
     /// The attempt count right after this actor's start counted a takeover of a lapsed lease;
     /// taken by a [`TaskMsg::RefundLapse`].
     lapse_charge: Option<u32>,
+    /// Flow control: free, running with a slot, or queued.
+    hold: Hold,
 }
 
 impl TaskActor {
@@ -142,6 +160,8 @@ impl TaskActor {
         if next.status.is_terminal() {
             tracing::debug!(task = %next.id, status = next.status.as_str(), "task finished");
             state.tool = None;
+            // Its flow-control slot (or place in the queue) goes at once, not with the actor.
+            state.hold = Hold::Free;
             myself.stop(None);
         }
         Ok(true)
@@ -287,8 +307,10 @@ impl TaskActor {
             } => (cause, *lapsed),
             _ => return Ok(true),
         };
-        // Only a run of the tool counts: not a wait for input, not a tool that is missing.
+        // Only a run of the tool counts: not a wait for input, not a tool that is missing, not
+        // a wait in the flow-control queue (the tool never started).
         if state.record.status != crate::task::TaskStatus::Working
+            || flow::is_queued_message(state.record.status_message.as_deref())
             || self.shared.tools.recover(&state.record.tool).is_none()
         {
             return Ok(true);
@@ -319,6 +341,136 @@ impl TaskActor {
             state.lapse_charge = Some(state.record.attempts);
         }
         Ok(true)
+    }
+}
+
+impl TaskActor {
+    /// Enters flow control for a live task whose actor starts (in `pre_start`, so that the
+    /// supervisor's rehydration, oldest task first, enters them in creation order).
+    fn enter_flow(&self, record: &TaskRecord) -> Hold {
+        let flow = &self.shared.flow;
+        if !flow.active() || record.status.is_terminal() {
+            return Hold::Free;
+        }
+        // A task whose tool is not registered cannot run: it takes no slot.
+        let Some(tool) = self.shared.tools.recover(&record.tool) else {
+            return Hold::Free;
+        };
+        let entry = flow.enter(
+            &record.tool,
+            tool.descriptor().max_running,
+            &record.owner,
+            record.created_at_ms,
+        );
+        match entry {
+            Entry::Free => Hold::Free,
+            Entry::Running(slot) => Hold::Running { _slot: slot },
+            Entry::Queued {
+                ticket,
+                slot,
+                ahead,
+            } => Hold::Queued {
+                _ticket: ticket,
+                slot: Some(slot),
+                ahead,
+                waiter: None,
+            },
+        }
+    }
+
+    /// A queued task: its `statusMessage` says so (committed, when it works and the message
+    /// is not already that), a cancellation already requested ends it, and its slot, when
+    /// it comes, reaches the actor as [`TaskMsg::Admitted`].
+    async fn wait_queued(
+        &self,
+        myself: &ActorRef<TaskMsg>,
+        state: &mut TaskState,
+    ) -> Result<(), RuntimeError> {
+        if state.record.cancel_requested {
+            self.cancel_queued(myself, state).await?;
+            return Ok(());
+        }
+        let Hold::Queued { ahead, .. } = &state.hold else {
+            return Ok(());
+        };
+        let message = flow::queued_message(*ahead);
+        if state.record.status == crate::task::TaskStatus::Working
+            && state.record.status_message.as_deref() != Some(message.as_str())
+        {
+            tracing::debug!(task = %state.record.id, tool = %state.record.tool, ahead,
+                "task queued by flow control");
+            self.transition(myself, state, Event::StatusMessage(Some(message)))
+                .await?;
+        }
+        if let Hold::Queued { slot, waiter, .. } = &mut state.hold
+            && let Some(slot) = slot.take()
+        {
+            let me = myself.clone();
+            *waiter = Some(ToolHandle(tokio::spawn(async move {
+                if let Ok(slot) = slot.await {
+                    // The actor may be gone: the slot is dropped with the message, and freed.
+                    let _ = me.cast(TaskMsg::Admitted(slot));
+                }
+            })));
+        }
+        Ok(())
+    }
+
+    /// A queued task is cancelled at once: its tool never started.
+    async fn cancel_queued(
+        &self,
+        myself: &ActorRef<TaskMsg>,
+        state: &mut TaskState,
+    ) -> Result<bool, RuntimeError> {
+        let event = Event::Cancelled {
+            status_message: Some("Cancelled while queued: the tool never ran.".into()),
+        };
+        self.transition(myself, state, event).await
+    }
+
+    /// A task about to run whose record still says it is queued gets its tool's first
+    /// `statusMessage` back.
+    async fn unmark_queued(
+        &self,
+        myself: &ActorRef<TaskMsg>,
+        state: &mut TaskState,
+    ) -> Result<(), RuntimeError> {
+        if !flow::is_queued_message(state.record.status_message.as_deref()) {
+            return Ok(());
+        }
+        let initial = self
+            .shared
+            .tools
+            .recover(&state.record.tool)
+            .and_then(|t| t.descriptor().initial_status_message.clone());
+        self.transition(myself, state, Event::StatusMessage(initial))
+            .await?;
+        Ok(())
+    }
+
+    /// A queued task got its slot: it runs.
+    async fn admitted(
+        &self,
+        myself: &ActorRef<TaskMsg>,
+        state: &mut TaskState,
+        slot: Slot,
+    ) -> Result<(), RuntimeError> {
+        if state.record.status.is_terminal() || !matches!(state.hold, Hold::Queued { .. }) {
+            return Ok(());
+        }
+        state.hold = Hold::Running { _slot: slot };
+        if state.record.is_expired(self.shared.now_ms()) {
+            self.transition(myself, state, Event::Expire).await?;
+            return Ok(());
+        }
+        tracing::debug!(task = %state.record.id, tool = %state.record.tool,
+            "queued task admitted by flow control");
+        self.unmark_queued(myself, state).await?;
+        if !self.start_tool(myself, state) {
+            tracing::error!(task = %state.record.id, tool = %state.record.tool,
+                "the tool of this queued task is no longer registered; the task waits for it");
+        }
+        Ok(())
     }
 }
 
@@ -422,7 +574,9 @@ impl Actor for TaskActor {
             },
             creation.is_none(),
         );
+        let hold = self.enter_flow(&record);
         Ok(TaskState {
+            hold,
             gauge: TaskGauge::new(record.status),
             record,
             publisher,
@@ -450,7 +604,9 @@ impl Actor for TaskActor {
             // actor's mailbox, which is read only after `post_start`. If the creation commit
             // fails, the tool is stopped and the caller gets the error (the tool may have
             // begun: tools are at-least-once, as after a crash).
-            if !state.record.is_expired(self.shared.now_ms()) {
+            if !state.record.is_expired(self.shared.now_ms())
+                && !matches!(state.hold, Hold::Queued { .. })
+            {
                 tool_started = self.start_tool(&myself, state);
             }
             if !matches!(created.await, Ok(true)) {
@@ -467,6 +623,15 @@ impl Actor for TaskActor {
         let start = state.start.clone();
         if !or_store_failure(self.admit(&myself, state, &start).await)? {
             return Ok(());
+        }
+        if matches!(state.hold, Hold::Queued { .. }) {
+            or_store_failure(self.wait_queued(&myself, state).await)?;
+            let record = state.record.clone();
+            self.arm_passivation(&myself, &record, WOKEN_REST);
+            return Ok(());
+        }
+        if !tool_started {
+            or_store_failure(self.unmark_queued(&myself, state).await)?;
         }
         if !tool_started && !self.start_tool(&myself, state) {
             // Not a reason to fail the task: a deployment may have dropped the tool by
@@ -549,6 +714,15 @@ impl TaskActor {
             TaskMsg::Cancel(port) => {
                 let r = self.transition(&myself, state, Event::RequestCancel).await;
                 let r = self.confirm_unchanged(&myself, state, r).await;
+                let r = if matches!(r, Ok(true))
+                    && !state.record.status.is_terminal()
+                    && matches!(state.hold, Hold::Queued { .. })
+                {
+                    // Queued: nothing runs that could stop cooperatively.
+                    self.cancel_queued(&myself, state).await
+                } else {
+                    r
+                };
                 if matches!(r, Ok(true)) && !state.record.status.is_terminal() {
                     self.arm_cancel_grace(&myself);
                 }
@@ -575,6 +749,9 @@ impl TaskActor {
             }
             TaskMsg::RefundLapse => self.refund_lapse(&myself, state).await?,
             TaskMsg::Passivate(seq) => self.passivate(&myself, state, seq),
+            TaskMsg::Admitted(slot) => {
+                or_store_failure(self.admitted(&myself, state, slot).await)?;
+            }
             TaskMsg::CancelGraceElapsed => {
                 if !state.record.status.is_terminal() {
                     state.tool = None;

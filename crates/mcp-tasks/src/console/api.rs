@@ -188,7 +188,26 @@ async fn overview_json(state: &ConsoleState, viewer: &Viewer) -> Result<Value, R
         "parkedTasks": if admin { Value::from(state.shared.live.parked()) } else { Value::Null },
         "recovery": recovery,
         "nodes": nodes,
+        "flow": if admin { flow_json(&state.shared) } else { Value::Null },
     }))
+}
+
+/// Flow control's use: `null` when no limit is configured.
+fn flow_json(shared: &crate::shared::Shared) -> Value {
+    if !shared.flow.active() {
+        return Value::Null;
+    }
+    let usage = shared.flow.usage();
+    let tools: Vec<Value> = usage
+        .tools
+        .iter()
+        .map(|(tool, u)| json!({ "tool": tool, "limit": u.limit, "running": u.running, "queued": u.queued }))
+        .collect();
+    json!({
+        "tools": tools,
+        "allTools": { "limit": usage.all_tools_limit, "running": usage.running, "queued": usage.queued },
+        "perOwner": { "limit": usage.per_owner_limit, "ownersQueued": usage.owners_queued },
+    })
 }
 
 /// The backend's name: a store shared by replicas is PostgreSQL's (the only one), the

@@ -239,6 +239,7 @@ pub(crate) fn descriptor(exposed: &str, tool: &Value) -> ToolDescriptor {
         },
         ttl_ms: None,
         initial_status_message: None,
+        max_running: None,
         // While its task waits for the client's input, a gateway tool holds the upstream's
         // side of the call (a session-era request still open, an upstream task it follows):
         // dropping it would lose or repeat the upstream call.

@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 use super::{Answer, Dispatcher, MessageStream, RequestContext};
 use crate::actor::SupervisorMsg;
 use crate::shared::Shared;
+use crate::shared::flow::{Entry, Slot};
 use crate::shared::request_state::Binding;
 use crate::task::{TaskId, TaskRecord};
 use crate::tool::context::RequestSink;
@@ -221,16 +222,21 @@ impl Dispatcher {
             capabilities,
             sink,
         )?;
+        // Over a running-task limit, a synchronous call waits for a slot while its request
+        // is open (its caller going away takes it out of the queue).
+        let slot = self.sync_slot(&call.name, &tool, &ctx.owner).await?;
         let Some(progress) = progress else {
-            return run_sync(&self.shared, tool, tool_ctx, binding)
-                .await
-                .map(Answer::Result);
+            let answer = run_sync(&self.shared, tool, tool_ctx, binding).await;
+            drop(slot);
+            return answer.map(Answer::Result);
         };
         let shared = self.shared.clone();
         let owner = ctx.owner.clone();
         let handle = tokio::spawn(async move {
             let binding = tools_call_binding(&owner, &call);
-            run_sync(&shared, tool, tool_ctx, binding).await
+            let answer = run_sync(&shared, tool, tool_ctx, binding).await;
+            drop(slot);
+            answer
         });
         let sync_call = SyncCall {
             progress,
@@ -238,6 +244,32 @@ impl Dispatcher {
             queued: VecDeque::new(),
         };
         with_progress(id.clone(), sync_call).await
+    }
+
+    /// The flow-control slot of a synchronous call of `tool` (`None`: no limit applies),
+    /// waited for in the queue when the limits are full.
+    async fn sync_slot(
+        &self,
+        name: &str,
+        tool: &Arc<dyn Tool>,
+        owner: &crate::task::Owner,
+    ) -> Result<Option<Slot>, RpcError> {
+        let flow = &self.shared.flow;
+        if !flow.active() {
+            return Ok(None);
+        }
+        let limit = tool.descriptor().max_running;
+        match flow.enter(name, limit, owner, self.shared.now_ms()) {
+            Entry::Free => Ok(None),
+            Entry::Running(slot) => Ok(Some(slot)),
+            Entry::Queued { ticket, slot, .. } => {
+                let slot = slot
+                    .await
+                    .map_err(|_| RpcError::internal("the flow-control queue went away"))?;
+                drop(ticket);
+                Ok(Some(slot))
+            }
+        }
     }
 
     /// A task: prepared by its tool (which may end the round with `input_required`),

@@ -48,6 +48,13 @@ pub enum StartError {
     /// task and the cause).
     #[error("the supervisor did not start: it stopped while rehydrating the stored tasks")]
     SupervisorStopped,
+    /// Flow control (a running-task limit: [`RuntimeBuilder::max_running`],
+    /// [`ToolDescriptor::max_running`](method@crate::tool::ToolDescriptor::max_running)) was asked for on a store shared by
+    /// replicas, where this version cannot hold a limit for the whole cluster.
+    #[error(
+        "running-task limits (--max-running, --max-running-per-owner, a tool's max_running) are not supported on a store shared by replicas yet: each replica would enforce its own limit; remove them or use a store of one process"
+    )]
+    FlowControlOnSharedStore,
 }
 
 /// Builds a [`Runtime`]: its store, tools, prompts and resources, and configuration.
@@ -200,6 +207,35 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Lets at most `n` tasks of `tool` run at once (`"*"`: of all tools together); more
+    /// wait in a queue, `working` with `statusMessage` `queued: N ahead`, and run when a slot
+    /// frees (see [`crate::quota::FlowLimits`]). Takes precedence over the tool's own
+    /// [`ToolDescriptor::max_running`](method@crate::tool::ToolDescriptor::max_running). `0` is taken as 1.
+    pub fn max_running(mut self, tool: impl Into<String>, n: u32) -> Self {
+        let tool = tool.into();
+        let n = n.max(1);
+        if tool == "*" {
+            self.config.flow.all_tools = Some(n);
+        } else {
+            self.config.flow.per_tool.insert(tool, n);
+        }
+        self
+    }
+
+    /// Lets at most `n` tasks of one owner (tenant and principal) run at once, over all
+    /// tools; more wait queued. Freed slots go to the owners with queued work in turn. `0` is
+    /// taken as 1.
+    pub fn max_running_per_owner(mut self, n: u32) -> Self {
+        self.config.flow.per_owner = Some(n.max(1));
+        self
+    }
+
+    /// Sets every flow-control limit at once (replacing those set before).
+    pub fn flow_limits(mut self, limits: crate::quota::FlowLimits) -> Self {
+        self.config.flow = limits;
+        self
+    }
+
     /// Sets the server's name and version (`serverInfo`).
     pub fn server_info(mut self, name: impl Into<String>, version: impl Into<String>) -> Self {
         self.config.server_info = ServerInfo::new(name, version);
@@ -250,6 +286,10 @@ impl RuntimeBuilder {
             return Err(e.into());
         }
         self.catalog.check()?;
+        let descriptor_limits = self
+            .tools
+            .iter()
+            .any(|t| t.descriptor().max_running.is_some());
         let mut fixed = ToolSet::new();
         for tool in self.tools {
             fixed.register(tool)?;
@@ -277,6 +317,10 @@ impl RuntimeBuilder {
             }
         };
         tracing::info!(store = %store.describe(), epoch = store.boot_epoch(), node = store.node_id(), "store open");
+        if store.is_shared() && (descriptor_limits || !self.config.flow.is_empty()) {
+            store.close().await;
+            return Err(StartError::FlowControlOnSharedStore);
+        }
         let key = match request_state_key(&store).await {
             Ok(key) => key,
             Err(e) => {
@@ -320,6 +364,10 @@ impl RuntimeBuilder {
             quotas: Arc::new(crate::quota::QuotaTracker::new(self.config.quotas.clone())),
             changes: Default::default(),
             recovery: Default::default(),
+            flow: Arc::new(crate::shared::flow::Flow::new(
+                self.config.flow.clone(),
+                descriptor_limits,
+            )),
         });
         let (supervisor, supervisor_task) = match Actor::spawn(
             None,

@@ -57,6 +57,9 @@ pub struct RuntimeConfig {
     /// [`crate::quota::Quotas::unlimited`]: an embedder decides; `mcp-tasks serve` uses
     /// [`crate::quota::Quotas::default`], the limits recommended for a shared server.
     pub quotas: crate::quota::Quotas,
+    /// Flow control: limits on running tasks that queue instead of refusing (none by
+    /// default; see [`crate::quota::FlowLimits`]).
+    pub flow: crate::quota::FlowLimits,
 }
 
 impl Default for RuntimeConfig {
@@ -75,6 +78,7 @@ impl Default for RuntimeConfig {
             cache_hints: CacheHints::default(),
             limits: Limits::default(),
             quotas: crate::quota::Quotas::unlimited(),
+            flow: crate::quota::FlowLimits::none(),
         }
     }
 }

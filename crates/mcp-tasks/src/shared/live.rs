@@ -34,6 +34,8 @@ pub(crate) enum TaskMsg {
     /// The task has waited for input since its commit number `seq` for
     /// [`crate::RuntimeConfig::passivate_after`]: its actor passivates if nothing changed.
     Passivate(u64),
+    /// A queued task got its flow-control slot: its tool starts.
+    Admitted(super::flow::Slot),
 }
 
 /// A live task: its actor and the stream of its committed snapshots.

@@ -9,6 +9,7 @@
 mod changes;
 mod config;
 mod error;
+pub(crate) mod flow;
 mod live;
 pub(crate) mod request_state;
 
@@ -48,6 +49,8 @@ pub(crate) struct Shared {
     pub(crate) changes: Changes,
     /// How the last start's rehydration went (set once by the supervisor).
     pub(crate) recovery: std::sync::OnceLock<Recovery>,
+    /// Flow control: the running-task limits' slots and queue (this runtime's own).
+    pub(crate) flow: Arc<flow::Flow>,
 }
 
 impl Shared {

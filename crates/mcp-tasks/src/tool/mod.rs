@@ -60,6 +60,11 @@ pub struct ToolDescriptor {
     /// [`crate::RuntimeConfig::passivate_after`]). Default `true`; `false` for a tool that
     /// keeps working while its task waits ([`ToolDescriptor::stay_active_while_waiting`]).
     pub passivate: bool,
+    /// How many tasks of this tool may run at once in the runtime; beyond it a call still
+    /// creates its task, which waits `working` (`statusMessage` `queued: N ahead`) until a
+    /// slot frees. `None` (the default): no limit of its own. A limit the runtime sets for
+    /// the tool ([`crate::RuntimeBuilder::max_running`]) takes precedence.
+    pub max_running: Option<u32>,
 }
 
 impl ToolDescriptor {
@@ -76,6 +81,7 @@ impl ToolDescriptor {
             ttl_ms: None,
             initial_status_message: None,
             passivate: true,
+            max_running: None,
         }
     }
 
@@ -114,6 +120,13 @@ impl ToolDescriptor {
     /// wait for the answer.
     pub fn stay_active_while_waiting(mut self) -> Self {
         self.passivate = false;
+        self
+    }
+
+    /// Lets at most `n` tasks of this tool run at once; more wait, queued (see
+    /// the `max_running` field). `0` is taken as 1.
+    pub fn max_running(mut self, n: u32) -> Self {
+        self.max_running = Some(n.max(1));
         self
     }
 
