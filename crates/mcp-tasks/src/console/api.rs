@@ -172,7 +172,7 @@ async fn overview_json(state: &ConsoleState, viewer: &Viewer) -> Result<Value, R
     Ok(json!({
         "now": now,
         "viewer": viewer.json(),
-        "actions": state.actions && admin && viewer.may_write(),
+        "actions": state.settings.actions && admin && viewer.may_write(),
         "csrf": viewer.csrf(state),
         "statuses": statuses,
         "tools": tools,

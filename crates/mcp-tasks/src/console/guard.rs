@@ -56,9 +56,9 @@ pub(super) async fn check_host_and_origin(
     let checked = check_host(
         request.headers(),
         request.uri().authority(),
-        &state.allowed_hosts,
+        &state.settings.allowed_hosts,
     )
-    .and_then(|()| check_origin(request.headers(), &state.allowed_origins));
+    .and_then(|()| check_origin(request.headers(), &state.settings.allowed_origins));
     if let Err(why) = checked {
         tracing::info!(reason = %why, "console: request refused");
         crate::telemetry::refused(StatusCode::FORBIDDEN.as_u16());
@@ -74,7 +74,7 @@ fn client(state: &ConsoleState, request: &Request) -> Client {
         .extensions()
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
         .map(|c| c.0.ip());
-    let trusted = peer.is_some_and(|p| state.trusted_proxies.contains(&p));
+    let trusted = peer.is_some_and(|p| state.settings.trusted_proxies.contains(&p));
     let headers = request.headers();
     let forwarded = |name: &str| {
         headers
@@ -83,14 +83,14 @@ fn client(state: &ConsoleState, request: &Request) -> Client {
             .map(str::to_owned)
     };
     let mut address = peer;
-    let mut https = state.secure_cookies;
+    let mut https = state.settings.secure_cookies;
     if trusted {
         // The nearest address the proxies did not add themselves.
         if let Some(chain) = forwarded("x-forwarded-for") {
             address = chain
                 .rsplit(',')
                 .filter_map(|a| a.trim().parse::<IpAddr>().ok())
-                .find(|a| !state.trusted_proxies.contains(a))
+                .find(|a| !state.settings.trusted_proxies.contains(a))
                 .or(address);
         }
         if forwarded("x-forwarded-proto").is_some_and(|p| {

@@ -60,7 +60,7 @@ pub(super) async fn events(State(state): State<AppState>, caller: Caller) -> Res
             StatusCode::TOO_MANY_REQUESTS,
             format!(
                 "this principal already holds {} open event streams (the most allowed)",
-                state.max_streams_per_principal
+                state.settings.max_streams_per_principal
             ),
         );
         refused.headers_mut().insert(
@@ -95,7 +95,7 @@ pub(super) async fn events(State(state): State<AppState>, caller: Caller) -> Res
 /// Returns once `viewer`'s credential is no longer accepted as it was (refused, revoked,
 /// expired, its session ended, or its scopes changed); never without authentication.
 async fn revoked(state: AppState, caller: Caller, viewer: Viewer) {
-    if state.authenticator.is_none() {
+    if state.settings.authenticator.is_none() {
         return futures::future::pending().await;
     }
     loop {
@@ -122,7 +122,7 @@ impl StreamSlot {
         let key = viewer.stream_key();
         let mut streams = ConsoleState::lock(&state.streams);
         let n = streams.entry(key.clone()).or_default();
-        if *n >= state.max_streams_per_principal {
+        if *n >= state.settings.max_streams_per_principal {
             return None;
         }
         *n += 1;

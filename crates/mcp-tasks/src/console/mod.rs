@@ -62,6 +62,12 @@ pub use session::SessionPolicy;
 #[derive(Clone)]
 pub struct Console {
     handle: RuntimeHandle,
+    settings: Settings,
+}
+
+/// What [`Console`]'s builder methods set; the router's state keeps it as it is.
+#[derive(Clone)]
+struct Settings {
     authenticator: Option<Arc<dyn Authenticator>>,
     actions: bool,
     allowed_hosts: Vec<String>,
@@ -77,16 +83,17 @@ pub struct Console {
 
 impl std::fmt::Debug for Console {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = &self.settings;
         f.debug_struct("Console")
-            .field("authenticated", &self.authenticator.is_some())
-            .field("actions", &self.actions)
-            .field("allowed_hosts", &self.allowed_hosts)
-            .field("allowed_origins", &self.allowed_origins)
-            .field("required_scopes", &self.required_scopes)
-            .field("sessions", &self.sessions)
-            .field("secure_cookies", &self.secure_cookies)
-            .field("trusted_proxies", &self.trusted_proxies)
-            .field("max_streams_per_principal", &self.max_streams_per_principal)
+            .field("authenticated", &s.authenticator.is_some())
+            .field("actions", &s.actions)
+            .field("allowed_hosts", &s.allowed_hosts)
+            .field("allowed_origins", &s.allowed_origins)
+            .field("required_scopes", &s.required_scopes)
+            .field("sessions", &s.sessions)
+            .field("secure_cookies", &s.secure_cookies)
+            .field("trusted_proxies", &s.trusted_proxies)
+            .field("max_streams_per_principal", &s.max_streams_per_principal)
             .finish_non_exhaustive()
     }
 }
@@ -102,17 +109,19 @@ impl Console {
     pub fn for_handle(handle: RuntimeHandle) -> Console {
         Console {
             handle,
-            authenticator: None,
-            actions: false,
-            allowed_hosts: Vec::new(),
-            allowed_origins: Vec::new(),
-            required_scopes: Vec::new(),
-            sessions: SessionPolicy::default(),
-            secure_cookies: false,
-            trusted_proxies: Vec::new(),
-            max_streams_per_principal: 16,
-            max_login_failures: 10,
-            login_failure_window: Duration::from_secs(60),
+            settings: Settings {
+                authenticator: None,
+                actions: false,
+                allowed_hosts: Vec::new(),
+                allowed_origins: Vec::new(),
+                required_scopes: Vec::new(),
+                sessions: SessionPolicy::default(),
+                secure_cookies: false,
+                trusted_proxies: Vec::new(),
+                max_streams_per_principal: 16,
+                max_login_failures: 10,
+                login_failure_window: Duration::from_secs(60),
+            },
         }
     }
 
@@ -120,14 +129,14 @@ impl Console {
     /// a principal sees its own tasks only, one whose credential has the `admin` scope sees
     /// every tenant and may act.
     pub fn authenticator(mut self, authenticator: Arc<dyn Authenticator>) -> Console {
-        self.authenticator = Some(authenticator);
+        self.settings.authenticator = Some(authenticator);
         self
     }
 
     /// Enables the actions (cancel a task, cancel every task a filter matches, purge finished
     /// tasks); with an authenticator, for `admin` credentials only. Off by default.
     pub fn actions(mut self, enabled: bool) -> Console {
-        self.actions = enabled;
+        self.settings.actions = enabled;
         self
     }
 
@@ -136,14 +145,14 @@ impl Console {
     /// proxy that checks it). Any other `Host` is `403` before any handler runs, as on the MCP
     /// endpoint ([`crate::transport::http::HttpConfig::allowed_hosts`]).
     pub fn allow_host(mut self, host: impl Into<String>) -> Console {
-        self.allowed_hosts.push(host.into());
+        self.settings.allowed_hosts.push(host.into());
         self
     }
 
     /// Answers requests from one more `Origin` besides loopback ones (`https://ops.example`;
     /// `*` for all).
     pub fn allow_origin(mut self, origin: impl Into<String>) -> Console {
-        self.allowed_origins.push(origin.into());
+        self.settings.allowed_origins.push(origin.into());
         self
     }
 
@@ -155,13 +164,13 @@ impl Console {
         mut self,
         scopes: impl IntoIterator<Item = impl Into<String>>,
     ) -> Console {
-        self.required_scopes = scopes.into_iter().map(Into::into).collect();
+        self.settings.required_scopes = scopes.into_iter().map(Into::into).collect();
         self
     }
 
     /// How long sign-in sessions last (default 12 h, 30 min idle).
     pub fn sessions(mut self, policy: SessionPolicy) -> Console {
-        self.sessions = policy;
+        self.settings.sessions = policy;
         self
     }
 
@@ -170,7 +179,7 @@ impl Console {
     /// cookie is `Secure` when a [trusted proxy](Console::trusted_proxy) says the request came
     /// over https (`X-Forwarded-Proto: https`).
     pub fn secure_cookies(mut self, secure: bool) -> Console {
-        self.secure_cookies = secure;
+        self.settings.secure_cookies = secure;
         self
     }
 
@@ -178,14 +187,14 @@ impl Console {
     /// from where a request came (for the cookie's `Secure` and the login throttle). Headers
     /// from any other peer are ignored.
     pub fn trusted_proxy(mut self, address: IpAddr) -> Console {
-        self.trusted_proxies.push(address);
+        self.settings.trusted_proxies.push(address);
         self
     }
 
     /// The most live event streams (`/api/events`) one principal may hold open (default 16;
     /// `429` beyond).
     pub fn max_streams_per_principal(mut self, n: usize) -> Console {
-        self.max_streams_per_principal = n;
+        self.settings.max_streams_per_principal = n;
         self
     }
 
@@ -193,8 +202,8 @@ impl Console {
     /// principal within `window`, then `429` until the window passes (default 10 a minute; 0
     /// turns it off).
     pub fn login_throttle(mut self, max_failures: u32, window: Duration) -> Console {
-        self.max_login_failures = max_failures;
-        self.login_failure_window = window;
+        self.settings.max_login_failures = max_failures;
+        self.settings.login_failure_window = window;
         self
     }
 
@@ -203,20 +212,16 @@ impl Console {
     pub fn router(self) -> Router {
         let shared = self.handle.shared().clone();
         let csrf_key = shared.request_state.derive_key("mcp-tasks console csrf");
+        let settings = self.settings;
         let state = Arc::new(ConsoleState {
             shared,
             handle: self.handle,
-            authenticator: self.authenticator,
-            actions: self.actions,
             csrf_key,
-            allowed_hosts: self.allowed_hosts,
-            allowed_origins: self.allowed_origins,
-            required_scopes: self.required_scopes,
-            sessions: self.sessions,
-            secure_cookies: self.secure_cookies,
-            trusted_proxies: self.trusted_proxies,
-            max_streams_per_principal: self.max_streams_per_principal,
-            throttle: FailureThrottle::new(self.max_login_failures, self.login_failure_window),
+            throttle: FailureThrottle::new(
+                settings.max_login_failures,
+                settings.login_failure_window,
+            ),
+            settings,
             streams: Mutex::new(HashMap::new()),
             follower: Mutex::new(None),
             sweep_after: Mutex::new(None),
@@ -256,16 +261,8 @@ pub fn router(runtime: &Runtime) -> Router {
 pub(crate) struct ConsoleState {
     shared: Arc<Shared>,
     handle: RuntimeHandle,
-    authenticator: Option<Arc<dyn Authenticator>>,
-    actions: bool,
+    settings: Settings,
     csrf_key: Vec<u8>,
-    allowed_hosts: Vec<String>,
-    allowed_origins: Vec<String>,
-    required_scopes: Vec<String>,
-    sessions: SessionPolicy,
-    secure_cookies: bool,
-    trusted_proxies: Vec<IpAddr>,
-    max_streams_per_principal: usize,
     /// Refused logins and credentials per address and claimed principal.
     throttle: FailureThrottle,
     /// Open event streams per principal (owner key; `""` without authentication).

@@ -123,7 +123,7 @@ pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response 
 /// The viewer of a request, or the refusal: `401` that asks for a credential, `403` for a
 /// credential the endpoint's scope policy refuses, `429` for a throttled address or principal.
 pub(super) async fn viewer(state: &ConsoleState, caller: &Caller) -> Result<Viewer, Response> {
-    let Some(auth) = &state.authenticator else {
+    let Some(auth) = &state.settings.authenticator else {
         return Ok(Viewer {
             identity: None,
             access: Access::Full,
@@ -147,24 +147,25 @@ pub(super) async fn viewer(state: &ConsoleState, caller: &Caller) -> Result<View
         return Err(login_required("sign in with a token"));
     };
     let now = state.shared.now_ms();
-    let credential = match session::resume(&state.shared.store, &state.sessions, &id, now).await {
-        Ok(credential) => credential,
-        Err(session::Ended::Unavailable(why)) => {
-            tracing::warn!(error = %why, "console: sessions cannot be read");
-            return Err(error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "sessions cannot be read right now",
-            ));
-        }
-        Err(ended) => {
-            crate::telemetry::auth_failure("console", "session");
-            let why = match ended {
-                session::Ended::Expired => "the session expired: sign in again",
-                _ => "the session ended: sign in again",
-            };
-            return Err(login_required(why));
-        }
-    };
+    let credential =
+        match session::resume(&state.shared.store, &state.settings.sessions, &id, now).await {
+            Ok(credential) => credential,
+            Err(session::Ended::Unavailable(why)) => {
+                tracing::warn!(error = %why, "console: sessions cannot be read");
+                return Err(error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "sessions cannot be read right now",
+                ));
+            }
+            Err(ended) => {
+                crate::telemetry::auth_failure("console", "session");
+                let why = match ended {
+                    session::Ended::Expired => "the session expired: sign in again",
+                    _ => "the session ended: sign in again",
+                };
+                return Err(login_required(why));
+            }
+        };
     let identity = match authenticate(auth.as_ref(), &credential).await {
         Ok(identity) => identity,
         Err(why) => {
@@ -228,15 +229,17 @@ async fn checked(
 
 /// The endpoint's scope policy ([`Identity::access`]): `403` for a credential it refuses.
 fn policy(state: &ConsoleState, identity: &Identity) -> Result<Access, Response> {
-    identity.access(&state.required_scopes).map_err(|why| {
-        crate::telemetry::auth_failure("console", "insufficient_scope");
-        tracing::info!(tenant = %identity.owner.tenant, principal = %identity.owner.principal,
+    identity
+        .access(&state.settings.required_scopes)
+        .map_err(|why| {
+            crate::telemetry::auth_failure("console", "insufficient_scope");
+            tracing::info!(tenant = %identity.owner.tenant, principal = %identity.owner.principal,
             reason = %why, "console: credential refused by the scope policy");
-        error(
-            StatusCode::FORBIDDEN,
-            format!("the MCP endpoint refuses this credential, so does the console: {why}"),
-        )
-    })
+            error(
+                StatusCode::FORBIDDEN,
+                format!("the MCP endpoint refuses this credential, so does the console: {why}"),
+            )
+        })
 }
 
 /// `429` with `Retry-After` for a throttled address or principal.
@@ -321,7 +324,7 @@ pub(super) fn may_act(
     viewer: &Viewer,
     headers: &HeaderMap,
 ) -> Result<(), Response> {
-    if !state.actions {
+    if !state.settings.actions {
         return Err(error(
             StatusCode::FORBIDDEN,
             "actions are disabled on this console (serve --console-actions enables them)",
@@ -394,7 +397,7 @@ fn same_origin(headers: &HeaderMap) -> Result<(), Response> {
 /// `POST api/session` `{"token": "…"}`: checks the token (throttled), then opens a session
 /// and sets its cookie.
 pub(super) async fn login(State(state): State<AppState>, caller: Caller, body: Bytes) -> Response {
-    let Some(auth) = &state.authenticator else {
+    let Some(auth) = &state.settings.authenticator else {
         return error(StatusCode::NOT_FOUND, "this console has no authentication");
     };
     if let Err(refused) = same_origin(&caller.headers) {
@@ -428,9 +431,16 @@ pub(super) async fn login(State(state): State<AppState>, caller: Caller, body: B
     // Each login sweeps one page of ended sessions: the table stays as large as the sessions
     // in use.
     let after = ConsoleState::lock(&state.sweep_after).take();
-    let next = session::sweep(&state.shared.store, &state.sessions, after, now).await;
+    let next = session::sweep(&state.shared.store, &state.settings.sessions, after, now).await;
     *ConsoleState::lock(&state.sweep_after) = next;
-    let id = match session::create(&state.shared.store, &state.sessions, &credential, now).await {
+    let id = match session::create(
+        &state.shared.store,
+        &state.settings.sessions,
+        &credential,
+        now,
+    )
+    .await
+    {
         Ok(id) => id,
         Err(why) => {
             tracing::warn!(error = %why, "console: a session could not be opened");
@@ -443,7 +453,7 @@ pub(super) async fn login(State(state): State<AppState>, caller: Caller, body: B
     if let Some(value) = set_cookie(
         &caller.client,
         &id.cookie_value(),
-        state.sessions.ttl.as_secs(),
+        state.settings.sessions.ttl.as_secs(),
     ) {
         response.headers_mut().insert(header::SET_COOKIE, value);
     }
