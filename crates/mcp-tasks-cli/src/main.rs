@@ -304,6 +304,27 @@ struct LimitArgs {
     /// go to the principals with queued tasks in turn.
     #[arg(long, env = "MCP_TASKS_MAX_RUNNING_PER_OWNER", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_running_per_owner: Option<u32>,
+    /// Flow control: at most R tasks of TOOL start per second (`TOOL=R/s`, also `/m`, `/h`;
+    /// one token, no burst: in any T seconds at most R×T+1 start); more wait queued.
+    /// Repeatable, or comma-separated.
+    #[arg(
+        long,
+        env = "MCP_TASKS_MAX_STARTS",
+        value_name = "TOOL=R/s",
+        value_delimiter = ',',
+        value_parser = parse_max_starts
+    )]
+    max_starts: Vec<String>,
+    /// Flow control for the gateway: at most N tasks of upstream NAME's tools run at once,
+    /// together; more wait queued. Repeatable, or comma-separated.
+    #[arg(
+        long,
+        env = "MCP_TASKS_UPSTREAM_MAX_RUNNING",
+        value_name = "NAME=N",
+        value_delimiter = ',',
+        value_parser = parse_max_running
+    )]
+    upstream_max_running: Vec<String>,
     /// Lift every per-principal quota above (a single trusted user, benchmarks).
     #[arg(long, env = "MCP_TASKS_NO_QUOTAS")]
     no_quotas: bool,
@@ -362,18 +383,41 @@ fn parse_max_running(spec: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// A `--max-starts` value: `TOOL=R/s`, R > 0.
+fn parse_max_starts(spec: &str) -> Result<String, String> {
+    mcp_tasks::quota::parse_rate(spec)
+        .map(|_| spec.to_owned())
+        .map_err(|e| e.to_string())
+}
+
 impl LimitArgs {
-    /// The flow-control limits (checked by clap already).
+    /// The flow-control limits (each value checked by clap already).
     fn flow(&self) -> mcp_tasks::quota::FlowLimits {
         let mut flow = mcp_tasks::quota::FlowLimits::none();
         for spec in &self.max_running {
             if let Err(e) = flow.add(spec) {
-                // Parsed by `parse_max_running` already.
                 tracing::error!(error = %e, "ignoring a --max-running value");
             }
         }
+        for spec in &self.max_starts {
+            if let Err(e) = flow.add_rate(spec) {
+                tracing::error!(error = %e, "ignoring a --max-starts value");
+            }
+        }
+        for (name, n) in self.upstream_limits() {
+            flow.per_group
+                .insert(mcp_tasks::gateway::upstream_flow_group(name), n);
+        }
         flow.per_owner = self.max_running_per_owner;
         flow
+    }
+
+    /// The `--upstream-max-running` limits, by upstream name.
+    fn upstream_limits(&self) -> Vec<(&str, u32)> {
+        self.upstream_max_running
+            .iter()
+            .filter_map(|spec| mcp_tasks::quota::parse_limit(spec).ok())
+            .collect()
     }
 
     fn quotas(&self) -> Quotas {
@@ -888,7 +932,20 @@ async fn start(
             .and_then(|u| mcp_tasks::gateway::Gateway::start(u).map_err(|e| e.to_string()));
         match started {
             Ok(gateway) => {
-                tracing::info!(upstreams = ?gateway.upstreams(), "serving the tools of upstream MCP servers as durable tasks");
+                let known = gateway.upstreams();
+                if let Some((name, _)) = args
+                    .limits
+                    .upstream_limits()
+                    .into_iter()
+                    .find(|(name, _)| !known.contains(name))
+                {
+                    eprintln!(
+                        "error: --upstream-max-running {name}=…: no upstream is named `{name}` (the upstreams: {})",
+                        known.join(", ")
+                    );
+                    return None;
+                }
+                tracing::info!(upstreams = ?known, "serving the tools of upstream MCP servers as durable tasks");
                 Some(gateway)
             }
             Err(e) => {
@@ -897,6 +954,12 @@ async fn start(
             }
         }
     } else {
+        if !args.limits.upstream_max_running.is_empty() {
+            eprintln!(
+                "error: --upstream-max-running limits the gateway's upstreams: give them with --upstream or --upstream-command"
+            );
+            return None;
+        }
         None
     };
     let (base, node) = match store_builder(args).await {

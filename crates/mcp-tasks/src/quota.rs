@@ -566,7 +566,7 @@ mod tests {
 ///
 /// Empty by default: no limit, and no cost. A tool's own
 /// [`ToolDescriptor::max_running`](method@crate::tool::ToolDescriptor::max_running) applies unless a limit here names the tool.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 #[non_exhaustive]
 pub struct FlowLimits {
     /// Running tasks at most per tool, by tool name.
@@ -575,6 +575,15 @@ pub struct FlowLimits {
     pub all_tools: Option<u32>,
     /// Running tasks at most per owner (tenant and principal), over all tools.
     pub per_owner: Option<u32>,
+    /// Running tasks at most per flow group, by group name: the tools whose
+    /// [`ToolDescriptor::flow_group`](method@crate::tool::ToolDescriptor::flow_group) names it,
+    /// together. The gateway puts each upstream's tools in the group `upstream:NAME`
+    /// (`serve --upstream-max-running NAME=N`).
+    pub per_group: std::collections::BTreeMap<String, u32>,
+    /// Starts per second at most, per tool (`serve --max-starts TOOL=R/s`): a token bucket
+    /// that holds one token (no burst), so that in any span of `T` seconds at most
+    /// `R × T + 1` tasks of the tool start; the others wait queued.
+    pub max_starts: std::collections::BTreeMap<String, f64>,
 }
 
 /// A flow-control limit that cannot be used.
@@ -589,6 +598,11 @@ pub enum FlowLimitError {
     /// The count is not a whole number from 1 up.
     #[error("the limit in `{0}` is not a whole number of running tasks from 1 up")]
     Count(String),
+    /// Not `TOOL=R/s` with a positive rate.
+    #[error(
+        "`{0}` is not TOOL=R/s (a tool name, `=`, a positive number of starts and `/s`, `/m` or `/h`)"
+    )]
+    Rate(String),
 }
 
 impl FlowLimits {
@@ -599,7 +613,26 @@ impl FlowLimits {
 
     /// Whether no limit is set here.
     pub fn is_empty(&self) -> bool {
-        self.per_tool.is_empty() && self.all_tools.is_none() && self.per_owner.is_none()
+        self.per_tool.is_empty()
+            && self.all_tools.is_none()
+            && self.per_owner.is_none()
+            && self.per_group.is_empty()
+            && self.max_starts.is_empty()
+    }
+
+    /// Adds a start rate written `TOOL=R/s` (also `R/m`, `R/h`; `R` a positive number), as
+    /// `serve --max-starts` takes it.
+    pub fn add_rate(&mut self, spec: &str) -> Result<(), FlowLimitError> {
+        let (tool, rate) = parse_rate(spec)?;
+        self.max_starts.insert(tool.to_owned(), rate);
+        Ok(())
+    }
+
+    /// Adds a limit of a flow group written `GROUP=N`.
+    pub fn add_group(&mut self, spec: &str) -> Result<(), FlowLimitError> {
+        let (group, count) = parse_limit(spec)?;
+        self.per_group.insert(group.to_owned(), count);
+        Ok(())
     }
 
     /// Adds a limit written `TOOL=N` (`*=N`: all tools together), as `serve --max-running`
@@ -627,5 +660,26 @@ pub fn parse_limit(spec: &str) -> Result<(&str, u32), FlowLimitError> {
     match count.trim().parse::<u32>() {
         Ok(n) if n >= 1 => Ok((tool, n)),
         _ => Err(FlowLimitError::Count(spec.to_owned())),
+    }
+}
+
+/// `TOOL=R/s` (or `/m`, `/h`) → (`TOOL`, starts per second), `R` > 0.
+pub fn parse_rate(spec: &str) -> Result<(&str, f64), FlowLimitError> {
+    let bad = || FlowLimitError::Rate(spec.to_owned());
+    let (tool, rate) = spec.split_once('=').ok_or_else(bad)?;
+    let tool = tool.trim();
+    if tool.is_empty() || tool == "*" {
+        return Err(bad());
+    }
+    let (count, per) = rate.trim().split_once('/').ok_or_else(bad)?;
+    let seconds = match per.trim() {
+        "s" | "sec" | "second" => 1.0,
+        "m" | "min" | "minute" => 60.0,
+        "h" | "hour" => 3600.0,
+        _ => return Err(bad()),
+    };
+    match count.trim().parse::<f64>() {
+        Ok(n) if n.is_finite() && n > 0.0 => Ok((tool, n / seconds)),
+        _ => Err(bad()),
     }
 }

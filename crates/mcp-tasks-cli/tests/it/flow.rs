@@ -10,7 +10,7 @@ use std::time::Duration;
 use mcp_tasks::clock::ManualClock;
 use mcp_tasks::store::Store;
 use mcp_tasks::tool::{CallToolResult, TaskPolicy, ToolDescriptor, tool_fn};
-use mcp_tasks::{Owner, Runtime, RuntimeConfig, StartError};
+use mcp_tasks::{Owner, Runtime, RuntimeConfig};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -390,25 +390,65 @@ async fn a_restart_keeps_the_queue_in_order_and_runs_no_queued_task_twice() {
     rt.shutdown().await;
 }
 
-#[cfg(feature = "postgres")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn limits_are_refused_on_a_shared_store_until_they_hold_for_the_cluster() {
-    let Some(place) = crate::backend::Place::new(crate::backend::Backend::Postgres).await else {
-        return;
-    };
-    let err = place
-        .builder("flow")
-        .await
-        .max_running("job", 1)
+/// `--max-starts sleep1=2/s` (`FlowLimits::add_rate`): 30 tasks created at once start at
+/// most `2 × T + 1` in any span of `T` seconds (observed inside the tool, on the test's paused
+/// clock), and the rate is reached: the 21st start is within 10 s of the first.
+#[tokio::test(start_paused = true)]
+async fn a_start_rate_holds_over_ten_seconds() {
+    let started: Arc<Mutex<Vec<tokio::time::Instant>>> = Arc::default();
+    let seen = started.clone();
+    let tool = tool_fn(
+        ToolDescriptor::new("quick", "returns at once").task_policy(TaskPolicy::Always),
+        move |_, _| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(tokio::time::Instant::now());
+                Ok(CallToolResult::text("done"))
+            }
+        },
+    );
+    let mut limits = mcp_tasks::quota::FlowLimits::none();
+    limits.add_rate("quick=2/s").unwrap();
+    let rt = Runtime::builder_with_store(Store::memory())
+        .tool(tool)
+        .flow_limits(limits)
         .start()
         .await
-        .err()
-        .expect("refused");
+        .unwrap();
+    let me = Owner::anonymous();
+    let mut tasks = Vec::new();
+    for _ in 0..30 {
+        tasks.push(create_as(&rt, &me, "quick", json!({})).await);
+    }
+    let r = get_as(&rt, &me, &tasks[29]).await;
     assert!(
-        matches!(err, StartError::FlowControlOnSharedStore),
-        "{err:?}"
+        r["statusMessage"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("queued: ")),
+        "{r}"
     );
-    place.finish().await;
+    for task in &tasks {
+        until_status(&rt, &me, task, "completed").await;
+    }
+    let mut at = started.lock().unwrap().clone();
+    at.sort();
+    assert_eq!(at.len(), 30);
+    for (i, a) in at.iter().enumerate() {
+        for (j, b) in at.iter().enumerate().skip(i + 1) {
+            let span = b.duration_since(*a).as_secs_f64();
+            let starts = (j - i + 1) as f64;
+            assert!(
+                starts <= 2.0 * span + 1.0 + 1e-9,
+                "{starts} starts within {span} s"
+            );
+        }
+    }
+    assert!(
+        at[20].duration_since(at[0]) <= Duration::from_millis(10_050),
+        "the rate is reached: {:?}",
+        at[20].duration_since(at[0])
+    );
+    rt.shutdown().await;
 }
 
 #[test]
@@ -462,6 +502,37 @@ fn bad_max_running_values_are_clear_errors() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+    for (args, says) in [
+        (&["--max-starts", "foo=0/s"][..], "TOOL=R/s"),
+        (&["--max-starts", "foo=3"][..], "TOOL=R/s"),
+        (&["--upstream-max-running", "up=0"][..], "from 1 up"),
+        (
+            &["--upstream-max-running", "up=2"][..],
+            "give them with --upstream or --upstream-command",
+        ),
+        (
+            &[
+                "--upstream-max-running",
+                "nope=2",
+                "--upstream",
+                "a=http://127.0.0.1:9/mcp",
+            ][..],
+            "no upstream is named `nope` (the upstreams: a)",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new(BIN)
+            .arg("serve")
+            .args(args)
+            .args(["--listen", "127.0.0.1:0", "--store"])
+            .arg(dir.path().join("s.redb"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -496,10 +567,12 @@ async fn the_console_overview_shows_each_limits_use_and_the_list_the_queued_task
     assert_eq!(status, 200, "{o}");
     assert_eq!(
         o["flow"]["tools"],
-        json!([{ "tool": "job", "limit": 1, "running": 1, "queued": 2 }]),
+        json!([{ "tool": "job", "limit": 1, "maxStartsPerSecond": null, "running": 1, "queued": 2 }]),
         "{o}"
     );
     assert_eq!(o["flow"]["perOwner"]["limit"], 5);
+    assert_eq!(o["flow"]["owners"][0]["running"], 1, "{o}");
+    assert_eq!(o["flow"]["owners"][0]["queued"], 2, "{o}");
     let (_, list, _) = http(
         reqwest::Method::GET,
         &format!("{}/api/tasks?q=queued", console.base),

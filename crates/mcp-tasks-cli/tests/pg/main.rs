@@ -16,6 +16,7 @@ mod support;
 
 mod console_replicas;
 mod crash_replicas;
+mod flow_replicas;
 mod gateway_replicas;
 mod postgres;
 mod postgres_failpoints;

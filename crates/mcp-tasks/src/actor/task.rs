@@ -347,7 +347,7 @@ impl TaskActor {
 impl TaskActor {
     /// Enters flow control for a live task whose actor starts (in `pre_start`, so that the
     /// supervisor's rehydration, oldest task first, enters them in creation order).
-    fn enter_flow(&self, record: &TaskRecord) -> Hold {
+    async fn enter_flow(&self, record: &TaskRecord) -> Hold {
         let flow = &self.shared.flow;
         if !flow.active() || record.status.is_terminal() {
             return Hold::Free;
@@ -356,12 +356,16 @@ impl TaskActor {
         let Some(tool) = self.shared.tools.recover(&record.tool) else {
             return Hold::Free;
         };
-        let entry = flow.enter(
-            &record.tool,
-            tool.descriptor().max_running,
-            &record.owner,
-            record.created_at_ms,
-        );
+        let entry = flow
+            .enter(
+                record.id.as_str(),
+                true,
+                &record.tool,
+                Some(tool.descriptor()),
+                &record.owner,
+                record.created_at_ms,
+            )
+            .await;
         match entry {
             Entry::Free => Hold::Free,
             Entry::Running(slot) => Hold::Running { _slot: slot },
@@ -574,7 +578,7 @@ impl Actor for TaskActor {
             },
             creation.is_none(),
         );
-        let hold = self.enter_flow(&record);
+        let hold = self.enter_flow(&record).await;
         Ok(TaskState {
             hold,
             gauge: TaskGauge::new(record.status),

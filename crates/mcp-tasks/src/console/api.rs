@@ -201,12 +201,24 @@ fn flow_json(shared: &crate::shared::Shared) -> Value {
     let tools: Vec<Value> = usage
         .tools
         .iter()
-        .map(|(tool, u)| json!({ "tool": tool, "limit": u.limit, "running": u.running, "queued": u.queued }))
+        .map(|(tool, u)| json!({ "tool": tool, "limit": u.limit, "maxStartsPerSecond": u.max_starts, "running": u.running, "queued": u.queued }))
+        .collect();
+    let groups: Vec<Value> = usage
+        .groups
+        .iter()
+        .map(|(group, u)| json!({ "group": group, "limit": u.limit, "running": u.running }))
+        .collect();
+    let owners: Vec<Value> = usage
+        .owners
+        .iter()
+        .map(|o| json!({ "owner": o.owner, "running": o.running, "queued": o.queued }))
         .collect();
     json!({
         "tools": tools,
+        "groups": groups,
         "allTools": { "limit": usage.all_tools_limit, "running": usage.running, "queued": usage.queued },
         "perOwner": { "limit": usage.per_owner_limit, "ownersQueued": usage.owners_queued },
+        "owners": owners,
     })
 }
 

@@ -56,6 +56,7 @@ pub use config::{
     UpstreamTransport,
 };
 pub use error::{GatewayError, UpstreamError};
+pub use upstream::upstream_flow_group;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, RwLock};
@@ -184,7 +185,10 @@ impl ToolSource for Gateway {
         let remote = upstream.remote(name)?.to_owned();
         // Never passivated, like every gateway tool (see `upstream::descriptor`): a task
         // resumed here follows its upstream call again, also while it waits for input.
-        let descriptor = ToolDescriptor::new(name, "").stay_active_while_waiting();
+        // In its upstream's flow group, as a listed tool is.
+        let descriptor = ToolDescriptor::new(name, "")
+            .stay_active_while_waiting()
+            .flow_group(upstream_flow_group(upstream.name()));
         Some(Arc::new(GatewayTool {
             descriptor,
             upstream: upstream.clone(),
@@ -245,6 +249,11 @@ mod tests {
         assert!(gateway.current().is_empty());
         let tool = gateway.recover("b-2_x").expect("b-2's tool");
         assert_eq!(tool.descriptor().name, "b-2_x");
+        assert_eq!(
+            tool.descriptor().flow_group.as_deref(),
+            Some("upstream:b-2"),
+            "in its upstream's flow group (--upstream-max-running)"
+        );
         assert!(
             gateway.upstreams[1].idempotent("x"),
             "named with its prefix"

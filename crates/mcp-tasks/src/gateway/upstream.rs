@@ -72,7 +72,9 @@ impl UpstreamState {
             .iter()
             .filter_map(|tool| {
                 let remote = tool.get("name")?.as_str()?.to_owned();
-                Some((descriptor(&self.exposed(&remote), tool), remote))
+                let descriptor = descriptor(&self.exposed(&remote), tool)
+                    .flow_group(upstream_flow_group(self.name()));
+                Some((descriptor, remote))
             })
             .collect()
     }
@@ -214,6 +216,11 @@ impl UpstreamState {
     }
 }
 
+/// The flow group of upstream `name`'s tools (`serve --upstream-max-running NAME=N` limits it).
+pub fn upstream_flow_group(name: &str) -> String {
+    format!("upstream:{name}")
+}
+
 /// The gateway's descriptor of an upstream tool: its title, description, schemas and
 /// annotations as listed; a task when the client declares the Tasks extension, and only then
 /// when the upstream requires a task-augmented call (`execution.taskSupport: "required"`).
@@ -240,6 +247,7 @@ pub(crate) fn descriptor(exposed: &str, tool: &Value) -> ToolDescriptor {
         ttl_ms: None,
         initial_status_message: None,
         max_running: None,
+        flow_group: None,
         // While its task waits for the client's input, a gateway tool holds the upstream's
         // side of the call (a session-era request still open, an upstream task it follows):
         // dropping it would lose or repeat the upstream call.

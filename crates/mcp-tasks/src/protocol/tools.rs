@@ -258,8 +258,18 @@ impl Dispatcher {
         if !flow.active() {
             return Ok(None);
         }
-        let limit = tool.descriptor().max_running;
-        match flow.enter(name, limit, owner, self.shared.now_ms()) {
+        let key = format!("call:{}", crate::task::TaskId::generate());
+        let entry = flow
+            .enter(
+                &key,
+                false,
+                name,
+                Some(tool.descriptor()),
+                owner,
+                self.shared.now_ms(),
+            )
+            .await;
+        match entry {
             Entry::Free => Ok(None),
             Entry::Running(slot) => Ok(Some(slot)),
             Entry::Queued { ticket, slot, .. } => {

@@ -48,13 +48,6 @@ pub enum StartError {
     /// task and the cause).
     #[error("the supervisor did not start: it stopped while rehydrating the stored tasks")]
     SupervisorStopped,
-    /// Flow control (a running-task limit: [`RuntimeBuilder::max_running`],
-    /// [`ToolDescriptor::max_running`](method@crate::tool::ToolDescriptor::max_running)) was asked for on a store shared by
-    /// replicas, where this version cannot hold a limit for the whole cluster.
-    #[error(
-        "running-task limits (--max-running, --max-running-per-owner, a tool's max_running) are not supported on a store shared by replicas yet: each replica would enforce its own limit; remove them or use a store of one process"
-    )]
-    FlowControlOnSharedStore,
 }
 
 /// Builds a [`Runtime`]: its store, tools, prompts and resources, and configuration.
@@ -317,10 +310,6 @@ impl RuntimeBuilder {
             }
         };
         tracing::info!(store = %store.describe(), epoch = store.boot_epoch(), node = store.node_id(), "store open");
-        if store.is_shared() && (descriptor_limits || !self.config.flow.is_empty()) {
-            store.close().await;
-            return Err(StartError::FlowControlOnSharedStore);
-        }
         let key = match request_state_key(&store).await {
             Ok(key) => key,
             Err(e) => {
@@ -364,11 +353,10 @@ impl RuntimeBuilder {
             quotas: Arc::new(crate::quota::QuotaTracker::new(self.config.quotas.clone())),
             changes: Default::default(),
             recovery: Default::default(),
-            flow: Arc::new(crate::shared::flow::Flow::new(
-                self.config.flow.clone(),
-                descriptor_limits,
-            )),
+            flow: crate::shared::flow::Flow::new(self.config.flow.clone(), descriptor_limits),
         });
+        // On a shared store the limits hold for the cluster (rounds in the store).
+        shared.flow.start_cluster(store.clone(), stop_rx.clone());
         let (supervisor, supervisor_task) = match Actor::spawn(
             None,
             Supervisor {

@@ -27,6 +27,7 @@
 //! store for the `store …` commands). Each backend keeps its code, inspection included, in
 //! its own folder.
 
+pub mod flow;
 pub mod inspect;
 pub mod listing;
 mod memory;
@@ -984,6 +985,20 @@ pub trait Cluster: Send + Sync {
     fn watch_commits(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
         None
     }
+    /// One round of cluster-wide flow control, in one transaction that no other round runs
+    /// beside: removes `round.leave` (this node's entries, by key and token), adds
+    /// `round.enter` for this node, removes every entry whose node stopped heartbeating or
+    /// whose task is no longer live under that node's lease (so a slot is held by a lease,
+    /// never by a process's memory alone), asks `plan` which waiting entries start, records
+    /// its decision, and signals the other nodes when a slot was freed or given to one of
+    /// theirs. Answers the table as decided.
+    fn flow_round<'a>(
+        &'a self,
+        round: flow::FlowRound,
+        plan: &'a flow::FlowPlanner,
+    ) -> StoreFuture<'a, flow::FlowTable>;
+    /// Wakes when another node freed a slot or gave one to this node's entries.
+    fn watch_flow(&self) -> Wakeup;
 }
 
 /// The store the runtime persists through: a cheap-to-clone handle on a [`TaskStore`].

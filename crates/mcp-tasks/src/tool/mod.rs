@@ -65,6 +65,10 @@ pub struct ToolDescriptor {
     /// slot frees. `None` (the default): no limit of its own. A limit the runtime sets for
     /// the tool ([`crate::RuntimeBuilder::max_running`]) takes precedence.
     pub max_running: Option<u32>,
+    /// The flow group the tool belongs to: a limit set for the group
+    /// ([`crate::quota::FlowLimits::per_group`]) holds for its tools together. The gateway
+    /// puts each upstream's tools in `upstream:NAME`. `None` (the default): no group.
+    pub flow_group: Option<String>,
 }
 
 impl ToolDescriptor {
@@ -82,6 +86,7 @@ impl ToolDescriptor {
             initial_status_message: None,
             passivate: true,
             max_running: None,
+            flow_group: None,
         }
     }
 
@@ -127,6 +132,12 @@ impl ToolDescriptor {
     /// the `max_running` field). `0` is taken as 1.
     pub fn max_running(mut self, n: u32) -> Self {
         self.max_running = Some(n.max(1));
+        self
+    }
+
+    /// Puts the tool in flow group `group` (see the `flow_group` field).
+    pub fn flow_group(mut self, group: impl Into<String>) -> Self {
+        self.flow_group = Some(group.into());
         self
     }
 

@@ -14,6 +14,8 @@
 //! | `mcp_usage`           | per (owner, shard): stored tasks and bytes (the disk quota)         |
 //! | `mcp_listing_counts`  | per (owner, tool, status, shard): stored tasks                      |
 //! | `mcp_throughput`      | per (minute, kind, shard): creations and arrivals in a final status |
+//! | `mcp_flow`            | flow control: the entries holding or waiting for a running-task slot (`flow.rs`) |
+//! | `mcp_flow_buckets`    | flow control: the start-rate token buckets                          |
 //!
 //! **The listing index** (`store::listing`, schema 6). A put that carries a listing writes it
 //! into the task's row; a task with an owner and a status is listed. Pages walk an index newest
@@ -90,6 +92,7 @@ use futures::future::BoxFuture;
 use tokio::task::JoinHandle;
 use tokio_postgres::NoTls;
 
+mod flow;
 mod group;
 pub(crate) mod inspect;
 mod listing;
@@ -102,7 +105,7 @@ use super::{
 use notify::{self as postgres_notify, Hub};
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 // One migration per version: a migration added without raising the version (or the other way
 // round) does not build.
@@ -294,6 +297,27 @@ const MIGRATIONS: &[&str] = &[
         FOR EACH ROW WHEN (OLD.task_owner IS DISTINCT FROM NEW.task_owner
             OR OLD.tool IS DISTINCT FROM NEW.tool OR OLD.status IS DISTINCT FROM NEW.status)
         EXECUTE FUNCTION mcp_listing_track();",
+    // 7: flow control across replicas (`flow.rs`): the entries that hold or wait for a
+    // running-task slot, and the start-rate buckets.
+    "CREATE TABLE mcp_flow (
+        key        text PRIMARY KEY,
+        node_id    text NOT NULL,
+        token      bigint NOT NULL,
+        task       boolean NOT NULL,
+        owner      text NOT NULL,
+        tool       text NOT NULL,
+        created_ms bigint NOT NULL,
+        counters   text[] NOT NULL,
+        capacities integer[] NOT NULL,
+        bucket     text,
+        rate       double precision,
+        started    bigint
+    );
+    CREATE TABLE mcp_flow_buckets (
+        name   text PRIMARY KEY,
+        tokens double precision NOT NULL,
+        at_ms  bigint NOT NULL
+    );",
 ];
 
 /// Every owner's stored tasks and bytes, by owner (the sum of its usage rows: one per owner
@@ -1654,6 +1678,21 @@ impl Cluster for PostgresStore {
     }
     fn watch_commits(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
         Some(self.inner.hub.commits.subscribe())
+    }
+    fn flow_round<'a>(
+        &'a self,
+        round: crate::store::flow::FlowRound,
+        plan: &'a crate::store::flow::FlowPlanner,
+    ) -> StoreFuture<'a, crate::store::flow::FlowTable> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            inner
+                .run(true, |client| flow::round(inner, client, round, plan))
+                .await
+        })
+    }
+    fn watch_flow(&self) -> Wakeup {
+        Wakeup::new(self.inner.hub.flow.clone(), None)
     }
     fn poll_interval(&self) -> Duration {
         self.inner.poll_interval

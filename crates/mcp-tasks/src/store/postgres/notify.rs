@@ -110,6 +110,8 @@ pub(crate) struct Hub {
     pub(crate) channel: String,
     pub(crate) tasks: Arc<Registry>,
     pub(crate) inbox: Arc<Notify>,
+    /// Flow control: a slot was freed or given by another node (`f` payloads).
+    pub(crate) flow: Arc<Notify>,
     /// The ids of the tasks committed by any node (`t` payloads), for `Cluster::watch_commits`.
     pub(crate) commits: tokio::sync::broadcast::Sender<String>,
     /// Whether the listening connection holds the sweep lock.
@@ -128,6 +130,7 @@ impl Hub {
             channel,
             tasks: Arc::new(Registry::default()),
             inbox: Arc::new(Notify::new()),
+            flow: Arc::new(Notify::new()),
             commits: tokio::sync::broadcast::channel(COMMITS_BUFFER).0,
             leader: AtomicBool::new(false),
             listening: AtomicBool::new(false),
@@ -151,6 +154,7 @@ impl Hub {
             (Some("a"), Some(id)) => self.tasks.wake(id),
             (Some("c"), Some(node)) if node == self.node => self.inbox.notify_one(),
             (Some("c"), Some(_)) => {}
+            (Some("f"), _) => self.flow.notify_one(),
             _ => tracing::debug!(payload, "unknown notification ignored"),
         }
     }
@@ -159,6 +163,7 @@ impl Hub {
     fn catch_up(&self) {
         self.tasks.wake_all();
         self.inbox.notify_one();
+        self.flow.notify_one();
     }
 }
 
