@@ -440,7 +440,8 @@ async fn a_schema_5_database_is_filled_in_from_the_snapshots() {
     let client = pg.client().await;
     client
         .batch_execute(
-            "DROP TRIGGER mcp_tasks_listed ON mcp_tasks;
+            "DROP TABLE mcp_flow, mcp_flow_buckets;
+             DROP TRIGGER mcp_tasks_listed ON mcp_tasks;
              DROP TRIGGER mcp_tasks_relisted ON mcp_tasks;
              DROP FUNCTION mcp_listing_track();
              DROP TABLE mcp_listing_counts, mcp_throughput;
@@ -467,7 +468,7 @@ async fn a_schema_5_database_is_filled_in_from_the_snapshots() {
         .unwrap()
         .get(0);
     assert_eq!(version, mcp_tasks::store::postgres::SCHEMA_VERSION);
-    assert_eq!(version, 6);
+    assert_eq!(version, 7);
     assert_eq!(counts(&c).await, counts(&memory).await);
     assert!(c.throughput(0).await.unwrap().is_empty());
     for filter in [

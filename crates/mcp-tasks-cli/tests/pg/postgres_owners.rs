@@ -146,7 +146,8 @@ async fn owners_are_indexed_counted_and_converted() {
     let client = pg.client().await;
     client
         .batch_execute(
-            "DROP TRIGGER mcp_tasks_listed ON mcp_tasks;
+            "DROP TABLE mcp_flow, mcp_flow_buckets;
+             DROP TRIGGER mcp_tasks_listed ON mcp_tasks;
              DROP TRIGGER mcp_tasks_relisted ON mcp_tasks;
              DROP FUNCTION mcp_listing_track();
              DROP TABLE mcp_listing_counts, mcp_throughput;
