@@ -12,8 +12,12 @@
 //! - `--max-replicas N`: measure 1 to N replicas (default 3)
 //! - `--group-commit on|off|both`: PostgreSQL's group commit (`PostgresOptions::group_commit`,
 //!   default `on`); `both` measures each replica count with it and then without it
+//! - `--max-running TOOL=N` (repeatable): flow control. Every configuration is then measured
+//!   twice, side by side: without a limit, then with these limits (`sleep_task=64` is never
+//!   full with 16 clients: the cost of entering and leaving flow control, not of waiting;
+//!   on PostgreSQL two rounds of the cluster's flow table per task)
 //! - `--without-trigger NAME` (repeatable): an experiment — the trigger `NAME` of `mcp_tasks`
-//!   (`mcp_tasks_changed`, the `NOTIFY` of every write; `mcp_tasks_usage`; `mcp_tasks_listed`,
+//!   (`mcp_tasks_usage`; `mcp_tasks_listed`,
 //!   `mcp_tasks_relisted`) is disabled once the schema exists, to measure what it costs. The
 //!   store is then incomplete (no notifications, usage or listing counts): figures only.
 //!
@@ -42,6 +46,8 @@ struct Args {
     without_triggers: Vec<String>,
     /// The `PostgresOptions::group_commit` settings to measure, in order.
     group_commit: Vec<bool>,
+    /// `--max-running` values: when any, each configuration is measured without and with.
+    max_running: Vec<String>,
 }
 
 fn parse_args() -> Args {
@@ -53,6 +59,7 @@ fn parse_args() -> Args {
         max_replicas: 3,
         without_triggers: Vec::new(),
         group_commit: vec![true],
+        max_running: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -78,10 +85,15 @@ fn parse_args() -> Args {
                 );
                 args.without_triggers.push(name);
             }
+            "--max-running" => {
+                let spec = value();
+                mcp_tasks::quota::parse_limit(&spec).expect("--max-running TOOL=N");
+                args.max_running.push(spec);
+            }
             "--bench" => {}
             other => {
                 eprintln!(
-                    "unknown option {other}\nusage: cargo bench --bench replicas -- [--secs N] [--clients N] [--server URL] [--max-replicas N] [--group-commit on|off|both] [--without-trigger NAME]..."
+                    "unknown option {other}\nusage: cargo bench --bench replicas -- [--secs N] [--clients N] [--server URL] [--max-replicas N] [--group-commit on|off|both] [--max-running TOOL=N]... [--without-trigger NAME]..."
                 );
                 std::process::exit(2);
             }
@@ -233,16 +245,31 @@ async fn main() {
     );
     println!("| store | lifecycles/s | tasks/get per s |");
     println!("|---|---|---|");
+    let mut flows = vec![(String::new(), mcp_tasks::quota::FlowLimits::none())];
+    if !args.max_running.is_empty() {
+        let mut limits = mcp_tasks::quota::FlowLimits::none();
+        for spec in &args.max_running {
+            limits.add(spec).expect("--max-running TOOL=N");
+        }
+        flows.push((
+            format!(", --max-running {}", args.max_running.join(" ")),
+            limits,
+        ));
+    }
 
-    let rt = Runtime::builder(dir.path().join("bench.redb"))
-        .tool(mcp_tasks_testkit::fixtures::bench::sleep_task())
-        .start()
-        .await
-        .unwrap();
-    let replicas = vec![Arc::new(rt)];
-    let (l, g) = measure(&replicas, &args).await;
-    println!("| redb, 1 process | {l:.0} | {g:.0} |");
-    shutdown(replicas).await;
+    for (label, limits) in &flows {
+        let _ = std::fs::remove_file(dir.path().join("bench.redb"));
+        let rt = Runtime::builder(dir.path().join("bench.redb"))
+            .tool(mcp_tasks_testkit::fixtures::bench::sleep_task())
+            .flow_limits(limits.clone())
+            .start()
+            .await
+            .unwrap();
+        let replicas = vec![Arc::new(rt)];
+        let (l, g) = measure(&replicas, &args).await;
+        println!("| redb, 1 process{label} | {l:.0} | {g:.0} |");
+        shutdown(replicas).await;
+    }
 
     if !args.without_triggers.is_empty() {
         println!(
@@ -253,7 +280,10 @@ async fn main() {
     let configurations: Vec<(usize, bool)> = (1..=args.max_replicas)
         .flat_map(|n| args.group_commit.iter().map(move |g| (n, *g)))
         .collect();
-    for (n, group_commit) in configurations {
+    for ((n, group_commit), (label, limits)) in configurations
+        .iter()
+        .flat_map(|c| flows.iter().map(move |f| (*c, f)))
+    {
         let schema = format!("bench_replicas_{n}_{}", std::process::id());
         admin(
             &args.server,
@@ -276,6 +306,7 @@ async fn main() {
                 .tool(mcp_tasks_testkit::fixtures::bench::sleep_task_on(Some(
                     node,
                 )))
+                .flow_limits(limits.clone())
                 .start()
                 .await
                 .unwrap();
@@ -296,7 +327,7 @@ async fn main() {
         } else {
             ", one transaction per commit"
         };
-        println!("| PostgreSQL, {n} replica(s){grouping} | {l:.0} | {g:.0} |");
+        println!("| PostgreSQL, {n} replica(s){grouping}{label} | {l:.0} | {g:.0} |");
         shutdown(replicas).await;
         admin(&args.server, &format!("DROP SCHEMA {schema} CASCADE")).await;
     }

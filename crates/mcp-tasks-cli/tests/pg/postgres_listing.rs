@@ -468,7 +468,7 @@ async fn a_schema_5_database_is_filled_in_from_the_snapshots() {
         .unwrap()
         .get(0);
     assert_eq!(version, mcp_tasks::store::postgres::SCHEMA_VERSION);
-    assert_eq!(version, 7);
+    assert_eq!(version, 8);
     assert_eq!(counts(&c).await, counts(&memory).await);
     assert!(c.throughput(0).await.unwrap().is_empty());
     for filter in [

@@ -57,6 +57,9 @@ enum Hold {
     Free,
     /// It holds a slot (given back when dropped: the task ends, or the actor's state goes).
     Running { _slot: Slot },
+    /// Entered on a shared store, its first round not yet answered: resolved at the start of
+    /// `post_start` (not in `pre_start`, which the supervisor's spawn waits for).
+    Pending(Option<Entry>),
     /// It waits for a slot: `waiter` forwards it to the actor as [`TaskMsg::Admitted`].
     Queued {
         _ticket: Ticket,
@@ -347,7 +350,7 @@ impl TaskActor {
 impl TaskActor {
     /// Enters flow control for a live task whose actor starts (in `pre_start`, so that the
     /// supervisor's rehydration, oldest task first, enters them in creation order).
-    async fn enter_flow(&self, record: &TaskRecord) -> Hold {
+    fn enter_flow(&self, record: &TaskRecord) -> Hold {
         let flow = &self.shared.flow;
         if !flow.active() || record.status.is_terminal() {
             return Hold::Free;
@@ -356,19 +359,18 @@ impl TaskActor {
         let Some(tool) = self.shared.tools.recover(&record.tool) else {
             return Hold::Free;
         };
-        let entry = flow
-            .enter(
-                record.id.as_str(),
-                true,
-                &record.tool,
-                Some(tool.descriptor()),
-                &record.owner,
-                record.created_at_ms,
-            )
-            .await;
+        let entry = flow.enter(
+            record.id.as_str(),
+            true,
+            &record.tool,
+            Some(tool.descriptor()),
+            &record.owner,
+            record.created_at_ms,
+        );
         match entry {
             Entry::Free => Hold::Free,
             Entry::Running(slot) => Hold::Running { _slot: slot },
+            entry @ Entry::Pending { .. } => Hold::Pending(Some(entry)),
             Entry::Queued {
                 ticket,
                 slot,
@@ -578,7 +580,7 @@ impl Actor for TaskActor {
             },
             creation.is_none(),
         );
-        let hold = self.enter_flow(&record).await;
+        let hold = self.enter_flow(&record);
         Ok(TaskState {
             hold,
             gauge: TaskGauge::new(record.status),
@@ -599,6 +601,24 @@ impl Actor for TaskActor {
         if state.record.status.is_terminal() {
             myself.stop(None);
             return Ok(());
+        }
+        if let Hold::Pending(entry) = &mut state.hold
+            && let Some(entry) = entry.take()
+        {
+            state.hold = match entry.resolve().await {
+                Entry::Running(slot) => Hold::Running { _slot: slot },
+                Entry::Queued {
+                    ticket,
+                    slot,
+                    ahead,
+                } => Hold::Queued {
+                    _ticket: ticket,
+                    slot: Some(slot),
+                    ahead,
+                    waiter: None,
+                },
+                Entry::Free | Entry::Pending { .. } => Hold::Free,
+            };
         }
         let mut tool_started = false;
         if let Some(created) = state.creation.take() {

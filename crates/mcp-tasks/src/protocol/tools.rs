@@ -268,9 +268,10 @@ impl Dispatcher {
                 owner,
                 self.shared.now_ms(),
             )
+            .resolve()
             .await;
         match entry {
-            Entry::Free => Ok(None),
+            Entry::Free | Entry::Pending { .. } => Ok(None),
             Entry::Running(slot) => Ok(Some(slot)),
             Entry::Queued { ticket, slot, .. } => {
                 let slot = slot

@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, oneshot};
 
 use super::plan::{Bucket, Needs, Plan, QueueKey};
-use super::{Entry, Flow, FlowUsage, Place, Slot, Ticket};
+use super::{Entry, First, Flow, FlowUsage, Place, Slot, Ticket};
 use crate::store::Store;
 use crate::store::flow::{FlowBucket, FlowDecision, FlowRound, FlowRow, FlowTable};
 
@@ -36,15 +36,6 @@ enum Known {
     },
     /// Holding its slot.
     Running,
-}
-
-/// The answer of an entry's first round.
-enum First {
-    Running,
-    Queued {
-        ahead: usize,
-        slot: oneshot::Receiver<Slot>,
-    },
 }
 
 #[derive(Default)]
@@ -152,8 +143,8 @@ impl Driver {
         self.lock().usage.clone()
     }
 
-    /// Enters an entry and waits for its first round.
-    pub(super) async fn enter(
+    /// Enters an entry: its first round answers the returned [`Entry::Pending`].
+    pub(super) fn enter(
         &self,
         flow: Arc<Flow>,
         key: &str,
@@ -178,46 +169,20 @@ impl Driver {
                 rate: needs.rate.clone(),
                 started: None,
             });
-            state.known.insert(
-                (key.to_owned(), token),
-                Known::Entering {
-                    tx,
-                    needs: needs.clone(),
-                },
-            );
+            state
+                .known
+                .insert((key.to_owned(), token), Known::Entering { tx, needs });
         }
         self.kick.notify_one();
-        // Dropped before it is answered (the task's actor went away): the entry leaves.
-        let mut guard = LeaveOnDrop {
-            driver: self,
-            key,
-            token,
-            armed: true,
-        };
-        let first = rx.await;
-        guard.armed = false;
-        let place = Place::Cluster {
-            key: key.to_owned(),
-            token,
-        };
-        match first {
-            Ok(First::Running) => Entry::Running(Slot {
+        Entry::Pending {
+            ticket: Ticket {
                 flow,
-                place,
-                needs,
-                armed: true,
-            }),
-            Ok(First::Queued { ahead, slot }) => Entry::Queued {
-                ticket: Ticket { flow, place },
-                slot,
-                ahead,
+                place: Place::Cluster {
+                    key: key.to_owned(),
+                    token,
+                },
             },
-            // The runtime stops: the entry waits, and is removed with its node's lease.
-            Err(_) => Entry::Queued {
-                ticket: Ticket { flow, place },
-                slot: oneshot::channel().1,
-                ahead: 0,
-            },
+            first: rx,
         }
     }
 
@@ -230,8 +195,8 @@ impl Driver {
         self.kick.notify_one();
     }
 
-    /// A waiting entry's ticket is dropped: it leaves, unless its slot was given already (the
-    /// slot then leaves when it is dropped).
+    /// A waiting (or entering) entry's ticket is dropped: it leaves, unless its slot was
+    /// given already (the slot then leaves when it is dropped).
     pub(super) fn leave_queue(&self, key: &str, token: u64) {
         let mut state = self.lock();
         let id = (key.to_owned(), token);
@@ -243,7 +208,12 @@ impl Driver {
             _ => {}
         }
         state.known.remove(&id);
-        state.leave.push(id);
+        // Not yet sent to a round: it is simply not entered.
+        let before = state.enter.len();
+        state.enter.retain(|r| !(r.token == token && r.key == key));
+        if state.enter.len() == before {
+            state.leave.push(id);
+        }
         drop(state);
         self.kick.notify_one();
     }
@@ -347,8 +317,16 @@ impl Driver {
             let next = match (known, row.started) {
                 (Known::Entering { tx, needs }, Some(_)) => {
                     crate::telemetry::running_limited(&needs.tool, 1.0);
-                    if tx.send(First::Running).is_err() {
-                        crate::telemetry::running_limited(&needs.tool, -1.0);
+                    let slot = Slot {
+                        flow: flow.clone(),
+                        place: place(),
+                        needs,
+                        armed: true,
+                    };
+                    if let Err(First::Running(mut slot)) = tx.send(First::Running(slot)) {
+                        // Its task went away meanwhile: the slot goes back at the next round.
+                        slot.armed = false;
+                        crate::telemetry::running_limited(&slot.needs.tool, -1.0);
                         unknown.push(id);
                         continue;
                     }
@@ -448,31 +426,5 @@ impl Driver {
                 .map_or(poll, |t| t.min(poll))
                 .max(Duration::from_millis(5)),
         )
-    }
-}
-
-/// Leaves an entry whose first round was not awaited to its end.
-struct LeaveOnDrop<'a> {
-    driver: &'a Driver,
-    key: &'a str,
-    token: u64,
-    armed: bool,
-}
-
-impl Drop for LeaveOnDrop<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            let mut state = self.driver.lock();
-            let id = (self.key.to_owned(), self.token);
-            state.known.remove(&id);
-            // Not yet sent: it is simply not entered.
-            let before = state.enter.len();
-            state.enter.retain(|r| r.token != self.token);
-            if state.enter.len() == before {
-                state.leave.push(id);
-            }
-            drop(state);
-            self.driver.kick.notify_one();
-        }
     }
 }

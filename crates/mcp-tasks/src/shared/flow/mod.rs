@@ -88,6 +88,46 @@ pub(crate) enum Entry {
         slot: oneshot::Receiver<Slot>,
         ahead: usize,
     },
+    /// Entered on a shared store: the round that records it answers on `first`
+    /// ([`Entry::resolve`]); dropping `ticket` leaves.
+    Pending {
+        ticket: Ticket,
+        first: oneshot::Receiver<First>,
+    },
+}
+
+/// The answer of an entry's first round on a shared store.
+pub(crate) enum First {
+    /// It runs: its slot.
+    Running(Slot),
+    /// It waits, `ahead` before it; the slot arrives on `slot`.
+    Queued {
+        ahead: usize,
+        slot: oneshot::Receiver<Slot>,
+    },
+}
+
+impl Entry {
+    /// Waits for a pending entry's first round: [`Entry::Running`] or [`Entry::Queued`] (or,
+    /// when the runtime stops meanwhile, queued for ever).
+    pub(crate) async fn resolve(self) -> Entry {
+        let Entry::Pending { ticket, first } = self else {
+            return self;
+        };
+        match first.await {
+            Ok(First::Running(slot)) => Entry::Running(slot),
+            Ok(First::Queued { ahead, slot }) => Entry::Queued {
+                ticket,
+                slot,
+                ahead,
+            },
+            Err(_) => Entry::Queued {
+                ticket,
+                slot: oneshot::channel().1,
+                ahead: 0,
+            },
+        }
+    }
 }
 
 /// What a slot or a ticket holds, by mode.
@@ -221,8 +261,9 @@ impl Flow {
     }
 
     /// Entry `key` (a task's id, `task`; or a synchronous call's key) of `tool` for `owner`,
-    /// created at `created_ms`, asks to run. On a shared store this waits for a round.
-    pub(crate) async fn enter(
+    /// created at `created_ms`, asks to run. On a shared store it is [`Entry::Pending`] until
+    /// a round records it (nothing here waits: an actor's start must not wait for a round).
+    pub(crate) fn enter(
         self: &Arc<Self>,
         key: &str,
         task: bool,
@@ -240,9 +281,7 @@ impl Flow {
             return Entry::Free;
         }
         if let Some(driver) = self.cluster.get() {
-            return driver
-                .enter(self.clone(), key, task, owner, needs, created_ms)
-                .await;
+            return driver.enter(self.clone(), key, task, owner, needs, created_ms);
         }
         let now = self.now_ms();
         let mut local = self.lock();
@@ -472,13 +511,12 @@ mod tests {
     async fn no_limit_is_free() {
         let f = flow(FlowLimits::none());
         assert!(matches!(
-            f.enter(&next_key(), true, "a", None, &owner("x"), 1).await,
+            f.enter(&next_key(), true, "a", None, &owner("x"), 1),
             Entry::Free
         ));
         // A descriptor's limit makes it count.
         assert!(matches!(
-            f.enter(&next_key(), true, "a", Some(&limited(1)), &owner("x"), 1)
-                .await,
+            f.enter(&next_key(), true, "a", Some(&limited(1)), &owner("x"), 1),
             Entry::Running(_)
         ));
     }
@@ -488,15 +526,14 @@ mod tests {
         let mut limits = FlowLimits::none();
         limits.add("a=1").unwrap();
         let f = flow(limits);
-        let Entry::Running(first) = f.enter(&next_key(), true, "a", None, &owner("x"), 1).await
-        else {
+        let Entry::Running(first) = f.enter(&next_key(), true, "a", None, &owner("x"), 1) else {
             panic!("first runs");
         };
         let Entry::Queued {
             ticket: t3,
             slot: mut s3,
             ahead,
-        } = f.enter(&next_key(), true, "a", None, &owner("x"), 3).await
+        } = f.enter(&next_key(), true, "a", None, &owner("x"), 3)
         else {
             panic!("queued");
         };
@@ -505,7 +542,7 @@ mod tests {
             ticket: t2,
             slot: mut s2,
             ahead,
-        } = f.enter(&next_key(), true, "a", None, &owner("x"), 2).await
+        } = f.enter(&next_key(), true, "a", None, &owner("x"), 2)
         else {
             panic!("queued");
         };
@@ -529,12 +566,11 @@ mod tests {
         let mut limits = FlowLimits::none();
         limits.add("*=1").unwrap();
         let f = flow(limits);
-        let Entry::Running(first) = f.enter(&next_key(), true, "a", None, &owner("x"), 1).await
-        else {
+        let Entry::Running(first) = f.enter(&next_key(), true, "a", None, &owner("x"), 1) else {
             panic!("first runs");
         };
         let Entry::Queued { ticket, slot, .. } =
-            f.enter(&next_key(), true, "b", None, &owner("x"), 2).await
+            f.enter(&next_key(), true, "b", None, &owner("x"), 2)
         else {
             panic!("queued");
         };
@@ -550,15 +586,14 @@ mod tests {
         let mut limits = FlowLimits::none();
         limits.add("a=1").unwrap();
         let f = flow(limits);
-        let Entry::Running(mut current) =
-            f.enter(&next_key(), true, "a", None, &owner("A"), 0).await
+        let Entry::Running(mut current) = f.enter(&next_key(), true, "a", None, &owner("A"), 0)
         else {
             panic!("first runs");
         };
         let mut waiting = Vec::new();
         for i in 1..=100u64 {
             let Entry::Queued { ticket, slot, .. } =
-                f.enter(&next_key(), true, "a", None, &owner("A"), i).await
+                f.enter(&next_key(), true, "a", None, &owner("A"), i)
             else {
                 panic!("queued");
             };
@@ -568,9 +603,7 @@ mod tests {
             ticket,
             slot,
             ahead,
-        } = f
-            .enter(&next_key(), true, "a", None, &owner("B"), 500)
-            .await
+        } = f.enter(&next_key(), true, "a", None, &owner("B"), 500)
         else {
             panic!("queued");
         };
@@ -600,14 +633,13 @@ mod tests {
         let mut limits = FlowLimits::none();
         limits.add_rate("a=2/s").unwrap();
         let f = flow(limits);
-        let Entry::Running(first) = f.enter(&next_key(), true, "a", None, &owner("x"), 1).await
-        else {
+        let Entry::Running(first) = f.enter(&next_key(), true, "a", None, &owner("x"), 1) else {
             panic!("the first start has its token");
         };
         drop(first);
         let Entry::Queued {
             ticket, mut slot, ..
-        } = f.enter(&next_key(), true, "a", None, &owner("x"), 2).await
+        } = f.enter(&next_key(), true, "a", None, &owner("x"), 2)
         else {
             panic!("no token left: queued, though nothing runs");
         };
@@ -617,7 +649,7 @@ mod tests {
         let second = slot.try_recv().expect("its token came");
         drop((ticket, second));
         assert!(matches!(
-            f.enter(&next_key(), true, "b", None, &owner("x"), 3).await,
+            f.enter(&next_key(), true, "b", None, &owner("x"), 3),
             Entry::Free
         ));
     }
@@ -629,22 +661,18 @@ mod tests {
         let f = flow(limits);
         let a = ToolDescriptor::new("a", "").flow_group("upstream:u");
         let b = ToolDescriptor::new("b", "").flow_group("upstream:u");
-        let Entry::Running(first) = f
-            .enter(&next_key(), true, "a", Some(&a), &owner("x"), 1)
-            .await
+        let Entry::Running(first) = f.enter(&next_key(), true, "a", Some(&a), &owner("x"), 1)
         else {
             panic!("the group has room");
         };
         let Entry::Queued {
             ticket, mut slot, ..
-        } = f
-            .enter(&next_key(), true, "b", Some(&b), &owner("x"), 2)
-            .await
+        } = f.enter(&next_key(), true, "b", Some(&b), &owner("x"), 2)
         else {
             panic!("another tool of the group waits");
         };
         assert!(matches!(
-            f.enter(&next_key(), true, "c", None, &owner("x"), 3).await,
+            f.enter(&next_key(), true, "c", None, &owner("x"), 3),
             Entry::Free
         ));
         assert_eq!(f.usage().groups["upstream:u"].running, 1);

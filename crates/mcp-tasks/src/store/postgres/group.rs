@@ -1,11 +1,11 @@
 //! Group commit on PostgreSQL: the one-`Put` commits of a node's task actors that wait at the
 //! same time go to the database in one transaction.
 //!
-//! Why: every write of a task notifies (the `mcp_tasks_changed` trigger), and PostgreSQL
-//! serialises the commits of notifying transactions until their commit record is flushed (so
-//! that notifications arrive in commit order). One transaction per transition therefore
-//! passes one WAL flush at a time; one transaction for every transition waiting at once
-//! passes them all with one (docs/BENCHMARKS.md, "PostgreSQL beside redb").
+//! Why: one transaction per transition costs a WAL flush per transition; one transaction for
+//! every transition waiting at once passes them all with one (docs/BENCHMARKS.md, "PostgreSQL
+//! beside redb"). The group's writes are announced to the other nodes with one `NOTIFY`
+//! after its `COMMIT` (`Inner::announce`): no writing transaction notifies, so none waits
+//! for PostgreSQL's notification-queue lock, which serialises notifying commits.
 //!
 //! How a group keeps each commit's own outcome, as if it had been alone:
 //! - A refused write (a conflict or a fence: its conditional `UPDATE` changed no row) is only
@@ -89,6 +89,9 @@ impl Inner {
         let inner = self.clone();
         tokio::spawn(async move {
             let outcome = inner.commit_job(std::slice::from_ref(&job.op)).await;
+            if outcome.is_ok() {
+                inner.announce(super::put_ids(std::slice::from_ref(&job.op)));
+            }
             let _ = job.done.send(outcome);
         });
     }
@@ -104,9 +107,15 @@ impl Inner {
         }
         match self.try_group(&jobs).await {
             Grouped::Committed(outcomes) => {
+                let mut committed = Vec::with_capacity(jobs.len());
                 for (job, outcome) in jobs.into_iter().zip(outcomes) {
+                    if outcome.is_ok() {
+                        committed.extend(super::put_ids(std::slice::from_ref(&job.op)));
+                    }
                     let _ = job.done.send(outcome);
                 }
+                // One notification for the group, after its commit.
+                self.announce(committed);
             }
             Grouped::CommitFailed(failure, outcomes) => {
                 let detail = match &failure {
@@ -178,9 +187,8 @@ impl Inner {
                 return Grouped::CommitFailed(failure, outcomes);
             }
         }
-        // The group's short bound is for rows another transaction holds. `COMMIT` may wait
-        // for PostgreSQL's lock on the notification queue, which each notifying transaction
-        // holds while it commits: that wait is bounded as any commit's (the session's bound).
+        // The group's short bound is for rows another transaction holds; `COMMIT` waits under
+        // the session's bound, as any commit.
         if tx
             .batch_execute("SET LOCAL lock_timeout TO DEFAULT")
             .await

@@ -61,7 +61,8 @@
 //!
 //! **Signalling** (`notify.rs`; [`crate::store::Cluster`], implemented by this backend only).
 //! Commands for another node's tasks go through `mcp_commands`; wake-ups are `NOTIFY`s (ids
-//! only; a trigger on task writes), with a polling fallback (`PostgresOptions::poll_interval`).
+//! only; the committing node sends one after each commit or group, outside the writing
+//! transaction), with a polling fallback (`PostgresOptions::poll_interval`).
 //! The dedicated `LISTEN` connection reconnects with backoff, then wakes every watcher once
 //! (catch-up); it also holds the sweep leadership (a session advisory lock: the reaper's due
 //! query returns finished tasks to the leader only). `Cluster::nodes`, `lease_of` and
@@ -104,8 +105,11 @@ use super::{
 };
 use notify::{self as postgres_notify, Hub};
 
+/// The longest `NOTIFY` payload this store sends (PostgreSQL's limit is 8,000 bytes).
+const NOTIFY_PAYLOAD_MAX: usize = 7_900;
+
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 // One migration per version: a migration added without raising the version (or the other way
 // round) does not build.
@@ -318,6 +322,11 @@ const MIGRATIONS: &[&str] = &[
         tokens double precision NOT NULL,
         at_ms  bigint NOT NULL
     );",
+    // 8: task writes no longer notify from a trigger inside their transaction: the node that
+    // committed them sends one `NOTIFY` per commit (per group of commits) after it, outside
+    // the writing transaction (`Inner::announce`).
+    "DROP TRIGGER IF EXISTS mcp_tasks_changed ON mcp_tasks;
+    DROP FUNCTION IF EXISTS mcp_tasks_notify();",
 ];
 
 /// Every owner's stored tasks and bytes, by owner (the sum of its usage rows: one per owner
@@ -711,6 +720,16 @@ fn random_node_id() -> String {
     format!("node-{:08x}", u32::from_le_bytes(bytes))
 }
 
+/// The tasks `ops` write (their `Put`s).
+fn put_ids(ops: &[WriteOp]) -> Vec<String> {
+    ops.iter()
+        .filter_map(|op| match op {
+            WriteOp::Put { id, .. } => Some(id.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
@@ -900,6 +919,46 @@ impl Inner {
             }
             Err(e) => Err(self.fail(e, write)),
         }
+    }
+
+    /// Tells the other nodes that tasks `ids` were committed: one `NOTIFY` (payload `T id id
+    /// …`, split below PostgreSQL's 8,000-byte payload limit), sent after the commit, outside
+    /// the writing transaction, on a task of its own. A hint: lost (this node dies first, the
+    /// database is unreachable), it costs a waiter its poll interval.
+    pub(super) fn announce(self: &Arc<Self>, ids: Vec<String>) {
+        if ids.is_empty() {
+            return;
+        }
+        let inner = self.clone();
+        tokio::spawn(async move {
+            let mut payloads = Vec::new();
+            let mut payload = String::from("T");
+            for id in ids {
+                if payload.len() + 1 + id.len() > NOTIFY_PAYLOAD_MAX && payload.len() > 1 {
+                    payloads.push(std::mem::replace(&mut payload, String::from("T")));
+                }
+                payload.push(' ');
+                payload.push_str(&id);
+            }
+            payloads.push(payload);
+            let sent = async {
+                let client = inner.client().await?;
+                let st = client
+                    .prepare_cached("SELECT pg_notify($1, p)::text FROM unnest($2::text[]) AS p")
+                    .await?;
+                client.query(&st, &[&inner.hub.channel, &payloads]).await?;
+                Ok::<_, PgFailure>(())
+            };
+            if let Err(e) = sent.await {
+                let detail = match e {
+                    PgFailure::Pg(e) => pg_detail(&e),
+                    PgFailure::Pool(d) => d,
+                    PgFailure::Store(e) => e.to_string(),
+                };
+                tracing::debug!(store = %inner.label, %detail,
+                    "a commit's notification was not sent; other nodes poll");
+            }
+        });
     }
 
     /// Applies one job in one transaction. Returns the leases it created or ended.
@@ -2157,8 +2216,15 @@ impl TaskStore for PostgresStore {
                 Err(ops)
             };
             let outcome = match grouped {
+                // The group announces its commits itself, once per group.
                 Ok(op) => self.inner.commit_grouped(op).await,
-                Err(ops) => self.inner.commit_job(&ops).await,
+                Err(ops) => {
+                    let outcome = self.inner.commit_job(&ops).await;
+                    if outcome.is_ok() {
+                        self.inner.announce(put_ids(&ops));
+                    }
+                    outcome
+                }
             };
             let outcome = self.inner.maybe_lose_ack(outcome);
             if let Err(e) = &outcome

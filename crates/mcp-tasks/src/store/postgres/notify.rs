@@ -7,14 +7,17 @@
 //!
 //! | payload        | sent by                                   | wakes                        |
 //! |----------------|-------------------------------------------|------------------------------|
-//! | `t ID SEQ`     | a trigger on every write of a task's bytes | the watchers of task `ID`   |
+//! | `T ID ID …`    | the node that committed tasks, after the commit (one per commit or group) | the watchers of each `ID` |
+//! | `t ID SEQ`     | a trigger on every write of a task's bytes (schemas 2 to 7) | the watchers of task `ID` |
 //! | `c NODE`       | a node recording a command for `NODE`     | `NODE`'s inbox               |
 //! | `a ID`         | the node answering a command for task `ID` | the watchers of task `ID`   |
+//! | `f`            | a flow-control round that freed or gave a slot | the flow-control driver |
 //!
 //! After every (re)connection everything is woken once (catch-up: each waiter reads the
 //! store again), so a notification lost while disconnected only delays.
 //!
-//! The ids of `t` payloads (every task any node commits) are also broadcast to
+//! Every one is a hint: a waiter also polls. The ids of `T` and `t` payloads (every task any
+//! node commits) are also broadcast to
 //! `Cluster::watch_commits` receivers ([`Hub::commits`]; one that lags loses the oldest).
 
 use std::collections::HashMap;
@@ -150,6 +153,13 @@ impl Hub {
                 self.tasks.wake(id);
                 // No receiver: nobody watches (an error only says so).
                 let _ = self.commits.send(id.to_owned());
+            }
+            // A commit (or a group of commits) of this schema's tasks, by any node.
+            (Some("T"), Some(first)) => {
+                for id in std::iter::once(first).chain(parts) {
+                    self.tasks.wake(id);
+                    let _ = self.commits.send(id.to_owned());
+                }
             }
             (Some("a"), Some(id)) => self.tasks.wake(id),
             (Some("c"), Some(node)) if node == self.node => self.inbox.notify_one(),
@@ -357,6 +367,17 @@ mod tests {
         hub.dispatch("a tsk_2");
         assert_eq!(commits.try_recv().unwrap(), "tsk_2");
         assert!(commits.try_recv().is_err());
+        // A group's announcement names each of its tasks.
+        hub.dispatch("T tsk_3 tsk_1 tsk_4");
+        tokio::time::timeout(Duration::from_secs(1), task.notified())
+            .await
+            .expect("a group naming the task wakes it");
+        let named: Vec<String> = std::iter::from_fn(|| commits.try_recv().ok()).collect();
+        assert_eq!(named, ["tsk_3", "tsk_1", "tsk_4"]);
+        hub.dispatch("f");
+        tokio::time::timeout(Duration::from_secs(1), hub.flow.notified())
+            .await
+            .expect("a flow round wakes the driver");
         hub.dispatch("c b");
         assert!(
             tokio::time::timeout(Duration::from_millis(50), hub.inbox.notified())
