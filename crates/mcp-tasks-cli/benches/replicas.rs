@@ -19,7 +19,7 @@
 //! - `--without-trigger NAME` (repeatable): an experiment — the trigger `NAME` of `mcp_tasks`
 //!   (`mcp_tasks_usage`; `mcp_tasks_listed`,
 //!   `mcp_tasks_relisted`) is disabled once the schema exists, to measure what it costs. The
-//!   store is then incomplete (no notifications, usage or listing counts): figures only.
+//!   store is then incomplete (no usage or listing counts): figures only.
 //!
 //! A *lifecycle* is: `tools/call sleep_task {ms: 0}` on replica `i` (the client's), then
 //! `tasks/get` on replica `i + 1` until the task is `completed` — so with several replicas
