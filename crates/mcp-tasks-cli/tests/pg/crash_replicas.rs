@@ -13,6 +13,10 @@
 //! node. Without fencing (`serve --unsafe-skip-fencing`, test-only) the same workload ends
 //! with a stale replica's record written over a newer one, which the checker reports.
 //!
+//! The main suite's replicas also share a flow-control limit (`--max-running '*=3'`): a slot
+//! held by a replica that was killed or paused past its lease must come back with the lease,
+//! or tasks stay queued and the final settle (every task finishes) fails.
+//!
 //! `MCP_TASKS_SEED=<seed>` replays a run; `MCP_TASKS_REPLICA_CYCLES=<n>` sets the number of
 //! fault cycles (default 24); `MCP_TASKS_SOAK_SECS=<s>` runs cycles for that long instead.
 #![cfg(all(unix, feature = "postgres"))]
@@ -42,6 +46,8 @@ use sim::{Rng, env_u64, seeds, soak};
 
 const REPLICAS: usize = 3;
 const LEASE_TTL: &str = "1s";
+/// The flow-control limit of the main suite's replicas (`--max-running`), for the cluster.
+const FLOW_LIMIT: &str = "*=3";
 
 struct Replica {
     child: Child,
@@ -56,7 +62,7 @@ impl Drop for Replica {
     }
 }
 
-fn spawn(store: &str, node: &str, effects: &Path, unfenced: bool) -> Replica {
+fn spawn(store: &str, node: &str, effects: &Path, unfenced: bool, flow: bool) -> Replica {
     // MCP_TASKS_BIN: run a copy of the binary (a long soak while the crate is rebuilt).
     let bin = std::env::var("MCP_TASKS_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_mcp-tasks").to_owned());
@@ -79,6 +85,11 @@ fn spawn(store: &str, node: &str, effects: &Path, unfenced: bool) -> Replica {
         .stderr(Stdio::piped());
     if unfenced {
         cmd.arg("--unsafe-skip-fencing");
+    }
+    if flow {
+        // A cluster-wide limit the workload fills: a slot leaked by a killed or paused
+        // replica would leave tasks queued for ever, which the final settle reports.
+        cmd.args(["--max-running", FLOW_LIMIT, "--replica-poll", "250ms"]);
     }
     let mut child = cmd.spawn().expect("start mcp-tasks serve");
     let stderr = child.stderr.take().unwrap();
@@ -187,16 +198,26 @@ struct Figures {
     requests: u64,
 }
 
+/// How the replicas of a run are started.
+#[derive(Clone, Copy)]
+struct Setup {
+    /// `--unsafe-skip-fencing` (the negative control).
+    unfenced: bool,
+    /// A cluster-wide flow-control limit ([`FLOW_LIMIT`]).
+    flow: bool,
+}
+
 /// One run: `cycles` fault cycles (or until `until`) with its own schema and history.
 async fn run(
     pg: &pg::Pg,
     seed: u64,
     cycles: u64,
     until: Option<Instant>,
-    unfenced: bool,
+    setup: Setup,
     dir: &Path,
     cluster: Option<Arc<pg::PrivateCluster>>,
 ) -> (Report, Figures) {
+    let Setup { unfenced, flow } = setup;
     let mut rng = Rng::new(seed);
     let store = pg.url_with_schema();
     let effects = dir.join("side-effects.log");
@@ -213,7 +234,7 @@ async fn run(
     let mut nodes: Vec<String> = (0..REPLICAS).map(|i| format!("n{i}")).collect();
     let mut replicas: Vec<Replica> = nodes
         .iter()
-        .map(|n| spawn(&store, n, &effects, unfenced))
+        .map(|n| spawn(&store, n, &effects, unfenced, flow))
         .collect();
     let addrs = Arc::new(Mutex::new(
         replicas.iter().map(|r| Some(r.addr)).collect::<Vec<_>>(),
@@ -315,7 +336,7 @@ async fn run(
             if rng.chance(50) {
                 nodes[victim] = format!("n{victim}c{cycle}");
             }
-            replicas[victim] = spawn(&store, &nodes[victim], &effects, unfenced);
+            replicas[victim] = spawn(&store, &nodes[victim], &effects, unfenced, flow);
             addrs.lock().unwrap()[victim] = Some(replicas[victim].addr);
         } else {
             figures.pauses += 1;
@@ -352,9 +373,21 @@ async fn replicas_killed_and_paused_past_their_lease_keep_every_invariant() {
     let seed = seeds(0x5EED_0A11, 1)[0];
     let Some(pg) = pg::fresh().await else { return };
     let dir = tempfile::tempdir().unwrap();
-    let (report, f) = run(&pg, seed, cycles, until, false, dir.path(), None).await;
+    let (report, f) = run(
+        &pg,
+        seed,
+        cycles,
+        until,
+        Setup {
+            unfenced: false,
+            flow: true,
+        },
+        dir.path(),
+        None,
+    )
+    .await;
     eprintln!(
-        "replicas: seed {seed:#x}, {REPLICAS} replicas, {} kills, {} pauses ({} past the lease), {} requests: {}; {:.1}s",
+        "replicas: seed {seed:#x}, {REPLICAS} replicas sharing --max-running {FLOW_LIMIT}, {} kills, {} pauses ({} past the lease), {} requests: {}; {:.1}s",
         f.kills,
         f.pauses,
         f.long_pauses,
@@ -385,7 +418,19 @@ async fn without_fencing_a_stale_replica_overwrites_newer_work() {
     for seed in seeds(0xBAD_0F0E, ATTEMPTS) {
         let Some(pg) = pg::fresh().await else { return };
         let dir = tempfile::tempdir().unwrap();
-        let (report, f) = run(&pg, seed, 8, None, true, dir.path(), None).await;
+        let (report, f) = run(
+            &pg,
+            seed,
+            8,
+            None,
+            Setup {
+                unfenced: true,
+                flow: false,
+            },
+            dir.path(),
+            None,
+        )
+        .await;
         pg.drop().await;
         let kinds: BTreeSet<Kind> = report.safety().map(|v| v.kind).collect();
         eprintln!(
@@ -425,7 +470,10 @@ async fn replicas_and_postgres_restarts_keep_every_invariant() {
         seed,
         cycles,
         until,
-        false,
+        Setup {
+            unfenced: false,
+            flow: false,
+        },
         dir.path(),
         Some(cluster.clone()),
     )
