@@ -407,11 +407,9 @@ async fn a_start_rate_holds_over_ten_seconds() {
             }
         },
     );
-    let mut limits = mcp_tasks::quota::FlowLimits::none();
-    limits.add_rate("quick=2/s").unwrap();
     let rt = Runtime::builder_with_store(Store::memory())
         .tool(tool)
-        .flow_limits(limits)
+        .max_starts("quick", 2.0)
         .start()
         .await
         .unwrap();
@@ -448,6 +446,64 @@ async fn a_start_rate_holds_over_ten_seconds() {
         "the rate is reached: {:?}",
         at[20].duration_since(at[0])
     );
+    rt.shutdown().await;
+}
+
+/// A flow group (`ToolDescriptor::flow_group`, `RuntimeBuilder::max_running_group`; the
+/// gateway's `--upstream-max-running`): two tools of one group with a limit of 1 never run at
+/// once (observed inside them), a tool outside the group is not held back.
+#[tokio::test(start_paused = true)]
+async fn a_flow_group_holds_its_tools_together() {
+    let running: Counter = Arc::default();
+    let most: Counter = Arc::default();
+    let tool = |name: &str, group: Option<&str>| {
+        let (running, most) = (running.clone(), most.clone());
+        let mut descriptor =
+            ToolDescriptor::new(name, "sleeps a second").task_policy(TaskPolicy::Always);
+        if let Some(g) = group {
+            descriptor = descriptor.flow_group(g);
+        }
+        let grouped = group.is_some();
+        tool_fn(descriptor, move |_, _| {
+            let (running, most) = (running.clone(), most.clone());
+            async move {
+                if grouped {
+                    let now = running.fetch_add(1, SeqCst) + 1;
+                    most.fetch_max(now, SeqCst);
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if grouped {
+                    running.fetch_sub(1, SeqCst);
+                }
+                Ok(CallToolResult::text("slept"))
+            }
+        })
+    };
+    let rt = Runtime::builder_with_store(Store::memory())
+        .tool(tool("a", Some("upstream:u")))
+        .tool(tool("b", Some("upstream:u")))
+        .tool(tool("c", None))
+        .max_running_group("upstream:u", 1)
+        .start()
+        .await
+        .unwrap();
+    let me = Owner::anonymous();
+    let began = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for name in ["a", "b", "a", "b"] {
+        tasks.push(create_as(&rt, &me, name, json!({})).await);
+    }
+    let free = create_as(&rt, &me, "c", json!({})).await;
+    until_status(&rt, &me, &free, "completed").await;
+    assert!(
+        began.elapsed() < Duration::from_millis(1_500),
+        "c is not in the group"
+    );
+    for task in &tasks {
+        until_status(&rt, &me, task, "completed").await;
+    }
+    assert_eq!(most.load(SeqCst), 1, "one of the group at a time");
+    assert!(began.elapsed() >= Duration::from_secs(4));
     rt.shutdown().await;
 }
 

@@ -223,6 +223,28 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Lets at most `per_second` tasks of `tool` start per second (a token bucket of one
+    /// token: in any span of `T` seconds at most `per_second × T + 1` start); more wait
+    /// queued (see [`crate::quota::FlowLimits::max_starts`]). A rate that is not a positive
+    /// finite number is ignored, with a warning.
+    pub fn max_starts(mut self, tool: impl Into<String>, per_second: f64) -> Self {
+        let tool = tool.into();
+        if per_second.is_finite() && per_second > 0.0 {
+            self.config.flow.max_starts.insert(tool, per_second);
+        } else {
+            tracing::warn!(%tool, per_second, "ignoring a start rate that is not a positive number");
+        }
+        self
+    }
+
+    /// Lets at most `n` tasks of the tools in flow group `group` run at once, together
+    /// ([`ToolDescriptor::flow_group`](method@crate::tool::ToolDescriptor::flow_group); the
+    /// gateway's groups are `upstream:NAME`). `0` is taken as 1.
+    pub fn max_running_group(mut self, group: impl Into<String>, n: u32) -> Self {
+        self.config.flow.per_group.insert(group.into(), n.max(1));
+        self
+    }
+
     /// Sets every flow-control limit at once (replacing those set before).
     pub fn flow_limits(mut self, limits: crate::quota::FlowLimits) -> Self {
         self.config.flow = limits;
