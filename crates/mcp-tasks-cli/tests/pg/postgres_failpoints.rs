@@ -263,3 +263,68 @@ async fn a_transaction_left_open_by_a_frozen_node_releases_its_row_locks_within_
     a.shutdown().await;
     pg.drop().await;
 }
+
+/// Issue: reads from the lease holder's memory. Node a holds a task's lease (valid: its
+/// heartbeat renews it), so its `tasks/get` answers from its actor's committed snapshot. A
+/// commit of a's actor is durable — node b reads the new record from the store — but a's actor
+/// has not published it yet (the failpoint `task::after_commit` holds it there). A read on a
+/// must not answer the older snapshot then: it waits for the commit in flight (or reads the
+/// store). Without the actor's in-flight flag a answers `k0` pending after b showed it
+/// answered: a read going backwards across replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_holder_never_answers_older_than_the_store() {
+    if !crate::support::own_process(
+        "postgres_failpoints::the_lease_holder_never_answers_older_than_the_store",
+    )
+    .await
+    {
+        return;
+    }
+    let Some(pg) = pg::fresh().await else { return };
+    let scenario = FailScenario::setup();
+    let ttl = Duration::from_secs(3);
+    let (a, a_store) = node(&pg, "a", ttl).await;
+    let (b, _b_store) = node(&pg, "b", ttl).await;
+    let task = create(&a, "two_questions", json!({})).await;
+    wait_status(&a, &task, "input_required").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !a_store.reads_from_memory(&task) {
+        assert!(
+            Instant::now() < deadline,
+            "a's lease never became valid for reads"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    fail::cfg("task::after_commit", "1*sleep(1500)").unwrap();
+    let answering = {
+        let a = a.handle();
+        let task = task.clone();
+        tokio::spawn(async move {
+            let msg = support::embedded::req(1, "tasks/update", answer(&task, "k0"), true);
+            a.handle_json(msg, &mcp_tasks::Owner::anonymous()).await
+        })
+    };
+    // The store has the answer's commit (k0 no longer pending) while a's actor is held
+    // after it, before it publishes.
+    let waits_for_k0 = |r: &Value| r["result"]["inputRequests"].get("k0").is_some();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = get(&b, &task).await;
+        if !waits_for_k0(&r) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "b never saw the commit: {r}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let on_a = get(&a, &task).await;
+    assert!(
+        !waits_for_k0(&on_a),
+        "a answered an older state than the store's: {on_a}"
+    );
+    fail::remove("task::after_commit");
+    let _ = answering.await;
+    scenario.teardown();
+    a.shutdown().await;
+    b.shutdown().await;
+    pg.drop().await;
+}

@@ -2,6 +2,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -105,6 +106,8 @@ pub(crate) struct TaskState {
     lapse_charge: Option<u32>,
     /// Flow control: free, running with a slot, or queued.
     hold: Hold,
+    /// Set while a commit of the task is in flight ([`LiveTask::committing`]).
+    committing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl TaskActor {
@@ -140,7 +143,14 @@ impl TaskActor {
             state.record = next.clone();
             state.publisher.send_replace(next.clone());
         }
-        if let Err(e) = self.shared.commit(&next).await {
+        // Readers served from memory (the lease holder on a shared store) wait while this is
+        // set: the store may hold `next` before this actor publishes it.
+        state.committing.store(true, Ordering::SeqCst);
+        let committed = self.shared.commit(&next).await;
+        if committed.is_err() {
+            state.committing.store(false, Ordering::SeqCst);
+        }
+        if let Err(e) = committed {
             if matches!(e, RuntimeError::Store(StoreError::Fenced { .. })) {
                 // Another node took the task over: this actor stops without touching the
                 // record again, and its tool is dropped where it is.
@@ -159,6 +169,7 @@ impl TaskActor {
         state.gauge.set(next.status);
         state.record = next.clone();
         state.publisher.send_replace(next.clone());
+        state.committing.store(false, Ordering::SeqCst);
         self.arm_passivation(myself, &next, Duration::ZERO);
         if next.status.is_terminal() {
             tracing::debug!(task = %next.id, status = next.status.as_str(), "task finished");
@@ -570,6 +581,7 @@ impl Actor for TaskActor {
         (record, start, creation): Self::Arguments,
     ) -> Result<TaskState, ActorProcessingErr> {
         let (publisher, snapshots) = watch::channel(record.clone());
+        let committing = Arc::new(std::sync::atomic::AtomicBool::new(false));
         // A task whose creation is in flight is registered for commands (they wait in the
         // mailbox) but not for readers until its commit is acknowledged.
         self.shared.live.insert(
@@ -577,12 +589,14 @@ impl Actor for TaskActor {
             LiveTask {
                 actor: myself.clone(),
                 snapshots,
+                committing: committing.clone(),
             },
             creation.is_none(),
         );
         let hold = self.enter_flow(&record);
         Ok(TaskState {
             hold,
+            committing,
             gauge: TaskGauge::new(record.status),
             record,
             publisher,

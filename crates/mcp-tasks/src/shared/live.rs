@@ -43,6 +43,10 @@ pub(crate) enum TaskMsg {
 pub(crate) struct LiveTask {
     pub(crate) actor: ActorRef<TaskMsg>,
     pub(crate) snapshots: watch::Receiver<Arc<TaskRecord>>,
+    /// Set by the actor before it sends a commit of the task, cleared once the commit's
+    /// outcome is known (and its snapshot published): while it is set, the store may hold a
+    /// newer record than `snapshots` (see [`LiveTasks::settled_snapshot`]).
+    pub(crate) committing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The live tasks of one runtime, by id, with a count per owner (for the live-task quota).
@@ -241,6 +245,34 @@ impl LiveTasks {
             .get(id)
             .and_then(Entry::committed)
             .map(|t| t.snapshots.borrow().clone())
+    }
+
+    /// The committed snapshot of live task `id` when no commit of it is in flight, waiting
+    /// (up to `bound`) for one in flight to end; `None` when the task has no committed actor
+    /// here or the commit did not end within `bound`.
+    pub(crate) async fn settled_snapshot(
+        &self,
+        id: &TaskId,
+        bound: std::time::Duration,
+    ) -> Option<Arc<TaskRecord>> {
+        use std::sync::atomic::Ordering;
+        let (mut snapshots, committing) = {
+            let map = self.lock();
+            let task = map.tasks.get(id).and_then(Entry::committed)?;
+            (task.snapshots.clone(), task.committing.clone())
+        };
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            snapshots.borrow_and_update();
+            if !committing.load(Ordering::SeqCst) {
+                return Some(snapshots.borrow().clone());
+            }
+            // A commit in flight: its snapshot is published before the flag clears.
+            match tokio::time::timeout_at(deadline, snapshots.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return None,
+            }
+        }
     }
 
     /// Removes the entry of `id` if it is still actor `actor`'s.

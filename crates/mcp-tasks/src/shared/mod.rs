@@ -132,8 +132,22 @@ impl Shared {
         owner: Option<&Owner>,
     ) -> Result<Option<Arc<TaskRecord>>, RuntimeError> {
         // On a store shared by replicas, another node may have changed the task since this
-        // node's actor last committed (it took the task over): the store is the truth.
+        // node's actor last committed (it took the task over): the store is the truth, except
+        // for a task this node holds a valid lease of, whose record only this node's actor
+        // writes: its committed snapshot is the record once no commit of it is in flight
+        // (docs/SCALE-OUT.md, "Reads from the lease holder").
         if self.store.is_shared() {
+            if self.store.reads_from_memory(id.as_str())
+                && let Some(snapshot) = self
+                    .live
+                    .settled_snapshot(id, std::time::Duration::from_millis(250))
+                    .await
+                && owner.is_none_or(|o| snapshot.owner.same_as(o))
+                // Checked again: the lease must still hold when the answer is chosen.
+                && self.store.reads_from_memory(id.as_str())
+            {
+                return Ok(Some(snapshot));
+            }
             return self.load_stored_as(id, owner).await;
         }
         if let Some(snapshot) = self.live.snapshot(id) {

@@ -999,6 +999,15 @@ pub trait Cluster: Send + Sync {
     ) -> StoreFuture<'a, flow::FlowTable>;
     /// Wakes when another node freed a slot or gave one to this node's entries.
     fn watch_flow(&self) -> Wakeup;
+    /// Whether this node may answer a read of task `id` from its own committed snapshot: it
+    /// holds the task's lease, and the lease is valid by a safety margin on this process's
+    /// monotonic clock, counted from when its last acknowledged renewal was *sent* (no other
+    /// node can take the task over before that renewal's time plus the TTL). `false` (the
+    /// default): every read goes to the store.
+    fn reads_from_memory(&self, id: &str) -> bool {
+        let _ = id;
+        false
+    }
 }
 
 /// The store the runtime persists through: a cheap-to-clone handle on a [`TaskStore`].
@@ -1294,6 +1303,11 @@ impl Store {
     /// process); see [`Cluster::holds`].
     pub fn holds(&self, id: &str) -> bool {
         self.inner.cluster().is_none_or(|c| c.holds(id))
+    }
+
+    /// See [`Cluster::reads_from_memory`] (`true` on a store owned by one process).
+    pub fn reads_from_memory(&self, id: &str) -> bool {
+        self.inner.cluster().is_none_or(|c| c.reads_from_memory(id))
     }
 
     /// How often the runtime claims orphans (`None`: never, a store owned by one process);

@@ -656,6 +656,16 @@ struct Inner {
     heartbeat_paused: AtomicBool,
     /// When this node's lease was last renewed (registration, then each heartbeat).
     renewed: Mutex<tokio::time::Instant>,
+    /// When the last acknowledged renewal was sent (`None` before the first heartbeat): the
+    /// lease holds, on this process's monotonic clock, until then plus the TTL
+    /// ([`Cluster::reads_from_memory`] keeps a third of the TTL as a margin).
+    renewal_sent: Mutex<Option<std::time::Instant>>,
+    /// Counts the renewals after which the lease may have lapsed meanwhile (the first one
+    /// too): the leases this node believes it holds are then suspect until a reconciliation
+    /// that started after that renewal ([`Inner::gap_reconciled`]).
+    lease_gaps: AtomicU64,
+    /// The highest [`Inner::lease_gaps`] a completed reconciliation covers.
+    gap_reconciled: AtomicU64,
     heartbeat: Mutex<Option<JoinHandle<()>>>,
     /// Wake-ups from other nodes, fed by the listening connection.
     hub: Arc<Hub>,
@@ -1436,6 +1446,9 @@ impl PostgresStore {
             unavailable: Mutex::new(None),
             heartbeat_paused: AtomicBool::new(false),
             renewed: Mutex::new(tokio::time::Instant::now()),
+            renewal_sent: Mutex::new(None),
+            lease_gaps: AtomicU64::new(0),
+            gap_reconciled: AtomicU64::new(0),
             heartbeat: Mutex::new(None),
             hub: hub.clone(),
             listener: Mutex::new(None),
@@ -1608,6 +1621,18 @@ impl Cluster for PostgresStore {
     }
     fn holds(&self, id: &str) -> bool {
         self.inner.held().contains_key(id)
+    }
+    fn reads_from_memory(&self, id: &str) -> bool {
+        let inner = &self.inner;
+        if inner.skip_fencing || inner.heartbeat_paused.load(Ordering::SeqCst) {
+            return false;
+        }
+        let sent = *inner.renewal_sent.lock().unwrap_or_else(|e| e.into_inner());
+        let margin = inner.lease_ttl / 3;
+        sent.is_some_and(|sent| sent.elapsed() + margin < inner.lease_ttl)
+            && inner.gap_reconciled.load(Ordering::SeqCst)
+                >= inner.lease_gaps.load(Ordering::SeqCst)
+            && inner.held().contains_key(id)
     }
     fn claim_interval(&self) -> Duration {
         self.inner.lease_ttl / 3
@@ -1983,8 +2008,10 @@ async fn heartbeat(inner: std::sync::Weak<Inner>) {
         if inner.heartbeat_paused.load(Ordering::SeqCst) {
             continue;
         }
+        let sent = std::time::Instant::now();
         match inner.heartbeat_once().await {
             Ok(false) => {
+                *inner.renewal_sent.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 tracing::error!(node = %inner.node,
                     "another process started with this node id and took its tasks over: this process's writes are refused (fenced) from now on and it no longer renews the node's heartbeat; stop it");
                 return;
@@ -1993,6 +2020,16 @@ async fn heartbeat(inner: std::sync::Weak<Inner>) {
                 inner.reachable();
                 *inner.renewed.lock().unwrap_or_else(|e| e.into_inner()) =
                     tokio::time::Instant::now();
+                {
+                    let mut last = inner.renewal_sent.lock().unwrap_or_else(|e| e.into_inner());
+                    // Acknowledged later than the previous renewal's lease could last (or the
+                    // first): another node may have taken tasks over meanwhile.
+                    let margin = inner.lease_ttl / 3;
+                    if last.is_none_or(|prev| prev.elapsed() + margin >= inner.lease_ttl) {
+                        inner.lease_gaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    *last = Some(sent);
+                }
                 if warned {
                     tracing::warn!(node = %inner.node,
                         "heartbeat renewed after the lease lapsed: tasks other nodes took over meanwhile are theirs (this node's writes to them are fenced)");
@@ -3157,6 +3194,16 @@ impl Inner {
             // The test-only unsafe mode stands for a node without lease checks at all.
             return Ok(Reconciled::default());
         }
+        // The lease gaps this reconciliation covers: those of renewals acknowledged before it
+        // reads the rows.
+        let gaps = self.lease_gaps.load(Ordering::SeqCst);
+        let reconciled = self.reconcile_leases().await?;
+        self.gap_reconciled.fetch_max(gaps, Ordering::SeqCst);
+        Ok(reconciled)
+    }
+
+    /// [`Inner::reconcile`]'s comparison of the held leases with the rows.
+    async fn reconcile_leases(&self) -> Result<Reconciled, PgFailure> {
         let before: HashMap<String, i64> = self.held().clone();
         let client = self.client().await?;
         let st = client
