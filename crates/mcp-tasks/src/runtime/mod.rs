@@ -809,6 +809,15 @@ async fn take_over(
             if let Some((last, _)) = claimed.iter().max_by(|a, b| a.0.cmp(&b.0)) {
                 after.clone_from(last);
             }
+            let mut claimed = claimed;
+            if shared.flow.active() {
+                // Flow control: a dead replica's tasks enter the queue oldest first, as at a
+                // start, so that the queue keeps its order across the takeover.
+                claimed.sort_by_cached_key(|(id, bytes)| {
+                    let created = crate::persist::decode(bytes).map_or(0, |r| r.created_at_ms);
+                    (created, id.clone())
+                });
+            }
             for (raw, bytes) in claimed {
                 let Ok(id) = crate::task::TaskId::parse(&raw) else {
                     tracing::warn!(id = %raw, "a claimed task has an invalid id; skipped");
