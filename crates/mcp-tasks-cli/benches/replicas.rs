@@ -24,7 +24,9 @@
 //! A *lifecycle* is: `tools/call sleep_task {ms: 0}` on replica `i` (the client's), then
 //! `tasks/get` on replica `i + 1` until the task is `completed` — so with several replicas
 //! every read crosses replicas. The `tasks/get` phase then reads the completed tasks, each
-//! client on its own replica. The replicas run in this one process (the same CPU budget as the
+//! client on its own replica (finished tasks have no actor: always a store read); the last
+//! phase reads live tasks (waiting for input) on the replica that runs them, which answers
+//! from its actor's snapshot while its lease is valid. The replicas run in this one process (the same CPU budget as the
 //! single redb runtime) with the database on the same machine: the figures show what the
 //! shared store costs, not how replicas on separate machines scale. Nothing here asserts speed.
 
@@ -118,7 +120,7 @@ async fn call(rt: &Runtime, method: &str, params: Value) -> Value {
 }
 
 /// Lifecycles per second and `tasks/get` per second over `replicas`.
-async fn measure(replicas: &[Arc<Runtime>], args: &Args) -> (f64, f64) {
+async fn measure(replicas: &[Arc<Runtime>], args: &Args) -> (f64, f64, f64) {
     let window = Duration::from_secs(args.secs);
     let done = Arc::new(AtomicU64::new(0));
     let ids = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
@@ -181,7 +183,54 @@ async fn measure(replicas: &[Arc<Runtime>], args: &Args) -> (f64, f64) {
         c.await.unwrap();
     }
     let gets = reads.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
-    (lifecycles, gets)
+
+    // Live tasks read on the replica that runs them (holds their leases): each client creates
+    // a task waiting for input there and reads it for the window.
+    let reads = Arc::new(AtomicU64::new(0));
+    let mut live = Vec::new();
+    for c in 0..args.clients {
+        let on = replicas[c % replicas.len()].clone();
+        let r = call(
+            &on,
+            "tools/call",
+            json!({ "name": "wait_input", "arguments": {} }),
+        )
+        .await;
+        let task = r["result"]["taskId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no task: {r}"))
+            .to_owned();
+        live.push((on, task));
+    }
+    for (on, task) in &live {
+        loop {
+            let g = call(on, "tasks/get", json!({ "taskId": task })).await;
+            if g["result"]["status"] == "input_required" {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+    let started = Instant::now();
+    let mut clients = Vec::new();
+    for (on, task) in live.clone() {
+        let reads = reads.clone();
+        clients.push(tokio::spawn(async move {
+            while started.elapsed() < window {
+                let g = call(&on, "tasks/get", json!({ "taskId": task })).await;
+                assert_eq!(g["result"]["status"], "input_required", "{g}");
+                reads.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for c in clients {
+        c.await.unwrap();
+    }
+    let live_gets = reads.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+    for (on, task) in live {
+        call(&on, "tasks/cancel", json!({ "taskId": task })).await;
+    }
+    (lifecycles, gets, live_gets)
 }
 
 async fn admin(server: &str, sql: &str) {
@@ -243,8 +292,10 @@ async fn main() {
         args.secs,
         option_env!("RUSTC_VERSION").unwrap_or("(see rustc -V)")
     );
-    println!("| store | lifecycles/s | tasks/get per s |");
-    println!("|---|---|---|");
+    println!(
+        "| store | lifecycles/s | tasks/get per s (finished tasks) | tasks/get per s (live tasks, on their replica) |"
+    );
+    println!("|---|---|---|---|");
     let mut flows = vec![(String::new(), mcp_tasks::quota::FlowLimits::none())];
     if !args.max_running.is_empty() {
         let mut limits = mcp_tasks::quota::FlowLimits::none();
@@ -261,13 +312,14 @@ async fn main() {
         let _ = std::fs::remove_file(dir.path().join("bench.redb"));
         let rt = Runtime::builder(dir.path().join("bench.redb"))
             .tool(mcp_tasks_testkit::fixtures::bench::sleep_task())
+            .tool(mcp_tasks_testkit::fixtures::bench::wait_input())
             .flow_limits(limits.clone())
             .start()
             .await
             .unwrap();
         let replicas = vec![Arc::new(rt)];
-        let (l, g) = measure(&replicas, &args).await;
-        println!("| redb, 1 process{label} | {l:.0} | {g:.0} |");
+        let (l, g, live) = measure(&replicas, &args).await;
+        println!("| redb, 1 process{label} | {l:.0} | {g:.0} | {live:.0} |");
         shutdown(replicas).await;
     }
 
@@ -306,6 +358,7 @@ async fn main() {
                 .tool(mcp_tasks_testkit::fixtures::bench::sleep_task_on(Some(
                     node,
                 )))
+                .tool(mcp_tasks_testkit::fixtures::bench::wait_input())
                 .flow_limits(limits.clone())
                 .start()
                 .await
@@ -321,13 +374,13 @@ async fn main() {
                 }
             }
         }
-        let (l, g) = measure(&replicas, &args).await;
+        let (l, g, live) = measure(&replicas, &args).await;
         let grouping = if group_commit {
             ""
         } else {
             ", one transaction per commit"
         };
-        println!("| PostgreSQL, {n} replica(s){grouping}{label} | {l:.0} | {g:.0} |");
+        println!("| PostgreSQL, {n} replica(s){grouping}{label} | {l:.0} | {g:.0} | {live:.0} |");
         shutdown(replicas).await;
         admin(&args.server, &format!("DROP SCHEMA {schema} CASCADE")).await;
     }
