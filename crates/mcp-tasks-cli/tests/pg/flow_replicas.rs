@@ -192,8 +192,8 @@ async fn a_start_rate_holds_for_the_cluster() {
 }
 
 /// `kill -9` of the replica holding both slots of a limit of 2: its slots go with its lease,
-/// and within the lease TTL (and the other's poll interval) the other replica runs two tasks
-/// again — its own queued ones or those it took over — and finishes all of them. (That no more
+/// and within the lease TTL (and the other's poll interval) the other replica starts its
+/// queued tasks, and finishes all of them. (That no more
 /// than two run at once is observed inside the tool by `two_replicas_share_one_limit_of_two`;
 /// from outside, a dead replica's tasks still read `working` until they are taken over.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -276,7 +276,7 @@ async fn a_replica_killed_with_both_slots_frees_them_with_its_lease() {
     // soon as they are seen running, so that they do not hold the slots for a minute).
     let mut done = Vec::new();
     let deadline = killed + Duration::from_secs(30);
-    let mut first_done: Option<Duration> = None;
+    let mut first_started: Option<Duration> = None;
     let mut cancelled: Vec<String> = Vec::new();
     while done.len() < queue.len() {
         assert!(
@@ -293,18 +293,22 @@ async fn a_replica_killed_with_both_slots_frees_them_with_its_lease() {
                     cancelled.push(task.clone());
                 }
             }
+            if queue.contains(task) && (working || r["result"]["status"] == "completed") {
+                first_started.get_or_insert(killed.elapsed());
+            }
             if queue.contains(task) && r["result"]["status"] == "completed" && !done.contains(task)
             {
                 done.push(task.clone());
-                first_done.get_or_insert(killed.elapsed());
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let first = first_done.unwrap();
+    // a's slots come back when its lease lapses (at most the TTL after the kill), at b's next
+    // round (poll 200 ms): 4 s of slack for a loaded machine.
+    let first = first_started.unwrap();
     assert!(
-        first < Duration::from_secs(10),
-        "the first queued task completed {first:?} after the kill (lease TTL 1 s)"
+        first < Duration::from_secs(5),
+        "b's first queued task started {first:?} after the kill (lease TTL 1 s)"
     );
     drop(b);
     pg.drop().await;
