@@ -62,7 +62,9 @@ enum Command {
         #[arg(long, value_name = "N")]
         replicas: Option<u32>,
     },
-    /// Serve MCP (`2026-07-28`, Tasks extension) on Streamable HTTP, or on stdio.
+    /// Serve MCP (`2026-07-28`, Tasks extension) on Streamable HTTP, or on stdio; with
+    /// `--upstream URL` or `--upstream-command CMD`, as a gateway that serves an existing MCP
+    /// server's tools as durable tasks.
     Serve(Box<ServeArgs>),
     /// Operate a store: stats, list, show, backup, compact, verify, migrate, purge.
     #[command(subcommand, after_help = cli_store::EXIT_CODES)]

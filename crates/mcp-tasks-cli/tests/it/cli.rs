@@ -130,6 +130,13 @@ fn help_documents_the_exit_codes() {
         assert!(r.stdout.contains("5  input required"), "{}", r.stdout);
         assert!(r.stdout.contains("8  transport error"), "{}", r.stdout);
     }
+    // The gateway is found from the top-level help.
+    let r = run("http://127.0.0.1:9/mcp", &["--help"]);
+    assert!(
+        r.stdout.contains("gateway") && r.stdout.contains("--upstream"),
+        "{}",
+        r.stdout
+    );
 }
 
 #[test]
