@@ -238,6 +238,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_idempotent_name_no_upstream_lists_is_reported_once() {
+        let gateway = Gateway::start(vec![
+            Upstream::http("a", "http://127.0.0.1:1/mcp")
+                .idempotent("read")
+                .idempotent("raed"),
+        ])
+        .unwrap();
+        let listing = [
+            serde_json::json!({ "name": "read" }),
+            serde_json::json!({ "name": "write" }),
+        ];
+        let upstream = &gateway.upstreams[0];
+        assert_eq!(upstream.newly_unlisted_idempotent(&listing), ["raed"]);
+        assert!(
+            upstream.newly_unlisted_idempotent(&listing).is_empty(),
+            "reported once, not at every listing"
+        );
+        gateway.stop();
+    }
+
+    #[tokio::test]
     async fn several_upstreams_prefix_their_tools_and_recover_by_prefix() {
         let gateway = Gateway::start(vec![
             Upstream::http("a", "http://127.0.0.1:1/mcp"),

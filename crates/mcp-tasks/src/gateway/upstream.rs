@@ -31,6 +31,8 @@ pub(crate) struct UpstreamState {
     /// The tools as the upstream listed them last (its names).
     listed: Mutex<Vec<Value>>,
     refresh: Arc<Notify>,
+    /// The `--upstream-idempotent` names already reported as not listed.
+    unlisted_reported: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl UpstreamState {
@@ -42,6 +44,7 @@ impl UpstreamState {
             link: watch::channel(None).0,
             listed: Mutex::new(Vec::new()),
             refresh: Arc::new(Notify::new()),
+            unlisted_reported: Mutex::new(std::collections::BTreeSet::new()),
         }
     }
 
@@ -76,6 +79,30 @@ impl UpstreamState {
                     .flow_group(upstream_flow_group(self.name()));
                 Some((descriptor, remote))
             })
+            .collect()
+    }
+
+    /// The names given as idempotent for this upstream that `tools` (a listing) does not
+    /// have, under either name, and that were not reported before (each is reported once).
+    pub(crate) fn newly_unlisted_idempotent(&self, tools: &[Value]) -> Vec<String> {
+        let listed: Vec<&str> = tools
+            .iter()
+            .filter_map(|t| t.get("name").and_then(Value::as_str))
+            .collect();
+        let mut reported = self
+            .unlisted_reported
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        self.config
+            .idempotent
+            .iter()
+            .filter(|name| {
+                !listed
+                    .iter()
+                    .any(|remote| *remote == name.as_str() || self.exposed(remote) == **name)
+            })
+            .filter(|name| reported.insert((*name).clone()))
+            .cloned()
             .collect()
     }
 
@@ -169,6 +196,10 @@ impl UpstreamState {
                 match link.list_tools(limits).await {
                     Ok(tools) => {
                         tracing::info!(upstream = %self.config.name, tools = tools.len(), "upstream tools listed");
+                        for name in self.newly_unlisted_idempotent(&tools) {
+                            tracing::warn!(upstream = %self.config.name, tool = %name.escape_debug(),
+                                "--upstream-idempotent names a tool this upstream does not list (a typo?): calls of it are not repeated after a crash");
+                        }
                         *self.listed.lock().unwrap_or_else(|e| e.into_inner()) = tools;
                         changed();
                         // Calls go through a connection once its tools are known (their
