@@ -246,7 +246,13 @@ impl Driver {
                     _ = self.kick.notified() => {}
                     _ = wake.notified(), if due.is_some() => {}
                     _ = timer => {}
-                    _ = closing.changed() => continue,
+                    changed = closing.changed() => {
+                        // The runtime is gone (its stop signal dropped): so is this driver.
+                        if changed.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
                 }
             }
             let (enter, leave) = {
@@ -283,7 +289,11 @@ impl Driver {
                     }
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
-                        _ = closing.changed() => {}
+                        changed = closing.changed() => {
+                            if changed.is_err() {
+                                return;
+                            }
+                        }
                     }
                     backoff = (backoff * 2).min(poll.max(Duration::from_millis(50)));
                 }
