@@ -6,7 +6,9 @@
 #     launcher, $dir/bin/server-everything [stdio|streamableHttp] (env PORT for the latter,
 #     default 3001; the endpoint is http://127.0.0.1:PORT/mcp);
 #   - a virtualenv, $dir/venv, with the official MCP Python SDK (1.x), which runs
-#     crates/mcp-tasks-cli/tests/upstream/python_server.py [stdio|http PORT].
+#     crates/mcp-tasks-cli/tests/upstream/python_server.py [stdio|http PORT];
+#   - a virtualenv, $dir/fastmcp-venv, with FastMCP 4.x (a 2026-07-28 and 2025-11-25 server
+#     framework), which runs crates/mcp-tasks-cli/tests/upstream/fastmcp_server.py http PORT.
 # Skips whatever is already installed at the pinned version: a second run takes a few seconds,
 # most of it the self-check.
 #
@@ -24,6 +26,7 @@ cd "$(dirname "$0")/.."
 
 everything_version=2026.8.31
 sdk_version=1.26.0
+fastmcp_version=4.1.6
 dir=${MCP_TASKS_UPSTREAMS_DIR:-$HOME/.cache/mcp-tasks-upstreams}
 conf_dir=${CONF_DIR:-$HOME/.cache/mcp-conformance}
 want_node=${UPSTREAMS_NODE:-auto}
@@ -80,6 +83,13 @@ if [[ ! -x $py ]] || ! "$py" -c "import importlib.metadata as m, sys; sys.exit(m
   "$dir/venv/bin/pip" install --quiet --disable-pip-version-check "mcp==$sdk_version" >&2
 fi
 
+echo "== FastMCP $fastmcp_version (in $dir/fastmcp-venv)"
+fpy=$dir/fastmcp-venv/bin/python
+if [[ ! -x $fpy ]] || ! "$fpy" -c "import importlib.metadata as m, sys; sys.exit(m.version('fastmcp') != '$fastmcp_version')" 2>/dev/null; then
+  python3 -m venv "$dir/fastmcp-venv"
+  "$dir/fastmcp-venv/bin/pip" install --quiet --disable-pip-version-check "fastmcp==$fastmcp_version" >&2
+fi
+
 echo "== self-check"
 work=$(mktemp -d)
 http_pid=
@@ -121,6 +131,27 @@ http_pid=
 [[ -n $ok ]] || { echo "error: server-everything streamableHttp did not answer initialize:" >&2; cat "$work/http.log" >&2; exit 1; }
 echo "server-everything streamableHttp: ok"
 
+# The FastMCP server: server/discover answers 2026-07-28.
+port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')
+"$fpy" crates/mcp-tasks-cli/tests/upstream/fastmcp_server.py http "$port" >"$work/fastmcp.log" 2>&1 &
+http_pid=$!
+ok=
+discover='{"jsonrpc":"2.0","id":1,"method":"server/discover","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"io.modelcontextprotocol/clientInfo":{"name":"upstreams.sh","version":"0"}}}}'
+for _ in $(seq 300); do
+  kill -0 "$http_pid" 2>/dev/null || break
+  if curl -sS --max-time 2 -X POST "http://127.0.0.1:$port/mcp" -H 'Content-Type: application/json' \
+       -H 'Accept: application/json, text/event-stream' -H 'MCP-Protocol-Version: 2026-07-28' \
+       -H 'Mcp-Method: server/discover' -d "$discover" 2>/dev/null | grep -qF '"supportedVersions":["2026-07-28"]'; then
+    ok=1; break
+  fi
+  sleep 0.1
+done
+kill "$http_pid" 2>/dev/null || true
+wait "$http_pid" 2>/dev/null || true
+http_pid=
+[[ -n $ok ]] || { echo "error: fastmcp_server.py did not answer server/discover:" >&2; cat "$work/fastmcp.log" >&2; exit 1; }
+echo "fastmcp_server.py: ok"
+
 # The Python server, driven by the SDK's own client over HTTP and stdio.
 timeout 60 "$py" crates/mcp-tasks-cli/tests/upstream/check_python_server.py
 echo "python_server.py: ok"
@@ -128,3 +159,4 @@ echo "python_server.py: ok"
 echo "installed in $dir"
 echo "  $launcher [stdio|streamableHttp]"
 echo "  $py crates/mcp-tasks-cli/tests/upstream/python_server.py [stdio|http PORT]"
+echo "  $fpy crates/mcp-tasks-cli/tests/upstream/fastmcp_server.py http PORT"

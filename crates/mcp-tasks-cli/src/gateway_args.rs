@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use clap::Args;
-use mcp_tasks::gateway::Upstream;
+use mcp_tasks::gateway::{Upstream, UpstreamEra};
 use mcp_tasks::units;
 
 /// Serve the tools of other MCP servers as durable tasks (docs/GATEWAY.md).
@@ -83,6 +83,28 @@ pub(crate) struct GatewayArgs {
         env = "MCP_TASKS_TRUST_UPSTREAM_ANNOTATIONS"
     )]
     pub(crate) trust_annotations: bool,
+    /// The MCP revision spoken to an HTTP upstream, `[UPSTREAM=]ERA` (repeatable; without
+    /// `UPSTREAM=` for every one): `auto` (the default: 2026-07-28 when it answers
+    /// `server/discover`, else 2025-11-25, and a tool of a dual-era server that asks for input
+    /// with a server-initiated request, like FastMCP's `ctx.elicit()`, called in a 2025-11-25
+    /// session), `2026-07-28` or `2025-11-25`.
+    #[arg(
+        long = "upstream-era",
+        env = "MCP_TASKS_UPSTREAM_ERA",
+        value_delimiter = ',',
+        value_name = "[UPSTREAM=]ERA"
+    )]
+    pub(crate) era: Vec<String>,
+    /// How long a 2026-07-28 upstream keeps the `requestState` of an input round,
+    /// `[UPSTREAM=]DURATION` or `[UPSTREAM=]none` (repeatable; default 10m, the MCP Python
+    /// SDK's and FastMCP's). A task waiting for such an input says until when, and fails then.
+    #[arg(
+        long = "upstream-state-ttl",
+        env = "MCP_TASKS_UPSTREAM_STATE_TTL",
+        value_delimiter = ',',
+        value_name = "[UPSTREAM=]DURATION"
+    )]
+    pub(crate) state_ttl: Vec<String>,
 }
 
 impl GatewayArgs {
@@ -190,6 +212,28 @@ impl GatewayArgs {
                 .map(|u| u.env(name, value.clone()))
                 .collect();
         }
+        for spec in &self.era {
+            let (target, value) = per_upstream(spec);
+            let era: UpstreamEra = value
+                .parse()
+                .map_err(|e| format!("--upstream-era {spec}: {e}"))?;
+            for u in targets(&mut upstreams, target, "--upstream-era", spec)? {
+                *u = u.clone().era(era);
+            }
+        }
+        for spec in &self.state_ttl {
+            let (target, value) = per_upstream(spec);
+            let ttl = match value {
+                "none" => None,
+                v => Some(
+                    units::parse_duration(v)
+                        .map_err(|e| format!("--upstream-state-ttl {spec}: {e}"))?,
+                ),
+            };
+            for u in targets(&mut upstreams, target, "--upstream-state-ttl", spec)? {
+                *u = u.clone().state_ttl(ttl);
+            }
+        }
         Ok(upstreams
             .into_iter()
             .map(|u| {
@@ -214,6 +258,34 @@ fn split_name(spec: &str, default: impl FnOnce() -> String) -> (String, &str) {
     (default(), spec.trim())
 }
 
+/// `(Some(UPSTREAM), VALUE)` for `UPSTREAM=VALUE`, `(None, VALUE)` for a bare value.
+fn per_upstream(spec: &str) -> (Option<&str>, &str) {
+    match spec.split_once('=') {
+        Some((name, value)) => (Some(name.trim()), value.trim()),
+        None => (None, spec.trim()),
+    }
+}
+
+/// The upstreams an option applies to: the one it names, or every one.
+fn targets<'a>(
+    upstreams: &'a mut [Upstream],
+    target: Option<&str>,
+    option: &str,
+    spec: &str,
+) -> Result<Vec<&'a mut Upstream>, String> {
+    match target {
+        None => Ok(upstreams.iter_mut().collect()),
+        Some(t) => {
+            let found: Vec<&mut Upstream> =
+                upstreams.iter_mut().filter(|u| u.name() == t).collect();
+            if found.is_empty() {
+                return Err(format!("{option} {spec}: no upstream named `{t}`"));
+            }
+            Ok(found)
+        }
+    }
+}
+
 /// `upstream` for a lone upstream; `upstream1`, `command2`, … when there are several.
 fn default_name(total: usize, kind: &str, index: usize) -> String {
     if total == 1 {
@@ -236,6 +308,39 @@ mod tests {
             max_tools_bytes: 16 << 20,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn eras_and_state_lifetimes_apply_to_the_named_upstream_or_to_all() {
+        let mut a = args();
+        a.http = vec![
+            "fm=http://127.0.0.1:8000/mcp".into(),
+            "py=http://127.0.0.1:8001/mcp".into(),
+        ];
+        a.era = vec!["fm=2025-11-25".into()];
+        a.state_ttl = vec!["none".into(), "py=90s".into()];
+        let ups = a.upstreams_with(|_| None).unwrap();
+        let debug = format!("{ups:?}");
+        assert!(debug.contains("era: Session, state_ttl: None"), "{debug}");
+        assert!(debug.contains("era: Auto, state_ttl: Some(90s)"), "{debug}");
+        a.era = vec!["fm=2026".into()];
+        assert!(
+            a.upstreams_with(|_| None)
+                .unwrap_err()
+                .contains("--upstream-era fm=2026: unknown era `2026`")
+        );
+        a.era = vec!["nope=auto".into()];
+        assert_eq!(
+            a.upstreams_with(|_| None).unwrap_err(),
+            "--upstream-era nope=auto: no upstream named `nope`"
+        );
+        a.era = Vec::new();
+        a.state_ttl = vec!["py=soon".into()];
+        assert!(
+            a.upstreams_with(|_| None)
+                .unwrap_err()
+                .starts_with("--upstream-state-ttl py=soon: ")
+        );
     }
 
     #[test]

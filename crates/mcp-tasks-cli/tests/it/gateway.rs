@@ -84,7 +84,7 @@ impl Gateway {
         Self::start_on(free_port(), store, args)
     }
 
-    fn start_on(port: u16, store: &Path, args: &[String]) -> Self {
+    pub(crate) fn start_on(port: u16, store: &Path, args: &[String]) -> Self {
         Self::start_with_env(port, store, args, &[])
     }
 
@@ -169,7 +169,7 @@ pub(crate) async fn wait_for(task: &TaskHandle, what: &str, done: impl Fn(&Task)
 }
 
 /// Answers `key` of the task with `response` (`tasks/update`).
-async fn answer(task: &TaskHandle, key: &str, response: Value) {
+pub(crate) async fn answer(task: &TaskHandle, key: &str, response: Value) {
     task.answer(Map::from_iter([(key.to_owned(), response)]))
         .await
         .unwrap();
@@ -182,7 +182,7 @@ pub(crate) fn terminal(t: &Task) -> bool {
     )
 }
 
-fn text(result: &Value) -> String {
+pub(crate) fn text(result: &Value) -> String {
     result["content"]
         .as_array()
         .into_iter()

@@ -31,6 +31,7 @@ mod features;
 mod fixtures;
 mod flow;
 mod gateway;
+mod gateway_fastmcp;
 mod gateway_hostile;
 mod http;
 mod layering;

@@ -238,7 +238,10 @@ pub fn upstreams_dir() -> Option<std::path::PathBuf> {
         .or_else(|| {
             std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mcp-tasks-upstreams"))
         })?;
-    if dir.join("bin/server-everything").exists() && dir.join("venv/bin/python").exists() {
+    if dir.join("bin/server-everything").exists()
+        && dir.join("venv/bin/python").exists()
+        && dir.join("fastmcp-venv/bin/python").exists()
+    {
         return Some(dir);
     }
     if std::env::var("MCP_TASKS_REQUIRE_UPSTREAMS").as_deref() == Ok("1") {
@@ -292,6 +295,34 @@ pub fn python_upstream_on(
         assert!(
             std::time::Instant::now() < deadline,
             "the Python upstream did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    KillOnDrop(child)
+}
+
+/// The FastMCP 4.x upstream of the gateway tests (`tests/upstream/fastmcp_server.py`) over
+/// HTTP on `port`, its side effects appended to `side_effects`; killed when dropped.
+pub fn fastmcp_upstream_on(
+    dir: &std::path::Path,
+    port: u16,
+    side_effects: &std::path::Path,
+) -> KillOnDrop {
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/upstream/fastmcp_server.py");
+    let child = std::process::Command::new(dir.join("fastmcp-venv/bin/python"))
+        .arg(script)
+        .args(["http", &port.to_string()])
+        .env("SIDE_EFFECTS", side_effects)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the FastMCP upstream");
+    let deadline = std::time::Instant::now() + WAIT;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the FastMCP upstream did not start"
         );
         std::thread::sleep(Duration::from_millis(50));
     }

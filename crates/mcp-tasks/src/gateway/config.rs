@@ -44,6 +44,55 @@ impl std::fmt::Debug for UpstreamTransport {
     }
 }
 
+/// Which MCP revision the gateway speaks to an HTTP upstream ([`Upstream::era`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UpstreamEra {
+    /// Whatever the upstream speaks: `2026-07-28` when it answers `server/discover`, else
+    /// `2025-11-25`. A tool of a dual-era upstream that refuses to ask for input on a
+    /// stateless call (FastMCP's `ctx.elicit()`) is called in a `2025-11-25` session from then
+    /// on. The default.
+    #[default]
+    Auto,
+    /// `2026-07-28` only: stateless calls; an upstream that does not answer
+    /// `server/discover` is not connected.
+    Stateless,
+    /// `2025-11-25` only: `initialize` and a session, never `server/discover`.
+    Session,
+}
+
+impl UpstreamEra {
+    /// `auto`, `2026-07-28` or `2025-11-25`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Stateless => "2026-07-28",
+            Self::Session => "2025-11-25",
+        }
+    }
+}
+
+impl std::str::FromStr for UpstreamEra {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "auto" => Ok(Self::Auto),
+            "2026-07-28" => Ok(Self::Stateless),
+            "2025-11-25" => Ok(Self::Session),
+            other => Err(format!(
+                "unknown era `{other}`: auto, 2026-07-28 or 2025-11-25"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for UpstreamEra {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One upstream MCP server a [`super::Gateway`] serves the tools of, as durable tasks.
 ///
 /// ```
@@ -70,6 +119,8 @@ pub struct Upstream {
     pub(crate) max_processes: usize,
     pub(crate) max_tools: usize,
     pub(crate) max_tools_bytes: usize,
+    pub(crate) era: UpstreamEra,
+    pub(crate) state_ttl: Option<Duration>,
 }
 
 /// How many processes a stdio upstream may run at once, by default.
@@ -80,6 +131,11 @@ pub const DEFAULT_MAX_TOOLS: usize = 10_000;
 
 /// How many bytes (as JSON) an upstream's tool list may take, by default.
 pub const DEFAULT_MAX_TOOLS_BYTES: usize = 16 * 1024 * 1024;
+
+/// How long a `2026-07-28` upstream is taken to keep the `requestState` of an input round, by
+/// default: the MCP Python SDK's and FastMCP's default lifetime of a sealed state (and this
+/// runtime's own).
+pub const DEFAULT_STATE_TTL: Duration = Duration::from_secs(600);
 
 /// How long the gateway waits for an upstream that says nothing, by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -101,6 +157,8 @@ impl std::fmt::Debug for Upstream {
             .field("max_processes", &self.max_processes)
             .field("max_tools", &self.max_tools)
             .field("max_tools_bytes", &self.max_tools_bytes)
+            .field("era", &self.era)
+            .field("state_ttl", &self.state_ttl)
             .finish()
     }
 }
@@ -118,6 +176,8 @@ impl Upstream {
             max_processes: DEFAULT_MAX_PROCESSES,
             max_tools: DEFAULT_MAX_TOOLS,
             max_tools_bytes: DEFAULT_MAX_TOOLS_BYTES,
+            era: UpstreamEra::Auto,
+            state_ttl: Some(DEFAULT_STATE_TTL),
         }
     }
 
@@ -211,6 +271,22 @@ impl Upstream {
         self
     }
 
+    /// Which revision to speak to an HTTP upstream (default [`UpstreamEra::Auto`]). A stdio
+    /// upstream speaks `2025-11-25`: `Auto` and `Session` only.
+    pub fn era(mut self, era: UpstreamEra) -> Self {
+        self.era = era;
+        self
+    }
+
+    /// How long a `2026-07-28` upstream keeps the `requestState` of an input round (default
+    /// [`DEFAULT_STATE_TTL`]; `None`: for as long as the task lives). A task waiting for such
+    /// an input says until when in its `statusMessage`, and fails at that moment, saying
+    /// why, rather than take an answer the upstream would refuse.
+    pub fn state_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.state_ttl = ttl;
+        self
+    }
+
     /// The checks a gateway makes before it starts: a name of `A-Z a-z 0-9 -` (1 to 64), a
     /// URL it can use, a program, header names and values HTTP can carry, a timeout above 0.
     pub(crate) fn check(&self) -> Result<(), GatewayError> {
@@ -232,6 +308,11 @@ impl Upstream {
         if self.timeout.is_zero() {
             return Err(bad("the timeout must be above 0".into()));
         }
+        if self.state_ttl.is_some_and(|t| t.is_zero()) {
+            return Err(bad(
+                "the requestState lifetime must be above 0 (or none)".into()
+            ));
+        }
         if self.max_processes == 0 {
             return Err(bad("a stdio upstream needs at least 1 process".into()));
         }
@@ -249,6 +330,11 @@ impl Upstream {
             UpstreamTransport::Command { program, .. } => {
                 if program.trim().is_empty() {
                     return Err(bad("the command is empty".into()));
+                }
+                if self.era == UpstreamEra::Stateless {
+                    return Err(bad(
+                        "a stdio upstream speaks 2025-11-25 (the era 2026-07-28 is for HTTP upstreams)".into(),
+                    ));
                 }
             }
         }

@@ -77,6 +77,15 @@ pub enum UpstreamError {
         /// Which bound.
         reason: String,
     },
+    /// The upstream's state of an input round expired before the answer came
+    /// ([`super::Upstream::state_ttl`]).
+    #[error("upstream `{upstream}` {reason}")]
+    StateExpired {
+        /// The upstream's name.
+        upstream: String,
+        /// When it expired and why, in the gateway's words.
+        reason: String,
+    },
     /// The upstream answered with a JSON-RPC error.
     #[error("upstream `{upstream}`: {message}")]
     Rpc {
@@ -100,12 +109,13 @@ impl UpstreamError {
             | Self::Timeout { upstream, .. }
             | Self::Protocol { upstream, .. }
             | Self::TooManyTools { upstream, .. }
+            | Self::StateExpired { upstream, .. }
             | Self::Rpc { upstream, .. } => upstream,
         }
     }
 
     /// A short label for metrics: `unreachable`, `http`, `timeout`, `protocol`, `tools`,
-    /// `rpc`.
+    /// `expired`, `rpc`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Unreachable { .. } => "unreachable",
@@ -113,6 +123,7 @@ impl UpstreamError {
             Self::Timeout { .. } => "timeout",
             Self::Protocol { .. } => "protocol",
             Self::TooManyTools { .. } => "tools",
+            Self::StateExpired { .. } => "expired",
             Self::Rpc { .. } => "rpc",
         }
     }

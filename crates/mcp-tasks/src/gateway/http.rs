@@ -21,9 +21,10 @@ use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use super::config::Upstream;
+use super::config::{Upstream, UpstreamEra};
 use super::error::UpstreamError;
 use super::link::{self, CallError, CallSpec, Inbound, Link, Reply};
+use super::rounds::{self, Position, Round};
 use crate::client::transport::SseStream;
 use crate::tool::ToolError;
 use crate::wire::{PROTOCOL_VERSION, TASKS_EXTENSION, keys};
@@ -62,6 +63,21 @@ pub(crate) struct HttpLink {
     calls: Mutex<std::collections::HashMap<u64, mpsc::UnboundedSender<Inbound>>>,
     /// Cancelled when the link is dropped: its standalone stream then closes.
     stop: tokio_util::sync::CancellationToken,
+    /// How long the upstream keeps a round's `requestState` (stateless era).
+    state_ttl: Option<Duration>,
+    /// A stateless link of an upstream that may also speak `2025-11-25` (`--upstream-era
+    /// auto`): the session its tools that ask for input imperatively are called in.
+    fallback: Option<Fallback>,
+}
+
+/// The `2025-11-25` session of a dual-era upstream, opened when a tool first needs it.
+struct Fallback {
+    config: Upstream,
+    url: String,
+    refresh: Arc<Notify>,
+    link: tokio::sync::OnceCell<Arc<HttpLink>>,
+    /// The tools that refused to ask for input on a stateless call.
+    tools: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Drop for HttpLink {
@@ -80,12 +96,80 @@ enum Reply1 {
 }
 
 impl HttpLink {
-    /// Finds the upstream's era and, for a session-era server, opens a session.
+    /// Finds the upstream's era (or takes the configured one) and, for a session-era server,
+    /// opens a session.
     pub(crate) async fn connect(
         config: &Upstream,
         url: &str,
         refresh: Arc<Notify>,
     ) -> Result<Arc<Self>, UpstreamError> {
+        let mut link = Self::new(config, url, refresh.clone())?;
+        let stateless = match config.era {
+            UpstreamEra::Session => None,
+            _ => link.discover().await?,
+        };
+        match stateless {
+            Some(tasks) => {
+                link.era = Era::Stateless { tasks };
+                if config.era == UpstreamEra::Auto {
+                    link.fallback = Some(Fallback {
+                        config: config.clone(),
+                        url: url.to_owned(),
+                        refresh,
+                        link: tokio::sync::OnceCell::new(),
+                        tools: Mutex::new(std::collections::BTreeSet::new()),
+                    });
+                }
+            }
+            None if config.era == UpstreamEra::Stateless => {
+                return Err(link.protocol(
+                    "it does not answer server/discover as a 2026-07-28 server (--upstream-era 2026-07-28)",
+                ));
+            }
+            None => link.open_session().await?,
+        }
+        Ok(link.start())
+    }
+
+    /// A `2025-11-25` session with the upstream, whatever else it speaks.
+    async fn connect_session(
+        config: &Upstream,
+        url: &str,
+        refresh: Arc<Notify>,
+    ) -> Result<Arc<Self>, UpstreamError> {
+        let mut link = Self::new(config, url, refresh)?;
+        link.open_session().await?;
+        Ok(link.start())
+    }
+
+    async fn open_session(&mut self) -> Result<(), UpstreamError> {
+        self.era = Era::Session {
+            version: link::SESSION_VERSION.into(),
+            tasks: false,
+        };
+        let (version, tasks) = self.initialize().await?;
+        self.era = Era::Session { version, tasks };
+        Ok(())
+    }
+
+    /// The connected link; a session's standalone stream followed.
+    fn start(self) -> Arc<Self> {
+        let link = Arc::new(self);
+        if matches!(link.era, Era::Session { .. }) {
+            let stop = link.stop.clone();
+            let weak = Arc::downgrade(&link);
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = listen(weak) => {}
+                    () = stop.cancelled() => {}
+                }
+            });
+        }
+        tracing::info!(upstream = %link.upstream, era = link.era(), "upstream connected");
+        link
+    }
+
+    fn new(config: &Upstream, url: &str, refresh: Arc<Notify>) -> Result<Self, UpstreamError> {
         let mut headers = HeaderMap::new();
         for (name, value) in &config.headers {
             // Checked by `Upstream::check`.
@@ -114,13 +198,11 @@ impl HttpLink {
                 reason: format!("cannot set up an HTTP client: {e}"),
             })
         };
-        let client = build(Some(config.timeout))?;
-        let call_client = build(None)?;
-        let mut link = Self {
+        Ok(Self {
             upstream: config.name.clone(),
             url: url.to_owned(),
-            client,
-            call_client,
+            client: build(Some(config.timeout))?,
+            call_client: build(None)?,
             headers,
             timeout: config.timeout,
             era: Era::Stateless { tasks: false },
@@ -129,31 +211,9 @@ impl HttpLink {
             refresh,
             calls: Mutex::new(std::collections::HashMap::new()),
             stop: tokio_util::sync::CancellationToken::new(),
-        };
-        match link.discover().await? {
-            Some(tasks) => link.era = Era::Stateless { tasks },
-            None => {
-                link.era = Era::Session {
-                    version: link::SESSION_VERSION.into(),
-                    tasks: false,
-                };
-                let (version, tasks) = link.initialize().await?;
-                link.era = Era::Session { version, tasks };
-            }
-        }
-        let link = Arc::new(link);
-        if matches!(link.era, Era::Session { .. }) {
-            let stop = link.stop.clone();
-            let weak = Arc::downgrade(&link);
-            tokio::spawn(async move {
-                tokio::select! {
-                    () = listen(weak) => {}
-                    () = stop.cancelled() => {}
-                }
-            });
-        }
-        tracing::info!(upstream = %link.upstream, era = link.era(), "upstream connected");
-        Ok(link)
+            state_ttl: config.state_ttl,
+            fallback: None,
+        })
     }
 
     fn id(&self) -> u64 {
@@ -592,7 +652,9 @@ impl HttpLink {
         link::drive(&self.upstream, self, id, rx, events, hooks, timeout).await
     }
 
-    /// A stateless call: core MRTR rounds, or the upstream's own task followed to its end.
+    /// A stateless call: core MRTR rounds (each `input_required` result recorded before its
+    /// input is asked, so a later run resumes there: [`rounds`]), or the upstream's own task
+    /// followed to its end.
     async fn stateless_call(&self, spec: CallSpec<'_>, tasks: bool) -> Result<Value, CallError> {
         let hooks = spec.hooks;
         let as_task = tasks && hooks.is_task();
@@ -605,10 +667,19 @@ impl HttpLink {
         let mut params = Map::new();
         params.insert("name".into(), json!(spec.name));
         params.insert("arguments".into(), Value::Object(spec.arguments));
-        for round in 1..=MAX_ROUNDS {
-            let call = self.stateless_request("tools/call", params.clone(), as_task);
+        let (epoch, first) = match rounds::position(hooks) {
+            Position::Fresh { epoch } => (epoch, 1),
+            // The crash rule let the call run again: from round 1, apart from the last run's.
+            Position::Sent { epoch } => (epoch + 1, 1),
+            Position::Waiting { epoch, round } => {
+                tracing::info!(upstream = %self.upstream, round = round.number, "resuming at the upstream's input round");
+                self.answer_round(hooks, epoch, &round, &mut params).await?;
+                (epoch, round.number + 1)
+            }
+        };
+        for number in first..=rounds::MAX_ROUNDS {
             let result = tokio::select! {
-                r = call => r?,
+                r = self.stateless_round(&params, as_task, hooks) => r?,
                 () = hooks.cancelled() => return Err(CallError::Tool(ToolError::Cancelled)),
             };
             match result.get("resultType").and_then(Value::as_str) {
@@ -623,26 +694,146 @@ impl HttpLink {
                     return self.follow(&task_id, hooks).await;
                 }
                 Some("input_required") => {
-                    let requests = link::input_requests(&result);
-                    let mut answers = Map::new();
-                    for (key, request) in requests {
-                        let ours = format!("round{round}-{key}");
-                        answers.insert(key, hooks.input(Some(&ours), request).await?);
-                    }
-                    params.insert("inputResponses".into(), Value::Object(answers));
-                    match result.get("requestState") {
-                        Some(state) => params.insert("requestState".into(), state.clone()),
-                        None => params.remove("requestState"),
+                    let round = Round {
+                        number,
+                        requests: link::input_requests(&result),
+                        state: result.get("requestState").filter(|s| !s.is_null()).cloned(),
+                        asked_at_ms: crate::clock::Clock::now_ms(&crate::clock::SystemClock),
                     };
+                    if round.requests.is_empty() && round.state.is_none() {
+                        return Err(self
+                            .protocol(
+                                "an input_required result without inputRequests or requestState",
+                            )
+                            .into());
+                    }
+                    rounds::record(hooks, epoch, &round).await?;
+                    self.answer_round(hooks, epoch, &round, &mut params).await?;
                 }
                 _ => return Ok(strip(result)),
             }
         }
         Err(self
             .protocol(&format!(
-                "asked for input more than {MAX_ROUNDS} times in one call"
+                "asked for input more than {} times in one call",
+                rounds::MAX_ROUNDS
             ))
             .into())
+    }
+
+    /// Asks the client a recorded round's requests (an answer already given comes back at
+    /// once) before the upstream's state of the round expires, records that the answers go
+    /// out, and puts them and the round's `requestState` in the next call's `params`.
+    async fn answer_round(
+        &self,
+        hooks: &dyn link::Hooks,
+        epoch: u32,
+        round: &Round,
+        params: &mut Map<String, Value>,
+    ) -> Result<(), CallError> {
+        let now = || crate::clock::Clock::now_ms(&crate::clock::SystemClock);
+        let deadline = round.deadline_ms(self.state_ttl);
+        let ttl_s = self.state_ttl.map_or(0.0, |t| t.as_secs_f64());
+        let expired = |d| CallError::Upstream(rounds::expired(&self.upstream, d, ttl_s));
+        let status = rounds::waiting_message(&self.upstream, deadline);
+        let mut answers = Map::new();
+        for (key, request) in &round.requests {
+            let our_key = round.our_key(key);
+            let ask = hooks.input_with_status(&our_key, request.clone(), status.clone());
+            let answer = match deadline {
+                Some(d) => {
+                    let left = d.saturating_sub(now());
+                    if left == 0 && hooks.recorded(&our_key).is_none() {
+                        return Err(expired(d));
+                    }
+                    match tokio::time::timeout(Duration::from_millis(left), ask).await {
+                        Ok(answer) => answer?,
+                        Err(_) => {
+                            tracing::warn!(upstream = %self.upstream, round = round.number, "the upstream's state of an input round expired before the answer came");
+                            return Err(expired(d));
+                        }
+                    }
+                }
+                None => ask.await?,
+            };
+            answers.insert(key.clone(), answer);
+        }
+        // Answered after the deadline (the answers were given in time but the call resumes
+        // late, after a restart): the upstream would refuse the state.
+        if let Some(d) = deadline
+            && now() >= d
+        {
+            return Err(expired(d));
+        }
+        rounds::record_answered(hooks, epoch, round.number).await?;
+        params.insert("inputResponses".into(), Value::Object(answers));
+        match &round.state {
+            Some(state) => params.insert("requestState".into(), state.clone()),
+            None => params.remove("requestState"),
+        };
+        Ok(())
+    }
+
+    /// One stateless `tools/call` with a `progressToken`: its progress, on the response's
+    /// event stream, reaches the task as it comes (and, being bytes on the stream, keeps the
+    /// call alive past the timeout); resolves with its result.
+    async fn stateless_round(
+        &self,
+        params: &Map<String, Value>,
+        as_task: bool,
+        hooks: &dyn link::Hooks,
+    ) -> Result<Value, CallError> {
+        let id = self.id();
+        let mut message = self.stateless_message(id, "tools/call", params.clone(), as_task);
+        message["params"]["_meta"]["progressToken"] = json!(id);
+        let reply = self.post(&message, None).await?;
+        let key = json!(id);
+        let response = match reply.0 {
+            Reply1::Stream(mut stream) => loop {
+                let m = match stream.next().await {
+                    Some(Ok(m)) => m,
+                    Some(Err(e)) => {
+                        return Err(stream_error(&self.upstream, self.timeout, e).into());
+                    }
+                    None => return Err(self.ended().into()),
+                };
+                if m.get("id") == Some(&key) && m.get("method").is_none() {
+                    break m;
+                }
+                let params = m.get("params").cloned().unwrap_or_default();
+                if m.get("method").and_then(Value::as_str) == Some("notifications/progress")
+                    && params.get("progressToken") == Some(&key)
+                {
+                    if let Some(Inbound::Progress {
+                        progress,
+                        total,
+                        message,
+                    }) = Inbound::progress(&params)
+                    {
+                        hooks.progress(progress, total, message.as_deref()).await?;
+                    }
+                    continue;
+                }
+                self.standalone(&m);
+            },
+            other => self.response_of((other, None), &key).await?,
+        };
+        Ok(link::decode(&self.upstream, response)?)
+    }
+
+    /// A call in the `2025-11-25` session of a dual-era upstream, opened if need be.
+    async fn call_in_session(
+        &self,
+        fallback: &Fallback,
+        spec: CallSpec<'_>,
+    ) -> Result<Value, CallError> {
+        let session = fallback
+            .link
+            .get_or_try_init(|| {
+                HttpLink::connect_session(&fallback.config, &fallback.url, fallback.refresh.clone())
+            })
+            .await?;
+        link::session_call(session.as_ref(), spec).await
     }
 
     fn protocol(&self, reason: &str) -> UpstreamError {
@@ -796,8 +987,25 @@ impl HttpLink {
 /// call's silence, pausing while the task waits for input).
 const UNBOUNDED_IDLE: Duration = Duration::from_secs(30 * 24 * 3600);
 
-/// Most MRTR rounds of one call.
-const MAX_ROUNDS: usize = 16;
+/// Whether a stateless call's result is a dual-era server's refusal to ask for input with a
+/// server-initiated request (FastMCP 4.x answers `ctx.elicit()` on a `2026-07-28` call with a
+/// tool error saying so): such a tool needs a `2025-11-25` session.
+fn refuses_imperative_input(result: &Value) -> bool {
+    if result.get("isError").and_then(Value::as_bool) != Some(true) {
+        return false;
+    }
+    let text = result
+        .get("content")
+        .and_then(Value::as_array)
+        .and_then(|c| c.first())
+        .and_then(|c| c.get("text"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    text.contains("2026-07-28")
+        && (text.contains("server-initiated") || text.contains("elicit"))
+        && text.contains("unavailable")
+}
 
 /// A `CallToolResult` without what the wire layer adds again (`resultType`, `_meta`).
 fn strip(mut result: Value) -> Value {
@@ -957,9 +1165,35 @@ impl Link for HttpLink {
 
     fn call<'a>(&'a self, spec: CallSpec<'a>) -> BoxFuture<'a, Result<Value, CallError>> {
         Box::pin(async move {
-            match self.era {
-                Era::Stateless { tasks } => self.stateless_call(spec, tasks).await,
-                Era::Session { .. } => link::session_call(self, spec).await,
+            let Era::Stateless { tasks } = self.era else {
+                return link::session_call(self, spec).await;
+            };
+            let Some(fallback) = &self.fallback else {
+                return self.stateless_call(spec, tasks).await;
+            };
+            if lock(&fallback.tools).contains(spec.name) {
+                return self.call_in_session(fallback, spec).await;
+            }
+            let (name, arguments, hooks, task_support) = (
+                spec.name,
+                spec.arguments.clone(),
+                spec.hooks,
+                spec.task_support.clone(),
+            );
+            match self.stateless_call(spec, tasks).await {
+                Ok(result) if refuses_imperative_input(&result) => {
+                    lock(&fallback.tools).insert(name.to_owned());
+                    tracing::warn!(upstream = %self.upstream, tool = %name.escape_debug(),
+                        "the tool asks for input the 2025-11-25 way (a server-initiated request), which the upstream refuses on a stateless call: calling it again, and from now on, in a 2025-11-25 session");
+                    let spec = CallSpec {
+                        name,
+                        arguments,
+                        hooks,
+                        task_support,
+                    };
+                    self.call_in_session(fallback, spec).await
+                }
+                other => other,
             }
         })
     }

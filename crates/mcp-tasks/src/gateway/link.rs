@@ -63,6 +63,22 @@ pub(crate) trait Hooks: Send + Sync {
     fn upstream_task(&self) -> Option<String>;
     /// Records the upstream task this call follows (durably, before following it).
     fn remember_task<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), ToolError>>;
+    /// The value recorded under `name` by an earlier run (a task's journal) or round (a
+    /// synchronous call's `requestState`).
+    fn recorded(&self, name: &str) -> Option<Value>;
+    /// Records `value` under `name` unless recorded already (see [`Self::recorded`]).
+    fn carry<'a>(&'a self, name: &'a str, value: Value) -> BoxFuture<'a, Result<(), ToolError>>;
+    /// [`Self::input`] under `key`, the task's `statusMessage` set to `status` when it is
+    /// asked.
+    fn input_with_status<'a>(
+        &'a self,
+        key: &'a str,
+        request: Value,
+        status: String,
+    ) -> BoxFuture<'a, Result<Value, ToolError>> {
+        let _ = status;
+        self.input(Some(key), request)
+    }
 }
 
 /// One call of an upstream tool.

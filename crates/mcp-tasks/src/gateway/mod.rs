@@ -47,13 +47,14 @@ mod config;
 mod error;
 mod http;
 mod link;
+mod rounds;
 mod stdio;
 mod tool;
 mod upstream;
 
 pub use config::{
-    DEFAULT_MAX_PROCESSES, DEFAULT_MAX_TOOLS, DEFAULT_MAX_TOOLS_BYTES, DEFAULT_TIMEOUT, Upstream,
-    UpstreamTransport,
+    DEFAULT_MAX_PROCESSES, DEFAULT_MAX_TOOLS, DEFAULT_MAX_TOOLS_BYTES, DEFAULT_STATE_TTL,
+    DEFAULT_TIMEOUT, Upstream, UpstreamEra, UpstreamTransport,
 };
 pub use error::{GatewayError, UpstreamError};
 pub use upstream::upstream_flow_group;

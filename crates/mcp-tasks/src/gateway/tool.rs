@@ -59,7 +59,15 @@ async fn run(
     let name = upstream.name().to_owned();
     let in_task = ctx.task_id().is_some();
     let started_before = in_task && ctx.recorded(CALL_STEP).is_some();
-    let interrupted = started_before && ctx.recorded(TASK_STEP).is_none();
+    let hooks = ContextHooks {
+        ctx: &ctx,
+        inputs: AtomicU32::new(0),
+    };
+    // A call that stopped while its `2026-07-28` upstream waited for input has nothing in
+    // flight upstream: it resumes at that round (`rounds`), whatever the tool.
+    let interrupted = started_before
+        && ctx.recorded(TASK_STEP).is_none()
+        && super::rounds::position(&hooks).may_be_in_flight();
     // Whether the tool may run twice is known from the configuration alone, unless the
     // upstream's annotations count: those are known once it is connected (and listed).
     let known_now = !upstream.config.trust_annotations;
@@ -83,10 +91,6 @@ async fn run(
         )
         .await?;
     }
-    let hooks = ContextHooks {
-        ctx: &ctx,
-        inputs: AtomicU32::new(0),
-    };
     metrics::counter!(super::UPSTREAM_CALLS, "upstream" => name.clone()).increment(1);
     let started = Instant::now();
     let outcome = link
@@ -183,24 +187,16 @@ impl Hooks for ContextHooks<'_> {
         key: Option<&'a str>,
         request: Value,
     ) -> BoxFuture<'a, Result<Value, ToolError>> {
-        Box::pin(async move {
-            if let Some(cap) = capability(&request)
-                && !self
-                    .ctx
-                    .client_capabilities()
-                    .get(cap)
-                    .is_some_and(Value::is_object)
-            {
-                return Err(ToolError::Rpc(RpcError::internal(format!(
-                    "the task's client did not declare the `{cap}` capability, so the gateway cannot ask it"
-                ))));
-            }
-            let key = match key {
-                Some(k) => k.to_owned(),
-                None => format!("input-{}", self.inputs.fetch_add(1, Ordering::Relaxed) + 1),
-            };
-            self.ctx.input(&key, InputRequest::raw(request)).await
-        })
+        Box::pin(self.ask(key, request, None))
+    }
+
+    fn input_with_status<'a>(
+        &'a self,
+        key: &'a str,
+        request: Value,
+        status: String,
+    ) -> BoxFuture<'a, Result<Value, ToolError>> {
+        Box::pin(self.ask(Some(key), request, Some(status)))
     }
 
     fn cancelled(&self) -> BoxFuture<'_, ()> {
@@ -221,5 +217,48 @@ impl Hooks for ContextHooks<'_> {
                 .await
                 .map(drop)
         })
+    }
+
+    fn recorded(&self, name: &str) -> Option<Value> {
+        self.ctx.recorded(name)
+    }
+
+    fn carry<'a>(&'a self, name: &'a str, value: Value) -> BoxFuture<'a, Result<(), ToolError>> {
+        Box::pin(self.ctx.carry(name, value))
+    }
+}
+
+impl ContextHooks<'_> {
+    /// Asks the client `request` under `key` (or the next numbered key), when it declared the
+    /// capability the request needs.
+    async fn ask(
+        &self,
+        key: Option<&str>,
+        request: Value,
+        status: Option<String>,
+    ) -> Result<Value, ToolError> {
+        if let Some(cap) = capability(&request)
+            && !self
+                .ctx
+                .client_capabilities()
+                .get(cap)
+                .is_some_and(Value::is_object)
+        {
+            let who = if self.ctx.task_id().is_some() {
+                "the task's client"
+            } else {
+                "the client"
+            };
+            return Err(ToolError::Rpc(RpcError::internal(format!(
+                "{who} did not declare the `{cap}` capability, so the gateway cannot ask it"
+            ))));
+        }
+        let key = match key {
+            Some(k) => k.to_owned(),
+            None => format!("input-{}", self.inputs.fetch_add(1, Ordering::Relaxed) + 1),
+        };
+        self.ctx
+            .input_with_status(&key, InputRequest::raw(request), status)
+            .await
     }
 }

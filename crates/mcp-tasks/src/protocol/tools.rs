@@ -35,9 +35,12 @@ fn input_required_result(
     ctx: &ToolContext,
     requests: BTreeMap<String, Value>,
 ) -> Value {
-    let state = shared
-        .request_state
-        .sign(binding, ctx.consumed_answers(), shared.now_ms());
+    let state = shared.request_state.sign(
+        binding,
+        ctx.consumed_answers(),
+        ctx.carried(),
+        shared.now_ms(),
+    );
     results::input_required(
         &shared.config.server_info,
         requests.into_iter().collect(),
@@ -120,7 +123,8 @@ impl Drop for SyncCall {
 
 impl Dispatcher {
     /// The inline context of one core MRTR round: the answers carried in a verified
-    /// `requestState` plus this round's `inputResponses` (which win).
+    /// `requestState` plus this round's `inputResponses` (which win), and what the tool
+    /// carried from its earlier rounds (never overridden by the client).
     pub(super) fn mrtr_context(
         &self,
         binding: &Binding<'_>,
@@ -130,18 +134,21 @@ impl Dispatcher {
         progress: Option<RequestSink>,
     ) -> Result<ToolContext, RpcError> {
         let mut responses = Map::new();
+        let mut carried = BTreeMap::new();
         if let Some(state) = request_state {
             let earlier = self
                 .shared
                 .request_state
                 .verify(state, binding, self.shared.now_ms())?;
-            responses.extend(earlier);
+            responses.extend(earlier.answers);
+            carried = earlier.carried;
         }
         responses.extend(input_responses.unwrap_or_default());
         Ok(ToolContext::for_request(
             binding.owner.clone(),
             capabilities,
             responses,
+            carried,
             progress,
         ))
     }

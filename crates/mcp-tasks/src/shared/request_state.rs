@@ -35,6 +35,19 @@ struct Payload {
     args: String,
     exp: u64,
     answers: BTreeMap<String, Value>,
+    /// What the tool carries from round to round (`ToolContext::carry`); absent from the
+    /// states signed before it existed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    carried: BTreeMap<String, Value>,
+}
+
+/// What a verified `requestState` holds.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Verified {
+    /// The answers of earlier rounds.
+    pub(crate) answers: BTreeMap<String, Value>,
+    /// What the tool carried from earlier rounds.
+    pub(crate) carried: BTreeMap<String, Value>,
 }
 
 /// What a request is bound to.
@@ -112,6 +125,7 @@ impl RequestStateCodec {
         &self,
         binding: &Binding<'_>,
         answers: BTreeMap<String, Value>,
+        carried: BTreeMap<String, Value>,
         now_ms: u64,
     ) -> String {
         let payload = Payload {
@@ -122,20 +136,21 @@ impl RequestStateCodec {
             args: binding.digest(),
             exp: now_ms.saturating_add(LIFETIME_MS),
             answers,
+            carried,
         };
         let body = B64.encode(serde_json::to_vec(&payload).unwrap_or_default());
         let tag = B64.encode(self.mac(body.as_bytes()).finalize().into_bytes());
         format!("{body}.{tag}")
     }
 
-    /// The answers of earlier rounds, if `state` is authentic, unexpired and bound to this
-    /// request.
+    /// The answers and carried values of earlier rounds, if `state` is authentic, unexpired
+    /// and bound to this request.
     pub(crate) fn verify(
         &self,
         state: &str,
         binding: &Binding<'_>,
         now_ms: u64,
-    ) -> Result<BTreeMap<String, Value>, RpcError> {
+    ) -> Result<Verified, RpcError> {
         let invalid = |why: &str| RpcError::invalid_params(format!("invalid requestState: {why}"));
         let (body, tag) = state.rsplit_once('.').ok_or_else(|| invalid("malformed"))?;
         let tag = B64
@@ -160,7 +175,10 @@ impl RequestStateCodec {
         {
             return Err(invalid("it belongs to another request"));
         }
-        Ok(payload.answers)
+        Ok(Verified {
+            answers: payload.answers,
+            carried: payload.carried,
+        })
     }
 }
 
@@ -187,10 +205,16 @@ mod tests {
             .cloned()
             .unwrap();
         let answers = BTreeMap::from([("k".to_owned(), json!({"action": "accept"}))]);
-        let state = codec.sign(&binding(&owner, &args), answers.clone(), 1000);
+        let carried = BTreeMap::from([("gateway.e1.round-1".to_owned(), json!({"n": 1}))]);
+        let state = codec.sign(
+            &binding(&owner, &args),
+            answers.clone(),
+            carried.clone(),
+            1000,
+        );
         assert_eq!(
             codec.verify(&state, &binding(&owner, &args), 1001).unwrap(),
-            answers
+            Verified { answers, carried }
         );
 
         // Key order of the arguments does not matter.
@@ -237,5 +261,23 @@ mod tests {
                 .verify(&state, &binding(&owner, &args), 1001)
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_state_signed_without_carried_values_still_verifies() {
+        let codec = RequestStateCodec::new(RequestStateCodec::generate_key());
+        let owner = Owner::anonymous();
+        let args = Map::new();
+        let answers = BTreeMap::from([("k".to_owned(), json!({"action": "decline"}))]);
+        let state = codec.sign(&binding(&owner, &args), answers.clone(), BTreeMap::new(), 1);
+        let (body, _) = state.rsplit_once('.').unwrap();
+        let payload: Value = serde_json::from_slice(&B64.decode(body).unwrap()).unwrap();
+        assert!(
+            payload.get("carried").is_none(),
+            "nothing carried, nothing written: {payload}"
+        );
+        let verified = codec.verify(&state, &binding(&owner, &args), 2).unwrap();
+        assert_eq!(verified.answers, answers);
+        assert!(verified.carried.is_empty());
     }
 }

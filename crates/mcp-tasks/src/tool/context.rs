@@ -102,6 +102,10 @@ enum Mode {
 struct InlineInputs {
     responses: Map<String, Value>,
     consumed: std::sync::Mutex<BTreeMap<String, Value>>,
+    /// Values the tool's earlier rounds carried forward (a verified `requestState`'s), and
+    /// those this round adds ([`ToolContext::carry`]): the next round's `requestState` holds
+    /// them all.
+    carried: std::sync::Mutex<BTreeMap<String, Value>>,
 }
 
 /// The client capability an input request needs (`elicitation/create` needs `elicitation`).
@@ -294,7 +298,13 @@ impl ToolContext {
     /// A context for a synchronous call without input responses: steps run directly and
     /// nothing is journaled; an input request ends the round with an `input_required` result.
     pub fn inline(owner: Owner, client_capabilities: Value) -> Self {
-        Self::for_request(owner, client_capabilities, Map::new(), None)
+        Self::for_request(
+            owner,
+            client_capabilities,
+            Map::new(),
+            BTreeMap::new(),
+            None,
+        )
     }
 
     /// A context for one round of a synchronous call (core MRTR) with the answers known so far
@@ -303,11 +313,13 @@ impl ToolContext {
         owner: Owner,
         client_capabilities: impl Into<Arc<Value>>,
         responses: Map<String, Value>,
+        carried: BTreeMap<String, Value>,
         progress: Option<RequestSink>,
     ) -> Self {
         let inputs = InlineInputs {
             responses,
             consumed: Default::default(),
+            carried: std::sync::Mutex::new(carried),
         };
         Self {
             inner: Arc::new(Inner {
@@ -326,6 +338,19 @@ impl ToolContext {
         match &self.inner.mode {
             Mode::Inline(inputs) => inputs
                 .consumed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            Mode::Task(_) => BTreeMap::new(),
+        }
+    }
+
+    /// What this round of a synchronous call carries to the next in its `requestState`
+    /// ([`Self::carry`]; empty in a task).
+    pub(crate) fn carried(&self) -> BTreeMap<String, Value> {
+        match &self.inner.mode {
+            Mode::Inline(inputs) => inputs
+                .carried
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
@@ -362,12 +387,43 @@ impl ToolContext {
         link.events.record(event).await
     }
 
-    /// The value the task's journal holds for step `name` (`None` in a synchronous call, or
-    /// when no run of the tool recorded it yet).
+    /// The value the task's journal holds for step `name` — in a synchronous call, the value
+    /// an earlier round carried ([`Self::carry`]) — or `None` when no run of the tool
+    /// recorded it yet.
     #[cfg_attr(not(feature = "gateway"), allow(dead_code))]
     pub(crate) fn recorded(&self, name: &str) -> Option<Value> {
-        self.snapshot()
-            .and_then(|snap| snap.journal.get(name).cloned())
+        match &self.inner.mode {
+            Mode::Task(_) => self
+                .snapshot()
+                .and_then(|snap| snap.journal.get(name).cloned()),
+            Mode::Inline(inputs) => inputs
+                .carried
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(name)
+                .cloned(),
+        }
+    }
+
+    /// Records `value` under `name` unless a value is recorded there already: in a task, a
+    /// journaled step (committed before this returns); in a synchronous call, a value carried
+    /// to the call's next MRTR rounds in their signed `requestState`, so a round resumes where
+    /// the last one stopped instead of running from the start. The gateway keeps an
+    /// upstream's own input rounds this way.
+    #[cfg_attr(not(feature = "gateway"), allow(dead_code))]
+    pub(crate) async fn carry(&self, name: &str, value: Value) -> Result<(), ToolError> {
+        match &self.inner.mode {
+            Mode::Task(_) => self.step(name, || async move { Ok(value) }).await.map(drop),
+            Mode::Inline(inputs) => {
+                inputs
+                    .carried
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(name.to_owned())
+                    .or_insert(value);
+                Ok(())
+            }
+        }
     }
 
     /// A journaled step: runs `f` and commits its result under `name` before returning; when
@@ -475,8 +531,19 @@ impl ToolContext {
     /// `input_required` meanwhile). Keys are unique over the task's lifetime; after a restart
     /// an answered key returns its recorded answer at once.
     pub async fn input(&self, key: &str, request: InputRequest) -> Result<Value, ToolError> {
+        self.input_with_status(key, request, None).await
+    }
+
+    /// [`Self::input`], setting the task's `statusMessage` in the same transition when the
+    /// request is issued.
+    pub(crate) async fn input_with_status(
+        &self,
+        key: &str,
+        request: InputRequest,
+        status_message: Option<String>,
+    ) -> Result<Value, ToolError> {
         let mut answers = self
-            .inputs(BTreeMap::from([(key.to_owned(), request)]))
+            .ask(BTreeMap::from([(key.to_owned(), request)]), status_message)
             .await?;
         answers
             .remove(key)
@@ -514,6 +581,14 @@ impl ToolContext {
         &self,
         requests: BTreeMap<String, InputRequest>,
     ) -> Result<BTreeMap<String, Value>, ToolError> {
+        self.ask(requests, None).await
+    }
+
+    async fn ask(
+        &self,
+        requests: BTreeMap<String, InputRequest>,
+        status_message: Option<String>,
+    ) -> Result<BTreeMap<String, Value>, ToolError> {
         let link = match &self.inner.mode {
             Mode::Task(link) => link,
             Mode::Inline(inputs) => return self.inline_inputs(inputs, requests),
@@ -541,7 +616,7 @@ impl ToolContext {
         if !fresh.is_empty() {
             self.record(Event::RequestInputs {
                 requests: fresh,
-                status_message: None,
+                status_message,
             })
             .await?;
         }
