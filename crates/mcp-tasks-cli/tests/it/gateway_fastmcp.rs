@@ -23,7 +23,8 @@ use crate::support::KillOnDrop;
 
 /// A FastMCP upstream on a free port, and where it writes what ran.
 struct FastMcp {
-    _proc: KillOnDrop,
+    proc: KillOnDrop,
+    port: u16,
     url: String,
     effects: PathBuf,
 }
@@ -35,10 +36,19 @@ impl FastMcp {
         let effects = dir.join("effects");
         let proc = crate::support::fastmcp_upstream_on(&up, port, &effects);
         Some(Self {
-            _proc: proc,
+            proc,
+            port,
             url: format!("http://127.0.0.1:{port}/mcp"),
             effects,
         })
+    }
+
+    /// `kill -9` and a new process on the same port (FastMCP seals its `requestState` with a
+    /// key of the process: the new one refuses the old one's).
+    fn restart(&mut self) {
+        self.proc.kill9();
+        let up = crate::support::upstreams_dir().unwrap();
+        self.proc = crate::support::fastmcp_upstream_on(&up, self.port, &self.effects);
     }
 
     /// How many times the upstream wrote `line`.
@@ -314,6 +324,83 @@ async fn a_restart_while_a_guard_round_waits_resumes_it_and_runs_nothing_twice()
         1,
         "round 1 ran before the crash only"
     );
+    assert_eq!(fm.ran("guard round=2"), 1);
+}
+
+#[tokio::test]
+async fn an_upstream_restart_while_a_round_waits_repeats_an_idempotent_tool_and_fails_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut fm) = FastMcp::start(dir.path()) else {
+        return;
+    };
+    let store = dir.path().join("gw.redb");
+    let gw = Gateway::start(
+        &store,
+        &[
+            "--upstream".into(),
+            format!("fm={}", fm.url),
+            "--upstream-idempotent".into(),
+            "slow".into(),
+        ],
+    );
+    let client = gw.client().await;
+    wait_tools(&client, &["deploy_guard"]).await;
+    let task = start_task(
+        &client,
+        "deploy_guard",
+        json!({ "target": "a", "seconds": 0.2 }),
+    )
+    .await;
+    wait_for(&task, "the question", |t| {
+        t.status == TaskStatus::InputRequired
+    })
+    .await;
+    fm.restart();
+    answer(&task, "round1-confirm", yes()).await;
+    let failed = wait_for(&task, "the refused state", terminal).await;
+    assert_eq!(failed.status, TaskStatus::Failed, "{failed:?}");
+    let message = failed.error.unwrap().message;
+    assert!(
+        message.contains("upstream `fm` no longer accepts the state of input round 1")
+            && message.contains("not declared idempotent"),
+        "{message}"
+    );
+    assert_eq!(fm.ran("guard round=2"), 0);
+    drop(gw);
+
+    // Declared idempotent, the tool is called again from round 1, and the answer already
+    // given answers it again.
+    let gw = Gateway::start(
+        &dir.path().join("gw2.redb"),
+        &[
+            "--upstream".into(),
+            format!("fm={}", fm.url),
+            "--upstream-idempotent".into(),
+            "deploy_guard".into(),
+        ],
+    );
+    let client = gw.client().await;
+    wait_tools(&client, &["deploy_guard"]).await;
+    let before = fm.ran("guard round=1");
+    let task = start_task(
+        &client,
+        "deploy_guard",
+        json!({ "target": "b", "seconds": 0.2 }),
+    )
+    .await;
+    wait_for(&task, "the question", |t| {
+        t.status == TaskStatus::InputRequired
+    })
+    .await;
+    fm.restart();
+    answer(&task, "round1-confirm", yes()).await;
+    let done = wait_for(&task, "the end", terminal).await;
+    assert_eq!(
+        text(done.result.as_ref().unwrap()),
+        "b: deployed",
+        "{done:?}"
+    );
+    assert_eq!(fm.ran("guard round=1"), before + 2);
     assert_eq!(fm.ran("guard round=2"), 1);
 }
 

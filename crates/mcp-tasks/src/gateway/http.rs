@@ -667,7 +667,7 @@ impl HttpLink {
         let mut params = Map::new();
         params.insert("name".into(), json!(spec.name));
         params.insert("arguments".into(), Value::Object(spec.arguments));
-        let (epoch, first) = match rounds::position(hooks) {
+        let (mut epoch, mut number) = match rounds::position(hooks) {
             Position::Fresh { epoch } => (epoch, 1),
             // The crash rule let the call run again: from round 1, apart from the last run's.
             Position::Sent { epoch } => (epoch + 1, 1),
@@ -677,10 +677,41 @@ impl HttpLink {
                 (epoch, round.number + 1)
             }
         };
-        for number in first..=rounds::MAX_ROUNDS {
+        let mut started_again = false;
+        while number <= rounds::MAX_ROUNDS {
             let result = tokio::select! {
-                r = self.stateless_round(&params, as_task, hooks) => r?,
+                r = self.stateless_round(&params, as_task, hooks) => r,
                 () = hooks.cancelled() => return Err(CallError::Tool(ToolError::Cancelled)),
+            };
+            let result = match result {
+                Err(CallError::Upstream(e)) if number > 1 && refuses_request_state(&e) => {
+                    // The upstream no longer takes the state it gave (it restarted with a new
+                    // key, or the state expired early): the round cannot go on. A tool safe
+                    // to repeat is called again from round 1 — the answers already given are
+                    // given again; any other fails, saying why.
+                    if !spec.repeatable || started_again {
+                        return Err(CallError::Upstream(UpstreamError::StateExpired {
+                            upstream: self.upstream.clone(),
+                            reason: format!(
+                                "no longer accepts the state of input round {} ({e}): it restarted, or the state expired; the call was not made again{}",
+                                number - 1,
+                                if started_again {
+                                    ""
+                                } else {
+                                    " because the tool is not declared idempotent"
+                                }
+                            ),
+                        }));
+                    }
+                    tracing::warn!(upstream = %self.upstream, round = number - 1, "the upstream refused its own requestState; calling the idempotent tool again from round 1");
+                    started_again = true;
+                    epoch += 1;
+                    number = 1;
+                    params.remove("inputResponses");
+                    params.remove("requestState");
+                    continue;
+                }
+                other => other?,
             };
             match result.get("resultType").and_then(Value::as_str) {
                 Some("task") => {
@@ -709,6 +740,7 @@ impl HttpLink {
                     }
                     rounds::record(hooks, epoch, &round).await?;
                     self.answer_round(hooks, epoch, &round, &mut params).await?;
+                    number += 1;
                 }
                 _ => return Ok(strip(result)),
             }
@@ -987,6 +1019,13 @@ impl HttpLink {
 /// call's silence, pausing while the task waits for input).
 const UNBOUNDED_IDLE: Duration = Duration::from_secs(30 * 24 * 3600);
 
+/// Whether an upstream's error refuses the `requestState` the gateway echoed (`-32602`
+/// naming it: "Invalid or expired requestState" from the MCP Python SDK and FastMCP).
+fn refuses_request_state(e: &UpstreamError) -> bool {
+    matches!(e, UpstreamError::Rpc { code: -32602, message, .. }
+        if message.to_ascii_lowercase().contains("requeststate"))
+}
+
 /// Whether a stateless call's result is a dual-era server's refusal to ask for input with a
 /// server-initiated request (FastMCP 4.x answers `ctx.elicit()` on a `2026-07-28` call with a
 /// tool error saying so): such a tool needs a `2025-11-25` session.
@@ -1174,11 +1213,12 @@ impl Link for HttpLink {
             if lock(&fallback.tools).contains(spec.name) {
                 return self.call_in_session(fallback, spec).await;
             }
-            let (name, arguments, hooks, task_support) = (
+            let (name, arguments, hooks, task_support, repeatable) = (
                 spec.name,
                 spec.arguments.clone(),
                 spec.hooks,
                 spec.task_support.clone(),
+                spec.repeatable,
             );
             match self.stateless_call(spec, tasks).await {
                 Ok(result) if refuses_imperative_input(&result) => {
@@ -1190,6 +1230,7 @@ impl Link for HttpLink {
                         arguments,
                         hooks,
                         task_support,
+                        repeatable,
                     };
                     self.call_in_session(fallback, spec).await
                 }

@@ -90,6 +90,8 @@ pub(crate) struct CallSpec<'a> {
     /// The tool's `execution.taskSupport` as the upstream listed it (`2025-11-25`:
     /// `forbidden`, `optional`, `required`), if it did.
     pub(crate) task_support: Option<String>,
+    /// Whether the tool may run twice ([`super::upstream::UpstreamState::idempotent`]).
+    pub(crate) repeatable: bool,
 }
 
 /// A connection to one upstream.

@@ -99,6 +99,7 @@ async fn run(
             arguments,
             hooks: &hooks,
             task_support: upstream.task_support(&remote),
+            repeatable: upstream.idempotent(&remote),
         })
         .await;
     metrics::histogram!(super::UPSTREAM_CALL_DURATION, "upstream" => name.clone())
