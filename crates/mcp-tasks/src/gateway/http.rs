@@ -185,9 +185,18 @@ impl HttpLink {
             }
             source = s.source();
         }
-        UpstreamError::Unreachable {
-            upstream: self.upstream.clone(),
-            reason,
+        // A connect error means the request was never sent (reqwest only reports a failure
+        // to connect as such); anything else may have reached the upstream.
+        if e.is_connect() {
+            UpstreamError::NotSent {
+                upstream: self.upstream.clone(),
+                reason,
+            }
+        } else {
+            UpstreamError::Unreachable {
+                upstream: self.upstream.clone(),
+                reason,
+            }
         }
     }
 
@@ -779,7 +788,11 @@ impl HttpLink {
                 .stateless_request("tasks/get", params.clone(), true)
                 .await
             {
-                Err(e @ (UpstreamError::Unreachable { .. } | UpstreamError::Http { .. }))
+                Err(
+                    e @ (UpstreamError::NotSent { .. }
+                    | UpstreamError::Unreachable { .. }
+                    | UpstreamError::Http { .. }),
+                )
                     if since.elapsed() < self.timeout =>
                 {
                     tracing::warn!(upstream = %self.upstream, error = %e.to_string().escape_debug(), "cannot read the upstream task; asking again");

@@ -188,9 +188,13 @@ pub(crate) async fn drive(
                         hooks.progress(progress, total, message.as_deref()).await?;
                     }
                     Inbound::Request { id: request_id, method, params } => {
+                        // The call's response is watched meanwhile: an upstream that goes
+                        // away while the task waits for its client ends the call now, not
+                        // when someone answers.
                         let answer = tokio::select! {
                             a = answer_request(upstream, hooks, &method, params) => a,
                             () = hooks.cancelled() => Err(Answer::Cancelled),
+                            r = &mut response => return ended_while_asking(upstream, r),
                         };
                         let message = match answer {
                             Ok(result) => json!({ "jsonrpc": "2.0", "id": request_id, "result": result }),
@@ -204,7 +208,7 @@ pub(crate) async fn drive(
                                 return Err(CallError::Tool(e));
                             }
                         };
-                        reply.send(message).await?;
+                        reply.send(message).await.map_err(after_sent)?;
                     }
                 }
                 silent.as_mut().reset(tokio::time::Instant::now() + timeout);
@@ -221,6 +225,37 @@ pub(crate) async fn drive(
                 }));
             }
         }
+    }
+}
+
+/// The call's end, come while one of the upstream's requests waited for the task's client:
+/// its response (the upstream answered anyway), or the upstream gone.
+fn ended_while_asking(
+    upstream: &str,
+    r: Result<Result<Value, UpstreamError>, oneshot::error::RecvError>,
+) -> Result<Value, CallError> {
+    let gone = |reason: &str| UpstreamError::Unreachable {
+        upstream: upstream.to_owned(),
+        reason: format!("it went away while the task waited for input ({reason})"),
+    };
+    match r {
+        Ok(Ok(message)) => Ok(decode(upstream, message)?),
+        Ok(Err(UpstreamError::Unreachable { reason, .. } | UpstreamError::NotSent { reason, .. })) => {
+            Err(gone(&reason).into())
+        }
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err(gone("the connection closed").into()),
+    }
+}
+
+/// An error of a message sent during a call (its request went before it): the call may have
+/// reached the upstream, whatever this message's fate.
+fn after_sent(e: UpstreamError) -> UpstreamError {
+    match e {
+        UpstreamError::NotSent { upstream, reason } => {
+            UpstreamError::Unreachable { upstream, reason }
+        }
+        other => other,
     }
 }
 
