@@ -32,6 +32,7 @@ mod fixtures;
 mod flow;
 mod gateway;
 mod gateway_hostile;
+mod gateway_outage;
 mod http;
 mod layering;
 mod legacy_http;
