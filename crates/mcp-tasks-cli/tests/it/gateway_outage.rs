@@ -188,7 +188,8 @@ async fn mcp(State(life): State<Arc<Life>>, headers: HeaderMap, body: Bytes) -> 
         }
         Some(_) if id.is_null() => StatusCode::ACCEPTED.into_response(),
         Some("tools/list") => {
-            let steps = json!({ "type": "object", "properties": { "steps": { "type": "integer" } } });
+            let steps =
+                json!({ "type": "object", "properties": { "steps": { "type": "integer" } } });
             result(
                 &id,
                 json!({ "tools": [
@@ -216,9 +217,11 @@ fn call(life: Arc<Life>, id: Value, params: &Value) -> Response {
             let key = format!("e{}", life.next.fetch_add(1, Ordering::Relaxed));
             let (answer_tx, answer) = oneshot::channel();
             lock(&life.asked).insert(key.clone(), answer_tx);
-            let _ = tx.send(json!({ "jsonrpc": "2.0", "id": key, "method": "elicitation/create",
+            let _ = tx.send(
+                json!({ "jsonrpc": "2.0", "id": key, "method": "elicitation/create",
                 "params": { "message": "Your name?", "requestedSchema": { "type": "object",
-                    "properties": { "name": { "type": "string" } }, "required": ["name"] } } }));
+                    "properties": { "name": { "type": "string" } }, "required": ["name"] } } }),
+            );
             let Ok(answer) = answer.await else { return };
             let who = answer["content"]["name"].as_str().unwrap_or("?").to_owned();
             let _ = tx.send(text(&id, format!("hello {who}")));
@@ -226,9 +229,11 @@ fn call(life: Arc<Life>, id: Value, params: &Value) -> Response {
         }
         for step in 1..=steps {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            let _ = tx.send(json!({ "jsonrpc": "2.0", "method": "notifications/progress",
+            let _ = tx.send(
+                json!({ "jsonrpc": "2.0", "method": "notifications/progress",
                 "params": { "progressToken": token, "progress": step, "total": steps,
-                    "message": format!("step {step}/{steps}") } }));
+                    "message": format!("step {step}/{steps}") } }),
+            );
         }
         let _ = tx.send(text(&id, format!("{name} done")));
     });
@@ -274,7 +279,10 @@ fn gateway(
 
 fn text_of(task: &Task) -> String {
     task.result.as_ref().map_or(String::new(), |r| {
-        r["content"][0]["text"].as_str().unwrap_or_default().to_owned()
+        r["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
     })
 }
 
@@ -313,7 +321,9 @@ async fn metric(port: u16, name: &str) -> f64 {
 
 async fn started(task: &TaskHandle) {
     wait_for(task, "progress", |t| {
-        t.status_message.as_deref().is_some_and(|m| m.starts_with("step"))
+        t.status_message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("step"))
     })
     .await;
 }

@@ -792,9 +792,7 @@ impl HttpLink {
                     e @ (UpstreamError::NotSent { .. }
                     | UpstreamError::Unreachable { .. }
                     | UpstreamError::Http { .. }),
-                )
-                    if since.elapsed() < self.timeout =>
-                {
+                ) if since.elapsed() < self.timeout => {
                     tracing::warn!(upstream = %self.upstream, error = %e.to_string().escape_debug(), "cannot read the upstream task; asking again");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(10));

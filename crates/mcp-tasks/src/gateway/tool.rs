@@ -142,8 +142,8 @@ async fn run(
         // Whether sending the call again is safe: it never reached the upstream, or the
         // tool may run twice, or only a recorded upstream task is followed (read again).
         let never_sent = matches!(e, UpstreamError::NotSent { .. }) && !reached;
-        let repeatable = upstream.idempotent(&remote)
-            || (in_task && ctx.recorded(TASK_STEP).is_some());
+        let repeatable =
+            upstream.idempotent(&remote) || (in_task && ctx.recorded(TASK_STEP).is_some());
         let broken = matches!(
             e,
             UpstreamError::NotSent { .. } | UpstreamError::Unreachable { .. }
@@ -369,5 +369,53 @@ impl Hooks for ContextHooks<'_> {
                 .await
                 .map(drop)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_back_off_with_jitter_up_to_the_timeout_from_the_first_failure() {
+        let mut retry = Retry::new(Duration::from_secs(10));
+        let start = tokio::time::Instant::now();
+        let mut waits = Vec::new();
+        while let Some(wait) = retry.next() {
+            waits.push(wait);
+            tokio::time::sleep(wait).await;
+        }
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(10),
+            "ends at the timeout"
+        );
+        assert_eq!(retry.waited(), Duration::from_secs(10));
+        // 100 ms doubling up to 2 s, each ±50 % (the last cut at the deadline).
+        let (last, full) = waits.split_last().unwrap();
+        for (i, wait) in full.iter().enumerate() {
+            let base = (Retry::FIRST * 2u32.pow(i as u32)).min(Retry::MAX);
+            assert!(
+                *wait >= base / 2 && *wait <= base * 3 / 2,
+                "wait {i}: {wait:?} for {base:?}"
+            );
+        }
+        assert!(*last <= Retry::MAX * 3 / 2);
+        assert!((6..=40).contains(&waits.len()), "{waits:?}");
+        let e = UpstreamError::NotSent {
+            upstream: "up".into(),
+            reason: "connection refused".into(),
+        };
+        let ToolError::Rpc(gave_up) = retry.gave_up(&e, "charge") else {
+            panic!("an RPC error")
+        };
+        assert_eq!(
+            gave_up.message,
+            "Internal error: upstream `up` is unreachable: connection refused; the gateway waited 10.0 s for it (its timeout) and the call of `charge` never reached it"
+        );
+        // A new outage starts a new window, from the first wait again.
+        retry.reset();
+        let first = retry.next().unwrap();
+        assert!(first <= Retry::FIRST * 3 / 2, "{first:?}");
     }
 }

@@ -339,3 +339,46 @@ pub(crate) fn descriptor(exposed: &str, tool: &Value) -> ToolDescriptor {
         passivate: false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_waiting_for_the_upstream_shortens_the_reconnect_backoff() {
+        let up = Arc::new(UpstreamState::new(
+            Upstream::http("up", "http://127.0.0.1:1/mcp"),
+            false,
+        ));
+        let stop = CancellationToken::new();
+        // Nobody waits: the whole backoff.
+        let start = tokio::time::Instant::now();
+        assert!(up.pause(Duration::from_secs(30), &stop).await);
+        assert_eq!(start.elapsed(), Duration::from_secs(30));
+        // A call starts waiting 5 s into a pause: the next attempt comes then.
+        let waiter = up.clone();
+        let call = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            waiter.connected_by(deadline).await.map(drop)
+        });
+        let start = tokio::time::Instant::now();
+        assert!(up.pause(Duration::from_secs(30), &stop).await);
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+        // While it waits, at most WANTED_BACKOFF between attempts.
+        let start = tokio::time::Instant::now();
+        assert!(up.pause(Duration::from_secs(30), &stop).await);
+        assert_eq!(start.elapsed(), WANTED_BACKOFF);
+        // Nothing connects here: the call gives up at its deadline, saying it never went.
+        let e = call.await.unwrap().unwrap_err();
+        assert!(matches!(e, UpstreamError::NotSent { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "upstream `up` is unreachable: not connected (the gateway keeps trying in the background)"
+        );
+        assert_eq!(up.waiting.load(Ordering::SeqCst), 0);
+        // A pause ends when the gateway stops.
+        stop.cancel();
+        assert!(!up.pause(Duration::from_secs(30), &stop).await);
+    }
+}
