@@ -549,3 +549,63 @@ fn the_fixture_answers_like_a_session_era_server() {
     up.restart();
     assert_eq!(post(Some(&session), list).unwrap().status(), 404);
 }
+
+/// The pid the gateway's log gives for the last upstream process it started.
+fn last_pid(log: &str) -> Option<i32> {
+    log.lines()
+        .rev()
+        .filter(|l| l.contains("upstream process started"))
+        .find_map(|l| {
+            l.split("pid=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_upstream_killed_while_its_task_waits_for_input_ends_the_wait() {
+    // The Python SDK server over stdio (scripts/upstreams.sh; skipped without it).
+    let Some(dir) = crate::support::upstreams_dir() else {
+        return;
+    };
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/upstream/python_server.py");
+    let command = format!(
+        "py={} {} stdio",
+        dir.join("venv/bin/python").display(),
+        script.display()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &tmp.path().join("gw.redb"),
+        &[
+            "--upstream-command".into(),
+            command,
+            "--upstream-timeout".into(),
+            "5m".into(),
+        ],
+    );
+    let client = gw.client().await;
+    wait_tools(&client, &["ask"]).await;
+    let task = start_task(&client, "ask", json!({ "question": "Who?" })).await;
+    wait_for(&task, "input", |t| t.status == TaskStatus::InputRequired).await;
+    // One process so far (it listed the tools and takes the call): kill -9 it.
+    let pid = last_pid(&gw.log()).unwrap_or_else(|| panic!("no pid in:\n{}", gw.log()));
+    // SAFETY: kill(2) on a pid the gateway started and logged; no memory is involved.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let since = Instant::now();
+    let failed = wait_for(&task, "ask after the kill", terminal).await;
+    let took = since.elapsed();
+    assert_eq!(failed.status, TaskStatus::Failed, "{failed:?}");
+    let message = error_of(&failed);
+    for part in [
+        "upstream `py` is unreachable: it went away while the task waited for input (its process exited)",
+        "may or may not have taken effect",
+    ] {
+        assert!(message.contains(part), "{part}: {message}");
+    }
+    assert!(took < Duration::from_secs(10), "failed after {took:?}");
+}
