@@ -609,3 +609,52 @@ async fn a_stdio_upstream_killed_while_its_task_waits_for_input_ends_the_wait() 
     }
     assert!(took < Duration::from_secs(10), "failed after {took:?}");
 }
+
+/// `mcp-tasks serve --fixtures conformance` (a `2026-07-28` upstream with Tasks) on `port`.
+fn conformance_upstream(port: u16, store: &std::path::Path) -> crate::support::KillOnDrop {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_mcp-tasks"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--store"])
+        .arg(store)
+        .args([
+            "--no-admin-socket",
+            "--no-quotas",
+            "--fixtures",
+            "conformance",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the upstream");
+    wait_port(port);
+    crate::support::KillOnDrop(child)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateless_upstream_down_at_call_time_is_waited_for() {
+    // The `2026-07-28` era: each request its own POST, nothing kept between them.
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let store = dir.path().join("upstream.redb");
+    let mut upstream = conformance_upstream(port, &store);
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &[
+            "--upstream".into(),
+            format!("inner=http://127.0.0.1:{port}/mcp"),
+            "--upstream-timeout".into(),
+            "10s".into(),
+        ],
+    );
+    let client = gw.client().await;
+    wait_tools(&client, &["greet"]).await;
+    upstream.kill9();
+    // `greet` is not declared idempotent: it waits because nothing reached the upstream.
+    let task = start_task(&client, "greet", json!({ "name": "Mo" })).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let waiting = task.get().await.unwrap();
+    assert_eq!(waiting.status, TaskStatus::Working, "{waiting:?}");
+    let _upstream = conformance_upstream(port, &store);
+    let done = wait_for(&task, "greet once the upstream is back", terminal).await;
+    assert_eq!(done.status, TaskStatus::Completed, "{done:?}\n{}", gw.log());
+    assert_eq!(text_of(&done), "Hello, Mo!");
+}
