@@ -292,6 +292,16 @@ fn error_of(task: &Task) -> String {
         .map_or(String::new(), |e| e.message.clone())
 }
 
+/// The number of seconds `message` gives after `prefix`.
+fn seconds_after(message: &str, prefix: &str) -> f64 {
+    message
+        .split(prefix)
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no `{prefix}N s` in: {message}"))
+}
+
 /// Waits until the upstream got `n` calls of `tool`.
 async fn wait_calls(up: &Upstream, tool: &str, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -376,6 +386,31 @@ async fn an_upstream_restarted_during_a_call_costs_an_idempotent_tool_nothing_an
         error.message
     );
     assert_eq!(up.seen.calls("charge"), 1, "not called again");
+    drop(gw);
+
+    // Declared idempotent, but not back within `--upstream-timeout 2s`: failed after it,
+    // saying that the call may have taken effect (the first try reached the upstream).
+    let dir = tempfile::tempdir().unwrap();
+    let gw = gateway(dir.path(), &up, "2s", None);
+    let client = gw.client().await;
+    wait_tools(&client, &["work"]).await;
+    let task = start_task(&client, "work", json!({ "steps": 10 })).await;
+    started(&task).await;
+    up.kill();
+    let since = Instant::now();
+    let failed = wait_for(&task, "work with the upstream gone", terminal).await;
+    let waited = since.elapsed();
+    assert_eq!(failed.status, TaskStatus::Failed, "{failed:?}");
+    let message = error_of(&failed);
+    for part in [
+        "upstream `up` is unreachable",
+        "it may or may not have taken effect upstream",
+    ] {
+        assert!(message.contains(part), "{part}: {message}");
+    }
+    let said = seconds_after(&message, "the gateway called `work` again for ");
+    assert!((2.0..10.0).contains(&said), "{said}: {message}");
+    assert!(waited >= Duration::from_secs(2), "failed after {waited:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -424,12 +459,7 @@ async fn a_call_made_while_the_upstream_is_down_waits_for_it_up_to_the_timeout()
         assert!(message.contains(part), "{part}: {message}");
     }
     // How long it waited, as the message says: the timeout, from the first refusal.
-    let said: f64 = message
-        .split("the gateway waited ")
-        .nth(1)
-        .and_then(|rest| rest.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no wait in: {message}"));
+    let said = seconds_after(&message, "the gateway waited ");
     assert!((2.0..10.0).contains(&said), "{said}: {message}");
     assert!(
         waited >= Duration::from_secs(2),

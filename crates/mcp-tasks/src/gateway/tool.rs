@@ -142,6 +142,9 @@ async fn run(
         // Whether sending the call again is safe: it never reached the upstream, or the
         // tool may run twice, or only a recorded upstream task is followed (read again).
         let never_sent = matches!(e, UpstreamError::NotSent { .. }) && !reached;
+        if !never_sent {
+            retry.sent = true;
+        }
         let repeatable =
             upstream.idempotent(&remote) || (in_task && ctx.recorded(TASK_STEP).is_some());
         let broken = matches!(
@@ -180,6 +183,8 @@ struct Retry {
     since: Option<tokio::time::Instant>,
     /// Retries so far.
     attempts: u32,
+    /// Whether an attempt may have reached the upstream (for the final error).
+    sent: bool,
 }
 
 impl Retry {
@@ -191,6 +196,7 @@ impl Retry {
             timeout,
             since: None,
             attempts: 0,
+            sent: false,
         }
     }
 
@@ -199,7 +205,8 @@ impl Retry {
         *self.since.get_or_insert_with(tokio::time::Instant::now) + self.timeout
     }
 
-    /// Forgets the failures so far (the next one starts a new window).
+    /// Forgets the failures so far (the next one starts a new window); an attempt that may
+    /// have reached the upstream is remembered.
     fn reset(&mut self) {
         self.since = None;
         self.attempts = 0;
@@ -230,16 +237,18 @@ impl Retry {
         Some(base.mul_f64(jitter).min(left))
     }
 
-    /// The error of a call given up at the deadline, saying how long the gateway waited.
+    /// The error of a call given up at the deadline, saying how long the gateway waited and
+    /// whether the call may have reached the upstream.
     fn gave_up(&self, e: &UpstreamError, exposed: &str) -> ToolError {
         let waited = self.waited().as_secs_f64();
-        let what = match e {
-            UpstreamError::NotSent { .. } => format!(
+        let what = if self.sent || !matches!(e, UpstreamError::NotSent { .. }) {
+            format!(
+                "the gateway called `{exposed}` again for {waited:.1} s (its timeout) without an answer; it may or may not have taken effect upstream"
+            )
+        } else {
+            format!(
                 "the gateway waited {waited:.1} s for it (its timeout) and the call of `{exposed}` never reached it"
-            ),
-            _ => format!(
-                "the gateway called `{exposed}` again for {waited:.1} s (its timeout) without an answer"
-            ),
+            )
         };
         ToolError::Rpc(RpcError::internal(format!("{e}; {what}")))
     }
@@ -412,6 +421,16 @@ mod tests {
         assert_eq!(
             gave_up.message,
             "Internal error: upstream `up` is unreachable: connection refused; the gateway waited 10.0 s for it (its timeout) and the call of `charge` never reached it"
+        );
+        // Once an attempt may have reached the upstream, the end says so, whatever the last.
+        retry.sent = true;
+        let ToolError::Rpc(gave_up) = retry.gave_up(&e, "work") else {
+            panic!("an RPC error")
+        };
+        assert!(
+            gave_up.message.ends_with("the gateway called `work` again for 10.0 s (its timeout) without an answer; it may or may not have taken effect upstream"),
+            "{}",
+            gave_up.message
         );
         // A new outage starts a new window, from the first wait again.
         retry.reset();
