@@ -50,7 +50,8 @@ pub(crate) struct GatewayArgs {
     pub(crate) env: Vec<String>,
     /// How long to wait for an upstream that says nothing (no response, progress or
     /// request); a call that waits longer fails. Time a task waits for its client's input
-    /// does not count.
+    /// does not count. Also how long a call waits for an upstream that is down or
+    /// restarting, trying again, from the first refused or broken connection.
     #[arg(long = "upstream-timeout", env = "MCP_TASKS_UPSTREAM_TIMEOUT", value_name = "DURATION", default_value = "5m", value_parser = units::parse_duration)]
     pub(crate) timeout: Duration,
     /// How many processes each stdio upstream may run at once: one per call in flight (stdio
@@ -66,8 +67,9 @@ pub(crate) struct GatewayArgs {
     #[arg(long = "upstream-max-tools-bytes", env = "MCP_TASKS_UPSTREAM_MAX_TOOLS_BYTES", value_name = "SIZE", default_value = "16MiB", value_parser = units::parse_size_usize)]
     pub(crate) max_tools_bytes: usize,
     /// A tool that is safe to call twice (repeatable), named as `tools/list` shows it: a call
-    /// in flight when the gateway stopped runs again from the start afterwards. Any other
-    /// such call ends `failed`.
+    /// in flight when the gateway stopped runs again from the start afterwards, and one whose
+    /// upstream connection broke is sent again (within --upstream-timeout). Any other such
+    /// call ends `failed`.
     #[arg(
         long = "upstream-idempotent",
         env = "MCP_TASKS_UPSTREAM_IDEMPOTENT",

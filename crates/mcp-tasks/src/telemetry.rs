@@ -25,6 +25,7 @@
 //! | `mcp_tasks_upstream_calls_total` | counter | `upstream` | calls of an upstream tool through the gateway (feature `gateway`) |
 //! | `mcp_tasks_upstream_errors_total` | counter | `upstream`, `kind` | failed upstream calls and connections: `kind` `unreachable`, `http`, `timeout`, `protocol` or `rpc` (the upstream's own JSON-RPC error) |
 //! | `mcp_tasks_upstream_call_duration_seconds` | histogram | `upstream` | one upstream call, from the request to its answer (waits for the client's input included) |
+//! | `mcp_tasks_upstream_retries_total` | counter | `upstream` | upstream calls sent again within one run after their connection broke or was refused (docs/GATEWAY.md, "Retry rules") |
 //! | `mcp_tasks_auth_failures_total` | counter | `surface`, `outcome` | refused credentials: `surface` `mcp` (a bearer token on the MCP endpoint) or `console` (a login, a bearer header or a session of the console); `outcome` `invalid_token` (the authenticator refused it), `insufficient_scope` (the console refused a credential the endpoint would refuse), `session` (a console session unknown, expired, idle too long, or whose credential was revoked) or `throttled` (`429` before checking: too many failures from its address or for its claimed principal) |
 //! | `mcp_tasks_refusals_total` | counter | `reason`, `quota` | requests refused before any work: `reason` `401` (no or a bad credential), `403` (a foreign or repeated `Host`/`Origin`, a missing scope, a read-only credential asking for a write), `408` (body too slow), `413` (body too large) on HTTP; `429` for a quota refusal (`-32010`) on any transport, with the quota's name in `quota` |
 
@@ -74,6 +75,8 @@ pub const UPSTREAM_CALLS: &str = "mcp_tasks_upstream_calls_total";
 pub const UPSTREAM_ERRORS: &str = "mcp_tasks_upstream_errors_total";
 /// `mcp_tasks_upstream_call_duration_seconds`.
 pub const UPSTREAM_CALL_DURATION: &str = "mcp_tasks_upstream_call_duration_seconds";
+/// `mcp_tasks_upstream_retries_total`.
+pub const UPSTREAM_RETRIES: &str = "mcp_tasks_upstream_retries_total";
 
 /// Registers the descriptions and units of every series with the installed recorder; call it
 /// once after installing one (exporters show them as `# HELP`).
@@ -148,6 +151,10 @@ pub fn describe() {
         UPSTREAM_CALL_DURATION,
         Unit::Seconds,
         "Duration of one upstream call through the gateway, by upstream."
+    );
+    describe_counter!(
+        UPSTREAM_RETRIES,
+        "Upstream calls sent again after their connection broke or was refused, by upstream."
     );
 }
 

@@ -33,6 +33,7 @@ mod flow;
 mod gateway;
 mod gateway_fastmcp;
 mod gateway_hostile;
+mod gateway_outage;
 mod http;
 mod layering;
 mod legacy_http;

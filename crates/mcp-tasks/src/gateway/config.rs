@@ -231,14 +231,17 @@ impl Upstream {
 
     /// How long the gateway waits for the upstream when it says nothing: no response, no
     /// progress, no request (default [`DEFAULT_TIMEOUT`]). A call whose upstream stays silent
-    /// that long fails; time spent waiting for a client's input does not count.
+    /// that long fails; time spent waiting for a client's input does not count. It also
+    /// bounds how long a call tries again after a refused or broken connection, from the
+    /// first failure (see [`crate::gateway`]).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
 
     /// Declares the upstream's tool `tool` safe to call twice: a call in flight when the
-    /// gateway stopped runs again from the start afterwards, instead of failing. Name it as
+    /// gateway stopped runs again from the start afterwards, instead of failing, and a call
+    /// whose connection broke after it was sent is sent again (within the timeout). Name it as
     /// the upstream does (without the `NAME_` prefix) or as the gateway lists it.
     pub fn idempotent(mut self, tool: impl Into<String>) -> Self {
         self.idempotent.insert(tool.into());

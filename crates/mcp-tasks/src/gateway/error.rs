@@ -37,7 +37,18 @@ pub enum GatewayError {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum UpstreamError {
-    /// No connection: refused, reset, the process could not start or exited.
+    /// The request never reached the upstream: no connection could be made (refused, the
+    /// connect timed out), its process could not start or was not running, no connection
+    /// came within its timeout. Safe to send again, whatever the tool.
+    #[error("upstream `{upstream}` is unreachable: {reason}")]
+    NotSent {
+        /// The upstream's name.
+        upstream: String,
+        /// Why, in the gateway's words.
+        reason: String,
+    },
+    /// The connection broke after the request may have reached the upstream: the response
+    /// stream broke or ended early, the connection was reset, the process exited.
     #[error("upstream `{upstream}` is unreachable: {reason}")]
     Unreachable {
         /// The upstream's name.
@@ -104,7 +115,8 @@ impl UpstreamError {
     /// The upstream it is about.
     pub fn upstream(&self) -> &str {
         match self {
-            Self::Unreachable { upstream, .. }
+            Self::NotSent { upstream, .. }
+            | Self::Unreachable { upstream, .. }
             | Self::Http { upstream, .. }
             | Self::Timeout { upstream, .. }
             | Self::Protocol { upstream, .. }
@@ -114,11 +126,11 @@ impl UpstreamError {
         }
     }
 
-    /// A short label for metrics: `unreachable`, `http`, `timeout`, `protocol`, `tools`,
-    /// `expired`, `rpc`.
+    /// A short label for metrics: `unreachable` (also for [`Self::NotSent`]), `http`,
+    /// `timeout`, `protocol`, `tools`, `expired`, `rpc`.
     pub fn kind(&self) -> &'static str {
         match self {
-            Self::Unreachable { .. } => "unreachable",
+            Self::NotSent { .. } | Self::Unreachable { .. } => "unreachable",
             Self::Http { .. } => "http",
             Self::Timeout { .. } => "timeout",
             Self::Protocol { .. } => "protocol",

@@ -245,9 +245,18 @@ impl HttpLink {
             }
             source = s.source();
         }
-        UpstreamError::Unreachable {
-            upstream: self.upstream.clone(),
-            reason,
+        // A connect error means the request was never sent (reqwest only reports a failure
+        // to connect as such); anything else may have reached the upstream.
+        if e.is_connect() {
+            UpstreamError::NotSent {
+                upstream: self.upstream.clone(),
+                reason,
+            }
+        } else {
+            UpstreamError::Unreachable {
+                upstream: self.upstream.clone(),
+                reason,
+            }
         }
     }
 
@@ -680,7 +689,7 @@ impl HttpLink {
         let mut started_again = false;
         while number <= rounds::MAX_ROUNDS {
             let result = tokio::select! {
-                r = self.stateless_round(&params, as_task, hooks) => r,
+                r = self.send_round(number, &params, as_task, hooks) => r,
                 () = hooks.cancelled() => return Err(CallError::Tool(ToolError::Cancelled)),
             };
             let result = match result {
@@ -804,6 +813,33 @@ impl HttpLink {
             None => params.remove("requestState"),
         };
         Ok(())
+    }
+
+    /// Round `number` of a call. The answers of a round after the first are marked sent
+    /// before they go (`rounds`), so the tool's own retry of a call that never reached the
+    /// upstream would start from round 1 again: such a round is sent again here instead,
+    /// within the upstream's timeout.
+    async fn send_round(
+        &self,
+        number: u32,
+        params: &Map<String, Value>,
+        as_task: bool,
+        hooks: &dyn link::Hooks,
+    ) -> Result<Value, CallError> {
+        let since = tokio::time::Instant::now();
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match self.stateless_round(params, as_task, hooks).await {
+                Err(CallError::Upstream(e @ UpstreamError::NotSent { .. }))
+                    if number > 1 && since.elapsed() < self.timeout =>
+                {
+                    tracing::info!(upstream = %self.upstream, round = number, error = %e, retry_in_ms = delay.as_millis() as u64, "the answers of an input round did not reach the upstream; sending them again");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+                other => return other,
+            }
+        }
     }
 
     /// One stateless `tools/call` with a `progressToken`: its progress, on the response's
@@ -1002,9 +1038,11 @@ impl HttpLink {
                 .stateless_request("tasks/get", params.clone(), true)
                 .await
             {
-                Err(e @ (UpstreamError::Unreachable { .. } | UpstreamError::Http { .. }))
-                    if since.elapsed() < self.timeout =>
-                {
+                Err(
+                    e @ (UpstreamError::NotSent { .. }
+                    | UpstreamError::Unreachable { .. }
+                    | UpstreamError::Http { .. }),
+                ) if since.elapsed() < self.timeout => {
                     tracing::warn!(upstream = %self.upstream, error = %e.to_string().escape_debug(), "cannot read the upstream task; asking again");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(10));

@@ -206,9 +206,13 @@ pub(crate) async fn drive(
                         hooks.progress(progress, total, message.as_deref()).await?;
                     }
                     Inbound::Request { id: request_id, method, params } => {
+                        // The call's response is watched meanwhile: an upstream that goes
+                        // away while the task waits for its client ends the call now, not
+                        // when someone answers.
                         let answer = tokio::select! {
                             a = answer_request(upstream, hooks, &method, params) => a,
                             () = hooks.cancelled() => Err(Answer::Cancelled),
+                            r = &mut response => return ended_while_asking(upstream, r),
                         };
                         let message = match answer {
                             Ok(result) => json!({ "jsonrpc": "2.0", "id": request_id, "result": result }),
@@ -222,7 +226,7 @@ pub(crate) async fn drive(
                                 return Err(CallError::Tool(e));
                             }
                         };
-                        reply.send(message).await?;
+                        reply.send(message).await.map_err(after_sent)?;
                     }
                 }
                 silent.as_mut().reset(tokio::time::Instant::now() + timeout);
@@ -239,6 +243,37 @@ pub(crate) async fn drive(
                 }));
             }
         }
+    }
+}
+
+/// The call's end, come while one of the upstream's requests waited for the task's client:
+/// its response (the upstream answered anyway), or the upstream gone.
+fn ended_while_asking(
+    upstream: &str,
+    r: Result<Result<Value, UpstreamError>, oneshot::error::RecvError>,
+) -> Result<Value, CallError> {
+    let gone = |reason: &str| UpstreamError::Unreachable {
+        upstream: upstream.to_owned(),
+        reason: format!("it went away while the task waited for input ({reason})"),
+    };
+    match r {
+        Ok(Ok(message)) => Ok(decode(upstream, message)?),
+        Ok(Err(
+            UpstreamError::Unreachable { reason, .. } | UpstreamError::NotSent { reason, .. },
+        )) => Err(gone(&reason).into()),
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err(gone("the connection closed").into()),
+    }
+}
+
+/// An error of a message sent during a call (its request went before it): the call may have
+/// reached the upstream, whatever this message's fate.
+fn after_sent(e: UpstreamError) -> UpstreamError {
+    match e {
+        UpstreamError::NotSent { upstream, reason } => {
+            UpstreamError::Unreachable { upstream, reason }
+        }
+        other => other,
     }
 }
 
@@ -547,6 +582,117 @@ async fn copy_status(driver: &dyn SessionDriver, task_id: &str, hooks: &dyn Hook
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Sends nothing anywhere.
+    struct NoReply;
+
+    impl Reply for NoReply {
+        fn send(&self, _message: Value) -> BoxFuture<'_, Result<(), UpstreamError>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// A task whose client never answers and never cancels.
+    struct NobodyAnswers;
+
+    impl Hooks for NobodyAnswers {
+        fn is_task(&self) -> bool {
+            true
+        }
+        fn progress<'a>(
+            &'a self,
+            _progress: f64,
+            _total: Option<f64>,
+            _message: Option<&'a str>,
+        ) -> BoxFuture<'a, Result<(), ToolError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn status<'a>(&'a self, _message: &'a str) -> BoxFuture<'a, Result<(), ToolError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn input<'a>(
+            &'a self,
+            _key: Option<&'a str>,
+            _request: Value,
+        ) -> BoxFuture<'a, Result<Value, ToolError>> {
+            Box::pin(futures::future::pending())
+        }
+        fn cancelled(&self) -> BoxFuture<'_, ()> {
+            Box::pin(futures::future::pending())
+        }
+        fn upstream_task(&self) -> Option<String> {
+            None
+        }
+        fn remember_task<'a>(&'a self, _id: &'a str) -> BoxFuture<'a, Result<(), ToolError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn recorded(&self, _name: &str) -> Option<Value> {
+            None
+        }
+        fn carry<'a>(
+            &'a self,
+            _name: &'a str,
+            _value: Value,
+        ) -> BoxFuture<'a, Result<(), ToolError>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// `drive` of a call that asks for input, its response coming `after` as `response`.
+    async fn asking(
+        after: Duration,
+        response: Result<Value, UpstreamError>,
+    ) -> Result<Value, CallError> {
+        let (tx, rx) = oneshot::channel();
+        let (events_tx, events) = mpsc::unbounded_channel();
+        events_tx
+            .send(Inbound::Request {
+                id: json!("e1"),
+                method: "elicitation/create".into(),
+                params: json!({ "message": "Your name?", "requestedSchema": { "type": "object" } }),
+            })
+            .unwrap();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let _ = tx.send(response);
+        });
+        // A silence bound far beyond the test: only the response can end it.
+        let silent = Duration::from_secs(24 * 3600);
+        drive("up", &NoReply, 1, rx, events, &NobodyAnswers, silent).await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_upstream_gone_while_the_task_waits_for_input_ends_the_call_then() {
+        let started = tokio::time::Instant::now();
+        let gone = UpstreamError::Unreachable {
+            upstream: "up".into(),
+            reason: "its process exited".into(),
+        };
+        let e = asking(Duration::from_secs(60), Err(gone))
+            .await
+            .unwrap_err();
+        assert_eq!(started.elapsed(), Duration::from_secs(60), "when it broke");
+        let CallError::Upstream(e) = e else {
+            panic!("{e:?}")
+        };
+        assert!(matches!(e, UpstreamError::Unreachable { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "upstream `up` is unreachable: it went away while the task waited for input (its process exited)"
+        );
+        // A response channel dropped without a word says the same.
+        let (tx, rx) = oneshot::channel::<Result<Value, UpstreamError>>();
+        drop(tx);
+        let e = ended_while_asking("up", rx.await).unwrap_err();
+        assert!(format!("{e:?}").contains("went away while the task waited for input"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_upstream_that_answers_while_the_task_waits_for_input_ends_the_call_with_it() {
+        let answer = json!({ "jsonrpc": "2.0", "id": 1, "result": { "content": [] } });
+        let result = asking(Duration::from_secs(5), Ok(answer)).await.unwrap();
+        assert_eq!(result, json!({ "content": [] }));
+    }
 
     #[tokio::test]
     async fn an_endless_tool_list_stops_at_its_bounds() {

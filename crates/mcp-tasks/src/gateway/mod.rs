@@ -24,6 +24,15 @@
 //! any other ends `failed`, its `statusMessage` saying that the gateway restarted during the
 //! call and that it may or may not have taken effect. It is never left `working`.
 //!
+//! **Within a run, a broken connection is tried again.** A call whose request never reached
+//! the upstream (connection refused, no connection yet, its process not running) is sent again
+//! whatever the tool, with backoff, until [`Upstream::timeout`] has passed since the first
+//! failure; a call whose connection broke after it was sent (the response stream broke, the
+//! process exited) is sent again only for a tool declared idempotent, or when it follows a
+//! recorded upstream task. Any other fails, naming the upstream and saying that the call may
+//! or may not have taken effect. An upstream that goes away while the task waits for its
+//! client's input ends the call at once, not when someone answers.
+//!
 //! ```no_run
 //! use std::sync::Arc;
 //! use mcp_tasks::Runtime;
@@ -39,8 +48,8 @@
 //! ```
 //!
 //! Metrics (see [`crate::telemetry`]): `mcp_tasks_upstream_calls_total`,
-//! `mcp_tasks_upstream_errors_total` (by `kind`) and `mcp_tasks_upstream_call_duration_seconds`,
-//! each by `upstream`; every call runs in a span `upstream call` with the upstream, the tool
+//! `mcp_tasks_upstream_errors_total` (by `kind`), `mcp_tasks_upstream_call_duration_seconds`
+//! and `mcp_tasks_upstream_retries_total`, each by `upstream`; every call runs in a span `upstream call` with the upstream, the tool
 //! and the task.
 
 mod config;
@@ -68,7 +77,7 @@ use crate::tool::{Tool, ToolDescriptor, ToolSet, ToolSource};
 use tool::GatewayTool;
 use upstream::UpstreamState;
 
-use crate::telemetry::{UPSTREAM_CALL_DURATION, UPSTREAM_CALLS, UPSTREAM_ERRORS};
+use crate::telemetry::{UPSTREAM_CALL_DURATION, UPSTREAM_CALLS, UPSTREAM_ERRORS, UPSTREAM_RETRIES};
 
 /// Upstream MCP servers whose tools the runtime serves as durable tasks; see the
 /// [module docs](self). Register it with `RuntimeBuilder::tool_source`.

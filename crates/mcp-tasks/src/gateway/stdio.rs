@@ -165,12 +165,18 @@ impl StdioLink {
         Ok(link)
     }
 
+    /// Queues one line for the process's stdin; refused (nothing sent) once its writer
+    /// stopped.
     fn send_line(&self, message: &Value) -> Result<(), UpstreamError> {
         self.writer
             .send(message.to_string())
-            .map_err(|_| self.gone())
+            .map_err(|_| UpstreamError::NotSent {
+                upstream: self.upstream.clone(),
+                reason: "its process is not running".into(),
+            })
     }
 
+    /// The error of a request in flight when the process exited (it may have run).
     fn gone(&self) -> UpstreamError {
         UpstreamError::Unreachable {
             upstream: self.upstream.clone(),
@@ -485,6 +491,20 @@ impl StdioPool {
     }
 }
 
+/// An error met before a call was written to any process, as [`UpstreamError::NotSent`].
+fn not_sent(e: UpstreamError) -> UpstreamError {
+    match e {
+        UpstreamError::Unreachable { upstream, reason } => {
+            UpstreamError::NotSent { upstream, reason }
+        }
+        UpstreamError::Timeout { upstream, seconds } => UpstreamError::NotSent {
+            upstream,
+            reason: format!("a new process did not answer `initialize` within {seconds} s"),
+        },
+        other => other,
+    }
+}
+
 /// Stops the processes beyond the first that stayed idle for [`IDLE_PROCESS`].
 async fn reap(pool: Weak<StdioPool>) {
     loop {
@@ -507,7 +527,8 @@ impl Link for StdioPool {
 
     fn call<'a>(&'a self, spec: CallSpec<'a>) -> BoxFuture<'a, Result<Value, CallError>> {
         Box::pin(async move {
-            let (link, permit) = self.take().await?;
+            // No process to take: nothing was sent.
+            let (link, permit) = self.take().await.map_err(not_sent)?;
             let outcome = link::session_call(&*link, spec).await;
             drop(permit);
             self.give_back(link);

@@ -1,9 +1,11 @@
 //! One upstream's life in the gateway: connected (again) with backoff, its tool list fetched
 //! at each connection and on `notifications/tools/list_changed`, its tools' descriptors.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::FutureExt;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
@@ -17,10 +19,15 @@ use crate::tool::{TaskPolicy, ToolDescriptor};
 
 /// First wait before connecting again; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+/// The longest wait between two connection attempts while no call waits for the upstream.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// The longest wait between two connection attempts while a call waits for the upstream.
+const WANTED_BACKOFF: Duration = Duration::from_secs(1);
+/// A connection that lasted this long starts the backoff over at [`FIRST_BACKOFF`].
+const STABLE: Duration = Duration::from_secs(10);
 
 /// The shortest time between two listings of an upstream's tools.
 const RELIST_INTERVAL: Duration = Duration::from_secs(1);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// One upstream: its configuration, its current connection, its listed tools.
 pub(crate) struct UpstreamState {
@@ -33,6 +40,11 @@ pub(crate) struct UpstreamState {
     refresh: Arc<Notify>,
     /// The `--upstream-idempotent` names already reported as not listed.
     unlisted_reported: Mutex<std::collections::BTreeSet<String>>,
+    /// Calls waiting for a connection ([`Self::connected_by`]): while there are any, the
+    /// reconnecting loop waits at most [`WANTED_BACKOFF`] between attempts.
+    waiting: AtomicUsize,
+    /// Told when a call starts waiting for a connection.
+    wanted: Notify,
 }
 
 impl UpstreamState {
@@ -45,6 +57,8 @@ impl UpstreamState {
             listed: Mutex::new(Vec::new()),
             refresh: Arc::new(Notify::new()),
             unlisted_reported: Mutex::new(std::collections::BTreeSet::new()),
+            waiting: AtomicUsize::new(0),
+            wanted: Notify::new(),
         }
     }
 
@@ -136,21 +150,57 @@ impl UpstreamState {
             .map(str::to_owned)
     }
 
-    /// The current connection, waiting for one up to the upstream's timeout.
-    pub(crate) async fn connected(&self) -> Result<Arc<dyn Link>, UpstreamError> {
+    /// The current connection, if there is one and it is not closed.
+    pub(crate) fn link_now(&self) -> Option<Arc<dyn Link>> {
+        self.link.borrow().as_ref().filter(|l| usable(l)).cloned()
+    }
+
+    /// A connection, waiting for one until `deadline` (a closed one is not taken: the
+    /// reconnecting loop replaces it). While a call waits, the loop tries at least every
+    /// [`WANTED_BACKOFF`].
+    pub(crate) async fn connected_by(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> Result<Arc<dyn Link>, UpstreamError> {
+        if let Some(link) = self.link_now() {
+            return Ok(link);
+        }
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let _waiting = Waiting(&self.waiting);
+        self.wanted.notify_one();
         let mut rx = self.link.subscribe();
-        let wait = rx.wait_for(Option::is_some);
-        let found = match tokio::time::timeout(self.config.timeout, wait).await {
+        let wait = rx.wait_for(|l| l.as_ref().is_some_and(usable));
+        let found = match tokio::time::timeout_at(deadline, wait).await {
             Ok(Ok(link)) => link.clone(),
             _ => None,
         };
-        found.ok_or_else(|| UpstreamError::Unreachable {
+        found.ok_or_else(|| UpstreamError::NotSent {
             upstream: self.config.name.clone(),
-            reason: format!(
-                "not connected within {} s (the gateway keeps trying in the background)",
-                self.config.timeout.as_secs_f64()
-            ),
+            reason: "not connected (the gateway keeps trying in the background)".into(),
         })
+    }
+
+    /// Waits `backoff` before the next connection attempt, less when a call waits for the
+    /// upstream (at most [`WANTED_BACKOFF`]); `false` when `stop` came first.
+    async fn pause(&self, backoff: Duration, stop: &CancellationToken) -> bool {
+        let start = tokio::time::Instant::now();
+        let wanted = async {
+            if self.waiting.load(Ordering::SeqCst) == 0 {
+                self.wanted.notified().await;
+            }
+            tokio::time::sleep_until(start + backoff.min(WANTED_BACKOFF)).await;
+        };
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => true,
+            () = wanted => true,
+            () = stop.cancelled() => false,
+        }
     }
 
     async fn connect(&self) -> Result<Arc<dyn Link>, UpstreamError> {
@@ -178,9 +228,8 @@ impl UpstreamState {
                 Err(e) => {
                     metrics::counter!(super::UPSTREAM_ERRORS, "upstream" => self.config.name.clone(), "kind" => e.kind()).increment(1);
                     tracing::warn!(upstream = %self.config.name, error = %e.to_string().escape_debug(), retry_in_ms = backoff.as_millis() as u64, "upstream not available");
-                    tokio::select! {
-                        () = tokio::time::sleep(backoff) => {}
-                        () = stop.cancelled() => return,
+                    if !self.pause(backoff, &stop).await {
+                        return;
                     }
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     continue;
@@ -233,18 +282,23 @@ impl UpstreamState {
                 }
             }
             self.link.send_replace(None);
-            // A connection that lasted resets the backoff; one that died at once does not.
-            if up_since.elapsed() > MAX_BACKOFF {
+            // A connection that lasted resets the backoff (an upstream restarted after a
+            // while is tried again soon); one that died at once does not.
+            if up_since.elapsed() > STABLE {
                 backoff = FIRST_BACKOFF;
             }
             tracing::warn!(upstream = %self.config.name, retry_in_ms = backoff.as_millis() as u64, "upstream connection lost; connecting again");
-            tokio::select! {
-                () = tokio::time::sleep(backoff) => {}
-                () = stop.cancelled() => return,
+            if !self.pause(backoff, &stop).await {
+                return;
             }
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
+}
+
+/// Whether a connection can take calls (not closed).
+fn usable(link: &Arc<dyn Link>) -> bool {
+    link.closed().now_or_never().is_none()
 }
 
 /// The flow group of upstream `name`'s tools (`serve --upstream-max-running NAME=N` limits it).
@@ -283,5 +337,48 @@ pub(crate) fn descriptor(exposed: &str, tool: &Value) -> ToolDescriptor {
         // side of the call (a session-era request still open, an upstream task it follows):
         // dropping it would lose or repeat the upstream call.
         passivate: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_waiting_for_the_upstream_shortens_the_reconnect_backoff() {
+        let up = Arc::new(UpstreamState::new(
+            Upstream::http("up", "http://127.0.0.1:1/mcp"),
+            false,
+        ));
+        let stop = CancellationToken::new();
+        // Nobody waits: the whole backoff.
+        let start = tokio::time::Instant::now();
+        assert!(up.pause(Duration::from_secs(30), &stop).await);
+        assert_eq!(start.elapsed(), Duration::from_secs(30));
+        // A call starts waiting 5 s into a pause: the next attempt comes then.
+        let waiter = up.clone();
+        let call = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            waiter.connected_by(deadline).await.map(drop)
+        });
+        let start = tokio::time::Instant::now();
+        assert!(up.pause(Duration::from_secs(30), &stop).await);
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+        // While it waits, at most WANTED_BACKOFF between attempts.
+        let start = tokio::time::Instant::now();
+        assert!(up.pause(Duration::from_secs(30), &stop).await);
+        assert_eq!(start.elapsed(), WANTED_BACKOFF);
+        // Nothing connects here: the call gives up at its deadline, saying it never went.
+        let e = call.await.unwrap().unwrap_err();
+        assert!(matches!(e, UpstreamError::NotSent { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "upstream `up` is unreachable: not connected (the gateway keeps trying in the background)"
+        );
+        assert_eq!(up.waiting.load(Ordering::SeqCst), 0);
+        // A pause ends when the gateway stops.
+        stop.cancel();
+        assert!(!up.pause(Duration::from_secs(30), &stop).await);
     }
 }
