@@ -89,15 +89,13 @@ async fn sync_call(url: &str, params: Value) -> Value {
         .await
         .unwrap();
     let body = String::from_utf8(response.bytes().await.unwrap().to_vec()).unwrap();
-    let message = body
-        .lines()
+    body.lines()
         .filter_map(|l| l.strip_prefix("data:"))
         .map(str::trim)
         .chain(std::iter::once(body.trim()))
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .find(|m| m["id"] == json!(1))
-        .unwrap_or_else(|| panic!("no response in {body}"));
-    message
+        .unwrap_or_else(|| panic!("no response in {body}"))
 }
 
 #[tokio::test]
