@@ -403,6 +403,66 @@ async fn an_upstream_restart_while_a_round_waits_repeats_an_idempotent_tool_and_
 }
 
 #[tokio::test]
+async fn an_upstream_restart_during_a_call_repeats_an_idempotent_tool_and_fails_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut fm) = FastMcp::start(dir.path()) else {
+        return;
+    };
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &[
+            "--upstream".into(),
+            format!("fm={}", fm.url),
+            "--upstream-idempotent".into(),
+            "slow".into(),
+        ],
+    );
+    let client = gw.client().await;
+    wait_tools(&client, &["slow", "deploy_guard"]).await;
+    // `slow` is declared idempotent: the restart (kill -9, then a new process on the same
+    // port a second or two later) costs the client nothing.
+    let slow = start_task(&client, "slow", json!({ "seconds": 2, "steps": 4 })).await;
+    wait_for(&slow, "the first step", |t| {
+        t.status_message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("step 1/4"))
+            || terminal(t)
+    })
+    .await;
+    fm.restart();
+    let done = wait_for(&slow, "the repeated call", terminal).await;
+    assert_eq!(
+        text(done.result.as_ref().unwrap()),
+        "slow: done",
+        "{done:?}"
+    );
+    assert_eq!(fm.ran("slow step=1"), 2, "called again from the start");
+    // `deploy_guard` is not: broken during its first round, it fails, saying why.
+    let guard = start_task(
+        &client,
+        "deploy_guard",
+        json!({ "target": "t", "seconds": 2 }),
+    )
+    .await;
+    wait_for(&guard, "the guard's first step", |t| {
+        t.status_message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("step 1/4"))
+            || terminal(t)
+    })
+    .await;
+    fm.restart();
+    let failed = wait_for(&guard, "the broken call", terminal).await;
+    assert_eq!(failed.status, TaskStatus::Failed, "{failed:?}");
+    let message = failed.error.unwrap().message;
+    assert!(
+        message.contains("upstream `fm`") && message.contains("may or may not have taken effect"),
+        "{message}"
+    );
+    assert_eq!(fm.ran("guard round=1"), 1);
+}
+
+#[tokio::test]
 async fn an_answer_after_the_upstreams_state_expired_is_refused_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let Some(fm) = FastMcp::start(dir.path()) else {
