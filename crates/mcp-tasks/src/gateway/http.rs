@@ -889,19 +889,17 @@ impl HttpLink {
         Ok(link::decode(&self.upstream, response)?)
     }
 
-    /// A call in the `2025-11-25` session of a dual-era upstream, opened if need be.
-    async fn call_in_session(
+    /// The `2025-11-25` session of a dual-era upstream, opened if need be.
+    async fn session_of<'f>(
         &self,
-        fallback: &Fallback,
-        spec: CallSpec<'_>,
-    ) -> Result<Value, CallError> {
-        let session = fallback
+        fallback: &'f Fallback,
+    ) -> Result<&'f Arc<HttpLink>, UpstreamError> {
+        fallback
             .link
             .get_or_try_init(|| {
                 HttpLink::connect_session(&fallback.config, &fallback.url, fallback.refresh.clone())
             })
-            .await?;
-        link::session_call(session.as_ref(), spec).await
+            .await
     }
 
     fn protocol(&self, reason: &str) -> UpstreamError {
@@ -1249,7 +1247,8 @@ impl Link for HttpLink {
                 return self.stateless_call(spec, tasks).await;
             };
             if lock(&fallback.tools).contains(spec.name) {
-                return self.call_in_session(fallback, spec).await;
+                let session = self.session_of(fallback).await?;
+                return link::session_call(session.as_ref(), spec).await;
             }
             let (name, arguments, hooks, task_support, repeatable) = (
                 spec.name,
@@ -1260,6 +1259,15 @@ impl Link for HttpLink {
             );
             match self.stateless_call(spec, tasks).await {
                 Ok(result) if refuses_imperative_input(&result) => {
+                    let session = match self.session_of(fallback).await {
+                        Ok(session) => session,
+                        Err(e) => {
+                            // Not a dual-era server after all: its refusal is the answer.
+                            tracing::warn!(upstream = %self.upstream, tool = %name.escape_debug(), error = %e.to_string().escape_debug(),
+                                "the tool asks for input with a server-initiated request, which the upstream refuses on a stateless call, and a 2025-11-25 session with it cannot be opened");
+                            return Ok(result);
+                        }
+                    };
                     lock(&fallback.tools).insert(name.to_owned());
                     tracing::warn!(upstream = %self.upstream, tool = %name.escape_debug(),
                         "the tool asks for input the 2025-11-25 way (a server-initiated request), which the upstream refuses on a stateless call: calling it again, and from now on, in a 2025-11-25 session");
@@ -1270,7 +1278,7 @@ impl Link for HttpLink {
                         task_support,
                         repeatable,
                     };
-                    self.call_in_session(fallback, spec).await
+                    link::session_call(session.as_ref(), spec).await
                 }
                 other => other,
             }
