@@ -1124,3 +1124,34 @@ async fn a_stdio_upstream_runs_at_most_its_processes_and_further_calls_wait() {
         gw.log()
     );
 }
+
+#[tokio::test]
+async fn a_burst_of_calls_on_a_stdio_upstream_starts_at_most_the_default_processes() {
+    let Some(up) = upstreams() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &["--upstream-command".into(), up.everything() + " stdio"],
+    );
+    let client = gw.client().await;
+    wait_tools(&client, &["echo"]).await;
+    // 20 calls at once, each as a task of its own.
+    let tasks = futures::future::join_all(
+        (0..20).map(|i| start_task(&client, "echo", json!({ "message": format!("m{i}") }))),
+    )
+    .await;
+    for (i, task) in tasks.iter().enumerate() {
+        let done = wait_for(task, "echo", terminal).await;
+        assert_eq!(done.status, TaskStatus::Completed, "{done:?}");
+        assert_eq!(text(&done.result.unwrap()), format!("Echo: m{i}"));
+    }
+    // The gateway logs each process it starts: the first, and at most 3 more (the default
+    // --upstream-processes is 4), however many calls came at once.
+    let log = gw.log();
+    let started = log.matches("upstream process started").count();
+    assert!(
+        (1..=mcp_tasks::gateway::DEFAULT_MAX_PROCESSES).contains(&started),
+        "{started} processes for 20 calls:\n{log}"
+    );
+    assert_eq!(mcp_tasks::gateway::DEFAULT_MAX_PROCESSES, 4);
+}
