@@ -19,7 +19,7 @@ use futures::future::BoxFuture;
 use reqwest::StatusCode;
 use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, oneshot};
 
 use super::config::Upstream;
 use super::error::UpstreamError;
@@ -59,7 +59,7 @@ pub(crate) struct HttpLink {
     refresh: Arc<Notify>,
     /// The calls in flight by request id (= progress token): some servers send a call's
     /// progress on the session's standalone stream rather than the call's own.
-    calls: Mutex<std::collections::HashMap<u64, mpsc::UnboundedSender<Inbound>>>,
+    calls: Mutex<std::collections::HashMap<u64, link::InboundTx>>,
     /// Cancelled when the link is dropped: its standalone stream then closes.
     stop: tokio_util::sync::CancellationToken,
 }
@@ -547,7 +547,7 @@ impl HttpLink {
             break (id, reply);
         };
         let (tx, rx) = oneshot::channel();
-        let (events_tx, events) = mpsc::unbounded_channel();
+        let (events_tx, events) = link::inbound();
         lock(&self.calls).insert(id, events_tx.clone());
         let _forget = Forget { link: self, id };
         match reply.0 {
@@ -809,12 +809,7 @@ fn strip(mut result: Value) -> Value {
 }
 
 /// [`HttpLink::route`] for a stream pumped apart from its link.
-fn route_detached(
-    upstream: &str,
-    refresh: &Notify,
-    message: &Value,
-    events: &mpsc::UnboundedSender<Inbound>,
-) {
+fn route_detached(upstream: &str, refresh: &Notify, message: &Value, events: &link::InboundTx) {
     let method = message.get("method").and_then(Value::as_str);
     let params = message.get("params").cloned().unwrap_or_default();
     match (method, message.get("id")) {
@@ -825,11 +820,14 @@ fn route_detached(
             }
         }
         (Some(m), Some(id)) => {
-            let _ = events.send(Inbound::Request {
+            let request = Inbound::Request {
                 id: id.clone(),
                 method: m.to_owned(),
                 params,
-            });
+            };
+            if let Err(why) = events.send(request) {
+                tracing::warn!(upstream, method = m, %why, "upstream request dropped");
+            }
         }
         (Some(m), None) => tracing::debug!(upstream, method = m, "upstream message ignored"),
         (None, _) => {}

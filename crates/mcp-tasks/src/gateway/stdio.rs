@@ -53,7 +53,7 @@ pub(crate) struct StdioLink {
     writer: mpsc::UnboundedSender<String>,
     pending: Pending,
     /// The `tools/call`s in flight, by request id (= progress token).
-    calls: Mutex<HashMap<u64, mpsc::UnboundedSender<Inbound>>>,
+    calls: Mutex<HashMap<u64, link::InboundTx>>,
     next_id: AtomicU64,
     closed: watch::Receiver<bool>,
     refresh: Arc<Notify>,
@@ -251,9 +251,7 @@ impl StdioLink {
                         method: method.to_owned(),
                         params,
                     };
-                    call.send(event)
-                        .err()
-                        .map(|_| "the call it belongs to has ended".to_owned())
+                    call.send(event).err().map(|refused| refused.to_string())
                 }
                 (0, _) | (_, None) => Some("no call is in flight".to_owned()),
                 (n, _) => Some(format!(
@@ -280,7 +278,7 @@ impl StdioLink {
     ) -> Result<Value, CallError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        let (events_tx, events) = mpsc::unbounded_channel();
+        let (events_tx, events) = link::inbound();
         lock(&self.pending).insert(id, tx);
         lock(&self.calls).insert(id, events_tx);
         let _forget = Forget { link: self, id };
