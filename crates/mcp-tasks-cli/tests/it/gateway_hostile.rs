@@ -15,7 +15,10 @@ use futures::StreamExt;
 use mcp_tasks::TaskStatus;
 use serde_json::{Value, json};
 
-use crate::gateway::{Gateway, free_port, start_task, terminal, wait_for, wait_port, wait_tools};
+use crate::gateway::{
+    Gateway, free_port, raw_call, readyz, start_task, terminal, wait_for, wait_log, wait_port,
+    wait_tools,
+};
 
 /// A tool name that would forge a log line if written raw.
 const NASTY_NAME: &str = "ctl\x07\x1b[31mred\r\nX-Injected: 1";
@@ -616,19 +619,6 @@ async fn error_codes_an_upstream_makes_up_share_one_metric_label() {
     assert_eq!(labels, ["-32602", "other"].into_iter().collect(), "{text}");
 }
 
-/// Waits until the gateway's log contains `text` (or fails after 30 s).
-async fn wait_log(gw: &Gateway, text: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let log = gw.log();
-        if log.contains(text) {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "no `{text}`: {log}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_list_over_its_bounds_is_refused_and_relisting_is_rate_limited() {
     let up = hostile().await;
@@ -711,4 +701,30 @@ async fn trusted_annotations_take_a_read_only_tool_as_safe_to_repeat() {
             if trusted { 2 } else { 1 }
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_404_from_a_url_without_a_path_hints_at_the_mcp_endpoint() {
+    let up = hostile().await;
+    let root = up.url.trim_end_matches("/mcp").to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    // With credentials in the URL: the hint leaves them out.
+    let with_user = root.replace("http://", "http://user:URL-SECRET@");
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &["--upstream".into(), format!("bad={with_user}")],
+    );
+    let hint = format!("upstream `bad` answered HTTP 404; did you mean {root}/mcp?");
+    let log = wait_log(&gw, &hint).await;
+    assert!(!log.contains("URL-SECRET"), "{log}");
+    let body = raw_call(&gw, "fine").await;
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with("upstream `bad` is down"), "{body}");
+    assert!(message.contains(&hint), "{message}");
+    let (status, body) = readyz(&gw).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains(&format!("upstream bad: connecting, last error: {hint}")),
+        "{body}"
+    );
 }

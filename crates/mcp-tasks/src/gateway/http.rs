@@ -370,6 +370,9 @@ impl HttpLink {
             return Err(UpstreamError::Http {
                 upstream: self.upstream.clone(),
                 status: status.as_u16(),
+                hint: (status == StatusCode::NOT_FOUND)
+                    .then(|| super::error::not_found_hint(&self.url))
+                    .flatten(),
             });
         }
         Err(UpstreamError::Protocol {
@@ -418,6 +421,7 @@ impl HttpLink {
             Reply1::SessionGone => Err(UpstreamError::Http {
                 upstream: self.upstream.clone(),
                 status: 404,
+                hint: None,
             }),
         }
     }
@@ -467,6 +471,7 @@ impl HttpLink {
         Err(UpstreamError::Http {
             upstream: self.upstream.clone(),
             status: 404,
+            hint: None,
         })
     }
 
@@ -936,6 +941,7 @@ impl Reply for HttpLink {
                 Reply1::SessionGone => Err(UpstreamError::Http {
                     upstream: self.upstream.clone(),
                     status: 404,
+                    hint: None,
                 }),
                 _ => Ok(()),
             }

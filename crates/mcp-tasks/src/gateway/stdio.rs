@@ -90,7 +90,7 @@ impl StdioLink {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| unreachable(format!("its command could not start: {}", e.kind())))?;
+            .map_err(|e| unreachable(cannot_start(program, &e)))?;
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
@@ -286,6 +286,30 @@ impl StdioLink {
         let message = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
         self.send_line(&message)?;
         link::drive(&self.upstream, self, id, rx, events, hooks, timeout).await
+    }
+}
+
+/// Why `program` could not start, naming it by its file name (never its arguments, nor the
+/// folders of its path).
+fn cannot_start(program: &str, e: &std::io::Error) -> String {
+    let path = std::path::Path::new(program);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| program.to_owned());
+    let name = name.escape_debug();
+    let bare = path.components().count() == 1;
+    match e.kind() {
+        std::io::ErrorKind::NotFound if bare => {
+            format!("its command `{name}` was not found on PATH")
+        }
+        std::io::ErrorKind::NotFound => {
+            format!("its command `{name}` was not found (no such file)")
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            format!("its command `{name}` could not start: permission denied (is it executable?)")
+        }
+        kind => format!("its command `{name}` could not start: {kind}"),
     }
 }
 
@@ -588,6 +612,19 @@ impl Link for StdioPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_command_that_cannot_start_is_named_by_its_file_name() {
+        let not_found = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert_eq!(
+            cannot_start("mcp-server-filesystem", &not_found),
+            "its command `mcp-server-filesystem` was not found on PATH"
+        );
+        let e = cannot_start("/home/someone/secret-dir/server", &not_found);
+        assert_eq!(e, "its command `server` was not found (no such file)");
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert!(cannot_start("./x", &denied).contains("`x` could not start: permission denied"));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_busy_pool_waits_briefly_and_reuses_the_member_that_frees() {

@@ -22,6 +22,9 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const RELIST_INTERVAL: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
+/// The most bytes of an upstream's last error kept (for `/readyz` and the error of a call).
+const MAX_LAST_ERROR: usize = 512;
+
 /// One upstream: its configuration, its current connection, its listed tools.
 pub(crate) struct UpstreamState {
     pub(crate) config: Upstream,
@@ -33,6 +36,8 @@ pub(crate) struct UpstreamState {
     refresh: Arc<Notify>,
     /// The `--upstream-idempotent` names already reported as not listed.
     unlisted_reported: Mutex<std::collections::BTreeSet<String>>,
+    /// Why the last attempt to connect (or to list the tools) failed, until one succeeds.
+    last_error: Mutex<Option<String>>,
 }
 
 impl UpstreamState {
@@ -45,6 +50,82 @@ impl UpstreamState {
             listed: Mutex::new(Vec::new()),
             refresh: Arc::new(Notify::new()),
             unlisted_reported: Mutex::new(std::collections::BTreeSet::new()),
+            last_error: Mutex::new(None),
+        }
+    }
+
+    fn set_last_error(&self, error: Option<String>) {
+        // An upstream's own error message is kept short.
+        let error = error.map(|mut e| {
+            if e.len() > MAX_LAST_ERROR {
+                let mut cut = MAX_LAST_ERROR;
+                while !e.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                e.truncate(cut);
+                e.push('…');
+            }
+            e
+        });
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = error;
+    }
+
+    /// Whether calls go through now: connected, its tools listed.
+    pub(crate) fn is_connected(&self) -> bool {
+        self.link.borrow().is_some()
+    }
+
+    /// Why its tools cannot be called now, when it is not connected: the message a client
+    /// calling one gets instead of "Unknown tool".
+    pub(crate) fn down(&self) -> Option<String> {
+        if self.is_connected() {
+            return None;
+        }
+        let last = self
+            .last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        Some(match last {
+            Some(e) => format!(
+                "upstream `{}` is down (it last failed with: {e}); the gateway keeps connecting and lists its tools once it answers",
+                self.name()
+            ),
+            None => format!(
+                "upstream `{}` is down (not connected yet); the gateway keeps connecting and lists its tools once it answers",
+                self.name()
+            ),
+        })
+    }
+
+    /// One line on its state for the readiness probe: `connected` with its era and tool
+    /// count, or `connecting` with its last error.
+    pub(crate) fn readiness(&self) -> String {
+        let link = self.link.borrow().clone();
+        match link {
+            Some(link) => {
+                let tools = self.listed.lock().unwrap_or_else(|e| e.into_inner()).len();
+                format!(
+                    "upstream {}: connected, era {}, {tools} tools",
+                    self.name(),
+                    link.era()
+                )
+            }
+            None => {
+                let last = self
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                match last {
+                    Some(e) => format!(
+                        "upstream {}: connecting, last error: {}",
+                        self.name(),
+                        e.escape_debug()
+                    ),
+                    None => format!("upstream {}: connecting", self.name()),
+                }
+            }
         }
     }
 
@@ -178,6 +259,7 @@ impl UpstreamState {
                 Err(e) => {
                     metrics::counter!(super::UPSTREAM_ERRORS, "upstream" => self.config.name.clone(), "kind" => e.kind()).increment(1);
                     tracing::warn!(upstream = %self.config.name, error = %e.to_string().escape_debug(), retry_in_ms = backoff.as_millis() as u64, "upstream not available");
+                    self.set_last_error(Some(e.to_string()));
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}
                         () = stop.cancelled() => return,
@@ -201,6 +283,7 @@ impl UpstreamState {
                                 "--upstream-idempotent names a tool this upstream does not list (a typo?): calls of it are not repeated after a crash");
                         }
                         *self.listed.lock().unwrap_or_else(|e| e.into_inner()) = tools;
+                        self.set_last_error(None);
                         changed();
                         // Calls go through a connection once its tools are known (their
                         // annotations and task support).
@@ -216,6 +299,7 @@ impl UpstreamState {
                     Err(e) => {
                         // A connection that cannot list its tools is of no use: a new one.
                         tracing::warn!(upstream = %self.config.name, error = %e.to_string().escape_debug(), "cannot list the upstream's tools");
+                        self.set_last_error(Some(e.to_string()));
                         break;
                     }
                 }
@@ -233,6 +317,17 @@ impl UpstreamState {
                 }
             }
             self.link.send_replace(None);
+            if self
+                .last_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_none()
+            {
+                self.set_last_error(Some(format!(
+                    "upstream `{}`: the connection was lost",
+                    self.name()
+                )));
+            }
             // A connection that lasted resets the backoff; one that died at once does not.
             if up_since.elapsed() > MAX_BACKOFF {
                 backoff = FIRST_BACKOFF;
