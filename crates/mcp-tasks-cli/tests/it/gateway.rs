@@ -1129,9 +1129,15 @@ async fn a_stdio_upstream_runs_at_most_its_processes_and_further_calls_wait() {
 async fn a_burst_of_calls_on_a_stdio_upstream_starts_at_most_the_default_processes() {
     let Some(up) = upstreams() else { return };
     let dir = tempfile::tempdir().unwrap();
+    let console = free_port();
     let gw = Gateway::start(
         &dir.path().join("gw.redb"),
-        &["--upstream-command".into(), up.everything() + " stdio"],
+        &[
+            "--upstream-command".into(),
+            up.everything() + " stdio",
+            "--console-listen".into(),
+            format!("127.0.0.1:{console}"),
+        ],
     );
     let client = gw.client().await;
     wait_tools(&client, &["echo"]).await;
@@ -1154,6 +1160,12 @@ async fn a_burst_of_calls_on_a_stdio_upstream_starts_at_most_the_default_process
         "{started} processes for 20 calls:\n{log}"
     );
     assert_eq!(mcp_tasks::gateway::DEFAULT_MAX_PROCESSES, 4);
+    // The console's page of a task says which upstream it went to.
+    let url = format!("http://127.0.0.1:{console}/api/tasks/{}", tasks[0].id());
+    let page: Value =
+        serde_json::from_str(&reqwest::get(url).await.unwrap().text().await.unwrap()).unwrap();
+    assert_eq!(page["upstream"], "upstream", "{page}");
+    assert_eq!(page["isError"], false, "{page}");
     // /readyz says the upstream is connected, with its era and its tool count.
     let (status, body) = readyz(&gw).await;
     assert_eq!(status, 200, "{body}");

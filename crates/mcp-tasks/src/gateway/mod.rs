@@ -56,6 +56,9 @@ pub use config::{
     UpstreamTransport,
 };
 pub use error::{GatewayError, UpstreamError};
+/// The journal step recorded before an upstream is called (its value names the upstream:
+/// `{"startedAtMs": …, "upstream": NAME}`).
+pub(crate) use tool::CALL_STEP;
 pub use upstream::upstream_flow_group;
 
 use std::collections::BTreeSet;
