@@ -57,7 +57,8 @@ pub use config::{
 };
 pub use error::{GatewayError, UpstreamError};
 /// The journal step recorded before an upstream is called (its value names the upstream:
-/// `{"startedAtMs": …, "upstream": NAME}`).
+/// `{"startedAtMs": …, "upstream": NAME}`; the console shows it).
+#[cfg(feature = "console")]
 pub(crate) use tool::CALL_STEP;
 pub use upstream::upstream_flow_group;
 
