@@ -258,8 +258,10 @@ impl UpstreamState {
                 Ok(link) => link,
                 Err(e) => {
                     metrics::counter!(super::UPSTREAM_ERRORS, "upstream" => self.config.name.clone(), "kind" => e.kind()).increment(1);
-                    tracing::warn!(upstream = %self.config.name, error = %e.to_string().escape_debug(), retry_in_ms = backoff.as_millis() as u64, "upstream not available");
+                    // Kept before it is logged: whoever reads the log line finds it in
+                    // `/readyz` and in a call's error.
                     self.set_last_error(Some(e.to_string()));
+                    tracing::warn!(upstream = %self.config.name, error = %e.to_string().escape_debug(), retry_in_ms = backoff.as_millis() as u64, "upstream not available");
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}
                         () = stop.cancelled() => return,
@@ -298,8 +300,8 @@ impl UpstreamState {
                     }
                     Err(e) => {
                         // A connection that cannot list its tools is of no use: a new one.
-                        tracing::warn!(upstream = %self.config.name, error = %e.to_string().escape_debug(), "cannot list the upstream's tools");
                         self.set_last_error(Some(e.to_string()));
+                        tracing::warn!(upstream = %self.config.name, error = %e.to_string().escape_debug(), "cannot list the upstream's tools");
                         break;
                     }
                 }
