@@ -5,6 +5,8 @@
 #   - the official reference server @modelcontextprotocol/server-everything from npm, run by a
 #     launcher, $dir/bin/server-everything [stdio|streamableHttp] (env PORT for the latter,
 #     default 3001; the endpoint is http://127.0.0.1:PORT/mcp);
+#   - the official reference server @modelcontextprotocol/server-filesystem from npm (stdio),
+#     run by a launcher, $dir/bin/server-filesystem DIR... (the gateway's burst bench);
 #   - a virtualenv, $dir/venv, with the official MCP Python SDK (1.x), which runs
 #     crates/mcp-tasks-cli/tests/upstream/python_server.py [stdio|http PORT];
 #   - a virtualenv, $dir/fastmcp-venv, with FastMCP 4.x (a 2026-07-28 and 2025-11-25 server
@@ -25,6 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 everything_version=2026.8.31
+filesystem_version=2026.8.31
 sdk_version=1.26.0
 fastmcp_version=4.1.6
 dir=${MCP_TASKS_UPSTREAMS_DIR:-$HOME/.cache/mcp-tasks-upstreams}
@@ -46,6 +49,15 @@ if [[ ! -f $pkg/package.json ]] || ! grep -q "\"version\": \"$everything_version
 fi
 index=$pkg/dist/index.js
 [[ -f $index ]] || { echo "error: server-everything is not installed in $dir/node" >&2; exit 1; }
+
+echo "== server-filesystem $filesystem_version (in $dir/node)"
+fs_pkg=$dir/node/node_modules/@modelcontextprotocol/server-filesystem
+if [[ ! -f $fs_pkg/package.json ]] || ! grep -q "\"version\": \"$filesystem_version\"" "$fs_pkg/package.json"; then
+  npm install --prefix "$dir/node" --no-audit --no-fund --loglevel=error \
+    "@modelcontextprotocol/server-filesystem@$filesystem_version" >&2
+fi
+fs_index=$fs_pkg/dist/index.js
+[[ -f $fs_index ]] || { echo "error: server-filesystem is not installed in $dir/node" >&2; exit 1; }
 
 # The Node that runs it: the machine's when new enough (v20 runs it, stdio and HTTP alike),
 # else Node 22 from the npm registry, shared with scripts/conformance.sh when it has one.
@@ -74,6 +86,16 @@ exec '$node' '$index' \"\$@\"
 if [[ ! -f $launcher || $(cat "$launcher") != "${launcher_text%$'\n'}" ]]; then
   printf '%s' "$launcher_text" > "$launcher"
   chmod +x "$launcher"
+fi
+fs_launcher=$dir/bin/server-filesystem
+fs_launcher_text="#!/bin/sh
+# server-filesystem $filesystem_version, written by scripts/upstreams.sh.
+# usage: server-filesystem DIR...   (stdio; the directories it may read and write)
+exec '$node' '$fs_index' \"\$@\"
+"
+if [[ ! -f $fs_launcher || $(cat "$fs_launcher") != "${fs_launcher_text%$'\n'}" ]]; then
+  printf '%s' "$fs_launcher_text" > "$fs_launcher"
+  chmod +x "$fs_launcher"
 fi
 
 echo "== MCP Python SDK $sdk_version (in $dir/venv)"
@@ -111,6 +133,11 @@ printf '%s\n' "$init" | timeout 10 "$launcher" stdio 2>"$work/stdio.err" | head 
 grep -qF "$expect" "$work/stdio.out" \
   || { echo "error: server-everything stdio did not answer initialize:" >&2; cat "$work/stdio.out" "$work/stdio.err" >&2; exit 1; }
 echo "server-everything stdio: ok"
+
+printf '%s\n' "$init" | timeout 10 "$fs_launcher" "$work" 2>"$work/fs.err" | head -n 1 > "$work/fs.out" || true
+grep -qF "$expect" "$work/fs.out" \
+  || { echo "error: server-filesystem did not answer initialize:" >&2; cat "$work/fs.out" "$work/fs.err" >&2; exit 1; }
+echo "server-filesystem stdio: ok"
 
 # Streamable HTTP: initialize on a free port; the result comes as an SSE event.
 port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')
@@ -158,5 +185,6 @@ echo "python_server.py: ok"
 
 echo "installed in $dir"
 echo "  $launcher [stdio|streamableHttp]"
+echo "  $fs_launcher DIR..."
 echo "  $py crates/mcp-tasks-cli/tests/upstream/python_server.py [stdio|http PORT]"
 echo "  $fpy crates/mcp-tasks-cli/tests/upstream/fastmcp_server.py http PORT"

@@ -55,8 +55,9 @@ pub(crate) struct GatewayArgs {
     #[arg(long = "upstream-timeout", env = "MCP_TASKS_UPSTREAM_TIMEOUT", value_name = "DURATION", default_value = "5m", value_parser = units::parse_duration)]
     pub(crate) timeout: Duration,
     /// How many processes each stdio upstream may run at once: one per call in flight (stdio
-    /// cannot say which call a server's request is about). A call that finds them all busy
-    /// waits for one; calls waiting for a client's answer hold theirs.
+    /// cannot say which call a server's request is about). A call that finds every running
+    /// process busy waits up to 250 ms for one to be free before it starts another; past the
+    /// limit it waits for one (calls waiting for a client's answer hold theirs).
     #[arg(long = "upstream-processes", env = "MCP_TASKS_UPSTREAM_PROCESSES", value_name = "N", default_value_t = mcp_tasks::gateway::DEFAULT_MAX_PROCESSES)]
     pub(crate) processes: usize,
     /// The most tools one upstream may list. A larger list is refused and logged, and the
@@ -305,7 +306,7 @@ mod tests {
     fn args() -> GatewayArgs {
         GatewayArgs {
             timeout: Duration::from_secs(300),
-            processes: 32,
+            processes: 4,
             max_tools: 10_000,
             max_tools_bytes: 16 << 20,
             ..Default::default()

@@ -1325,11 +1325,16 @@ async fn serve_http(
 async fn ready_once_started(
     started: Arc<OnceLock<mcp_tasks::RuntimeHandle>>,
 ) -> axum::response::Response {
-    let ready = match started.get() {
-        Some(runtime) => runtime.ready().await,
-        None => Err("starting: the store is opening or recovering".to_owned()),
-    };
-    http::readiness_response(ready)
+    match started.get() {
+        // The tool sources' state (a gateway's upstreams) in the body: a down upstream does
+        // not make the server unready, since it still serves its tasks.
+        Some(runtime) => {
+            http::readiness_report(runtime.ready().await, &runtime.tool_sources_readiness())
+        }
+        None => http::readiness_response(Err(
+            "starting: the store is opening or recovering".to_owned()
+        )),
+    }
 }
 
 /// What the MCP address serves from the moment it is bound: `/healthz`, `/readyz` (503 until

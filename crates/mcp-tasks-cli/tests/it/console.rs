@@ -19,7 +19,7 @@ use crate::support::embedded::req;
 
 /// The tools the console's tests run: `quick` completes at once with the status message it
 /// is given, `ask` waits for the input `approve`, `boom` fails, `slow` waits for its
-/// cancellation.
+/// cancellation, `oops` completes with a tool error (`isError: true`).
 pub(crate) fn tools() -> Vec<Arc<dyn mcp_tasks::tool::Tool>> {
     let schema = json!({ "type": "object", "properties": { "message": { "type": "string" } } });
     vec![
@@ -56,6 +56,12 @@ pub(crate) fn tools() -> Vec<Arc<dyn mcp_tasks::tool::Tool>> {
                 .task_policy(TaskPolicy::Always)
                 .input_schema(schema.clone()),
             |_, _| async move { Err(ToolError::rpc(-32603, "the disk is full")) },
+        ),
+        tool_fn(
+            ToolDescriptor::new("oops", "completes with a tool error")
+                .task_policy(TaskPolicy::Always)
+                .input_schema(schema.clone()),
+            |_, _| async move { Ok(CallToolResult::error_text("the file is locked")) },
         ),
         tool_fn(
             ToolDescriptor::new("slow", "runs until cancelled")
@@ -623,6 +629,74 @@ async fn all_ids_with(base: &str, headers: &[(&str, &str)]) -> Vec<String> {
         .iter()
         .map(|t| t["id"].as_str().unwrap().to_owned())
         .collect()
+}
+
+on_both_stores! {
+async fn a_tool_error_is_marked_in_the_list_the_task_page_and_live_events(backend: Backend) {
+    use futures::StreamExt;
+    let Some(place) = Place::new(backend).await else {
+        return;
+    };
+    let rt = start(&place).await;
+    let console = serve(Console::new(&rt)).await;
+    let base = &console.base;
+    let me = Owner::anonymous();
+    let fine = create(&rt, &me, "quick", json!({})).await;
+    let oops = create(&rt, &me, "oops", json!({})).await;
+    wait_status(&rt, &me, &fine, "completed").await;
+    wait_status(&rt, &me, &oops, "completed").await;
+    // The list: both completed, the one with isError: true marked.
+    let (status, page) = get(&format!("{base}/api/tasks"), &[]).await;
+    assert_eq!(status, 200, "{page}");
+    let row = |id: &str| {
+        page["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["id"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("{id} not listed: {page}"))
+    };
+    assert_eq!(row(&oops)["status"], "completed");
+    assert_eq!(row(&oops)["isError"], true);
+    assert_eq!(row(&fine)["isError"], false);
+    // The task page.
+    let (_, t) = get(&format!("{base}/api/tasks/{oops}"), &[]).await;
+    assert_eq!((t["status"].clone(), t["isError"].clone()), (json!("completed"), json!(true)));
+    assert_eq!(t["result"]["isError"], true);
+    assert_eq!(t["upstream"], Value::Null, "not a gateway tool");
+    let (_, t) = get(&format!("{base}/api/tasks/{fine}"), &[]).await;
+    assert_eq!(t["isError"], false);
+    // A live event of a task that completes with a tool error.
+    let mut body = reqwest::Client::new()
+        .get(format!("{base}/api/events"))
+        .send()
+        .await
+        .unwrap()
+        .bytes_stream();
+    let live = create(&rt, &me, "oops", json!({})).await;
+    let mut seen = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let done = |seen: &str| {
+        seen.lines().any(|l| {
+            l.starts_with("data: ")
+                && l.contains(&live)
+                && l.contains("\"completed\"")
+                && l.contains("\"isError\":true")
+        })
+    };
+    while !done(&seen) {
+        let chunk = tokio::time::timeout_at(deadline, body.next())
+            .await
+            .unwrap_or_else(|_| panic!("no completed event with isError: {seen}"))
+            .unwrap()
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    drop(console);
+    rt.shutdown().await;
+    place.finish().await;
+}
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -134,6 +134,39 @@ async fn the_console_in_a_real_browser() {
     expected.sort();
     assert_eq!(listed, expected);
 
+    // A task that completed with a tool error (`isError: true`) is marked as one, in the
+    // list and on its page.
+    let oops = create(&rt, &me, "oops", json!({})).await;
+    wait_status(&rt, &me, &oops, "completed").await;
+    page.goto(&format!("{base}/tasks?tool=oops")).await.unwrap();
+    page.wait_until(READY, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let badge = page
+        .eval("(b => [b.textContent.trim(), b.className])(document.querySelector('#tasks-table tr[data-task-id] td.status .badge'))")
+        .await
+        .unwrap();
+    assert_eq!(
+        badge,
+        json!(["completed · tool error", "badge st-failed tool-error"])
+    );
+    page.goto(&format!("{base}/tasks/{oops}")).await.unwrap();
+    page.wait_until(READY, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(
+        text(&page, "#task-status").await.as_deref(),
+        Some("completed · tool error")
+    );
+    assert_eq!(
+        text(&page, "#result h2").await.map(|t| t.to_lowercase()),
+        Some("result (tool error)".to_owned()),
+        "(the heading is shown in capitals)"
+    );
+    page.screenshot_png(&shots.join("console-tool-error.png"))
+        .await
+        .unwrap();
+
     // A task's page shows its input key; answering it through MCP turns the open page
     // `completed` within 5 s, without a reload.
     page.goto(&format!("{base}/tasks/{}", asks[0]))

@@ -1124,3 +1124,149 @@ async fn a_stdio_upstream_runs_at_most_its_processes_and_further_calls_wait() {
         gw.log()
     );
 }
+
+#[tokio::test]
+async fn a_burst_of_calls_on_a_stdio_upstream_starts_at_most_the_default_processes() {
+    let Some(up) = upstreams() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let console = free_port();
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &[
+            "--upstream-command".into(),
+            up.everything() + " stdio",
+            "--console-listen".into(),
+            format!("127.0.0.1:{console}"),
+        ],
+    );
+    let client = gw.client().await;
+    wait_tools(&client, &["echo"]).await;
+    // 20 calls at once, each as a task of its own.
+    let tasks = futures::future::join_all(
+        (0..20).map(|i| start_task(&client, "echo", json!({ "message": format!("m{i}") }))),
+    )
+    .await;
+    for (i, task) in tasks.iter().enumerate() {
+        let done = wait_for(task, "echo", terminal).await;
+        assert_eq!(done.status, TaskStatus::Completed, "{done:?}");
+        assert_eq!(text(&done.result.unwrap()), format!("Echo: m{i}"));
+    }
+    // The gateway logs each process it starts: the first, and at most 3 more (the default
+    // --upstream-processes is 4), however many calls came at once.
+    let log = gw.log();
+    let started = log.matches("upstream process started").count();
+    assert!(
+        (1..=mcp_tasks::gateway::DEFAULT_MAX_PROCESSES).contains(&started),
+        "{started} processes for 20 calls:\n{log}"
+    );
+    assert_eq!(mcp_tasks::gateway::DEFAULT_MAX_PROCESSES, 4);
+    // The console's page of a task says which upstream it went to.
+    let url = format!("http://127.0.0.1:{console}/api/tasks/{}", tasks[0].id());
+    let page: Value =
+        serde_json::from_str(&reqwest::get(url).await.unwrap().text().await.unwrap()).unwrap();
+    assert_eq!(page["upstream"], "upstream", "{page}");
+    assert_eq!(page["isError"], false, "{page}");
+    // /readyz says the upstream is connected, with its era and its tool count.
+    let (status, body) = readyz(&gw).await;
+    assert_eq!(status, 200, "{body}");
+    let line = body
+        .lines()
+        .find(|l| l.starts_with("upstream upstream: "))
+        .unwrap_or_else(|| panic!("{body}"));
+    assert!(
+        line.starts_with("upstream upstream: connected, era 2025-11-25, "),
+        "{line}"
+    );
+    assert!(
+        line.ends_with(" tools") && !line.contains(", 0 tools"),
+        "{line}"
+    );
+}
+
+/// `GET /readyz` of the gateway: its status and body.
+pub(crate) async fn readyz(gw: &Gateway) -> (u16, String) {
+    let response = reqwest::get(gw.url.replace("/mcp", "/readyz"))
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+/// A synchronous `tools/call` of `tool` as raw JSON-RPC: the response's body.
+pub(crate) async fn raw_call(gw: &Gateway, tool: &str) -> Value {
+    let response = reqwest::Client::new()
+        .post(&gw.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", tool)
+        .body(
+            json!({
+                "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": { "name": tool, "arguments": {}, "_meta": {
+                    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                    "io.modelcontextprotocol/clientCapabilities": {}
+                } }
+            })
+            .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    serde_json::from_slice(&response.bytes().await.unwrap()).unwrap()
+}
+
+/// Waits until the gateway's log contains `text` (or fails after [`WAIT`]); returns the log.
+pub(crate) async fn wait_log(gw: &Gateway, text: &str) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let log = gw.log();
+        if log.contains(text) {
+            return log;
+        }
+        assert!(Instant::now() < deadline, "no `{text}`: {log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_command_that_cannot_start_is_named_and_its_tools_say_the_upstream_is_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &[
+            "--upstream-command".into(),
+            "fs=mcp-server-filesystem-not-installed /srv/data --token=ARG-SECRET-1".into(),
+            "--upstream-env".into(),
+            "API_KEY=ENV-SECRET-2".into(),
+        ],
+    );
+    // The log names the upstream and the program, not its arguments nor its environment.
+    let log = wait_log(
+        &gw,
+        "its command `mcp-server-filesystem-not-installed` was not found on PATH",
+    )
+    .await;
+    assert!(log.contains("upstream=fs"), "{log}");
+    for secret in ["ARG-SECRET-1", "ENV-SECRET-2", "/srv/data"] {
+        assert!(!log.contains(secret), "{secret} leaked: {log}");
+    }
+    // A call of any tool while it is down: the upstream is down, and why; not "Unknown tool".
+    let body = raw_call(&gw, "read_text_file").await;
+    assert_eq!(body["error"]["code"], -32603, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("upstream `fs` is down (it last failed with: upstream `fs` is unreachable: its command `mcp-server-filesystem-not-installed` was not found on PATH)"),
+        "{message}"
+    );
+    assert!(!message.contains("SECRET"), "{message}");
+    // The server is still ready (it serves its tasks); /readyz says what is wrong.
+    let (status, body) = readyz(&gw).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("ready\n"), "{body}");
+    assert!(
+        body.contains("upstream fs: connecting, last error: upstream `fs` is unreachable: its command `mcp-server-filesystem-not-installed` was not found on PATH"),
+        "{body}"
+    );
+    assert!(!body.contains("SECRET"), "{body}");
+}

@@ -15,7 +15,10 @@ use futures::StreamExt;
 use mcp_tasks::TaskStatus;
 use serde_json::{Value, json};
 
-use crate::gateway::{Gateway, free_port, start_task, terminal, wait_for, wait_port, wait_tools};
+use crate::gateway::{
+    Gateway, free_port, raw_call, readyz, start_task, terminal, wait_for, wait_log, wait_port,
+    wait_tools,
+};
 
 /// A tool name that would forge a log line if written raw.
 const NASTY_NAME: &str = "ctl\x07\x1b[31mred\r\nX-Injected: 1";
@@ -40,6 +43,12 @@ struct Seen {
     extra_description: AtomicUsize,
     /// Calls of `read`.
     reads: AtomicUsize,
+    /// Progress notifications sent by the session-era tools.
+    progress_sent: AtomicUsize,
+    /// Whether the session-era upstream got the answer to its elicitation.
+    answered: tokio::sync::Notify,
+    /// How long `flood_progress` took to send its reports, in ms.
+    flood_ms: AtomicUsize,
 }
 
 /// How much a flooding tool offers at most (far over the gateway's 64 MiB cap).
@@ -57,6 +66,10 @@ async fn hostile() -> Hostile {
     let app = axum::Router::new()
         .route("/mcp", axum::routing::post(mcp))
         .route("/steal", axum::routing::post(steal))
+        .route(
+            "/session",
+            axum::routing::post(session).get(|| async { StatusCode::METHOD_NOT_ALLOWED }),
+        )
         .with_state((seen.clone(), port));
     tokio::spawn(async move { axum::serve(listener, app).await });
     Hostile {
@@ -113,6 +126,7 @@ async fn mcp(State((seen, port)): State<(Arc<Seen>, u16)>, body: Bytes) -> Respo
         "drip",
         "code",
         "changed",
+        "flood_progress",
         NASTY_NAME,
     ]
     .iter()
@@ -143,6 +157,20 @@ async fn mcp(State((seen, port)): State<(Arc<Seen>, u16)>, body: Bytes) -> Respo
             answer(&id, json!({ "resultType": "complete", "tools": tools }))
         }
         "tools/call" => match message["params"]["name"].as_str().unwrap_or_default() {
+            // PROGRESS_FLOOD reports for the call's progress token, then the result.
+            "flood_progress" => {
+                let token = message["params"]["_meta"]["progressToken"].clone();
+                let progress = move |n: usize, text: String| {
+                    json!({ "jsonrpc": "2.0", "method": "notifications/progress",
+                            "params": { "progressToken": token, "progress": n, "message": text } })
+                };
+                let end = Bytes::from(format!(
+                    "data: {}\n\n",
+                    json!({ "jsonrpc": "2.0", "id": id, "result": {
+                        "resultType": "complete", "content": [{ "type": "text", "text": "flooded" }] } })
+                ));
+                progress_flood(seen, progress, end)
+            }
             // One `data:` line that never ends.
             "huge_line" => flood(b"data: \"", Bytes::from(vec![b'A'; 64 * 1024]), seen),
             // `data:` lines of one event that never ends.
@@ -207,6 +235,255 @@ async fn mcp(State((seen, port)): State<(Arc<Seen>, u16)>, body: Bytes) -> Respo
         },
         _ => StatusCode::ACCEPTED.into_response(),
     }
+}
+
+/// How many progress notifications `flood_progress` sends, 10 every 10 ms.
+const PROGRESS_FLOOD: usize = 1000;
+/// How many `ask_then_flood` sends while its elicitation waits, and the bytes of each
+/// one's message.
+const WAITING_FLOOD: usize = 20_000;
+const WAITING_MESSAGE: usize = 16 * 1024;
+
+/// The hostile upstream at `/session`: a `2025-11-25` server (`initialize`, a session) whose
+/// tools flood the call's event stream with progress.
+async fn session(State((seen, _)): State<(Arc<Seen>, u16)>, body: Bytes) -> Response {
+    let message: Value = serde_json::from_slice(&body).unwrap_or_default();
+    let id = message["id"].clone();
+    let event = |m: Value| Bytes::from(format!("data: {m}\n\n"));
+    match message["method"].as_str() {
+        Some("initialize") => (
+            [
+                (header::CONTENT_TYPE, "application/json"),
+                (header::HeaderName::from_static("mcp-session-id"), "s1"),
+            ],
+            json!({ "jsonrpc": "2.0", "id": id, "result": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": { "tools": {} },
+                "serverInfo": { "name": "hostile-session", "version": "1" }
+            } })
+            .to_string(),
+        )
+            .into_response(),
+        Some("tools/list") => answer(
+            &id,
+            json!({ "tools": [
+                { "name": "flood_progress", "inputSchema": { "type": "object" } },
+                { "name": "ask_then_flood", "inputSchema": { "type": "object" } }
+            ] }),
+        ),
+        Some("tools/call") => {
+            let token = message["params"]["_meta"]["progressToken"].clone();
+            let progress = move |n: usize, text: String| {
+                json!({ "jsonrpc": "2.0", "method": "notifications/progress",
+                        "params": { "progressToken": token, "progress": n, "message": text } })
+            };
+            let end = event(json!({ "jsonrpc": "2.0", "id": id, "result": {
+                "content": [{ "type": "text", "text": "flooded" }] } }));
+            match message["params"]["name"].as_str() {
+                // PROGRESS_FLOOD reports in about a second, then the result.
+                Some("flood_progress") => progress_flood(seen, progress, end),
+                // An elicitation, then WAITING_FLOOD large reports while it waits for its
+                // answer, then (once answered) the result.
+                _ => {
+                    let ask = event(json!({ "jsonrpc": "2.0", "id": "ask-1",
+                        "method": "elicitation/create", "params": {
+                            "message": "Go on?", "requestedSchema": { "type": "object", "properties": {} } } }));
+                    let pad = "p".repeat(WAITING_MESSAGE);
+                    let counted = seen.clone();
+                    let reports = futures::stream::iter(1..=WAITING_FLOOD).map(move |n| {
+                        counted.progress_sent.fetch_add(1, Ordering::Relaxed);
+                        event(progress(n, format!("{n} {pad}")))
+                    });
+                    let answered = futures::stream::once(async move {
+                        seen.answered.notified().await;
+                        end
+                    });
+                    sse(futures::stream::once(async move { ask })
+                        .chain(reports)
+                        .chain(answered))
+                }
+            }
+        }
+        // The answer to `ask-1`.
+        None if message.get("result").is_some() => {
+            seen.answered.notify_one();
+            StatusCode::ACCEPTED.into_response()
+        }
+        Some(_) if !id.is_null() => (
+            [(header::CONTENT_TYPE, "application/json")],
+            json!({ "jsonrpc": "2.0", "id": id, "error": { "code": -32601, "message": "Method not found" } })
+                .to_string(),
+        )
+            .into_response(),
+        _ => StatusCode::ACCEPTED.into_response(),
+    }
+}
+
+/// PROGRESS_FLOOD reports (`progress(n, text)`) in about a second, then `end`.
+fn progress_flood(
+    seen: Arc<Seen>,
+    progress: impl Fn(usize, String) -> Value + Clone + Send + Sync + 'static,
+    end: Bytes,
+) -> Response {
+    let event = |m: Value| Bytes::from(format!("data: {m}\n\n"));
+    let started = std::time::Instant::now();
+    sse(futures::stream::unfold(1, move |n| {
+        let (seen, progress, end) = (seen.clone(), progress.clone(), end.clone());
+        async move {
+            match n {
+                n if n <= PROGRESS_FLOOD => {
+                    if n % 10 == 0 {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    seen.progress_sent.fetch_add(1, Ordering::Relaxed);
+                    Some((event(progress(n, format!("step {n}"))), n + 1))
+                }
+                n if n == PROGRESS_FLOOD + 1 => {
+                    let ms = started.elapsed().as_millis() as usize;
+                    seen.flood_ms.store(ms, Ordering::Relaxed);
+                    Some((end, n + 1))
+                }
+                _ => None,
+            }
+        }
+    }))
+}
+
+/// The value of the unlabeled metric `name` in the gateway's `/metrics`.
+async fn metric(port: u16, name: &str) -> f64 {
+    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name}: {text}"))
+}
+
+/// The store's commits so far.
+async fn commits(port: u16) -> f64 {
+    metric(port, "mcp_tasks_store_commit_duration_seconds_count").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_progress_flood_is_coalesced_and_held_while_the_task_waits_for_input() {
+    let up = hostile().await;
+    let dir = tempfile::tempdir().unwrap();
+    let metrics_port = free_port();
+    let session_url = up.url.replace("/mcp", "/session");
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &[
+            "--upstream".into(),
+            format!("bad={session_url}"),
+            "--metrics-listen".into(),
+            format!("127.0.0.1:{metrics_port}"),
+        ],
+    );
+    wait_port(metrics_port);
+    let client = gw.client().await;
+    wait_tools(&client, &["flood_progress", "ask_then_flood"]).await;
+
+    // 1,000 reports in about a second: a handful of commits of the task, not 1,000.
+    let before = commits(metrics_port).await;
+    let task = start_task(&client, "flood_progress", json!({})).await;
+    let done = wait_for(&task, "flood_progress", terminal).await;
+    assert_eq!(done.status, TaskStatus::Completed, "{done:?}");
+    let made = commits(metrics_port).await - before;
+    assert_eq!(
+        up.seen.progress_sent.load(Ordering::Relaxed),
+        PROGRESS_FLOOD
+    );
+    // The task's own commits (its creation, its call step, its result: 3, and one spare),
+    // plus at most one report at once and one per 250 ms of the flood (about a second: as
+    // long as it took).
+    let flood_ms = up.seen.flood_ms.load(Ordering::Relaxed);
+    let allowed = 4 + 1 + flood_ms.div_ceil(250);
+    assert!(
+        made <= allowed as f64,
+        "{made} commits for {PROGRESS_FLOOD} reports in {flood_ms} ms"
+    );
+
+    // While the task waits for its client's answer, 20,000 reports of 16 KiB (320 MiB):
+    // none is committed, and the gateway keeps the latest only.
+    up.seen.progress_sent.store(0, Ordering::Relaxed);
+    let task = start_task(&client, "ask_then_flood", json!({})).await;
+    wait_for(&task, "input", |t| t.status == TaskStatus::InputRequired).await;
+    let before = commits(metrics_port).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while up.seen.progress_sent.load(Ordering::Relaxed) < WAITING_FLOOD {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the flood never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The stream is read to its end (the upstream offered it all; the gateway read it).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        commits(metrics_port).await - before,
+        0.0,
+        "a commit while the task waited for input"
+    );
+    let peak = peak_memory(&gw);
+    eprintln!(
+        "{made} commits for {PROGRESS_FLOOD} reports in {flood_ms} ms; peak memory {} MiB after {} MiB of reports while waiting",
+        peak >> 20,
+        (WAITING_FLOOD * WAITING_MESSAGE) >> 20
+    );
+    assert!(
+        peak < 200 * 1024 * 1024,
+        "peak memory {} MiB for {} MiB of reports",
+        peak >> 20,
+        (WAITING_FLOOD * WAITING_MESSAGE) >> 20
+    );
+    task.answer(serde_json::Map::from_iter([(
+        "input-1".to_owned(),
+        json!({ "action": "accept", "content": {} }),
+    )]))
+    .await
+    .unwrap();
+    let done = wait_for(&task, "answered", terminal).await;
+    assert_eq!(done.status, TaskStatus::Completed, "{done:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateless_upstreams_progress_flood_is_coalesced_too() {
+    let up = hostile().await;
+    let dir = tempfile::tempdir().unwrap();
+    let metrics_port = free_port();
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &[
+            "--upstream".into(),
+            format!("bad={}", up.url),
+            "--metrics-listen".into(),
+            format!("127.0.0.1:{metrics_port}"),
+        ],
+    );
+    wait_port(metrics_port);
+    let client = gw.client().await;
+    wait_tools(&client, &["flood_progress"]).await;
+    let before = commits(metrics_port).await;
+    let task = start_task(&client, "flood_progress", json!({})).await;
+    let done = wait_for(&task, "flood_progress", terminal).await;
+    assert_eq!(done.status, TaskStatus::Completed, "{done:?}");
+    let made = commits(metrics_port).await - before;
+    assert_eq!(
+        up.seen.progress_sent.load(Ordering::Relaxed),
+        PROGRESS_FLOOD
+    );
+    // As for a session-era upstream: the task's own 3 commits and a spare, one report at
+    // once and one per 250 ms of the flood.
+    let flood_ms = up.seen.flood_ms.load(Ordering::Relaxed);
+    let allowed = 4 + 1 + flood_ms.div_ceil(250);
+    assert!(
+        made <= allowed as f64,
+        "{made} commits for {PROGRESS_FLOOD} reports in {flood_ms} ms"
+    );
+    assert!(made >= 4.0, "the reports reached the task: {made} commits");
 }
 
 /// The gateway's peak resident memory, in bytes (`VmHWM`).
@@ -402,19 +679,6 @@ async fn error_codes_an_upstream_makes_up_share_one_metric_label() {
     assert_eq!(labels, ["-32602", "other"].into_iter().collect(), "{text}");
 }
 
-/// Waits until the gateway's log contains `text` (or fails after 30 s).
-async fn wait_log(gw: &Gateway, text: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let log = gw.log();
-        if log.contains(text) {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "no `{text}`: {log}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_list_over_its_bounds_is_refused_and_relisting_is_rate_limited() {
     let up = hostile().await;
@@ -497,4 +761,30 @@ async fn trusted_annotations_take_a_read_only_tool_as_safe_to_repeat() {
             if trusted { 2 } else { 1 }
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_404_from_a_url_without_a_path_hints_at_the_mcp_endpoint() {
+    let up = hostile().await;
+    let root = up.url.trim_end_matches("/mcp").to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    // With credentials in the URL: the hint leaves them out.
+    let with_user = root.replace("http://", "http://user:URL-SECRET@");
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &["--upstream".into(), format!("bad={with_user}")],
+    );
+    let hint = format!("upstream `bad` answered HTTP 404; did you mean {root}/mcp?");
+    let log = wait_log(&gw, &hint).await;
+    assert!(!log.contains("URL-SECRET"), "{log}");
+    let body = raw_call(&gw, "fine").await;
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with("upstream `bad` is down"), "{body}");
+    assert!(message.contains(&hint), "{message}");
+    let (status, body) = readyz(&gw).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains(&format!("upstream bad: connecting, last error: {hint}")),
+        "{body}"
+    );
 }

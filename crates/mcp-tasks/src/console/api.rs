@@ -34,17 +34,45 @@ pub(super) fn owner_json(key: &str) -> Value {
     }
 }
 
-/// One row of a list (and of a live `task` event).
-pub(super) fn row(task: &ListedTask) -> Value {
+/// One row of a list (and of a live `task` event); `is_error` when it completed with a
+/// result of `isError: true`.
+pub(super) fn row(task: &ListedTask, is_error: bool) -> Value {
     json!({
         "id": task.id,
         "tool": task.listing.tool,
         "status": task.listing.status.as_str(),
+        "isError": is_error,
         "owner": owner_json(&task.owner),
         "createdAt": task.created_ms,
         "lastUpdatedAt": task.listing.updated_ms,
         "statusMessage": task.listing.message,
     })
+}
+
+/// The ids of the completed tasks of `page` whose result has `isError: true`. The listing
+/// index does not keep it: the page's completed records are read, in one batch (at most a
+/// page of them).
+pub(super) async fn tool_errors(
+    store: &crate::store::Store,
+    page: &ListingPage,
+) -> Result<std::collections::BTreeSet<String>, crate::store::StoreError> {
+    let completed: Vec<String> = page
+        .tasks
+        .iter()
+        .filter(|t| t.listing.status == ListedStatus::Completed)
+        .map(|t| t.id.clone())
+        .collect();
+    if completed.is_empty() {
+        return Ok(Default::default());
+    }
+    let records = store.get_many(completed).await?;
+    Ok(records
+        .into_iter()
+        .flatten()
+        .filter_map(|bytes| crate::persist::decode(&bytes).ok())
+        .filter(crate::shared::tool_error)
+        .map(|r| r.id.as_str().to_owned())
+        .collect())
 }
 
 /// A store error as the API answers it (the detail goes to the log: it may name a file).
@@ -253,13 +281,18 @@ pub(super) async fn tasks(State(state): State<AppState>, caller: Caller, uri: Ur
         Ok(p) => p,
         Err(e) => return store_error(e),
     };
-    Json(page_json(&page)).into_response()
+    let errors = match tool_errors(&state.shared.store, &page).await {
+        Ok(e) => e,
+        Err(e) => return store_error(e),
+    };
+    Json(page_json(&page, &errors)).into_response()
 }
 
-/// A page as `api/tasks` answers it.
-pub(super) fn page_json(page: &ListingPage) -> Value {
+/// A page as `api/tasks` answers it (`errors`: the ids of its tasks that completed with a
+/// tool error).
+pub(super) fn page_json(page: &ListingPage, errors: &std::collections::BTreeSet<String>) -> Value {
     json!({
-        "tasks": page.tasks.iter().map(row).collect::<Vec<_>>(),
+        "tasks": page.tasks.iter().map(|t| row(t, errors.contains(&t.id))).collect::<Vec<_>>(),
         "next": page.next.as_ref().map(|c| c.token()),
         "scanned": page.scanned,
         "complete": !page.budget_spent,
@@ -381,7 +414,9 @@ pub(super) fn detail_json(r: &TaskRecord, lease: Option<Value>) -> Value {
     json!({
         "id": r.id.as_str(),
         "tool": r.tool,
+        "upstream": upstream_of(r),
         "status": r.status.as_str(),
+        "isError": crate::shared::tool_error(r),
         "statusMessage": r.status_message,
         "owner": { "tenant": r.owner.tenant, "principal": r.owner.principal },
         "createdAt": r.created_at_ms,
@@ -400,6 +435,22 @@ pub(super) fn detail_json(r: &TaskRecord, lease: Option<Value>) -> Value {
         "answeredKeys": r.answers.keys().collect::<Vec<_>>(),
         "lease": lease,
     })
+}
+
+/// The upstream a gateway tool's task was sent to, as its `gateway.call` step recorded it.
+fn upstream_of(r: &TaskRecord) -> Option<&str> {
+    #[cfg(feature = "gateway")]
+    {
+        r.journal
+            .get(crate::gateway::CALL_STEP)?
+            .get("upstream")?
+            .as_str()
+    }
+    #[cfg(not(feature = "gateway"))]
+    {
+        let _ = r;
+        None
+    }
 }
 
 /// The task's status changes, oldest first (the record keeps the first and the latest ones:

@@ -147,8 +147,10 @@ impl Drop for StreamSlot {
     }
 }
 
-fn task_event(task: &ListedTask) -> Event {
-    Event::default().event("task").data(row(task).to_string())
+fn task_event(task: &ListedTask, is_error: bool) -> Event {
+    Event::default()
+        .event("task")
+        .data(row(task, is_error).to_string())
 }
 
 fn resync() -> Event {
@@ -202,12 +204,13 @@ fn local_events(state: &ConsoleState, viewer: Viewer) -> BoxStream<'static, Even
             let events = latest
                 .into_values()
                 .map(|change| {
-                    task_event(&ListedTask {
+                    let task = ListedTask {
                         id: change.id,
                         owner: owner_key(&change.owner.tenant, &change.owner.principal),
                         created_ms: change.created_ms,
                         listing: change.listing,
-                    })
+                    };
+                    task_event(&task, change.is_error)
                 })
                 .collect();
             return Some((events, (receiver, viewer)));
@@ -220,8 +223,9 @@ fn local_events(state: &ConsoleState, viewer: Viewer) -> BoxStream<'static, Even
 /// What the [`Follower`] hands every stream.
 #[derive(Debug)]
 enum Batch {
-    /// The rows of the tasks committed in one window.
-    Rows(Vec<ListedTask>),
+    /// The rows of the tasks committed in one window (each with whether it completed with
+    /// a tool error).
+    Rows(Vec<(ListedTask, bool)>),
     /// Too many, or some were lost: reload.
     Resync,
 }
@@ -298,8 +302,8 @@ fn cluster_events(
                 Batch::Resync => vec![resync()],
                 Batch::Rows(rows) => rows
                     .iter()
-                    .filter(|task| viewer.may_see_key(&task.owner))
-                    .map(task_event)
+                    .filter(|(task, _)| viewer.may_see_key(&task.owner))
+                    .map(|(task, is_error)| task_event(task, *is_error))
                     .collect(),
             };
             if !events.is_empty() {
@@ -325,11 +329,14 @@ async fn read_rows(state: &ConsoleState, ids: BTreeSet<String>) -> Batch {
         .into_iter()
         .flatten()
         .filter_map(|bytes| crate::persist::decode(&bytes).ok())
-        .map(|record| ListedTask {
-            id: record.id.as_str().to_owned(),
-            owner: owner_key(&record.owner.tenant, &record.owner.principal),
-            created_ms: record.created_at_ms,
-            listing: crate::store::listing_of(&record),
+        .map(|record| {
+            let task = ListedTask {
+                id: record.id.as_str().to_owned(),
+                owner: owner_key(&record.owner.tenant, &record.owner.principal),
+                created_ms: record.created_at_ms,
+                listing: crate::store::listing_of(&record),
+            };
+            (task, crate::shared::tool_error(&record))
         })
         .collect();
     Batch::Rows(rows)

@@ -124,7 +124,7 @@ pub struct Upstream {
 }
 
 /// How many processes a stdio upstream may run at once, by default.
-pub const DEFAULT_MAX_PROCESSES: usize = 32;
+pub const DEFAULT_MAX_PROCESSES: usize = 4;
 
 /// How many tools an upstream may list, by default.
 pub const DEFAULT_MAX_TOOLS: usize = 10_000;
@@ -267,8 +267,9 @@ impl Upstream {
 
     /// How many processes a stdio upstream may run at once (default
     /// [`DEFAULT_MAX_PROCESSES`]): one per call in flight, since stdio cannot say which call
-    /// a server's request is about. A call that finds them all busy waits for one — calls
-    /// waiting for a client's answer hold theirs. Ignored for an HTTP upstream.
+    /// a server's request is about. A call that finds every running process busy waits up to
+    /// 250 ms for one to be free before it starts another; past the limit it waits for one —
+    /// calls waiting for a client's answer hold theirs. Ignored for an HTTP upstream.
     pub fn max_processes(mut self, max: usize) -> Self {
         self.max_processes = max;
         self

@@ -57,12 +57,15 @@ pub enum UpstreamError {
         reason: String,
     },
     /// The upstream answered with an HTTP error status and no JSON-RPC answer.
-    #[error("upstream `{upstream}` answered HTTP {status}")]
+    #[error("upstream `{upstream}` answered HTTP {status}{}", hint_text(.hint))]
     Http {
         /// The upstream's name.
         upstream: String,
         /// The status code.
         status: u16,
+        /// What the gateway guesses is wrong, when it can (a 404 from a URL without a path:
+        /// `did you mean http://HOST:PORT/mcp?`).
+        hint: Option<String>,
     },
     /// The upstream said nothing for longer than its timeout.
     #[error("upstream `{upstream}` did not answer within {seconds} s")]
@@ -111,6 +114,27 @@ pub enum UpstreamError {
     },
 }
 
+fn hint_text(hint: &Option<String>) -> String {
+    hint.as_deref()
+        .map(|h| format!("; {h}"))
+        .unwrap_or_default()
+}
+
+/// The hint of a 404 from `url`: an upstream URL without a path (`http://127.0.0.1:8000`)
+/// usually wants the MCP endpoint's, `/mcp`. Its credentials, query and fragment are left out.
+pub(crate) fn not_found_hint(url: &str) -> Option<String> {
+    let mut parsed = reqwest::Url::parse(url).ok()?;
+    if !matches!(parsed.path(), "" | "/") {
+        return None;
+    }
+    let _ = parsed.set_username("");
+    let _ = parsed.set_password(None);
+    parsed.set_query(None);
+    parsed.set_fragment(None);
+    parsed.set_path("/mcp");
+    Some(format!("did you mean {parsed}?"))
+}
+
 impl UpstreamError {
     /// The upstream it is about.
     pub fn upstream(&self) -> &str {
@@ -151,5 +175,33 @@ impl UpstreamError {
             }
             _ => RpcError::internal(self.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_404_from_a_url_without_a_path_hints_at_mcp() {
+        assert_eq!(
+            not_found_hint("http://127.0.0.1:8000").as_deref(),
+            Some("did you mean http://127.0.0.1:8000/mcp?")
+        );
+        assert_eq!(
+            not_found_hint("https://user:s3cret@example.test/?key=s3cret").as_deref(),
+            Some("did you mean https://example.test/mcp?")
+        );
+        assert_eq!(not_found_hint("http://127.0.0.1:8000/mcp"), None);
+        assert_eq!(not_found_hint("http://127.0.0.1:8000/api/"), None);
+        let e = UpstreamError::Http {
+            upstream: "a".into(),
+            status: 404,
+            hint: not_found_hint("http://127.0.0.1:8000/"),
+        };
+        assert_eq!(
+            e.to_string(),
+            "upstream `a` answered HTTP 404; did you mean http://127.0.0.1:8000/mcp?"
+        );
     }
 }

@@ -19,7 +19,7 @@ use futures::future::BoxFuture;
 use reqwest::StatusCode;
 use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, oneshot};
 
 use super::config::{Upstream, UpstreamEra};
 use super::error::UpstreamError;
@@ -60,7 +60,7 @@ pub(crate) struct HttpLink {
     refresh: Arc<Notify>,
     /// The calls in flight by request id (= progress token): some servers send a call's
     /// progress on the session's standalone stream rather than the call's own.
-    calls: Mutex<std::collections::HashMap<u64, mpsc::UnboundedSender<Inbound>>>,
+    calls: Mutex<std::collections::HashMap<u64, link::InboundTx>>,
     /// Cancelled when the link is dropped: its standalone stream then closes.
     stop: tokio_util::sync::CancellationToken,
     /// How long the upstream keeps a round's `requestState` (stateless era).
@@ -439,6 +439,9 @@ impl HttpLink {
             return Err(UpstreamError::Http {
                 upstream: self.upstream.clone(),
                 status: status.as_u16(),
+                hint: (status == StatusCode::NOT_FOUND)
+                    .then(|| super::error::not_found_hint(&self.url))
+                    .flatten(),
             });
         }
         Err(UpstreamError::Protocol {
@@ -487,6 +490,7 @@ impl HttpLink {
             Reply1::SessionGone => Err(UpstreamError::Http {
                 upstream: self.upstream.clone(),
                 status: 404,
+                hint: None,
             }),
         }
     }
@@ -536,6 +540,7 @@ impl HttpLink {
         Err(UpstreamError::Http {
             upstream: self.upstream.clone(),
             status: 404,
+            hint: None,
         })
     }
 
@@ -616,7 +621,7 @@ impl HttpLink {
             break (id, reply);
         };
         let (tx, rx) = oneshot::channel();
-        let (events_tx, events) = mpsc::unbounded_channel();
+        let (events_tx, events) = link::inbound();
         lock(&self.calls).insert(id, events_tx.clone());
         let _forget = Forget { link: self, id };
         match reply.0 {
@@ -857,33 +862,58 @@ impl HttpLink {
         let reply = self.post(&message, None).await?;
         let key = json!(id);
         let response = match reply.0 {
-            Reply1::Stream(mut stream) => loop {
-                let m = match stream.next().await {
-                    Some(Ok(m)) => m,
-                    Some(Err(e)) => {
-                        return Err(stream_error(&self.upstream, self.timeout, e).into());
+            Reply1::Stream(mut stream) => {
+                // Progress coalesced as `link::drive` does: the latest report, at most one
+                // per `PROGRESS_INTERVAL`.
+                let mut held: Option<(f64, Option<f64>, Option<String>)> = None;
+                let mut next_progress = tokio::time::Instant::now();
+                let due = tokio::time::sleep_until(next_progress);
+                tokio::pin!(due);
+                loop {
+                    let m = tokio::select! {
+                        m = stream.next() => m,
+                        () = &mut due, if held.is_some() => {
+                            if let Some((progress, total, message)) = held.take() {
+                                hooks.progress(progress, total, message.as_deref()).await?;
+                                next_progress = tokio::time::Instant::now() + link::PROGRESS_INTERVAL;
+                            }
+                            continue;
+                        }
+                    };
+                    let m = match m {
+                        Some(Ok(m)) => m,
+                        Some(Err(e)) => {
+                            return Err(stream_error(&self.upstream, self.timeout, e).into());
+                        }
+                        None => return Err(self.ended().into()),
+                    };
+                    if m.get("id") == Some(&key) && m.get("method").is_none() {
+                        break m;
                     }
-                    None => return Err(self.ended().into()),
-                };
-                if m.get("id") == Some(&key) && m.get("method").is_none() {
-                    break m;
-                }
-                let params = m.get("params").cloned().unwrap_or_default();
-                if m.get("method").and_then(Value::as_str) == Some("notifications/progress")
-                    && params.get("progressToken") == Some(&key)
-                {
-                    if let Some(Inbound::Progress {
-                        progress,
-                        total,
-                        message,
-                    }) = Inbound::progress(&params)
+                    let params = m.get("params").cloned().unwrap_or_default();
+                    if m.get("method").and_then(Value::as_str) == Some("notifications/progress")
+                        && params.get("progressToken") == Some(&key)
                     {
-                        hooks.progress(progress, total, message.as_deref()).await?;
+                        if let Some(Inbound::Progress {
+                            progress,
+                            total,
+                            message,
+                        }) = Inbound::progress(&params)
+                        {
+                            if held.is_none() && tokio::time::Instant::now() >= next_progress {
+                                hooks.progress(progress, total, message.as_deref()).await?;
+                                next_progress =
+                                    tokio::time::Instant::now() + link::PROGRESS_INTERVAL;
+                            } else {
+                                held = Some((progress, total, message));
+                                due.as_mut().reset(next_progress);
+                            }
+                        }
+                        continue;
                     }
-                    continue;
+                    self.standalone(&m);
                 }
-                self.standalone(&m);
-            },
+            }
             other => self.response_of((other, None), &key).await?,
         };
         Ok(link::decode(&self.upstream, response)?)
@@ -977,7 +1007,7 @@ impl HttpLink {
                 .get("pollIntervalMs")
                 .and_then(Value::as_u64)
                 .unwrap_or(1000)
-                .clamp(50, 30_000);
+                .clamp(250, 30_000);
             if cancel_sent {
                 tokio::time::sleep(Duration::from_millis(interval)).await;
                 continue;
@@ -1092,12 +1122,7 @@ fn strip(mut result: Value) -> Value {
 }
 
 /// [`HttpLink::route`] for a stream pumped apart from its link.
-fn route_detached(
-    upstream: &str,
-    refresh: &Notify,
-    message: &Value,
-    events: &mpsc::UnboundedSender<Inbound>,
-) {
+fn route_detached(upstream: &str, refresh: &Notify, message: &Value, events: &link::InboundTx) {
     let method = message.get("method").and_then(Value::as_str);
     let params = message.get("params").cloned().unwrap_or_default();
     match (method, message.get("id")) {
@@ -1108,11 +1133,14 @@ fn route_detached(
             }
         }
         (Some(m), Some(id)) => {
-            let _ = events.send(Inbound::Request {
+            let request = Inbound::Request {
                 id: id.clone(),
                 method: m.to_owned(),
                 params,
-            });
+            };
+            if let Err(why) = events.send(request) {
+                tracing::warn!(upstream, method = m, %why, "upstream request dropped");
+            }
         }
         (Some(m), None) => tracing::debug!(upstream, method = m, "upstream message ignored"),
         (None, _) => {}
@@ -1221,6 +1249,7 @@ impl Reply for HttpLink {
                 Reply1::SessionGone => Err(UpstreamError::Http {
                     upstream: self.upstream.clone(),
                     status: 404,
+                    hint: None,
                 }),
                 _ => Ok(()),
             }

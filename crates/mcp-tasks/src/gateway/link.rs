@@ -3,11 +3,13 @@
 //! input, cancellation, the journal), and the loop that drives one call of a session-era
 //! (`2025-11-25`) upstream, shared by stdio and HTTP.
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use serde_json::{Map, Value, json};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, oneshot};
 
 use super::error::UpstreamError;
 use crate::tool::ToolError;
@@ -138,6 +140,121 @@ impl Inbound {
     }
 }
 
+/// Most requests of an upstream queued for one call while it handles another (or waits for
+/// its client's answer to one); more are refused.
+pub(crate) const MAX_QUEUED_REQUESTS: usize = 16;
+
+/// At most one progress report of a call reaches its task per this interval (each is a commit
+/// of the task); the latest report wins.
+pub(crate) const PROGRESS_INTERVAL: Duration = Duration::from_millis(250);
+
+/// What an upstream sent about one call and the call has not taken yet: the latest progress
+/// (a newer one replaces it) and at most [`MAX_QUEUED_REQUESTS`] requests.
+#[derive(Default)]
+struct Queue {
+    progress: Option<Inbound>,
+    requests: VecDeque<Inbound>,
+    /// The call ended: nothing more is taken.
+    ended: bool,
+}
+
+#[derive(Default)]
+struct InboxShared {
+    queue: Mutex<Queue>,
+    ready: Notify,
+}
+
+/// Where the transport puts what an upstream sent about one call ([`inbound`]).
+#[derive(Clone)]
+pub(crate) struct InboundTx(Arc<InboxShared>);
+
+/// Where the call takes it from ([`inbound`]).
+pub(crate) struct InboundRx(Arc<InboxShared>);
+
+/// Why an upstream's request for a call was not queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The call ended.
+    Ended,
+    /// [`MAX_QUEUED_REQUESTS`] of its requests wait already.
+    Full,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Ended => f.write_str("the call it belongs to has ended"),
+            Self::Full => write!(f, "{MAX_QUEUED_REQUESTS} requests of the call wait already"),
+        }
+    }
+}
+
+/// A bounded queue of one call's [`Inbound`] messages: progress collapsed to the latest,
+/// requests up to [`MAX_QUEUED_REQUESTS`]. Whatever an upstream floods, a call holds a
+/// bounded amount of it.
+pub(crate) fn inbound() -> (InboundTx, InboundRx) {
+    let shared = Arc::new(InboxShared::default());
+    (InboundTx(shared.clone()), InboundRx(shared))
+}
+
+fn lock_queue(shared: &InboxShared) -> std::sync::MutexGuard<'_, Queue> {
+    shared.queue.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl InboundTx {
+    /// Queues `event`: a progress report replaces the one not taken yet; a request is
+    /// refused when the call ended or is full.
+    pub(crate) fn send(&self, event: Inbound) -> Result<(), Refused> {
+        {
+            let mut queue = lock_queue(&self.0);
+            if queue.ended {
+                return Err(Refused::Ended);
+            }
+            match event {
+                p @ Inbound::Progress { .. } => queue.progress = Some(p),
+                r @ Inbound::Request { .. } => {
+                    if queue.requests.len() >= MAX_QUEUED_REQUESTS {
+                        return Err(Refused::Full);
+                    }
+                    queue.requests.push_back(r);
+                }
+            }
+        }
+        self.0.ready.notify_one();
+        Ok(())
+    }
+}
+
+impl InboundRx {
+    /// The next message: a queued request first, else the latest progress; waits for one.
+    pub(crate) async fn recv(&mut self) -> Inbound {
+        loop {
+            let ready = self.0.ready.notified();
+            tokio::pin!(ready);
+            ready.as_mut().enable();
+            {
+                let mut queue = lock_queue(&self.0);
+                if let Some(request) = queue.requests.pop_front() {
+                    return request;
+                }
+                if let Some(progress) = queue.progress.take() {
+                    return progress;
+                }
+            }
+            ready.await;
+        }
+    }
+}
+
+impl Drop for InboundRx {
+    fn drop(&mut self) {
+        let mut queue = lock_queue(&self.0);
+        queue.ended = true;
+        queue.requests.clear();
+        queue.progress = None;
+    }
+}
+
 /// How a session-era call answers the upstream's requests and tells it of a cancellation.
 pub(crate) trait Reply: Send + Sync {
     /// Sends one JSON-RPC message (a response or a notification) to the upstream.
@@ -179,18 +296,27 @@ pub(crate) fn decode(upstream: &str, response: Value) -> Result<Value, UpstreamE
 /// Drives one session-era call until its response: relays progress and the upstream's
 /// requests to the task, sends `notifications/cancelled` when the task is cancelled or the
 /// upstream stays silent past `timeout` (time spent waiting for the client does not count).
+///
+/// Progress is coalesced: at most one report per [`PROGRESS_INTERVAL`] reaches the task (the
+/// latest; one held back is relayed when the interval is over), and none while the task
+/// waits for its client's answer (the latest is relayed after it).
 pub(crate) async fn drive(
     upstream: &str,
     reply: &dyn Reply,
     id: u64,
     response: oneshot::Receiver<Result<Value, UpstreamError>>,
-    mut events: mpsc::UnboundedReceiver<Inbound>,
+    mut events: InboundRx,
     hooks: &dyn Hooks,
     timeout: Duration,
 ) -> Result<Value, CallError> {
     tokio::pin!(response);
     let silent = tokio::time::sleep(timeout);
     tokio::pin!(silent);
+    // The progress held back, and when the next may reach the task.
+    let mut held: Option<(f64, Option<f64>, Option<String>)> = None;
+    let mut next_progress = tokio::time::Instant::now();
+    let due = tokio::time::sleep_until(next_progress);
+    tokio::pin!(due);
     loop {
         tokio::select! {
             r = &mut response => {
@@ -200,10 +326,22 @@ pub(crate) async fn drive(
                 })??;
                 return Ok(decode(upstream, message)?);
             }
-            Some(event) = events.recv() => {
+            () = &mut due, if held.is_some() => {
+                if let Some((progress, total, message)) = held.take() {
+                    hooks.progress(progress, total, message.as_deref()).await?;
+                    next_progress = tokio::time::Instant::now() + PROGRESS_INTERVAL;
+                }
+            }
+            event = events.recv() => {
                 match event {
                     Inbound::Progress { progress, total, message } => {
-                        hooks.progress(progress, total, message.as_deref()).await?;
+                        if held.is_none() && tokio::time::Instant::now() >= next_progress {
+                            hooks.progress(progress, total, message.as_deref()).await?;
+                            next_progress = tokio::time::Instant::now() + PROGRESS_INTERVAL;
+                        } else {
+                            held = Some((progress, total, message));
+                            due.as_mut().reset(next_progress);
+                        }
                     }
                     Inbound::Request { id: request_id, method, params } => {
                         // The call's response is watched meanwhile: an upstream that goes
@@ -582,6 +720,187 @@ async fn copy_status(driver: &dyn SessionDriver, task_id: &str, hooks: &dyn Hook
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+
+    /// Hooks that count what reaches the task: progress reports (and any made while an
+    /// input request waits for its answer), input requests.
+    #[derive(Default)]
+    struct Counting {
+        progress: Mutex<Vec<f64>>,
+        waiting: AtomicBool,
+        during_wait: AtomicUsize,
+        inputs: AtomicUsize,
+        answer: Notify,
+    }
+
+    impl Hooks for Counting {
+        fn is_task(&self) -> bool {
+            true
+        }
+        fn progress<'a>(
+            &'a self,
+            progress: f64,
+            _total: Option<f64>,
+            _message: Option<&'a str>,
+        ) -> BoxFuture<'a, Result<(), ToolError>> {
+            if self.waiting.load(std::sync::atomic::Ordering::SeqCst) {
+                self.during_wait
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            self.progress.lock().unwrap().push(progress);
+            Box::pin(async { Ok(()) })
+        }
+        fn status<'a>(&'a self, _message: &'a str) -> BoxFuture<'a, Result<(), ToolError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn input<'a>(
+            &'a self,
+            _key: Option<&'a str>,
+            _request: Value,
+        ) -> BoxFuture<'a, Result<Value, ToolError>> {
+            Box::pin(async move {
+                // The first input waits for the test's answer; the others are answered at once.
+                if self
+                    .inputs
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                    == 0
+                {
+                    self.waiting
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
+                    self.answer.notified().await;
+                    self.waiting
+                        .store(false, std::sync::atomic::Ordering::SeqCst);
+                }
+                Ok(json!({ "action": "decline" }))
+            })
+        }
+        fn cancelled(&self) -> BoxFuture<'_, ()> {
+            Box::pin(futures::future::pending())
+        }
+        fn upstream_task(&self) -> Option<String> {
+            None
+        }
+        fn remember_task<'a>(&'a self, _id: &'a str) -> BoxFuture<'a, Result<(), ToolError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn recorded(&self, _name: &str) -> Option<Value> {
+            None
+        }
+        fn carry<'a>(
+            &'a self,
+            _name: &'a str,
+            _value: Value,
+        ) -> BoxFuture<'a, Result<(), ToolError>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// Counts the messages sent to the upstream.
+    #[derive(Default)]
+    struct Sent(AtomicUsize);
+
+    impl Reply for Sent {
+        fn send(&self, _message: Value) -> BoxFuture<'_, Result<(), UpstreamError>> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    fn progress(n: usize) -> Inbound {
+        Inbound::Progress {
+            progress: n as f64,
+            total: None,
+            message: Some("x".repeat(1024)),
+        }
+    }
+
+    fn elicitation(id: usize) -> Inbound {
+        Inbound::Request {
+            id: json!(id),
+            method: "elicitation/create".into(),
+            params: json!({ "message": "?", "requestedSchema": { "type": "object" } }),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_progress_flood_reaches_the_task_at_most_every_interval() {
+        let hooks = Counting::default();
+        let sent = Sent::default();
+        let (tx, rx) = inbound();
+        let (done_tx, done) = oneshot::channel();
+        // 1,000 reports in 1 s, then the response.
+        tokio::spawn(async move {
+            for n in 1..=1000 {
+                tx.send(progress(n)).unwrap();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let _ = done_tx.send(Ok(json!({ "jsonrpc": "2.0", "id": 1, "result": {} })));
+        });
+        let result = drive("up", &sent, 1, done, rx, &hooks, Duration::from_secs(60)).await;
+        assert!(result.is_ok(), "{result:?}");
+        let reached = hooks.progress.lock().unwrap().clone();
+        // 1 s / 250 ms: the first at once, then one per interval.
+        assert!((2..=5).contains(&reached.len()), "{reached:?}");
+        assert_eq!(reached[0], 1.0);
+        assert!(reached.windows(2).all(|w| w[0] < w[1]), "{reached:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_reaches_the_task_while_it_waits_for_input_and_the_queue_is_bounded() {
+        let hooks = Arc::new(Counting::default());
+        let sent = Sent::default();
+        let (tx, rx) = inbound();
+        let (done_tx, done) = oneshot::channel();
+        let flood = {
+            let hooks = hooks.clone();
+            tokio::spawn(async move {
+                tx.send(elicitation(0)).unwrap();
+                while !hooks.waiting.load(std::sync::atomic::Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                // While the task waits: 10,000 reports (10 MiB of messages) and 100 requests.
+                let mut refused = 0;
+                for n in 1..=10_000 {
+                    tx.send(progress(n)).unwrap();
+                    if n % 100 == 0 && tx.send(elicitation(n)) == Err(Refused::Full) {
+                        refused += 1;
+                    }
+                    if n % 1000 == 0 {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+                hooks.answer.notify_one();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let _ = done_tx.send(Ok(json!({ "jsonrpc": "2.0", "id": 1, "result": {} })));
+                (refused, tx)
+            })
+        };
+        let result = drive("up", &sent, 1, done, rx, &*hooks, Duration::from_secs(60)).await;
+        assert!(result.is_ok(), "{result:?}");
+        let (refused, tx) = flood.await.unwrap();
+        assert_eq!(
+            refused,
+            100 - MAX_QUEUED_REQUESTS,
+            "the queue holds 16 requests"
+        );
+        assert_eq!(
+            hooks.inputs.load(std::sync::atomic::Ordering::SeqCst),
+            1 + MAX_QUEUED_REQUESTS
+        );
+        assert_eq!(
+            hooks.during_wait.load(std::sync::atomic::Ordering::SeqCst),
+            0
+        );
+        // After the answer: the latest report, once.
+        assert_eq!(*hooks.progress.lock().unwrap(), [10_000.0]);
+        // Every request answered upstream (the first and the 16 queued).
+        assert_eq!(
+            sent.0.load(std::sync::atomic::Ordering::SeqCst),
+            1 + MAX_QUEUED_REQUESTS
+        );
+        // The call ended: its queue takes nothing more.
+        assert_eq!(tx.send(elicitation(1)), Err(Refused::Ended));
+    }
 
     /// Sends nothing anywhere.
     struct NoReply;
@@ -644,14 +963,16 @@ mod tests {
         response: Result<Value, UpstreamError>,
     ) -> Result<Value, CallError> {
         let (tx, rx) = oneshot::channel();
-        let (events_tx, events) = mpsc::unbounded_channel();
-        events_tx
-            .send(Inbound::Request {
-                id: json!("e1"),
-                method: "elicitation/create".into(),
-                params: json!({ "message": "Your name?", "requestedSchema": { "type": "object" } }),
-            })
-            .unwrap();
+        let (events_tx, events) = inbound();
+        assert!(
+            events_tx
+                .send(Inbound::Request {
+                    id: json!("e1"),
+                    method: "elicitation/create".into(),
+                    params: json!({ "message": "Your name?", "requestedSchema": { "type": "object" } }),
+                })
+                .is_ok()
+        );
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
             let _ = tx.send(response);

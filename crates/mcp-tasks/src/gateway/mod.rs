@@ -66,6 +66,10 @@ pub use config::{
     DEFAULT_TIMEOUT, Upstream, UpstreamEra, UpstreamTransport,
 };
 pub use error::{GatewayError, UpstreamError};
+/// The journal step recorded before an upstream is called (its value names the upstream:
+/// `{"startedAtMs": …, "upstream": NAME}`; the console shows it).
+#[cfg(feature = "console")]
+pub(crate) use tool::CALL_STEP;
 pub use upstream::upstream_flow_group;
 
 use std::collections::BTreeSet;
@@ -205,6 +209,28 @@ impl ToolSource for Gateway {
             remote,
         }))
     }
+
+    /// A tool not listed whose upstream is down (not connected, or not listed yet): with one
+    /// upstream any name, with several a name with the upstream's `NAME_` prefix.
+    fn unavailable(&self, name: &str) -> Option<String> {
+        self.upstream_of(name)?.down()
+    }
+
+    /// One line per upstream: `connected` (era, tool count) or `connecting` (last error).
+    fn readiness(&self) -> Vec<String> {
+        self.upstreams.iter().map(|u| u.readiness()).collect()
+    }
+}
+
+impl Gateway {
+    /// The upstream a tool `name` would be of: the only one, or the one whose `NAME_` prefix
+    /// it has.
+    fn upstream_of(&self, name: &str) -> Option<&Arc<UpstreamState>> {
+        match self.upstreams.as_slice() {
+            [only] => Some(only),
+            several => several.iter().find(|u| u.remote(name).is_some()),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -245,6 +271,64 @@ mod tests {
         assert!(refused(vec![zero]).contains("timeout must be above 0"));
         let none = Upstream::command("a", "x", ["y"]).max_processes(0);
         assert!(refused(vec![none]).contains("at least 1 process"));
+    }
+
+    #[tokio::test]
+    async fn a_down_upstream_says_so_for_its_tools_and_in_its_readiness() {
+        // One upstream: any tool not listed while it is down.
+        let one = Gateway::start(vec![Upstream::http("solo", "http://127.0.0.1:1/mcp")]).unwrap();
+        // Several: by the NAME_ prefix.
+        let two = Gateway::start(vec![
+            Upstream::http("a", "http://127.0.0.1:1/mcp"),
+            Upstream::http("b", "http://127.0.0.1:1/mcp"),
+        ])
+        .unwrap();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        // The first attempts fail at once (nothing listens on port 1): their reason is kept.
+        while !one
+            .unavailable("anything")
+            .unwrap()
+            .contains("last failed with")
+            || !two.unavailable("b_x").unwrap().contains("last failed with")
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{:?}",
+                one.readiness()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let why = one.unavailable("anything").unwrap();
+        assert!(
+            why.starts_with(
+                "upstream `solo` is down (it last failed with: upstream `solo` is unreachable:"
+            ),
+            "{why}"
+        );
+        assert!(!why.contains("127.0.0.1"), "no URL: {why}");
+        assert!(
+            two.unavailable("b_x")
+                .unwrap()
+                .starts_with("upstream `b` is down")
+        );
+        assert!(
+            two.unavailable("a_x")
+                .unwrap()
+                .starts_with("upstream `a` is down")
+        );
+        assert_eq!(
+            two.unavailable("c_x"),
+            None,
+            "no upstream c: an unknown tool"
+        );
+        let lines = two.readiness();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(
+            lines[0].starts_with("upstream a: connecting, last error: upstream `a` is unreachable"),
+            "{lines:?}"
+        );
+        one.stop();
+        two.stop();
     }
 
     #[tokio::test]

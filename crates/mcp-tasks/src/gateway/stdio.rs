@@ -5,9 +5,10 @@
 //! `elicitation/create` on stdout could belong to any call in flight on that process, and
 //! guessing could show one client's question to another. So a [`StdioPool`] gives each call
 //! a process of its own: the first process lists the tools and takes a call when it is free;
-//! a call that finds every process busy starts another one (up to `Upstream::max_processes`;
-//! more wait for one to be free), and a process beyond the first that stays idle for
-//! [`IDLE_PROCESS`] is stopped. (An upstream that keeps state in its process between calls
+//! a call that finds every process busy waits up to [`BURST_WAIT`] for one to be free (a
+//! burst of short calls reuses a few processes rather than starting one each), then starts
+//! another one (up to `Upstream::max_processes`; more wait for one to be free), and a process
+//! beyond the first that stays idle for [`IDLE_PROCESS`] is stopped. (An upstream that keeps state in its process between calls
 //! sees calls spread over several processes.) Should a request still arrive with no call or
 //! with several in flight, it is refused with an error saying why.
 
@@ -36,6 +37,10 @@ pub(crate) const INHERITED: &[&str] = &[
 /// How long a process beyond the first may stay idle before it is stopped.
 pub(crate) const IDLE_PROCESS: Duration = Duration::from_secs(60);
 
+/// How long a call that finds every process busy waits for one to be free before it starts
+/// another process.
+pub(crate) const BURST_WAIT: Duration = Duration::from_millis(250);
+
 /// Longest line read from an upstream's stdout (a larger message closes the connection).
 const MAX_LINE: usize = 64 * 1024 * 1024;
 
@@ -48,7 +53,7 @@ pub(crate) struct StdioLink {
     writer: mpsc::UnboundedSender<String>,
     pending: Pending,
     /// The `tools/call`s in flight, by request id (= progress token).
-    calls: Mutex<HashMap<u64, mpsc::UnboundedSender<Inbound>>>,
+    calls: Mutex<HashMap<u64, link::InboundTx>>,
     next_id: AtomicU64,
     closed: watch::Receiver<bool>,
     refresh: Arc<Notify>,
@@ -85,7 +90,7 @@ impl StdioLink {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| unreachable(format!("its command could not start: {}", e.kind())))?;
+            .map_err(|e| unreachable(cannot_start(program, &e)))?;
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
@@ -252,9 +257,7 @@ impl StdioLink {
                         method: method.to_owned(),
                         params,
                     };
-                    call.send(event)
-                        .err()
-                        .map(|_| "the call it belongs to has ended".to_owned())
+                    call.send(event).err().map(|refused| refused.to_string())
                 }
                 (0, _) | (_, None) => Some("no call is in flight".to_owned()),
                 (n, _) => Some(format!(
@@ -281,7 +284,7 @@ impl StdioLink {
     ) -> Result<Value, CallError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        let (events_tx, events) = mpsc::unbounded_channel();
+        let (events_tx, events) = link::inbound();
         lock(&self.pending).insert(id, tx);
         lock(&self.calls).insert(id, events_tx);
         let _forget = Forget { link: self, id };
@@ -289,6 +292,30 @@ impl StdioLink {
         let message = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
         self.send_line(&message)?;
         link::drive(&self.upstream, self, id, rx, events, hooks, timeout).await
+    }
+}
+
+/// Why `program` could not start, naming it by its file name (never its arguments, nor the
+/// folders of its path).
+fn cannot_start(program: &str, e: &std::io::Error) -> String {
+    let path = std::path::Path::new(program);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| program.to_owned());
+    let name = name.escape_debug();
+    let bare = path.components().count() == 1;
+    match e.kind() {
+        std::io::ErrorKind::NotFound if bare => {
+            format!("its command `{name}` was not found on PATH")
+        }
+        std::io::ErrorKind::NotFound => {
+            format!("its command `{name}` was not found (no such file)")
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            format!("its command `{name}` could not start: permission denied (is it executable?)")
+        }
+        kind => format!("its command `{name}` could not start: {kind}"),
     }
 }
 
@@ -424,10 +451,66 @@ pub(crate) struct StdioPool {
     refresh: Arc<Notify>,
     /// The first process: lists the tools; its exit ends the pool's connection.
     first: Arc<StdioLink>,
-    /// Processes with no call in flight, with when they became idle.
-    idle: Mutex<Vec<(Arc<StdioLink>, tokio::time::Instant)>>,
-    /// Permits for processes: one per process in use or idle.
+    /// Processes with no call in flight.
+    idle: Idle<Arc<StdioLink>>,
+    /// Permits for processes: one per call in flight (on a process of its own).
     permits: Arc<tokio::sync::Semaphore>,
+}
+
+/// The idle members of a pool, with when each became idle, and a signal to a call waiting
+/// for one.
+pub(crate) struct Idle<T> {
+    list: Mutex<Vec<(T, tokio::time::Instant)>>,
+    freed: Notify,
+}
+
+impl<T> Idle<T> {
+    pub(crate) fn new() -> Self {
+        Self {
+            list: Mutex::new(Vec::new()),
+            freed: Notify::new(),
+        }
+    }
+
+    /// The member that became idle last and is still `usable` (the others found on the way
+    /// are dropped).
+    pub(crate) fn pop(&self, usable: impl Fn(&T) -> bool) -> Option<T> {
+        let mut list = lock(&self.list);
+        while let Some((member, _)) = list.pop() {
+            if usable(&member) {
+                return Some(member);
+            }
+        }
+        None
+    }
+
+    /// Puts `member` back and wakes one call waiting for it.
+    pub(crate) fn push(&self, member: T) {
+        lock(&self.list).push((member, tokio::time::Instant::now()));
+        self.freed.notify_one();
+    }
+
+    /// An idle member, waiting up to `within` for one to be put back.
+    pub(crate) async fn wait(&self, within: Duration, usable: impl Fn(&T) -> bool) -> Option<T> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if let Some(member) = self.pop(&usable) {
+                return Some(member);
+            }
+            tokio::select! {
+                () = freed => {}
+                () = tokio::time::sleep_until(deadline) => return self.pop(&usable),
+            }
+        }
+    }
+
+    /// Keeps only the members `keep(member, idle since)` says to.
+    fn retain(&self, keep: impl Fn(&T, tokio::time::Instant) -> bool) {
+        lock(&self.list).retain(|(member, since)| keep(member, *since));
+    }
 }
 
 impl StdioPool {
@@ -444,15 +527,19 @@ impl StdioPool {
             args: args.to_vec(),
             refresh,
             first: first.clone(),
-            idle: Mutex::new(vec![(first, tokio::time::Instant::now())]),
+            idle: {
+                let idle = Idle::new();
+                idle.push(first);
+                idle
+            },
             permits: Arc::new(tokio::sync::Semaphore::new(config.max_processes)),
         });
         tokio::spawn(reap(Arc::downgrade(&pool)));
         Ok(pool)
     }
 
-    /// A process with no call in flight: an idle one, or a new one. Waits while the
-    /// upstream's limit of processes is in use.
+    /// A process with no call in flight: an idle one, one that frees within [`BURST_WAIT`],
+    /// or a new one. Waits while the upstream's limit of processes is in use.
     async fn take(
         &self,
     ) -> Result<(Arc<StdioLink>, tokio::sync::OwnedSemaphorePermit), UpstreamError> {
@@ -465,13 +552,10 @@ impl StdioPool {
             .acquire_owned()
             .await
             .map_err(|_| self.first.gone())?;
-        loop {
-            let popped = lock(&self.idle).pop();
-            match popped {
-                Some((link, _)) if !*link.closed.borrow() => return Ok((link, permit)),
-                Some(_) => continue, // exited while idle: dropped
-                None => break,
-            }
+        // A process that exited while idle is dropped.
+        let usable = |link: &Arc<StdioLink>| !*link.closed.borrow();
+        if let Some(link) = self.idle.wait(BURST_WAIT, usable).await {
+            return Ok((link, permit));
         }
         tracing::info!(upstream = %self.config.name, "every upstream process is busy; starting another");
         let link = StdioLink::connect(
@@ -486,7 +570,7 @@ impl StdioPool {
 
     fn give_back(&self, link: Arc<StdioLink>) {
         if !*link.closed.borrow() {
-            lock(&self.idle).push((link, tokio::time::Instant::now()));
+            self.idle.push(link);
         }
     }
 }
@@ -511,8 +595,8 @@ async fn reap(pool: Weak<StdioPool>) {
         tokio::time::sleep(IDLE_PROCESS / 4).await;
         let Some(pool) = pool.upgrade() else { return };
         let now = tokio::time::Instant::now();
-        lock(&pool.idle).retain(|(link, since)| {
-            Arc::ptr_eq(link, &pool.first) || now.duration_since(*since) < IDLE_PROCESS
+        pool.idle.retain(|link, since| {
+            Arc::ptr_eq(link, &pool.first) || now.duration_since(since) < IDLE_PROCESS
         });
     }
 }
@@ -530,8 +614,9 @@ impl Link for StdioPool {
             // No process to take: nothing was sent.
             let (link, permit) = self.take().await.map_err(not_sent)?;
             let outcome = link::session_call(&*link, spec).await;
-            drop(permit);
+            // Back before the permit: a call that gets the permit finds the process idle.
             self.give_back(link);
+            drop(permit);
             outcome
         })
     }
@@ -542,5 +627,65 @@ impl Link for StdioPool {
 
     fn era(&self) -> &'static str {
         link::SESSION_VERSION
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_that_cannot_start_is_named_by_its_file_name() {
+        let not_found = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert_eq!(
+            cannot_start("mcp-server-filesystem", &not_found),
+            "its command `mcp-server-filesystem` was not found on PATH"
+        );
+        let e = cannot_start("/home/someone/secret-dir/server", &not_found);
+        assert_eq!(e, "its command `server` was not found (no such file)");
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert!(cannot_start("./x", &denied).contains("`x` could not start: permission denied"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_pool_waits_briefly_and_reuses_the_member_that_frees() {
+        let idle = Arc::new(Idle::new());
+        // Every member busy; one frees after 100 ms: the call takes it then, not a new one.
+        let freeing = idle.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            freeing.push(7_u32);
+        });
+        let started = tokio::time::Instant::now();
+        assert_eq!(idle.wait(BURST_WAIT, |_| true).await, Some(7));
+        assert_eq!(started.elapsed(), Duration::from_millis(100));
+        // None frees: the call gives up waiting after BURST_WAIT (and starts another).
+        let started = tokio::time::Instant::now();
+        assert_eq!(idle.wait(BURST_WAIT, |_| true).await, None);
+        assert_eq!(started.elapsed(), BURST_WAIT);
+        // An idle member is taken at once; one that cannot be used is dropped on the way.
+        idle.push(1);
+        idle.push(2);
+        let started = tokio::time::Instant::now();
+        assert_eq!(idle.wait(BURST_WAIT, |m| *m != 2).await, Some(1));
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        assert_eq!(idle.pop(|_| true), None, "2 was dropped");
+        // Two waiters, one member freed: one gets it at once, the other after its wait.
+        let a = tokio::spawn({
+            let idle = idle.clone();
+            async move { idle.wait(BURST_WAIT, |_| true).await }
+        });
+        let b = tokio::spawn({
+            let idle = idle.clone();
+            async move { idle.wait(BURST_WAIT, |_| true).await }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        idle.push(9);
+        let (a, b) = (a.await.unwrap(), b.await.unwrap());
+        assert_eq!(
+            [a, b].iter().filter(|m| **m == Some(9)).count(),
+            1,
+            "{a:?} {b:?}"
+        );
     }
 }

@@ -29,7 +29,8 @@ use crate::tool::{
 };
 use crate::wire::error::RpcError;
 
-/// The journal step recorded before the upstream is called.
+/// The journal step recorded before the upstream is called: when, and which upstream (the
+/// console shows it).
 pub(crate) const CALL_STEP: &str = "gateway.call";
 /// The journal step holding the upstream's task id, when the upstream runs the call as a task.
 pub(crate) const TASK_STEP: &str = "gateway.upstream-task";
@@ -112,10 +113,10 @@ async fn run(
             }
             if in_task && !started_before {
                 let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
-                ctx.step(
-                    CALL_STEP,
-                    || async move { Ok(json!({ "startedAtMs": now })) },
-                )
+                let called = name.clone();
+                ctx.step(CALL_STEP, || async move {
+                    Ok(json!({ "startedAtMs": now, "upstream": called }))
+                })
                 .await?;
             }
         }

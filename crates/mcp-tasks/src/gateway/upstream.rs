@@ -29,6 +29,9 @@ const STABLE: Duration = Duration::from_secs(10);
 /// The shortest time between two listings of an upstream's tools.
 const RELIST_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The most bytes of an upstream's last error kept (for `/readyz` and the error of a call).
+const MAX_LAST_ERROR: usize = 512;
+
 /// One upstream: its configuration, its current connection, its listed tools.
 pub(crate) struct UpstreamState {
     pub(crate) config: Upstream,
@@ -45,6 +48,8 @@ pub(crate) struct UpstreamState {
     waiting: AtomicUsize,
     /// Told when a call starts waiting for a connection.
     wanted: Notify,
+    /// Why the last attempt to connect (or to list the tools) failed, until one succeeds.
+    last_error: Mutex<Option<String>>,
 }
 
 impl UpstreamState {
@@ -59,6 +64,82 @@ impl UpstreamState {
             unlisted_reported: Mutex::new(std::collections::BTreeSet::new()),
             waiting: AtomicUsize::new(0),
             wanted: Notify::new(),
+            last_error: Mutex::new(None),
+        }
+    }
+
+    fn set_last_error(&self, error: Option<String>) {
+        // An upstream's own error message is kept short.
+        let error = error.map(|mut e| {
+            if e.len() > MAX_LAST_ERROR {
+                let mut cut = MAX_LAST_ERROR;
+                while !e.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                e.truncate(cut);
+                e.push('…');
+            }
+            e
+        });
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = error;
+    }
+
+    /// Whether calls go through now: connected, its tools listed.
+    pub(crate) fn is_connected(&self) -> bool {
+        self.link.borrow().is_some()
+    }
+
+    /// Why its tools cannot be called now, when it is not connected: the message a client
+    /// calling one gets instead of "Unknown tool".
+    pub(crate) fn down(&self) -> Option<String> {
+        if self.is_connected() {
+            return None;
+        }
+        let last = self
+            .last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        Some(match last {
+            Some(e) => format!(
+                "upstream `{}` is down (it last failed with: {e}); the gateway keeps connecting and lists its tools once it answers",
+                self.name()
+            ),
+            None => format!(
+                "upstream `{}` is down (not connected yet); the gateway keeps connecting and lists its tools once it answers",
+                self.name()
+            ),
+        })
+    }
+
+    /// One line on its state for the readiness probe: `connected` with its era and tool
+    /// count, or `connecting` with its last error.
+    pub(crate) fn readiness(&self) -> String {
+        let link = self.link.borrow().clone();
+        match link {
+            Some(link) => {
+                let tools = self.listed.lock().unwrap_or_else(|e| e.into_inner()).len();
+                format!(
+                    "upstream {}: connected, era {}, {tools} tools",
+                    self.name(),
+                    link.era()
+                )
+            }
+            None => {
+                let last = self
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                match last {
+                    Some(e) => format!(
+                        "upstream {}: connecting, last error: {}",
+                        self.name(),
+                        e.escape_debug()
+                    ),
+                    None => format!("upstream {}: connecting", self.name()),
+                }
+            }
         }
     }
 
@@ -227,6 +308,9 @@ impl UpstreamState {
                 Ok(link) => link,
                 Err(e) => {
                     metrics::counter!(super::UPSTREAM_ERRORS, "upstream" => self.config.name.clone(), "kind" => e.kind()).increment(1);
+                    // Kept before it is logged: whoever reads the log line finds it in
+                    // `/readyz` and in a call's error.
+                    self.set_last_error(Some(e.to_string()));
                     tracing::warn!(upstream = %self.config.name, error = %e.to_string().escape_debug(), retry_in_ms = backoff.as_millis() as u64, "upstream not available");
                     if !self.pause(backoff, &stop).await {
                         return;
@@ -250,6 +334,7 @@ impl UpstreamState {
                                 "--upstream-idempotent names a tool this upstream does not list (a typo?): calls of it are not repeated after a crash");
                         }
                         *self.listed.lock().unwrap_or_else(|e| e.into_inner()) = tools;
+                        self.set_last_error(None);
                         changed();
                         // Calls go through a connection once its tools are known (their
                         // annotations and task support).
@@ -264,6 +349,7 @@ impl UpstreamState {
                     }
                     Err(e) => {
                         // A connection that cannot list its tools is of no use: a new one.
+                        self.set_last_error(Some(e.to_string()));
                         tracing::warn!(upstream = %self.config.name, error = %e.to_string().escape_debug(), "cannot list the upstream's tools");
                         break;
                     }
@@ -282,6 +368,17 @@ impl UpstreamState {
                 }
             }
             self.link.send_replace(None);
+            if self
+                .last_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_none()
+            {
+                self.set_last_error(Some(format!(
+                    "upstream `{}`: the connection was lost",
+                    self.name()
+                )));
+            }
             // A connection that lasted resets the backoff (an upstream restarted after a
             // while is tried again soon); one that died at once does not.
             if up_since.elapsed() > STABLE {

@@ -184,7 +184,7 @@ impl Dispatcher {
             .shared
             .tools
             .get(&call.name)
-            .ok_or_else(|| RpcError::invalid_params(format!("Unknown tool: {}", call.name)))?;
+            .ok_or_else(|| self.shared.tools.unknown(&call.name))?;
         let as_task = match tool.descriptor().task_policy {
             TaskPolicy::Never => false,
             TaskPolicy::WhenSupported => meta.declares_tasks(),

@@ -681,6 +681,14 @@ impl RuntimeHandle {
         self.shared().store.ready().await
     }
 
+    /// What the runtime's tool sources say of their state, one line each, for the body of a
+    /// readiness probe (a gateway: each upstream connected, with its era and tool count, or
+    /// connecting, with its last error). They never make [`RuntimeHandle::ready`] fail: the
+    /// runtime still serves its tasks while a source's server is down.
+    pub fn tool_sources_readiness(&self) -> Vec<String> {
+        self.shared().tools.readiness()
+    }
+
     /// Handles one raw JSON-RPC message with a full request context: nothing (a
     /// notification), one response, or a stream (`subscriptions/listen`).
     pub async fn dispatch(&self, message: &[u8], ctx: &RequestContext) -> Dispatched {

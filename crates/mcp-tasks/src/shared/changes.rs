@@ -21,6 +21,15 @@ pub(crate) struct TaskChange {
     pub(crate) owner: Arc<Owner>,
     pub(crate) created_ms: u64,
     pub(crate) listing: Listing,
+    /// Whether it completed with a result of `isError: true` (a tool error).
+    pub(crate) is_error: bool,
+}
+
+/// Whether `record` completed with a `CallToolResult` of `isError: true`: a tool error,
+/// which the Tasks extension reports as `completed` (the console marks it as an error).
+pub(crate) fn tool_error(record: &TaskRecord) -> bool {
+    matches!(&record.outcome, Some(crate::task::TaskOutcome::Result(r))
+        if r.get("isError") == Some(&serde_json::Value::Bool(true)))
 }
 
 /// The channel of [`TaskChange`]s: sending costs nothing while nobody listens.
@@ -48,6 +57,7 @@ impl Changes {
             owner: Arc::new(record.owner.clone()),
             created_ms: record.created_at_ms,
             listing: crate::store::listing_of(record),
+            is_error: tool_error(record),
         });
     }
 

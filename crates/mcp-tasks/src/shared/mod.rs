@@ -13,9 +13,9 @@ pub(crate) mod flow;
 mod live;
 pub(crate) mod request_state;
 
-#[cfg(feature = "console")]
-pub(crate) use changes::TaskChange;
 pub(crate) use changes::{Changes, Recovery};
+#[cfg(feature = "console")]
+pub(crate) use changes::{TaskChange, tool_error};
 pub use config::RuntimeConfig;
 pub use error::RuntimeError;
 pub(crate) use live::{LiveTask, LiveTasks, SharedCapabilities, TaskMsg};

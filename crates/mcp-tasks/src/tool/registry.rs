@@ -252,6 +252,17 @@ pub trait ToolSource: Send + Sync + 'static {
     fn recover(&self, _name: &str) -> Option<Arc<dyn Tool>> {
         None
     }
+    /// Why a tool `name` that [`ToolSource::current`] does not list cannot be called now,
+    /// when the source knows (its server is down, say): the client that calls it gets this
+    /// message (as a `-32603` error) instead of "Unknown tool". The default: `None`.
+    fn unavailable(&self, _name: &str) -> Option<String> {
+        None
+    }
+    /// Lines on the source's state for the body of the readiness probe (`GET /readyz`): a
+    /// gateway's upstreams, say. They never make the runtime unready. The default: none.
+    fn readiness(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Every tool of a runtime: the fixed [`ToolSet`] the host registered, then its
@@ -296,6 +307,20 @@ impl ToolRegistry {
     pub(crate) fn recover(&self, name: &str) -> Option<Arc<dyn Tool>> {
         self.get(name)
             .or_else(|| self.sources.iter().find_map(|s| s.recover(name)))
+    }
+
+    /// The error of a call of `name`, a tool not listed now: a source's reason it cannot be
+    /// called ([`ToolSource::unavailable`], `-32603`), else `-32602` "Unknown tool".
+    pub(crate) fn unknown(&self, name: &str) -> RpcError {
+        match self.sources.iter().find_map(|s| s.unavailable(name)) {
+            Some(why) => RpcError::new(crate::wire::error::code::INTERNAL_ERROR, why),
+            None => RpcError::invalid_params(format!("Unknown tool: {name}")),
+        }
+    }
+
+    /// Every source's [`ToolSource::readiness`] lines.
+    pub(crate) fn readiness(&self) -> Vec<String> {
+        self.sources.iter().flat_map(|s| s.readiness()).collect()
     }
 
     /// The `tools/list` objects: the fixed tools, then each source's.

@@ -342,17 +342,31 @@ pub async fn healthz() -> Response {
 /// The answer to `GET /readyz` for a readiness outcome: `200 ready`, or `503 not ready: WHY`
 /// (the store's state, never task data).
 pub fn readiness_response(ready: Result<(), String>) -> Response {
-    match ready {
-        Ok(()) => probe(StatusCode::OK, "ready".to_owned()),
+    readiness_report(ready, &[])
+}
+
+/// [`readiness_response`] with `details` after its first line, one a line (the tool sources'
+/// state: [`RuntimeHandle::tool_sources_readiness`]). They do not change the status.
+pub fn readiness_report(ready: Result<(), String>, details: &[String]) -> Response {
+    let (status, mut body) = match ready {
+        Ok(()) => (StatusCode::OK, "ready".to_owned()),
         Err(why) => {
             tracing::debug!(%why, "readiness probe: not ready");
-            probe(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}"))
+            (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}"))
         }
+    };
+    for line in details {
+        body.push('\n');
+        body.push_str(line);
     }
+    probe(status, body)
 }
 
 async fn readyz(State(endpoint): State<Arc<Endpoint>>) -> Response {
-    readiness_response(endpoint.handle.ready().await)
+    readiness_report(
+        endpoint.handle.ready().await,
+        &endpoint.handle.tool_sources_readiness(),
+    )
 }
 
 fn probe(status: StatusCode, body: String) -> Response {

@@ -115,7 +115,11 @@
     for (const el of document.querySelectorAll('[data-ts]')) el.textContent = ago(Number(el.dataset.ts));
   }, 10000);
 
-  function badge(status) {
+  function badge(status, isError) {
+    // A task that completed with a result of isError: true is a tool error: marked as one.
+    if (isError && status === 'completed') {
+      return h('span', { class: 'badge st-failed tool-error', text: 'completed · tool error', title: 'The tool\'s result has isError: true' });
+    }
     return h('span', { class: `badge st-${STATUSES.includes(status) ? status : 'unknown'}`, text: status });
   }
 
@@ -618,7 +622,7 @@
     return h('tr', { 'data-task-id': t.id },
       h('td', { class: 'id' }, h('a', { class: 'mono', href: taskUrl(t.id), text: t.id })),
       h('td', { class: 'tool', text: t.tool }),
-      h('td', { class: 'status' }, badge(t.status)),
+      h('td', { class: 'status' }, badge(t.status, t.isError)),
       h('td', { class: 'message', title: t.statusMessage || null, text: t.statusMessage || '' }),
       h('td', { class: 'owner', text: fmtOwner(t.owner) }),
       h('td', { class: 'created' }, timeEl(t.createdAt)),
@@ -715,7 +719,7 @@
         const tr = tableBox.querySelector(`tr[data-task-id="${CSS.escape(row.id)}"]`);
         if (tr) {
           const td = (c) => $(`td.${c}`, tr);
-          td('status').replaceChildren(badge(row.status));
+          td('status').replaceChildren(badge(row.status, row.isError));
           td('message').textContent = row.statusMessage || '';
           td('message').title = row.statusMessage || '';
           td('updated').replaceChildren(timeEl(row.lastUpdatedAt));
@@ -799,8 +803,10 @@
     ]);
 
     const head = (t) => {
-      status.textContent = t.status;
-      status.className = `badge badge-lg st-${t.status}`;
+      const toolError = t.isError && t.status === 'completed';
+      status.textContent = toolError ? 'completed · tool error' : t.status;
+      status.className = `badge badge-lg st-${toolError ? 'failed tool-error' : t.status}`;
+      status.title = toolError ? 'The tool\'s result has isError: true' : '';
       message.textContent = t.statusMessage || '';
       message.hidden = !t.statusMessage;
     };
@@ -884,7 +890,8 @@
     } else if (t.result != null) {
       const text = resultText(t.result);
       res = section('result', t.result.isError ? 'Result (tool error)' : 'Result',
-        text ? h('pre', { class: 'result-text', text }) : null, fold(t.result, 'result'));
+        text ? h('pre', { class: t.result.isError ? 'result-text error-message' : 'result-text', text }) : null, fold(t.result, 'result'));
+      if (t.result.isError) res.classList.add('tool-error');
     } else {
       res = section('result', 'Result', h('p', { class: 'muted', text: t.status === 'working' || t.status === 'input_required' ? 'No result yet.' : `No result: the task is ${t.status}.` }));
     }
@@ -901,6 +908,7 @@
     const lease = t.lease ? `${t.lease.node} · epoch ${t.lease.epoch} · ${plural(t.lease.takeovers, 'takeover')}` : '—';
     const facts = dl([
       ['Tool', h('a', { href: listUrl({ tool: t.tool }), text: t.tool })],
+      ['Upstream', t.upstream ? h('span', { id: 'task-upstream', class: 'mono', text: t.upstream }) : undefined],
       ['Owner', h('a', { href: listUrl({ owner: ownerParam(t.owner) }), text: fmtOwner(t.owner) })],
       ['Created', timeEl(t.createdAt)],
       ['Last updated', timeEl(t.lastUpdatedAt), 'task-updated'],
