@@ -61,6 +61,13 @@ impl FastMcp {
     }
 }
 
+/// `mcp-tasks serve` in front of `fm` (as upstream `fm`), with `extra` options.
+fn gateway_for(fm: &FastMcp, store: &Path, extra: &[&str]) -> Gateway {
+    let mut args = vec!["--upstream".to_owned(), format!("fm={}", fm.url)];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    Gateway::start(store, &args)
+}
+
 fn yes() -> Value {
     json!({ "action": "accept", "content": { "value": true } })
 }
@@ -104,10 +111,7 @@ async fn both_ways_of_asking_work_side_by_side_and_no_round_runs_twice() {
     let Some(fm) = FastMcp::start(dir.path()) else {
         return;
     };
-    let gw = Gateway::start(
-        &dir.path().join("gw.redb"),
-        &["--upstream".into(), format!("fm={}", fm.url)],
-    );
+    let gw = gateway_for(&fm, &dir.path().join("gw.redb"), &[]);
     let client = gw.client().await;
     wait_tools(&client, &["deploy", "deploy_guard"]).await;
 
@@ -217,10 +221,7 @@ async fn a_synchronous_client_answers_a_guard_round_without_round_one_running_ag
     let Some(fm) = FastMcp::start(dir.path()) else {
         return;
     };
-    let gw = Gateway::start(
-        &dir.path().join("gw.redb"),
-        &["--upstream".into(), format!("fm={}", fm.url)],
-    );
+    let gw = gateway_for(&fm, &dir.path().join("gw.redb"), &[]);
     let client = gw.client().await;
     wait_tools(&client, &["deploy_guard"]).await;
     let call = json!({ "name": "deploy_guard", "arguments": { "target": "sync", "seconds": 0.4 } });
@@ -246,14 +247,10 @@ async fn progress_is_the_status_and_keeps_a_call_alive_past_the_timeout() {
     let Some(fm) = FastMcp::start(dir.path()) else {
         return;
     };
-    let gw = Gateway::start(
+    let gw = gateway_for(
+        &fm,
         &dir.path().join("gw.redb"),
-        &[
-            "--upstream".into(),
-            format!("fm={}", fm.url),
-            "--upstream-timeout".into(),
-            "1s".into(),
-        ],
+        &["--upstream-timeout", "1s"],
     );
     let client = gw.client().await;
     wait_tools(&client, &["slow"]).await;
@@ -332,15 +329,7 @@ async fn an_upstream_restart_while_a_round_waits_repeats_an_idempotent_tool_and_
         return;
     };
     let store = dir.path().join("gw.redb");
-    let gw = Gateway::start(
-        &store,
-        &[
-            "--upstream".into(),
-            format!("fm={}", fm.url),
-            "--upstream-idempotent".into(),
-            "slow".into(),
-        ],
-    );
+    let gw = gateway_for(&fm, &store, &["--upstream-idempotent", "slow"]);
     let client = gw.client().await;
     wait_tools(&client, &["deploy_guard"]).await;
     let task = start_task(
@@ -368,14 +357,10 @@ async fn an_upstream_restart_while_a_round_waits_repeats_an_idempotent_tool_and_
 
     // Declared idempotent, the tool is called again from round 1, and the answer already
     // given answers it again.
-    let gw = Gateway::start(
+    let gw = gateway_for(
+        &fm,
         &dir.path().join("gw2.redb"),
-        &[
-            "--upstream".into(),
-            format!("fm={}", fm.url),
-            "--upstream-idempotent".into(),
-            "deploy_guard".into(),
-        ],
+        &["--upstream-idempotent", "deploy_guard"],
     );
     let client = gw.client().await;
     wait_tools(&client, &["deploy_guard"]).await;
@@ -408,14 +393,10 @@ async fn an_upstream_restart_during_a_call_repeats_an_idempotent_tool_and_fails_
     let Some(mut fm) = FastMcp::start(dir.path()) else {
         return;
     };
-    let gw = Gateway::start(
+    let gw = gateway_for(
+        &fm,
         &dir.path().join("gw.redb"),
-        &[
-            "--upstream".into(),
-            format!("fm={}", fm.url),
-            "--upstream-idempotent".into(),
-            "slow".into(),
-        ],
+        &["--upstream-idempotent", "slow"],
     );
     let client = gw.client().await;
     wait_tools(&client, &["slow", "deploy_guard"]).await;
@@ -468,14 +449,10 @@ async fn an_answer_after_the_upstreams_state_expired_is_refused_with_the_reason(
     let Some(fm) = FastMcp::start(dir.path()) else {
         return;
     };
-    let gw = Gateway::start(
+    let gw = gateway_for(
+        &fm,
         &dir.path().join("gw.redb"),
-        &[
-            "--upstream".into(),
-            format!("fm={}", fm.url),
-            "--upstream-state-ttl".into(),
-            "2s".into(),
-        ],
+        &["--upstream-state-ttl", "2s"],
     );
     let client = gw.client().await;
     wait_tools(&client, &["deploy_guard"]).await;
@@ -541,17 +518,17 @@ async fn the_era_can_be_forced_per_upstream() {
     };
     let up = crate::support::upstreams_dir().unwrap();
     let (_py, py_url) = crate::support::python_upstream(&up, &dir.path().join("py-effects"));
-    let gw = Gateway::start(
+    let py = format!("py={py_url}");
+    let gw = gateway_for(
+        &fm,
         &dir.path().join("gw.redb"),
         &[
-            "--upstream".into(),
-            format!("fm={}", fm.url),
-            "--upstream".into(),
-            format!("py={py_url}"),
-            "--upstream-era".into(),
-            "fm=2025-11-25".into(),
-            "--upstream-era".into(),
-            "py=2026-07-28".into(),
+            "--upstream",
+            &py,
+            "--upstream-era",
+            "fm=2025-11-25",
+            "--upstream-era",
+            "py=2026-07-28",
         ],
     );
     let client = gw.client().await;

@@ -387,24 +387,7 @@ async fn a_progress_flood_is_coalesced_and_held_while_the_task_waits_for_input()
     wait_tools(&client, &["flood_progress", "ask_then_flood"]).await;
 
     // 1,000 reports in about a second: a handful of commits of the task, not 1,000.
-    let before = commits(metrics_port).await;
-    let task = start_task(&client, "flood_progress", json!({})).await;
-    let done = wait_for(&task, "flood_progress", terminal).await;
-    assert_eq!(done.status, TaskStatus::Completed, "{done:?}");
-    let made = commits(metrics_port).await - before;
-    assert_eq!(
-        up.seen.progress_sent.load(Ordering::Relaxed),
-        PROGRESS_FLOOD
-    );
-    // The task's own commits (its creation, its call step, its result: 3, and one spare),
-    // plus at most one report at once and one per 250 ms of the flood (about a second: as
-    // long as it took).
-    let flood_ms = up.seen.flood_ms.load(Ordering::Relaxed);
-    let allowed = 4 + 1 + flood_ms.div_ceil(250);
-    assert!(
-        made <= allowed as f64,
-        "{made} commits for {PROGRESS_FLOOD} reports in {flood_ms} ms"
-    );
+    let (made, flood_ms) = a_flood_is_coalesced(&up, &client, metrics_port).await;
 
     // While the task waits for its client's answer, 20,000 reports of 16 KiB (320 MiB):
     // none is committed, and the gateway keeps the latest only.
@@ -466,8 +449,24 @@ async fn a_stateless_upstreams_progress_flood_is_coalesced_too() {
     wait_port(metrics_port);
     let client = gw.client().await;
     wait_tools(&client, &["flood_progress"]).await;
+    // As for a session-era upstream.
+    let (made, _) = a_flood_is_coalesced(&up, &client, metrics_port).await;
+    assert!(made >= 4.0, "the reports reached the task: {made} commits");
+}
+
+/// Runs `flood_progress` (PROGRESS_FLOOD reports in about a second) as a task and checks
+/// that the gateway made a handful of commits, not one per report: the task's own (its
+/// creation, its call step, its result: 3, and one spare), plus at most one report at once
+/// and one per 250 ms of the flood (as long as it took). Returns the commits and the flood's
+/// length in ms.
+async fn a_flood_is_coalesced(
+    up: &Hostile,
+    client: &mcp_tasks::client::Client,
+    metrics_port: u16,
+) -> (f64, usize) {
+    up.seen.progress_sent.store(0, Ordering::Relaxed);
     let before = commits(metrics_port).await;
-    let task = start_task(&client, "flood_progress", json!({})).await;
+    let task = start_task(client, "flood_progress", json!({})).await;
     let done = wait_for(&task, "flood_progress", terminal).await;
     assert_eq!(done.status, TaskStatus::Completed, "{done:?}");
     let made = commits(metrics_port).await - before;
@@ -475,15 +474,13 @@ async fn a_stateless_upstreams_progress_flood_is_coalesced_too() {
         up.seen.progress_sent.load(Ordering::Relaxed),
         PROGRESS_FLOOD
     );
-    // As for a session-era upstream: the task's own 3 commits and a spare, one report at
-    // once and one per 250 ms of the flood.
     let flood_ms = up.seen.flood_ms.load(Ordering::Relaxed);
     let allowed = 4 + 1 + flood_ms.div_ceil(250);
     assert!(
         made <= allowed as f64,
         "{made} commits for {PROGRESS_FLOOD} reports in {flood_ms} ms"
     );
-    assert!(made >= 4.0, "the reports reached the task: {made} commits");
+    (made, flood_ms)
 }
 
 /// The gateway's peak resident memory, in bytes (`VmHWM`).

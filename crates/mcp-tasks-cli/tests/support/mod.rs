@@ -280,25 +280,12 @@ pub fn python_upstream_on(
     port: u16,
     side_effects: &std::path::Path,
 ) -> KillOnDrop {
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/upstream/python_server.py");
-    let child = std::process::Command::new(dir.join("venv/bin/python"))
-        .arg(script)
-        .args(["http", &port.to_string()])
-        .env("SIDE_EFFECTS", side_effects)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start the Python upstream");
-    let deadline = std::time::Instant::now() + WAIT;
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the Python upstream did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    KillOnDrop(child)
+    script_upstream(
+        &dir.join("venv/bin/python"),
+        "python_server.py",
+        port,
+        side_effects,
+    )
 }
 
 /// The FastMCP 4.x upstream of the gateway tests (`tests/upstream/fastmcp_server.py`) over
@@ -308,21 +295,38 @@ pub fn fastmcp_upstream_on(
     port: u16,
     side_effects: &std::path::Path,
 ) -> KillOnDrop {
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/upstream/fastmcp_server.py");
-    let child = std::process::Command::new(dir.join("fastmcp-venv/bin/python"))
-        .arg(script)
+    script_upstream(
+        &dir.join("fastmcp-venv/bin/python"),
+        "fastmcp_server.py",
+        port,
+        side_effects,
+    )
+}
+
+/// `python tests/upstream/SCRIPT http PORT`, its side effects appended to `side_effects`, once
+/// it listens.
+fn script_upstream(
+    python: &std::path::Path,
+    script: &str,
+    port: u16,
+    side_effects: &std::path::Path,
+) -> KillOnDrop {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/upstream")
+        .join(script);
+    let child = std::process::Command::new(python)
+        .arg(path)
         .args(["http", &port.to_string()])
         .env("SIDE_EFFECTS", side_effects)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
-        .expect("start the FastMCP upstream");
+        .unwrap_or_else(|e| panic!("start {script}: {e}"));
     let deadline = std::time::Instant::now() + WAIT;
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
             std::time::Instant::now() < deadline,
-            "the FastMCP upstream did not start"
+            "{script} did not start listening on port {port}"
         );
         std::thread::sleep(Duration::from_millis(50));
     }

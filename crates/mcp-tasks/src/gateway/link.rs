@@ -66,10 +66,17 @@ pub(crate) trait Hooks: Send + Sync {
     /// Records the upstream task this call follows (durably, before following it).
     fn remember_task<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), ToolError>>;
     /// The value recorded under `name` by an earlier run (a task's journal) or round (a
-    /// synchronous call's `requestState`).
-    fn recorded(&self, name: &str) -> Option<Value>;
-    /// Records `value` under `name` unless recorded already (see [`Self::recorded`]).
-    fn carry<'a>(&'a self, name: &'a str, value: Value) -> BoxFuture<'a, Result<(), ToolError>>;
+    /// synchronous call's `requestState`); hooks without a journal have none.
+    fn recorded(&self, name: &str) -> Option<Value> {
+        let _ = name;
+        None
+    }
+    /// Records `value` under `name` unless recorded already (see [`Self::recorded`]); hooks
+    /// without a journal keep nothing.
+    fn carry<'a>(&'a self, name: &'a str, value: Value) -> BoxFuture<'a, Result<(), ToolError>> {
+        let _ = (name, value);
+        Box::pin(async { Ok(()) })
+    }
     /// [`Self::input`] under `key`, the task's `statusMessage` set to `status` when it is
     /// asked.
     fn input_with_status<'a>(
@@ -783,16 +790,6 @@ mod tests {
         fn remember_task<'a>(&'a self, _id: &'a str) -> BoxFuture<'a, Result<(), ToolError>> {
             Box::pin(async { Ok(()) })
         }
-        fn recorded(&self, _name: &str) -> Option<Value> {
-            None
-        }
-        fn carry<'a>(
-            &'a self,
-            _name: &'a str,
-            _value: Value,
-        ) -> BoxFuture<'a, Result<(), ToolError>> {
-            Box::pin(async { Ok(()) })
-        }
     }
 
     /// Counts the messages sent to the upstream.
@@ -943,16 +940,6 @@ mod tests {
             None
         }
         fn remember_task<'a>(&'a self, _id: &'a str) -> BoxFuture<'a, Result<(), ToolError>> {
-            Box::pin(async { Ok(()) })
-        }
-        fn recorded(&self, _name: &str) -> Option<Value> {
-            None
-        }
-        fn carry<'a>(
-            &'a self,
-            _name: &'a str,
-            _value: Value,
-        ) -> BoxFuture<'a, Result<(), ToolError>> {
             Box::pin(async { Ok(()) })
         }
     }
