@@ -863,20 +863,13 @@ impl HttpLink {
         let key = json!(id);
         let response = match reply.0 {
             Reply1::Stream(mut stream) => {
-                // Progress coalesced as `link::drive` does: the latest report, at most one
-                // per `PROGRESS_INTERVAL`.
-                let mut held: Option<(f64, Option<f64>, Option<String>)> = None;
-                let mut next_progress = tokio::time::Instant::now();
-                let due = tokio::time::sleep_until(next_progress);
-                tokio::pin!(due);
+                // Progress coalesced as a session-era call's (`link::ProgressGate`).
+                let mut gate = link::ProgressGate::new();
                 loop {
                     let m = tokio::select! {
                         m = stream.next() => m,
-                        () = &mut due, if held.is_some() => {
-                            if let Some((progress, total, message)) = held.take() {
-                                hooks.progress(progress, total, message.as_deref()).await?;
-                                next_progress = tokio::time::Instant::now() + link::PROGRESS_INTERVAL;
-                            }
+                        () = tokio::time::sleep_until(gate.due()), if gate.holds() => {
+                            gate.flush(hooks).await?;
                             continue;
                         }
                     };
@@ -900,14 +893,7 @@ impl HttpLink {
                             message,
                         }) = Inbound::progress(&params)
                         {
-                            if held.is_none() && tokio::time::Instant::now() >= next_progress {
-                                hooks.progress(progress, total, message.as_deref()).await?;
-                                next_progress =
-                                    tokio::time::Instant::now() + link::PROGRESS_INTERVAL;
-                            } else {
-                                held = Some((progress, total, message));
-                                due.as_mut().reset(next_progress);
-                            }
+                            gate.offer(hooks, progress, total, message).await?;
                         }
                         continue;
                     }

@@ -155,6 +155,70 @@ pub(crate) const MAX_QUEUED_REQUESTS: usize = 16;
 /// of the task); the latest report wins.
 pub(crate) const PROGRESS_INTERVAL: Duration = Duration::from_millis(250);
 
+/// The progress of one call on its way to the task, coalesced: a report is relayed at once when
+/// none was in the last [`PROGRESS_INTERVAL`], else held (the latest wins) until
+/// [`Self::due`], when [`Self::flush`] relays it. A call that stops polling (it waits for its
+/// client's answer) relays nothing meanwhile.
+pub(crate) struct ProgressGate {
+    held: Option<(f64, Option<f64>, Option<String>)>,
+    next: tokio::time::Instant,
+}
+
+impl ProgressGate {
+    pub(crate) fn new() -> Self {
+        Self {
+            held: None,
+            next: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Whether a report is held back.
+    pub(crate) fn holds(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// When a held report may be relayed.
+    pub(crate) fn due(&self) -> tokio::time::Instant {
+        self.next
+    }
+
+    /// A report of the upstream: relayed now, or held.
+    pub(crate) async fn offer(
+        &mut self,
+        hooks: &dyn Hooks,
+        progress: f64,
+        total: Option<f64>,
+        message: Option<String>,
+    ) -> Result<(), ToolError> {
+        if self.held.is_none() && tokio::time::Instant::now() >= self.next {
+            self.relay(hooks, progress, total, message).await
+        } else {
+            self.held = Some((progress, total, message));
+            Ok(())
+        }
+    }
+
+    /// Relays the held report, if any.
+    pub(crate) async fn flush(&mut self, hooks: &dyn Hooks) -> Result<(), ToolError> {
+        match self.held.take() {
+            Some((progress, total, message)) => self.relay(hooks, progress, total, message).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn relay(
+        &mut self,
+        hooks: &dyn Hooks,
+        progress: f64,
+        total: Option<f64>,
+        message: Option<String>,
+    ) -> Result<(), ToolError> {
+        hooks.progress(progress, total, message.as_deref()).await?;
+        self.next = tokio::time::Instant::now() + PROGRESS_INTERVAL;
+        Ok(())
+    }
+}
+
 /// What an upstream sent about one call and the call has not taken yet: the latest progress
 /// (a newer one replaces it) and at most [`MAX_QUEUED_REQUESTS`] requests.
 #[derive(Default)]
@@ -319,11 +383,7 @@ pub(crate) async fn drive(
     tokio::pin!(response);
     let silent = tokio::time::sleep(timeout);
     tokio::pin!(silent);
-    // The progress held back, and when the next may reach the task.
-    let mut held: Option<(f64, Option<f64>, Option<String>)> = None;
-    let mut next_progress = tokio::time::Instant::now();
-    let due = tokio::time::sleep_until(next_progress);
-    tokio::pin!(due);
+    let mut gate = ProgressGate::new();
     loop {
         tokio::select! {
             r = &mut response => {
@@ -333,22 +393,13 @@ pub(crate) async fn drive(
                 })??;
                 return Ok(decode(upstream, message)?);
             }
-            () = &mut due, if held.is_some() => {
-                if let Some((progress, total, message)) = held.take() {
-                    hooks.progress(progress, total, message.as_deref()).await?;
-                    next_progress = tokio::time::Instant::now() + PROGRESS_INTERVAL;
-                }
+            () = tokio::time::sleep_until(gate.due()), if gate.holds() => {
+                gate.flush(hooks).await?;
             }
             event = events.recv() => {
                 match event {
                     Inbound::Progress { progress, total, message } => {
-                        if held.is_none() && tokio::time::Instant::now() >= next_progress {
-                            hooks.progress(progress, total, message.as_deref()).await?;
-                            next_progress = tokio::time::Instant::now() + PROGRESS_INTERVAL;
-                        } else {
-                            held = Some((progress, total, message));
-                            due.as_mut().reset(next_progress);
-                        }
+                        gate.offer(hooks, progress, total, message).await?;
                     }
                     Inbound::Request { id: request_id, method, params } => {
                         // The call's response is watched meanwhile: an upstream that goes

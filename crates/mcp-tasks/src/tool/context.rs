@@ -97,6 +97,10 @@ enum Mode {
     Inline(Box<InlineInputs>),
 }
 
+/// The most bytes (as JSON) a synchronous call carries from one MRTR round to the next
+/// ([`ToolContext::carry`]): a task's journal's default bound.
+const MAX_CARRIED_BYTES: usize = 4 << 20;
+
 /// Input of a synchronous call: the answers the client sent with this round of core MRTR
 /// (`inputResponses`, plus those carried in a verified `requestState`).
 struct InlineInputs {
@@ -415,12 +419,27 @@ impl ToolContext {
         match &self.inner.mode {
             Mode::Task(_) => self.step(name, || async move { Ok(value) }).await.map(drop),
             Mode::Inline(inputs) => {
-                inputs
-                    .carried
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .entry(name.to_owned())
-                    .or_insert(value);
+                let mut carried = inputs.carried.lock().unwrap_or_else(|e| e.into_inner());
+                if carried.contains_key(name) {
+                    return Ok(());
+                }
+                // The client echoes all of it with the next round: bounded like a task's
+                // journal (`Limits::max_journal_bytes` by default).
+                let len = carried
+                    .iter()
+                    .map(|(k, v)| k.len().saturating_add(crate::limits::json_len(v)))
+                    .fold(
+                        name.len().saturating_add(crate::limits::json_len(&value)),
+                        usize::saturating_add,
+                    );
+                if len > MAX_CARRIED_BYTES {
+                    return Err(ToolError::Rpc(crate::wire::error::RpcError::internal(
+                        format!(
+                            "`{name}` would make what this call carries to its next round {len} bytes; the limit is {MAX_CARRIED_BYTES}"
+                        ),
+                    )));
+                }
+                carried.insert(name.to_owned(), value);
                 Ok(())
             }
         }
@@ -792,5 +811,30 @@ impl ToolContext {
             }
             Mode::Inline(_) => futures::future::pending::<()>().await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn a_synchronous_call_carries_values_to_its_next_round_within_a_bound() {
+        let ctx = ToolContext::inline(Owner::anonymous(), json!({}));
+        ctx.carry("round-1", json!({ "state": "s1" }))
+            .await
+            .unwrap();
+        // Recorded once: a second value under the name changes nothing.
+        ctx.carry("round-1", json!("other")).await.unwrap();
+        assert_eq!(ctx.recorded("round-1"), Some(json!({ "state": "s1" })));
+        assert_eq!(ctx.carried().len(), 1);
+        let big = json!("x".repeat(MAX_CARRIED_BYTES));
+        let refused = ctx.carry("round-2", big).await.unwrap_err();
+        assert!(
+            matches!(&refused, ToolError::Rpc(e) if e.message.contains("the limit is")),
+            "{refused:?}"
+        );
+        assert_eq!(ctx.recorded("round-2"), None);
     }
 }
