@@ -184,6 +184,82 @@ async fn a_listen_on_the_old_owner_follows_the_task_another_node_completed() {
     pg.drop().await;
 }
 
+/// A renewal of a node's lease that is in flight while another node looks for lapsed leases
+/// keeps the node's tasks with it. Node a runs a task waiting for input; its heartbeat stops,
+/// and a renewal of it stays open (its node row locked by a transaction) past the lease TTL.
+/// b's periodic claims and a request reaching b (which would take the task over) leave the
+/// task with a meanwhile: "busy, retry". The renewal commits; the task is still a's, at its
+/// epoch, and the answer sent through b reaches it. Before, a claim whose snapshot predated
+/// the renewal took the task anyway and could commit after a's reconciliation of its leases:
+/// a then answered reads from its memory of a task b was changing (a lost update in the
+/// history checker of the replica crash suite).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_in_flight_keeps_the_task_with_its_node() {
+    let Some(pg) = pg::fresh().await else { return };
+    let ttl = Duration::from_millis(900);
+    let (a, a_store) = node(&pg, "a", ttl).await;
+    let (b, b_store) = node(&pg, "b", ttl).await;
+    let task = create(&a, "two_questions", json!({})).await;
+    wait_status(&a, &task, "input_required").await;
+    let epoch = a_store.lease_of(&task).await.unwrap().unwrap().epoch;
+
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&a_store, true);
+    let mut renewing = pg.client().await;
+    let renewal = renewing.transaction().await.unwrap();
+    renewal
+        .execute(
+            "UPDATE mcp_nodes SET heartbeat_at = heartbeat_at WHERE node_id = 'a'",
+            &[],
+        )
+        .await
+        .unwrap();
+    // Three TTLs: a's last heartbeat is long past, and b has looked for orphans many times.
+    tokio::time::sleep(ttl * 3).await;
+    assert!(
+        !b_store.holds(&task),
+        "b claimed the task of a node whose renewal was in flight"
+    );
+    let r = call(&b, "tasks/update", answer(&task, "k0")).await;
+    let message = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        r["error"]["code"] == -32603 && message.contains("retry"),
+        "a request reaching b while a's renewal is in flight is answered busy: {r}"
+    );
+
+    renewal
+        .execute(
+            "UPDATE mcp_nodes SET heartbeat_at = clock_timestamp() WHERE node_id = 'a'",
+            &[],
+        )
+        .await
+        .unwrap();
+    renewal.commit().await.unwrap();
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&a_store, false);
+    tokio::time::sleep(ttl).await;
+    let lease = a_store.lease_of(&task).await.unwrap().unwrap();
+    assert_eq!(
+        (lease.owner.as_deref(), lease.epoch),
+        (Some("a"), epoch),
+        "the task stayed with a, at its epoch"
+    );
+    let r = call(&b, "tasks/update", answer(&task, "k0")).await;
+    assert!(r.get("result").is_some(), "{r}");
+    eventually(
+        "a asked its second question",
+        Duration::from_secs(20),
+        async || {
+            get(&a, &task).await["result"]["inputRequests"]
+                .get("k1")
+                .is_some()
+        },
+    )
+    .await;
+    assert!(!b_store.holds(&task), "b never took the task");
+    a.shutdown().await;
+    b.shutdown().await;
+    pg.drop().await;
+}
+
 /// X9 of the scale-out review: the acknowledgement of a creation's commit is lost (the
 /// store's test hook reports the committed transaction failed). The client gets `-32603`,
 /// the row is live and leased to the node, which did not know it held it. The node

@@ -46,7 +46,8 @@ impl From<StoreError> for RpcError {
                 this one handled the request; nothing was written, retry the request"
                 .to_owned(),
             StoreError::Busy { .. } => "the task is locked by another replica's open \
-                transaction (a replica paused while writing it); nothing was changed, retry in a few seconds"
+                transaction (a write or a lease renewal in progress, or a replica paused while \
+                writing it); nothing was changed, retry in a few seconds"
                 .to_owned(),
             StoreError::Conflict { .. } => {
                 "the task changed concurrently; nothing was written, retry the request".to_owned()

@@ -1256,22 +1256,35 @@ impl Inner {
         // a task this node id still holds at start was not released by its previous process).
         // The fifth: the lapsed owner's last heartbeat (ms since the epoch, database time);
         // the sixth and seventh: its node id and the instance token of the process it was.
+        //
+        // The lapsed owners' node rows are locked (`FOR SHARE`) by the claim: a renewal of such
+        // a node that committed after this statement's snapshot makes PostgreSQL re-check the
+        // row, which then no longer counts as lapsed (its tasks are left alone), and one that
+        // comes later waits for this claim to commit. Either way the claim is ordered before
+        // or after the renewal, never across it, so the reconciliation the renewed node runs
+        // next sees every task claimed from it ([`Cluster::reads_from_memory`] relies on it).
+        // A row a renewal holds locked right now is skipped: its node is alive.
         let sql = if own {
             "UPDATE mcp_tasks t SET owner_node = $1, lease_epoch = t.lease_epoch + 1
              WHERE t.live AND t.owner_node = $1
              RETURNING t.id, t.bytes, t.lease_epoch, true, NULL::bigint, NULL::text, NULL::text"
         } else {
-            "WITH c AS (
+            "WITH lapsed AS MATERIALIZED (
+                SELECT node_id, heartbeat_at, instance FROM mcp_nodes
+                WHERE node_id <> $1 AND heartbeat_at < now() - make_interval(secs => $2)
+                FOR SHARE SKIP LOCKED),
+             c AS (
                 SELECT t.id, t.owner_node IS NOT NULL AS lapsed,
                        (extract(epoch FROM n.heartbeat_at) * 1000)::bigint AS beat,
                        t.owner_node AS node, n.instance AS instance
                 FROM mcp_tasks t
-                LEFT JOIN mcp_nodes n ON n.node_id = t.owner_node
+                LEFT JOIN lapsed n ON n.node_id = t.owner_node
                 WHERE t.live AND t.id > $4
                   AND (t.owner_node IS NULL
                        OR (t.owner_node <> $1
-                           AND (n.node_id IS NULL
-                                OR n.heartbeat_at < now() - make_interval(secs => $2))))
+                           AND (n.node_id IS NOT NULL
+                                OR NOT EXISTS (SELECT 1 FROM mcp_nodes m
+                                               WHERE m.node_id = t.owner_node))))
                 ORDER BY t.id
                 LIMIT $3
                 FOR UPDATE OF t SKIP LOCKED)
@@ -1670,17 +1683,35 @@ impl Cluster for PostgresStore {
             self.inner
                 .run(true, |client| async move {
                     // NOWAIT: a row locked by another session (a replica paused inside its
-                    // write) is not waited for; the request is answered "busy, retry".
+                    // write, or the owner's node row inside a renewal) is not waited for; the
+                    // request is answered "busy, retry". The task is taken only from no node,
+                    // this node, or a node whose lease lapsed, with that node's row locked as
+                    // in `Inner::claim` (a renewal that overtook the caller's look at the
+                    // owner keeps the task with it).
                     let st = client
                         .prepare_cached(
-                            "WITH c AS (SELECT id FROM mcp_tasks WHERE id = $1 AND live
-                                        FOR UPDATE NOWAIT)
+                            "WITH lapsed AS MATERIALIZED (
+                                SELECT n.node_id FROM mcp_nodes n
+                                JOIN mcp_tasks o ON o.owner_node = n.node_id AND o.id = $1
+                                WHERE n.node_id <> $2
+                                  AND n.heartbeat_at < now() - make_interval(secs => $3)
+                                FOR SHARE OF n NOWAIT),
+                             c AS (SELECT t.id FROM mcp_tasks t WHERE t.id = $1 AND t.live
+                                     AND (t.owner_node IS NULL OR t.owner_node = $2
+                                          OR t.owner_node IN (SELECT node_id FROM lapsed)
+                                          OR NOT EXISTS (SELECT 1 FROM mcp_nodes m
+                                                         WHERE m.node_id = t.owner_node))
+                                   FOR UPDATE OF t NOWAIT)
                          UPDATE mcp_tasks t SET owner_node = $2, lease_epoch = t.lease_epoch + 1
                          FROM c WHERE t.id = c.id
                          RETURNING t.bytes, t.lease_epoch",
                         )
                         .await?;
-                    let row = match client.query_opt(&st, &[&id, &self.inner.node]).await {
+                    let ttl = self.inner.lease_ttl.as_secs_f64();
+                    let row = match client
+                        .query_opt(&st, &[&id, &self.inner.node, &ttl])
+                        .await
+                    {
                         Err(e)
                             if e.code()
                                 == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
@@ -1695,12 +1726,29 @@ impl Cluster for PostgresStore {
                         }
                         other => other?,
                     };
-                    Ok::<_, PgFailure>(row.map(|r| {
-                        let epoch: i64 = r.get(1);
-                        self.inner.held().insert(id.to_owned(), epoch);
-                        self.inner.hub.inbox.notify_one();
-                        r.get::<_, Vec<u8>>(0)
-                    }))
+                    let Some(r) = row else {
+                        // Not live, or held by a node whose lease holds (it renewed since the
+                        // caller looked): the latter is asked to retry, reaching that node.
+                        let owner = client
+                            .query_opt(
+                                "SELECT owner_node FROM mcp_tasks WHERE id = $1 AND live",
+                                &[&id],
+                            )
+                            .await?
+                            .and_then(|r| r.get::<_, Option<String>>(0));
+                        return match owner {
+                            Some(node) => Err(PgFailure::Store(StoreError::Busy {
+                                detail: format!(
+                                    "task {id} is held by node {node}, whose lease holds again"
+                                ),
+                            })),
+                            None => Ok(None),
+                        };
+                    };
+                    let epoch: i64 = r.get(1);
+                    self.inner.held().insert(id.to_owned(), epoch);
+                    self.inner.hub.inbox.notify_one();
+                    Ok::<_, PgFailure>(Some(r.get::<_, Vec<u8>>(0)))
                 })
                 .await
         })
