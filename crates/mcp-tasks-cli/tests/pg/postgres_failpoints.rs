@@ -87,7 +87,7 @@ async fn an_answer_reaching_an_actor_from_a_lost_lease_is_applied_not_dropped() 
     let task = create(&a, "two_questions", json!({})).await;
     wait_status(&a, &task, "input_required").await;
 
-    assert!(b_store.claim_one(&task).await.unwrap().is_some());
+    assert!(pg.take_over(&b_store, &task, "a").await.is_some());
     let r = call(&b, "tasks/update", answer(&task, "k0")).await;
     assert!(r.get("result").is_some(), "{r}");
     let waiting = wait_status(&b, &task, "input_required").await;
@@ -144,13 +144,13 @@ async fn an_answer_recorded_for_a_node_whose_actor_is_stale_is_applied_not_dropp
     let task = create(&a, "two_questions", json!({})).await;
     wait_status(&a, &task, "input_required").await;
 
-    assert!(b_store.claim_one(&task).await.unwrap().is_some());
+    assert!(pg.take_over(&b_store, &task, "a").await.is_some());
     let r = call(&b, "tasks/update", answer(&task, "k0")).await;
     assert!(r.get("result").is_some(), "{r}");
     let waiting = wait_status(&b, &task, "input_required").await;
     assert!(waiting["inputRequests"].get("k1").is_some(), "{waiting}");
     // a claims the task back; its actor from the first lease still waits for k0.
-    assert!(a_store.claim_one(&task).await.unwrap().is_some());
+    assert!(pg.take_over(&a_store, &task, "b").await.is_some());
 
     fail::cfg("break::skip_is_behind", "return").unwrap();
     let r = call(&c, "tasks/update", answer(&task, "k1")).await;

@@ -614,7 +614,7 @@ async fn nodes_leases_and_other_nodes_commits() {
     );
     assert_eq!(Cluster::lease_of(&b, "tsk_nothing").await.unwrap(), None);
     // b takes it over.
-    assert!(b.claim_one(&id).await.unwrap().is_some());
+    assert!(pg.take_over(&b, &id, "a").await.is_some());
     let lease = Cluster::lease_of(&a, &id).await.unwrap().unwrap();
     assert_eq!(
         (lease.node.as_deref(), lease.epoch, lease.takeovers),

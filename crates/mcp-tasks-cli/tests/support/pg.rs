@@ -115,6 +115,25 @@ impl Pg {
         client
     }
 
+    /// Takes live task `id` over for `store` as a claim does once the lease of node `from`
+    /// lapsed: `from`'s heartbeat is set an hour back for the claim and renewed right after
+    /// (a claim takes a task only from a node whose lease lapsed). The claimed record.
+    pub async fn take_over(
+        &self,
+        store: &mcp_tasks::store::PostgresStore,
+        id: &str,
+        from: &str,
+    ) -> Option<Vec<u8>> {
+        use mcp_tasks::store::Cluster;
+        let client = self.client().await;
+        let set = "UPDATE mcp_nodes SET heartbeat_at = now() + $2::bigint * interval '1 hour'
+                   WHERE node_id = $1";
+        client.execute(set, &[&from, &-1i64]).await.unwrap();
+        let claimed = store.claim_one(id).await;
+        client.execute(set, &[&from, &0i64]).await.unwrap();
+        claimed.unwrap()
+    }
+
     /// Drops the schema and everything in it.
     pub async fn drop(self) {
         if let Ok(client) = connect(&self.url).await {

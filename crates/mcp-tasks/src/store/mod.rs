@@ -911,7 +911,10 @@ pub trait Cluster: Send + Sync {
     fn claim_interval(&self) -> Duration;
     /// Takes the lease of live task `id` for this process (bumping its epoch) and returns its
     /// bytes; `None` if it is not stored or not live. Used when a request for a task reaches a
-    /// node that does not run it.
+    /// node that does not run it and no live node holds it. Taken only from no node, this
+    /// node, or a node whose lease lapsed: a task whose node renewed its lease since the
+    /// caller looked is refused with [`StoreError::Busy`] (the request is retried and reaches
+    /// that node), as is one whose row another session holds locked.
     fn claim_one<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Vec<u8>>>;
     /// Whether this process's claim of task `id` took it from a node that stopped without
     /// releasing it (crashed, killed, or paused past its lease), so that the run it had going
