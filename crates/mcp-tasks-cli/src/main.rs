@@ -15,7 +15,6 @@ use mcp_tasks_testkit::{demo, fixtures};
 mod cli;
 mod cli_store;
 mod gateway_args;
-mod memory;
 mod serve_config;
 
 #[derive(Parser)]
@@ -213,10 +212,6 @@ struct ServeArgs {
     /// keeps every actor; `0s` parks at once. Units: ms, s, m, h, d.
     #[arg(long, env = "MCP_TASKS_PASSIVATE_AFTER", value_name = "DURATION", default_value = "30s", value_parser = parse_passivate_after)]
     passivate_after: PassivateAfter,
-    /// Keep the heap a burst of stopped task actors freed (by default it is given back to the
-    /// system with glibc's `malloc_trim` once the actors have fallen by 256 or more).
-    #[arg(long, env = "MCP_TASKS_NO_MALLOC_TRIM")]
-    no_malloc_trim: bool,
     /// Where `--fixtures crash` appends its step side effects (docs/CRASH-TESTING.md).
     #[arg(long, value_name = "PATH", hide = true)]
     side_effects: Option<PathBuf>,
@@ -617,6 +612,29 @@ fn bash_completion_names(script: &[u8]) -> Vec<u8> {
         .into_bytes()
 }
 
+/// The binary's allocator: jemalloc, which gives memory back by itself. glibc's keeps what a
+/// burst of stopped task actors freed (tasks waiting for input parked, a burst finishing) for
+/// its next allocations; jemalloc's background thread returns pages left unused for a second
+/// (`dirty_decay_ms:1000`, `muzzy_decay_ms:0`: no lazily-freed middle state), and lifecycles
+/// run faster than on glibc's. Measured in docs/BENCHMARKS.md ("Memory given back",
+/// `cargo bench --bench scale -- --only returned`). A library user keeps their own allocator
+/// (docs/SERVE.md says what to pick). `_RJEM_MALLOC_CONF` in the environment adds to these.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's `malloc_conf`, read at its start: a pointer to a C string.
+#[cfg(not(target_env = "msvc"))]
+#[repr(transparent)]
+struct MallocConf(*const std::ffi::c_char);
+// SAFETY: it points at a constant C string, which nothing writes.
+#[cfg(not(target_env = "msvc"))]
+unsafe impl Sync for MallocConf {}
+#[cfg(not(target_env = "msvc"))]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static MALLOC_CONF: MallocConf =
+    MallocConf(c"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0".as_ptr());
+
 fn main() -> ExitCode {
     let cli: Cli = serve_config::parse(std::env::args_os().collect());
     if let Command::Completions { shell } = cli.command {
@@ -974,10 +992,6 @@ async fn start(
     match builder(args, base, node, gateway).start().await {
         Ok(runtime) => {
             let _ = started.set(runtime.handle());
-            if !args.no_malloc_trim {
-                // Ends with the process (its tokio runtime).
-                drop(memory::spawn(runtime.handle()));
-            }
             let admin = if args.no_admin_socket {
                 None
             } else {
