@@ -771,17 +771,28 @@ async fn a_404_from_a_url_without_a_path_hints_at_the_mcp_endpoint() {
         &dir.path().join("gw.redb"),
         &["--upstream".into(), format!("bad={with_user}")],
     );
-    let hint = format!("upstream `bad` answered HTTP 404; did you mean {root}/mcp?");
-    let log = wait_log(&gw, &hint).await;
+    // The operator's log names the URL to use (without the credentials); what clients and
+    // the unauthenticated `/readyz` see names no host.
+    let log = wait_log(&gw, &format!("did you mean {root}/mcp?")).await;
     assert!(!log.contains("URL-SECRET"), "{log}");
+    let hint = "upstream `bad` answered HTTP 404; its URL has no path, and MCP servers usually answer at `/mcp`";
+    let host = root.trim_start_matches("http://");
     let body = raw_call(&gw, "fine").await;
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(message.starts_with("upstream `bad` is down"), "{body}");
-    assert!(message.contains(&hint), "{message}");
+    assert!(message.contains(hint), "{message}");
+    assert!(
+        !message.contains(host),
+        "a client learnt the upstream's address: {message}"
+    );
     let (status, body) = readyz(&gw).await;
     assert_eq!(status, 200, "{body}");
     assert!(
         body.contains(&format!("upstream bad: connecting, last error: {hint}")),
         "{body}"
+    );
+    assert!(
+        !body.contains(host),
+        "/readyz names the upstream's address: {body}"
     );
 }

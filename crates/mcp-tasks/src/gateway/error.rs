@@ -64,7 +64,7 @@ pub enum UpstreamError {
         /// The status code.
         status: u16,
         /// What the gateway guesses is wrong, when it can (a 404 from a URL without a path:
-        /// `did you mean http://HOST:PORT/mcp?`).
+        /// the MCP endpoint is usually `/mcp`; no host is named).
         hint: Option<String>,
     },
     /// The upstream said nothing for longer than its timeout.
@@ -121,8 +121,19 @@ fn hint_text(hint: &Option<String>) -> String {
 }
 
 /// The hint of a 404 from `url`: an upstream URL without a path (`http://127.0.0.1:8000`)
-/// usually wants the MCP endpoint's, `/mcp`. Its credentials, query and fragment are left out.
+/// usually wants the MCP endpoint's, `/mcp`. It names no host: the error reaches MCP clients
+/// and the unauthenticated `/readyz`, which must not learn where the upstreams are
+/// ([`suggested_url`] is for the operator's log).
 pub(crate) fn not_found_hint(url: &str) -> Option<String> {
+    suggested_url(url).map(|_| {
+        "its URL has no path, and MCP servers usually answer at `/mcp`: end the upstream's URL with it"
+            .to_owned()
+    })
+}
+
+/// `url` with the path `/mcp`, when it has no path; its credentials, query and fragment left
+/// out. For the log only.
+pub(crate) fn suggested_url(url: &str) -> Option<String> {
     let mut parsed = reqwest::Url::parse(url).ok()?;
     if !matches!(parsed.path(), "" | "/") {
         return None;
@@ -132,7 +143,7 @@ pub(crate) fn not_found_hint(url: &str) -> Option<String> {
     parsed.set_query(None);
     parsed.set_fragment(None);
     parsed.set_path("/mcp");
-    Some(format!("did you mean {parsed}?"))
+    Some(parsed.to_string())
 }
 
 impl UpstreamError {
@@ -185,14 +196,15 @@ mod tests {
     #[test]
     fn a_404_from_a_url_without_a_path_hints_at_mcp() {
         assert_eq!(
-            not_found_hint("http://127.0.0.1:8000").as_deref(),
-            Some("did you mean http://127.0.0.1:8000/mcp?")
+            suggested_url("http://127.0.0.1:8000").as_deref(),
+            Some("http://127.0.0.1:8000/mcp")
         );
         assert_eq!(
-            not_found_hint("https://user:s3cret@example.test/?key=s3cret").as_deref(),
-            Some("did you mean https://example.test/mcp?")
+            suggested_url("https://user:s3cret@example.test/?key=s3cret").as_deref(),
+            Some("https://example.test/mcp")
         );
-        assert_eq!(not_found_hint("http://127.0.0.1:8000/mcp"), None);
+        assert_eq!(suggested_url("http://127.0.0.1:8000/mcp"), None);
+        assert_eq!(suggested_url("http://127.0.0.1:8000/api/"), None);
         assert_eq!(not_found_hint("http://127.0.0.1:8000/api/"), None);
         let e = UpstreamError::Http {
             upstream: "a".into(),
@@ -201,7 +213,7 @@ mod tests {
         };
         assert_eq!(
             e.to_string(),
-            "upstream `a` answered HTTP 404; did you mean http://127.0.0.1:8000/mcp?"
+            "upstream `a` answered HTTP 404; its URL has no path, and MCP servers usually answer at `/mcp`: end the upstream's URL with it"
         );
     }
 }

@@ -436,12 +436,19 @@ impl HttpLink {
             return Ok((Reply1::Message(value), set_session));
         }
         if !status.is_success() {
+            let hint = (status == StatusCode::NOT_FOUND)
+                .then(|| super::error::not_found_hint(&self.url))
+                .flatten();
+            if hint.is_some()
+                && let Some(url) = super::error::suggested_url(&self.url)
+            {
+                tracing::warn!(upstream = %self.upstream, suggestion = %url,
+                    "the upstream answered HTTP 404 and its URL has no path: did you mean {url}?");
+            }
             return Err(UpstreamError::Http {
                 upstream: self.upstream.clone(),
                 status: status.as_u16(),
-                hint: (status == StatusCode::NOT_FOUND)
-                    .then(|| super::error::not_found_hint(&self.url))
-                    .flatten(),
+                hint,
             });
         }
         Err(UpstreamError::Protocol {
