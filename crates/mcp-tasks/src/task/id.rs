@@ -3,7 +3,11 @@
 use std::fmt;
 
 /// A server-generated, unguessable, header-safe task id: `tsk_` followed by 32 lowercase hex
-/// digits (128 random bits).
+/// digits. [`TaskId::generate`] issues 48 bits of the creation time (milliseconds since the
+/// Unix epoch) followed by 80 random bits: unguessable, and ids sort by creation time, so a
+/// store's new records land together at the end of its key order instead of in random pages
+/// (fewer pages per commit: docs/BENCHMARKS.md, "What each part of a commit writes"). Clients
+/// must treat the id as opaque.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TaskId(String);
 
@@ -20,12 +24,23 @@ const PREFIX: &str = "tsk_";
 const HEX_LEN: usize = 32;
 
 impl TaskId {
-    /// A new random id from the operating system's random source.
+    /// A new id: the current time in milliseconds since the Unix epoch (48 bits, big-endian)
+    /// and 80 random bits from the operating system's random source.
     pub fn generate() -> Self {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        Self::at(now_ms)
+    }
+
+    /// A new id of creation time `now_ms`: [`TaskId::generate`] with a given clock.
+    pub fn at(now_ms: u64) -> Self {
         let mut bytes = [0u8; HEX_LEN / 2];
+        bytes[..6].copy_from_slice(&now_ms.to_be_bytes()[2..]);
         // getrandom only fails when the OS has no entropy source at all; there is no safe
         // fallback for an unguessable id, so that is a fatal environment error.
-        getrandom::fill(&mut bytes).expect("the operating system random source is unavailable");
+        getrandom::fill(&mut bytes[6..])
+            .expect("the operating system random source is unavailable");
         Self::from_bytes(bytes)
     }
 
@@ -138,6 +153,18 @@ mod tests {
         let b = TaskId::generate();
         assert_ne!(a, b);
         assert_eq!(TaskId::parse(a.as_str()), Ok(a));
+    }
+
+    #[test]
+    fn ids_sort_by_creation_time_and_keep_80_random_bits() {
+        let t = 1_780_000_000_123u64;
+        let (a, b, later) = (TaskId::at(t), TaskId::at(t), TaskId::at(t + 1));
+        // The first 12 hex digits are the time; the other 20 (80 bits) differ.
+        assert_eq!(&a.as_str()[4..16], format!("{t:012x}"));
+        assert_eq!(a.as_str()[4..16], b.as_str()[4..16]);
+        assert_ne!(a.as_str()[16..], b.as_str()[16..]);
+        assert!(a < later && b < later);
+        assert!(TaskId::generate().as_str()[4..16] > *format!("{t:012x}"));
     }
 
     #[test]
