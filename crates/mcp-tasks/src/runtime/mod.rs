@@ -855,7 +855,7 @@ async fn take_over(
 }
 
 /// On a store shared by replicas: compares the leases this node believes it holds with the
-/// rows (see `TaskStore::reconcile`). The actors of tasks whose lease this node lost stop
+/// rows (see `Cluster::reconcile`). The actors of tasks whose lease this node lost stop
 /// (even one waiting for input, which would never write and so never be fenced), and their
 /// followers move to the stored record; live tasks leased to this node that it did not know
 /// of (a creation whose commit acknowledgement was lost) are claimed anew and run; tasks

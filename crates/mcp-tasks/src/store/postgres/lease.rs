@@ -584,7 +584,8 @@ impl Inner {
 }
 
 impl Inner {
-    /// See [`TaskStore::confirm_lease`]: one read of the task's lease columns.
+    /// See [`Cluster::confirm_lease`](crate::store::Cluster::confirm_lease): one read of the
+    /// task's lease columns.
     pub(super) async fn confirm_lease(&self, id: &str, seq: u64) -> Result<(), PgFailure> {
         if self.skip_fencing {
             return Ok(());
@@ -631,10 +632,10 @@ impl Inner {
         Err(StoreError::Fenced { id: id.to_owned() }.into())
     }
 
-    /// See [`TaskStore::reconcile`]: reads the live rows leased to this node id, drops the
-    /// leases this process believes it holds that the store no longer gives it, and claims
-    /// (epoch + 1) the rows at this node id that it does not hold, except those whose
-    /// creation commit is still in flight.
+    /// See [`Cluster::reconcile`](crate::store::Cluster::reconcile): reads the live rows
+    /// leased to this node id, drops the leases this process believes it holds that the store
+    /// no longer gives it, and claims (epoch + 1) the rows at this node id that it does not
+    /// hold, except those whose creation commit is still in flight.
     pub(super) async fn reconcile(&self) -> Result<Reconciled, PgFailure> {
         if self.skip_fencing {
             // The test-only unsafe mode stands for a node without lease checks at all.

@@ -338,7 +338,6 @@ async fn backfill_listing(
     Ok(filled)
 }
 
-/// Creates `schema` if it does not exist, on a connection of its own.
 /// Creates or migrates the schema of the database at `url` exactly as a server's open does
 /// (and bumps its boot epoch), without registering a node: `mcp-tasks store migrate` prepares
 /// its target with it.
@@ -352,6 +351,7 @@ pub(crate) async fn prepare_schema(url: &str) -> Result<(), StoreError> {
     migrate(&pool, &label).await.map(drop)
 }
 
+/// Creates `schema` if it does not exist, on a connection of its own.
 pub(super) async fn create_schema(
     config: &tokio_postgres::Config,
     schema: &str,
