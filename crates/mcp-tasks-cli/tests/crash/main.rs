@@ -3,16 +3,14 @@
 //! disk (`crash_power`) and, with the `failpoints` feature, failpoints at the dangerous spots
 //! (`crash_failpoints`; run alone, since failpoints are process-wide). Every run prints its
 //! seed (`docs/CRASH-TESTING.md`).
+//!
+//! `support` is the support code the three test executables share, compiled once in
+//! `mcp_tasks_testkit::support` (feature `test-support`).
 
-#[macro_use]
-#[path = "../support/backend.rs"]
-mod backend;
-#[path = "../support/pg.rs"]
-mod pg;
+use mcp_tasks_testkit::support;
+
 #[path = "../sim/mod.rs"]
 mod sim;
-#[path = "../support/mod.rs"]
-mod support;
 
 mod crash_failpoints;
 mod crash_faults;

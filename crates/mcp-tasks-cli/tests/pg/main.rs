@@ -3,16 +3,14 @@
 //! fault reproductions, the replica crash suite and, with the `failpoints` feature, the
 //! store's failpoints (run alone, since failpoints are process-wide). They skip, saying so, when no server is
 //! reachable, unless `MCP_TASKS_REQUIRE_POSTGRES=1` (`.ci/run` sets it).
+//!
+//! `support` and `pg` are the support code the three test executables share, compiled once in
+//! `mcp_tasks_testkit::support` (feature `test-support`).
 
-#[macro_use]
-#[path = "../support/backend.rs"]
-mod backend;
-#[path = "../support/pg.rs"]
-mod pg;
+use mcp_tasks_testkit::support::{self, pg};
+
 #[path = "../sim/mod.rs"]
 mod sim;
-#[path = "../support/mod.rs"]
-mod support;
 
 mod console_replicas;
 mod crash_replicas;

@@ -1,7 +1,19 @@
-//! A small HTTP/1.1 client over a raw socket for the authentication and quota suites, so that
-//! they see the exact status line, headers and body bytes.
+//! What the integration tests of `mcp-tasks-cli` share (feature `test-support`, which only
+//! that crate's `[dev-dependencies]` enable): compiled once here rather than in each of the
+//! three test executables (`tests/it`, `tests/pg`, `tests/crash`).
+//!
+//! This module itself is a small HTTP/1.1 client over a raw socket for the authentication and
+//! quota suites, so that they see the exact status line, headers and body bytes, plus the
+//! processes the tests run: a test in a process of its own ([`own_process`]) and the gateway
+//! tests' upstream MCP servers ([`upstreams_dir`], [`python_upstream`]). The sub-modules: the
+//! store a suite runs on ([`backend`], with [`on_both_stores!`](crate::on_both_stores)),
+//! PostgreSQL for the tests (`pg`, feature `postgres`) and requests to an embedded runtime
+//! ([`embedded`]).
 
-#![allow(dead_code)]
+pub mod backend;
+pub mod embedded;
+#[cfg(feature = "postgres")]
+pub mod pg;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -10,9 +22,12 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+/// The protocol version the requests declare.
 pub const VERSION: &str = "2026-07-28";
+/// How long a test waits for an answer, a process or a port before it fails.
 pub const WAIT: Duration = Duration::from_secs(30);
 
+/// `_meta` of a `2026-07-28` request that declares the Tasks extension.
 pub fn meta() -> Value {
     json!({
         "io.modelcontextprotocol/protocolVersion": VERSION,
@@ -21,6 +36,7 @@ pub fn meta() -> Value {
     })
 }
 
+/// A JSON-RPC request with [`meta`] in its params.
 pub fn request(id: Value, method: &str, mut params: Value) -> Value {
     params["_meta"] = meta();
     json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params })
@@ -29,14 +45,18 @@ pub fn request(id: Value, method: &str, mut params: Value) -> Value {
 /// One HTTP response: status, headers, the whole body (or, for SSE, what was read so far).
 #[derive(Debug)]
 pub struct Response {
+    /// The status code.
     pub status: u16,
+    /// The headers, in the order received.
     pub headers: Vec<(String, String)>,
+    /// The body (or, for SSE, what was read so far).
     pub body: Vec<u8>,
     /// The connection, still open after an SSE response's first event.
     pub stream: Option<BufReader<TcpStream>>,
 }
 
 impl Response {
+    /// The first header called `name` (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
@@ -44,6 +64,7 @@ impl Response {
             .map(|(_, v)| v.as_str())
     }
 
+    /// The body as JSON; panics, showing the body, when it is not.
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| {
             panic!(
@@ -106,6 +127,8 @@ pub async fn send(
     .expect("a timely response")
 }
 
+/// Reads one response from `reader`: a body of `Content-Length` bytes, or chunks up to the
+/// first complete SSE event (the connection is then kept in [`Response::stream`]).
 pub async fn read_response(mut reader: BufReader<TcpStream>) -> Response {
     let mut line = String::new();
     reader.read_line(&mut line).await.unwrap();
@@ -192,12 +215,8 @@ pub fn token_entry(token: &str, tenant: &str, principal: &str, scopes: &[&str]) 
         serde_json::to_string(scopes).unwrap()
     )
 }
-pub mod browser;
-pub mod embedded;
-pub mod legacy;
-pub mod raw_http;
 
-/// Runs the calling test alone in a child process of this test executable, for a test that
+/// Runs the calling test alone in a child process of its test executable, for a test that
 /// needs the process to itself (it installs a process-wide `metrics` recorder and counts
 /// exactly): the integration tests share one executable, and the other tests running beside
 /// it would add to its counts. In the child (marked by an environment variable) this returns
@@ -259,7 +278,7 @@ pub fn upstreams_dir() -> Option<std::path::PathBuf> {
     None
 }
 
-/// The Python upstream of the gateway tests (`tests/upstream/python_server.py`) over HTTP on
+/// The Python upstream of the gateway tests (`crates/mcp-tasks-cli/tests/upstream/python_server.py`) over HTTP on
 /// a free port, its side effects appended to `side_effects`; killed when dropped. Returns the
 /// process and its MCP URL.
 pub fn python_upstream(
@@ -288,7 +307,7 @@ pub fn python_upstream_on(
     )
 }
 
-/// The FastMCP 4.x upstream of the gateway tests (`tests/upstream/fastmcp_server.py`) over
+/// The FastMCP 4.x upstream of the gateway tests (`crates/mcp-tasks-cli/tests/upstream/fastmcp_server.py`) over
 /// HTTP on `port`, its side effects appended to `side_effects`; killed when dropped.
 pub fn fastmcp_upstream_on(
     dir: &std::path::Path,
@@ -303,7 +322,7 @@ pub fn fastmcp_upstream_on(
     )
 }
 
-/// `python tests/upstream/SCRIPT http PORT`, its side effects appended to `side_effects`, once
+/// `python crates/mcp-tasks-cli/tests/upstream/SCRIPT http PORT`, its side effects appended to `side_effects`, once
 /// it listens.
 fn script_upstream(
     python: &std::path::Path,
@@ -311,8 +330,10 @@ fn script_upstream(
     port: u16,
     side_effects: &std::path::Path,
 ) -> KillOnDrop {
-    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/upstream")
+    // The scripts are the command line's test data, beside its tests (this crate is never
+    // built outside the workspace: it is not published).
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../mcp-tasks-cli/tests/upstream")
         .join(script);
     let child = std::process::Command::new(python)
         .arg(path)
@@ -337,6 +358,7 @@ fn script_upstream(
 pub struct KillOnDrop(pub std::process::Child);
 
 impl KillOnDrop {
+    /// Kills the process (SIGKILL) and reaps it.
     pub fn kill9(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();

@@ -2,7 +2,7 @@
 //! `mcp_tasks_test` (created if missing), so tests run in parallel without seeing each
 //! other's tasks. Without a reachable server the tests are skipped with a message, unless
 //! `MCP_TASKS_REQUIRE_POSTGRES` is set (CI sets it: there an unreachable server fails).
-#![allow(dead_code)]
+//! [`PrivateCluster`] is a server of a test's own, for the tests that stop or crash it.
 
 use std::time::Duration;
 
@@ -15,12 +15,14 @@ pub fn server() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned())
 }
 
+/// The database the tests' schemas are made in.
 pub const DATABASE: &str = "mcp_tasks_test";
 
 /// One test's schema.
 pub struct Pg {
     /// URL of the test database (no schema option).
     pub url: String,
+    /// The schema's name (`t_` and 12 random hex digits).
     pub schema: String,
 }
 
@@ -156,6 +158,7 @@ fn pg_bin() -> std::path::PathBuf {
 /// port), so that a test can stop and start the server without touching the shared one.
 /// As root, the server runs as the `postgres` user (PostgreSQL refuses to run as root).
 pub struct PrivateCluster {
+    /// The port the server listens on (on 127.0.0.1).
     pub port: u16,
     dir: tempfile::TempDir,
     as_postgres: bool,

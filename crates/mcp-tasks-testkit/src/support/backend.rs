@@ -1,26 +1,27 @@
 //! The store a suite's embedded runtime runs on: the same test body runs once on redb and once
 //! on PostgreSQL (a schema of its own per test; skipped with a message when PostgreSQL is not
 //! reachable, unless `MCP_TASKS_REQUIRE_POSTGRES` is set; and without the `postgres` feature).
-//!
-//! A crate that uses it declares `#[cfg(feature = "postgres")] mod pg;` and includes this file
-//! with `#[path = "support/backend.rs"] mod backend;`.
-#![allow(dead_code)]
+//! [`on_both_stores!`](crate::on_both_stores) makes the two tests of one body.
 
 use mcp_tasks::{Runtime, RuntimeBuilder};
 
 /// Which store a test body runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
+    /// The embedded store: a redb file in the test's directory.
     Redb,
+    /// PostgreSQL: a schema of the test's own.
     Postgres,
 }
 
 /// Where one test's runtimes keep their tasks.
 pub struct Place {
+    /// The store the test runs on.
     pub backend: Backend,
+    /// The test's directory (the redb files; on PostgreSQL, whatever else the test keeps).
     pub dir: tempfile::TempDir,
     #[cfg(feature = "postgres")]
-    pg: Option<crate::pg::Pg>,
+    pg: Option<super::pg::Pg>,
 }
 
 impl Place {
@@ -36,7 +37,7 @@ impl Place {
             }),
             #[cfg(feature = "postgres")]
             Backend::Postgres => {
-                let pg = crate::pg::fresh().await?;
+                let pg = super::pg::fresh().await?;
                 Some(Place {
                     backend,
                     dir,
@@ -82,7 +83,8 @@ impl Place {
 }
 
 /// `async fn name(backend: Backend) { … }` becomes the tests `name::redb` and
-/// `name::postgres`.
+/// `name::postgres` (`#[tokio::test]`s on two worker threads, so the calling crate needs
+/// `tokio` with its `macros` feature).
 #[macro_export]
 macro_rules! on_both_stores {
     ($(#[$meta:meta])* async fn $name:ident($backend:ident: Backend) $body:block) => {
@@ -93,16 +95,16 @@ macro_rules! on_both_stores {
             $(#[$meta])*
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn redb() {
-                body($crate::backend::Backend::Redb).await
+                body($crate::support::backend::Backend::Redb).await
             }
 
             $(#[$meta])*
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn postgres() {
-                body($crate::backend::Backend::Postgres).await
+                body($crate::support::backend::Backend::Postgres).await
             }
 
-            async fn body($backend: $crate::backend::Backend) $body
+            async fn body($backend: $crate::support::backend::Backend) $body
         }
     };
 }
