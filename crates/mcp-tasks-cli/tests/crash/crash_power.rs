@@ -3,7 +3,7 @@
 //! sync the power goes: the disk keeps what was synced plus a seeded choice of the unsynced
 //! writes (the last one possibly torn). The store is reopened from that image, the runtime
 //! rehydrates, the workload goes on; after the last crash the faults stop and every task must
-//! finish. One checker (crates/mcp-tasks-cli/tests/sim/checker.rs) judges every seed.
+//! finish. One checker (crates/mcp-tasks-testkit/src/support/sim/checker.rs) judges every seed.
 //!
 //! `MCP_TASKS_SEED=<seed>` replays one seed; `MCP_TASKS_POWER_SEEDS=<n>` sets the number of
 //! seeds (default 1200); `MCP_TASKS_SOAK_SECS=<s>` runs seeds for that long instead.

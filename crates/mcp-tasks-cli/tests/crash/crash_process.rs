@@ -1,7 +1,7 @@
 //! Process harness: the real `mcp-tasks serve --fixtures crash` binary on a redb file, driven
-//! over Streamable HTTP by the seeded workload (crates/mcp-tasks-cli/tests/sim/driver.rs), SIGKILLed at seeded
+//! over Streamable HTTP by the seeded workload (crates/mcp-tasks-testkit/src/support/sim/driver.rs), SIGKILLed at seeded
 //! moments (sometimes SIGSTOPped and SIGCONTed first, sometimes only paused), restarted on the
-//! same store, and judged by the one checker (crates/mcp-tasks-cli/tests/sim/checker.rs). Between a kill and the
+//! same store, and judged by the one checker (crates/mcp-tasks-testkit/src/support/sim/checker.rs). Between a kill and the
 //! restart the harness opens the store file itself and records what is durable.
 //!
 //! `MCP_TASKS_SEED=<seed>` replays a run; `MCP_TASKS_KILL_CYCLES=<n>` sets the number of kill

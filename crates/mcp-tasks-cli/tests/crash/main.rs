@@ -4,13 +4,11 @@
 //! (`crash_failpoints`; run alone, since failpoints are process-wide). Every run prints its
 //! seed (`docs/CRASH-TESTING.md`).
 //!
-//! `support` is the support code the three test executables share, compiled once in
-//! `mcp_tasks_testkit::support` (feature `test-support`).
+//! `support` and `sim` (the simulations' driver, checker and simulated disk) are the support
+//! code the three test executables share, compiled once in `mcp_tasks_testkit::support`
+//! (feature `test-support`).
 
-use mcp_tasks_testkit::support;
-
-#[path = "../sim/mod.rs"]
-mod sim;
+use mcp_tasks_testkit::support::{self, sim};
 
 mod crash_failpoints;
 mod crash_faults;

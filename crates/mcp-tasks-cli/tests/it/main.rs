@@ -7,17 +7,15 @@
 //! A test that needs the process to itself (a process-wide `metrics` recorder) re-runs itself
 //! in a child process of this executable (`support::own_process`).
 //!
-//! `support`, `backend` and `pg` are the support code the three test executables share,
-//! compiled once in `mcp_tasks_testkit::support` (feature `test-support`); `support` here adds
-//! the helpers only this executable uses, from `tests/support/`.
+//! `support`, `backend`, `pg` and `sim` (the crash simulations' code) are the support code the
+//! three test executables share, compiled once in `mcp_tasks_testkit::support` (feature
+//! `test-support`); `support` here adds the helpers only this executable uses, from
+//! `tests/support/`.
 
 #[macro_use]
 extern crate mcp_tasks_testkit;
 
-use mcp_tasks_testkit::support::{backend, pg};
-
-#[path = "../sim/mod.rs"]
-mod sim;
+use mcp_tasks_testkit::support::{backend, pg, sim};
 
 /// The shared support code and, from `tests/support/`, this executable's own: the raw HTTP
 /// client of the transport suites, the `2025-11-25` client and headless Chromium.

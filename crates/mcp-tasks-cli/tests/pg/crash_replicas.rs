@@ -1,11 +1,11 @@
 //! Replica crash and partition suite: three `mcp-tasks serve --fixtures crash` replicas over
 //! one PostgreSQL schema, driven over Streamable HTTP by the seeded workload
-//! (crates/mcp-tasks-cli/tests/sim/driver.rs) with every request sent to a replica picked at random (create on one,
+//! (crates/mcp-tasks-testkit/src/support/sim/driver.rs) with every request sent to a replica picked at random (create on one,
 //! get/update/cancel/listen on others), while replicas are killed with SIGKILL (and restarted,
 //! under the same node id or a new one) or paused with SIGSTOP/SIGCONT, sometimes past their
 //! lease (the dangerous case: the paused replica wakes after its tasks were taken over). After
 //! every fault cycle the harness reads the tasks table and records what is durable; the one
-//! checker (crates/mcp-tasks-cli/tests/sim/checker.rs) judges the history.
+//! checker (crates/mcp-tasks-testkit/src/support/sim/checker.rs) judges the history.
 //!
 //! On replicas steps are at-least-once *across nodes*: a replica that was paused in the
 //! middle of a step finishes it after the new owner committed the same step (its commit is

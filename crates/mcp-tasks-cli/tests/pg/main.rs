@@ -4,13 +4,11 @@
 //! store's failpoints (run alone, since failpoints are process-wide). They skip, saying so, when no server is
 //! reachable, unless `MCP_TASKS_REQUIRE_POSTGRES=1` (`.ci/run` sets it).
 //!
-//! `support` and `pg` are the support code the three test executables share, compiled once in
-//! `mcp_tasks_testkit::support` (feature `test-support`).
+//! `support`, `pg` and `sim` (the crash suite's driver and checker) are the support code the
+//! three test executables share, compiled once in `mcp_tasks_testkit::support` (feature
+//! `test-support`).
 
-use mcp_tasks_testkit::support::{self, pg};
-
-#[path = "../sim/mod.rs"]
-mod sim;
+use mcp_tasks_testkit::support::{self, pg, sim};
 
 mod console_replicas;
 mod crash_replicas;

@@ -7,13 +7,15 @@
 //! processes the tests run: a test in a process of its own ([`own_process`]) and the gateway
 //! tests' upstream MCP servers ([`upstreams_dir`], [`python_upstream`]). The sub-modules: the
 //! store a suite runs on ([`backend`], with [`on_both_stores!`](crate::on_both_stores)),
-//! PostgreSQL for the tests (`pg`, feature `postgres`) and requests to an embedded runtime
-//! ([`embedded`]).
+//! PostgreSQL for the tests (`pg`, feature `postgres`), requests to an embedded runtime
+//! ([`embedded`]) and the crash simulations' seeded driver, checker and simulated disk
+//! ([`sim`]; the workload they drive is [`crate::sim`]).
 
 pub mod backend;
 pub mod embedded;
 #[cfg(feature = "postgres")]
 pub mod pg;
+pub mod sim;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -44,8 +44,11 @@ use super::checker::{Kind, normalise, updated_ms};
 /// that answered (a replica's address; `None` in process).
 #[derive(Debug, Clone)]
 pub struct OpSpan {
+    /// When the request was sent.
     pub invoked: Instant,
+    /// When the answer arrived.
     pub completed: Instant,
+    /// The replica that answered (`None` in process).
     pub replica: Option<String>,
 }
 
@@ -74,8 +77,11 @@ pub enum Op {
 
 /// One task's operation.
 pub struct TimedOp<'a> {
+    /// The task's id.
     pub task: &'a str,
+    /// When it was sent and answered, and by which replica.
     pub span: &'a OpSpan,
+    /// What it did or saw.
     pub op: &'a Op,
 }
 

@@ -1,7 +1,8 @@
 //! Shared parts of the crash-and-restart simulations (see docs/CRASH-TESTING.md):
 //! a seeded random source, the history of what a client did and saw, the one checker every
 //! simulation runs, the seeded workload driver, and a simulated disk (redb `StorageBackend`).
-#![allow(dead_code)]
+//! The tool the workload calls and its side-effect log are the test kit's [`crate::sim`];
+//! the suites that run the simulations are `mcp-tasks-cli`'s `tests/crash` and `tests/pg`.
 
 pub mod checker;
 pub mod disk;
@@ -18,10 +19,12 @@ use std::time::Duration;
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator for `seed`.
     pub fn new(seed: u64) -> Self {
         Self(seed ^ 0x9E37_79B9_7F4A_7C15)
     }
 
+    /// The next number of the stream.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
@@ -44,6 +47,7 @@ impl Rng {
         self.range(0, 100) < percent
     }
 
+    /// An item chosen uniformly (`None` when there is none).
     pub fn pick<'a, T>(&mut self, items: &'a [T]) -> Option<&'a T> {
         if items.is_empty() {
             None

@@ -10,13 +10,13 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use mcp_tasks::{Dispatched, Owner, RequestContext, RuntimeHandle};
-use mcp_tasks_testkit::sim::{JobSpec, TOOL};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use super::Rng;
 use super::checker::{Ev, History, Source, answer_for};
 use super::linear::{Op, OpSpan};
+use crate::sim::{JobSpec, TOOL};
 
 /// The member of a response (or of a streamed message) naming the replica that sent it, when
 /// the connection spreads requests over several ([`tag_replica`]).
@@ -40,7 +40,9 @@ fn replica_of(message: &Value) -> Option<String> {
 
 /// How a driver reaches a server. `Err` is a transport failure (no answer: unknown outcome).
 pub trait Conn: Send + Sync + 'static {
+    /// Sends a request; its response.
     fn call(&self, message: Value) -> BoxFuture<'static, Result<Value, String>>;
+    /// Sends a request answered with a stream (`subscriptions/listen`); the stream's messages.
     fn listen(
         &self,
         message: Value,
@@ -84,15 +86,19 @@ impl Conn for InProc {
 /// loss nothing it sends counts as observed.
 pub type Alive = Arc<dyn Fn() -> bool + Send + Sync>;
 
+/// An [`Alive`] that never dies (a server no power loss hits).
 pub fn always_alive() -> Alive {
     Arc::new(|| true)
 }
 
+/// The shape of a driver's workload.
 #[derive(Debug, Clone)]
 pub struct DriverConfig {
     /// Most tasks created per run.
     pub max_tasks: usize,
+    /// Most steps of one task.
     pub max_steps: u32,
+    /// Longest delay of one step, in milliseconds.
     pub max_delay_ms: u64,
     /// Percent of tasks told to fail.
     pub fail_percent: u64,
@@ -152,14 +158,21 @@ impl Known {
 /// Counters of what a driver did.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Counts {
+    /// Requests sent.
     pub requests: u64,
+    /// Requests answered with a result.
     pub acked: u64,
+    /// Requests answered with an error.
     pub errors: u64,
+    /// Notifications received on listen streams.
     pub notifications: u64,
 }
 
+/// The seeded client: creates tasks, polls them, answers their input requests, cancels and listens
+/// to some, recording everything in its [`History`].
 pub struct Driver {
     rng: Rng,
+    /// What it did and saw.
     pub history: Arc<History>,
     cfg: DriverConfig,
     tasks: Vec<Known>,
@@ -167,12 +180,15 @@ pub struct Driver {
     next_id: u64,
     next_stream: u64,
     listeners: Vec<JoinHandle<()>>,
+    /// What it did, counted.
     pub counts: Counts,
     notifications: Arc<std::sync::atomic::AtomicU64>,
     /// The interval and replica of the last request answered.
     last_span: Option<OpSpan>,
 }
 
+/// A JSON-RPC request of the `2026-07-28` era whose client declares the Tasks extension and
+/// elicitation.
 pub fn request(id: u64, method: &str, mut params: Value) -> Value {
     params["_meta"] = json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
@@ -193,6 +209,7 @@ enum Answer {
 }
 
 impl Driver {
+    /// A driver drawing its actions from `rng` and recording in `history`.
     pub fn new(rng: Rng, history: Arc<History>, cfg: DriverConfig) -> Self {
         Self {
             rng,
@@ -209,6 +226,7 @@ impl Driver {
         }
     }
 
+    /// How many tasks it created.
     pub fn known_tasks(&self) -> usize {
         self.tasks.len()
     }

@@ -10,18 +10,21 @@ use std::time::Duration;
 use mcp_tasks::clock::Clock;
 use mcp_tasks::store::{Store, StoreOptions};
 use mcp_tasks::{Runtime, RuntimeConfig};
-use mcp_tasks_testkit::sim::{SideEffect, SideEffects, StrictClock};
 
 use super::Rng;
 use super::checker::{Allow, Ev, History, Report, check};
 use super::disk::SimDisk;
 use super::driver::{Alive, Driver, DriverConfig, InProc};
+use crate::sim::{SideEffect, SideEffects, StrictClock};
 
 /// Where the power goes in an incarnation (besides the end of its actions).
 #[derive(Clone)]
 pub enum CrashPlan {
     /// At a seeded write, set_len or sync among the next `window` disk ops.
-    AtOp { window: u64 },
+    AtOp {
+        /// How many disk ops the crash point is drawn from.
+        window: u64,
+    },
     /// When the test's failpoint callback calls [`CrashSwitch::fire`].
     External,
 }
@@ -35,6 +38,7 @@ pub struct CrashSwitch {
 }
 
 impl CrashSwitch {
+    /// Cuts the power of the current incarnation now (nothing when none is armed).
     pub fn fire(&self) {
         if let Some(d) = self.disk.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             d.crash_now();
@@ -60,14 +64,17 @@ pub struct MemLog {
 }
 
 impl MemLog {
+    /// Incarnation `epoch` begins: its steps' side effects count.
     pub fn begin(&self, epoch: u32) {
         self.inner.lock().unwrap().1 = Some(epoch);
     }
 
+    /// The current incarnation died: its steps' side effects no longer count.
     pub fn kill(&self) {
         self.inner.lock().unwrap().1 = None;
     }
 
+    /// The side effects recorded so far.
     pub fn effects(&self) -> Vec<SideEffect> {
         self.inner.lock().unwrap().0.clone()
     }
@@ -107,6 +114,7 @@ fn config(epoch: u32) -> RuntimeConfig {
     c
 }
 
+/// The store's path for `seed` (a name only: the bytes are on the [`SimDisk`]).
 pub fn label(seed: u64) -> PathBuf {
     PathBuf::from(format!("simdisk-{seed:#018x}.redb"))
 }
@@ -129,7 +137,7 @@ pub async fn start_runtime_with(
         log: log.clone(),
         epoch,
     });
-    mcp_tasks_testkit::sim::install_with(builder, sink)
+    crate::sim::install_with(builder, sink)
         .start()
         .await
         .map_err(|e| e.to_string())
@@ -149,16 +157,23 @@ pub async fn read_store(seed: u64, disk: &SimDisk) -> Result<Vec<(String, Vec<u8
 /// How a seed's run is broken on purpose (checker self-tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Breakage {
+    /// Nothing broken.
     None,
     /// The disk acknowledges syncs without making anything durable (a lying fsync).
     LyingSyncs,
 }
 
+/// What one seed's run came to.
 #[derive(Debug, Default)]
 pub struct SeedRun {
+    /// The checker's verdict.
     pub report: Report,
+    /// Power losses (every incarnation but the last).
     pub crashes: u32,
+    /// Power losses while the incarnation's actions ran (at the crash point or a failpoint),
+    /// not after them.
     pub crashes_mid_run: u32,
+    /// Disk ops (writes, set_len, syncs) over all incarnations.
     pub ops: u64,
     /// Step executions (side effects) and journaled steps in the final store.
     pub effects: usize,
@@ -170,6 +185,8 @@ pub struct SeedRun {
 pub const CRASH_WINDOW: u64 = 300;
 const ACTIONS: usize = 40;
 
+/// Runs `seed`: power lost at seeded disk ops ([`CrashPlan::AtOp`] over [`CRASH_WINDOW`]), default
+/// store options.
 pub async fn run_seed(seed: u64, breakage: Breakage) -> SeedRun {
     run_seed_with(
         seed,

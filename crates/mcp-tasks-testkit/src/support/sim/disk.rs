@@ -39,7 +39,9 @@ fn apply(image: &mut Vec<u8>, op: &Op) {
 /// sync makes them durable, so a power loss never brings them back.
 #[derive(Debug, Clone, Copy)]
 pub struct Fault {
+    /// The first failing op (counted from 1).
     pub from: u64,
+    /// How many ops in a row fail.
     pub count: u64,
 }
 
@@ -77,6 +79,7 @@ struct State {
 pub struct SimDisk(Arc<Mutex<State>>);
 
 impl SimDisk {
+    /// An empty disk.
     pub fn new() -> Self {
         Self::default()
     }
@@ -102,10 +105,13 @@ impl SimDisk {
         s.crash_at = Some(s.ops + n.max(1));
     }
 
+    /// Adds a storage fault (see [`Fault`]).
     pub fn add_fault(&self, fault: Fault) {
         self.lock().faults.push(fault);
     }
 
+    /// Broken on purpose (the checker's self-test): while `lying`, syncs report success without
+    /// making anything durable.
     pub fn set_lying_syncs(&self, lying: bool) {
         self.lock().lying_syncs = lying;
     }
@@ -116,6 +122,7 @@ impl SimDisk {
         self.lock().on_crash.push(Box::new(hook));
     }
 
+    /// Writes, set_len and syncs issued so far.
     pub fn ops(&self) -> u64 {
         self.lock().ops
     }
@@ -125,14 +132,17 @@ impl SimDisk {
         self.lock().fail_syncs = n;
     }
 
+    /// Syncs that failed so far (their writes were dropped).
     pub fn failed_syncs(&self) -> u64 {
         self.lock().failed_syncs
     }
 
+    /// Writes and set_len calls that an injected [`Fault`] failed so far.
     pub fn faults_hit(&self) -> u64 {
         self.lock().faults_hit
     }
 
+    /// Whether the power went off.
     pub fn crashed(&self) -> bool {
         self.lock().crashed
     }

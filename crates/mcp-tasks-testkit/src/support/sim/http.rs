@@ -16,7 +16,9 @@ use super::driver::Conn;
 // A fallible HTTP/1.1 client for the MCP endpoint
 // ---------------------------------------------------------------------------------------------
 
+/// The Streamable HTTP connection to a `serve` process (a TCP connection per request).
 pub struct Http {
+    /// The server's address.
     pub addr: SocketAddr,
 }
 

@@ -38,10 +38,10 @@ use mcp_tasks::internals::persist;
 use mcp_tasks::internals::task::json::detailed_task;
 use mcp_tasks::internals::task::{TaskRecord, TaskStatus};
 use mcp_tasks::internals::wire::ServerInfo;
-use mcp_tasks_testkit::sim::{JobSpec, SideEffect};
 use serde_json::{Map, Value, json};
 
 use super::linear::{self, Op, OpSpan, TimedOp};
+use crate::sim::{JobSpec, SideEffect};
 
 /// Where an observation came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,60 +58,92 @@ pub enum Source {
 /// was opened on).
 #[derive(Debug, Clone)]
 pub enum Ev {
+    /// The creation of `task` (to run `spec`) was acknowledged.
     CreateAcked {
+        /// The new task's id.
         task: String,
+        /// The incarnation the request was sent to.
         epoch: u32,
+        /// What the task was told to do.
         spec: JobSpec,
     },
+    /// A client saw `object`, a state of `task`, in a response or a notification.
     Observed {
+        /// The task's id.
         task: String,
+        /// The incarnation the request was sent to (or the stream was opened on).
         epoch: u32,
+        /// Where it was seen.
         source: Source,
+        /// The task as received.
         object: Value,
     },
     /// `tasks/get` answered "Task not found".
     NotFound {
+        /// The task asked for.
         task: String,
+        /// The incarnation the request was sent to.
         epoch: u32,
     },
+    /// A `tasks/update` answering `keys` of `task` was sent (answered or not).
     UpdateSent {
+        /// The task's id.
         task: String,
+        /// The input keys it answers.
         keys: Vec<String>,
     },
+    /// A `tasks/update` answering `keys` of `task` was acknowledged.
     UpdateAcked {
+        /// The task's id.
         task: String,
+        /// The incarnation the request was sent to.
         epoch: u32,
+        /// The input keys it answered.
         keys: Vec<String>,
     },
+    /// A `tasks/cancel` of `task` was sent (answered or not).
     CancelSent {
+        /// The task's id.
         task: String,
     },
+    /// A `tasks/cancel` of `task` was acknowledged.
     CancelAcked {
+        /// The task's id.
         task: String,
+        /// The incarnation the request was sent to.
         epoch: u32,
     },
     /// The store as found after incarnation `epoch` ended (crash, power loss or shutdown).
     Durable {
+        /// The incarnation that ended.
         epoch: u32,
+        /// The stored tasks that decoded, by id.
         records: BTreeMap<String, TaskRecord>,
         /// Snapshots that did not decode (id, error).
         undecodable: Vec<(String, String)>,
     },
     /// The store could not be opened after incarnation `epoch` ended.
     ReopenFailed {
+        /// The incarnation that ended.
         epoch: u32,
+        /// Why the store did not open.
         error: String,
     },
     /// After faults stopped, the task was still not terminal at the deadline.
     Unfinished {
+        /// The task's id.
         task: String,
+        /// The last state seen.
         last: Value,
     },
     /// An acknowledged operation with its real-time interval and the replica that answered,
     /// for the linearizability check ([`super::linear`]).
     Timed {
+        /// The task's id.
         task: String,
+        /// When it was sent and answered, and by which replica.
         span: OpSpan,
+        /// What it did or saw.
         op: Op,
     },
 }
@@ -123,6 +155,7 @@ pub struct History {
 }
 
 impl History {
+    /// Appends an event.
     pub fn push(&self, ev: Ev) {
         self.events
             .lock()
@@ -130,6 +163,7 @@ impl History {
             .push(ev);
     }
 
+    /// A copy of the events so far, in order.
     pub fn events(&self) -> Vec<Ev> {
         self.events
             .lock()
@@ -168,29 +202,49 @@ pub struct Allow {
     pub cross_node_step_reexecution: bool,
 }
 
+/// What a [`Violation`] broke (the module's list of invariants).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Kind {
+    /// An acknowledged creation is gone: `tasks/get` answered "not found" for it, or a durable
+    /// snapshot lacks it.
     LostCreation,
+    /// The answer of an acknowledged `tasks/update` is not in a later durable snapshot.
     LostUpdate,
+    /// An acknowledged `tasks/cancel` is not in a later durable snapshot (no flag, task not ended).
     LostCancel,
+    /// A stored record went backwards: gone, an older sequence number, or a different record under
+    /// the same number.
     SeqBackwards,
+    /// Something a client observed is neither in the next durable snapshot nor superseded there.
     ObservedNotDurable,
+    /// Consecutive observed or stored states do not follow a legal transition (or a task was
+    /// cancelled or failed without cause).
     IllegalTransition,
+    /// A terminal state changed.
     TerminalChanged,
     /// A read returned an older state than an operation that completed before it was sent.
     StaleRead,
     /// A read sent after an acknowledged answer still shows its key waiting for input.
     UpdateNotVisible,
+    /// A step ran again after its result was committed.
     StepReExecuted,
+    /// A journal entry no execution produced (or without its attempt), or a completed result that
+    /// does not carry exactly its journal.
     Journal,
+    /// The store did not reopen after an incarnation, or a stored snapshot did not decode.
     Reopen,
+    /// After faults stopped, a task was not terminal within the bound (the one liveness kind).
     Liveness,
 }
 
+/// One broken invariant.
 #[derive(Debug, Clone)]
 pub struct Violation {
+    /// Which invariant.
     pub kind: Kind,
+    /// The task it concerns (`-` for the store as a whole).
     pub task: String,
+    /// What was seen.
     pub detail: String,
 }
 
@@ -203,29 +257,37 @@ impl fmt::Display for Violation {
 /// The checker's verdict on one history.
 #[derive(Debug, Default)]
 pub struct Report {
+    /// Every violation found (one per kind, task and detail).
     pub violations: Vec<Violation>,
     /// Counters for the run's figures.
     pub tasks: usize,
+    /// Observations (responses and notifications) checked.
     pub observations: usize,
+    /// Durable snapshots checked.
     pub durable_snapshots: usize,
+    /// Step executions in the side-effect log.
     pub step_executions: usize,
     /// Acknowledged operations with their real-time interval (the linearizability check's).
     pub timed_operations: usize,
 }
 
 impl Report {
+    /// The safety violations (every kind but [`Kind::Liveness`]).
     pub fn safety(&self) -> impl Iterator<Item = &Violation> {
         self.violations.iter().filter(|v| v.kind != Kind::Liveness)
     }
 
+    /// The liveness violations.
     pub fn liveness(&self) -> impl Iterator<Item = &Violation> {
         self.violations.iter().filter(|v| v.kind == Kind::Liveness)
     }
 
+    /// Whether nothing was found.
     pub fn is_clean(&self) -> bool {
         self.violations.is_empty()
     }
 
+    /// Whether some violation is of `kind`.
     pub fn has(&self, kind: Kind) -> bool {
         self.violations.iter().any(|v| v.kind == kind)
     }
@@ -791,7 +853,7 @@ fn check_journal(
         let want_steps: Vec<Value> = (0..steps)
             .map(|i| {
                 d.journal
-                    .get(&mcp_tasks_testkit::sim::step_name(i))
+                    .get(&crate::sim::step_name(i))
                     .cloned()
                     .unwrap_or(Value::Null)
             })
@@ -799,7 +861,7 @@ fn check_journal(
         let mut want_answers = Map::new();
         if let Some(spec) = spec {
             for i in spec.inputs.iter().filter(|i| **i < spec.steps) {
-                let key = mcp_tasks_testkit::sim::input_key(*i);
+                let key = crate::sim::input_key(*i);
                 want_answers.insert(key.clone(), answer_for(task, &key));
             }
         }
