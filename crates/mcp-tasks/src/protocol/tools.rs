@@ -334,13 +334,15 @@ impl Dispatcher {
         let poll_ms = u64::try_from(config.poll_interval.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
+        // The id's time is the task's `createdAt`: both from the runtime's clock.
+        let now = self.shared.now_ms();
         let record = Arc::new(TaskRecord::new(
-            TaskId::generate(),
+            TaskId::at(now),
             ctx.owner.clone(),
             call.name.clone(),
             arguments,
             capabilities,
-            self.shared.now_ms(),
+            now,
             ttl_ms,
             Some(poll_ms),
             descriptor.initial_status_message.clone(),
