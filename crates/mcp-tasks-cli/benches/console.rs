@@ -270,6 +270,7 @@ fn fill(store: &Store, n: usize, finished_only: bool) -> String {
         batch.push(WriteOp::Put {
             id: record.id.as_str().to_owned(),
             bytes: persist::encode(&record).expect("encode"),
+            constant_tail: 0,
             live: !record.status.is_terminal(),
             due_ms: Some(created_at + 2 * day),
             seq: Some(record.seq),

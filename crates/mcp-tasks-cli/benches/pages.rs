@@ -84,6 +84,7 @@ fn put(record: &TaskRecord, parts: Parts, expect: Expect) -> WriteOp {
     WriteOp::Put {
         id: record.id.as_str().to_owned(),
         bytes: persist::encode(record).expect("encode"),
+        constant_tail: 0,
         live: live && parts.live,
         due_ms: parts.due.then_some(record.created_at_ms + 86_400_000),
         seq: Some(record.seq),

@@ -324,6 +324,7 @@ fn fill(path: &Path, n: usize) -> Vec<String> {
         batch.push(WriteOp::Put {
             id: done.id.as_str().to_owned(),
             bytes: persist::encode(&done).expect("encode"),
+            constant_tail: 0,
             live: false,
             due_ms: Some(now + day + retention),
             seq: Some(done.seq),

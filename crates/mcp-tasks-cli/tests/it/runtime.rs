@@ -1006,6 +1006,7 @@ async fn a_foreign_record_is_not_decoded_past_its_owner() {
         .commit(vec![WriteOp::Put {
             id: id.clone(),
             bytes,
+            constant_tail: 0,
             live: false,
             due_ms: None,
             seq: Some(1),

@@ -609,14 +609,14 @@ async fn a_newer_redb_schema_is_a_one_line_error_and_changes_nothing() {
     let (code, stdout, stderr) = run(&["store", "stats", "--store", p, "--json"]);
     assert_eq!(code, 0, "{stderr}");
     let stats: Value = serde_json::from_str(&stdout).unwrap();
-    assert_eq!(stats["schema_version"], 5);
+    assert_eq!(stats["schema_version"], 6);
     {
         use redb::ReadableDatabase;
         let db = redb::Database::open(&path).unwrap();
         let r = db.begin_read().unwrap();
         let meta = r.open_table(META).unwrap();
         let v = meta.get("schema_version").unwrap().unwrap();
-        assert_eq!(v.value(), 5u64.to_le_bytes().as_slice());
+        assert_eq!(v.value(), 6u64.to_le_bytes().as_slice());
         drop((v, meta, r));
         let w = db.begin_write().unwrap();
         w.open_table(META)
@@ -637,7 +637,7 @@ async fn a_newer_redb_schema_is_a_one_line_error_and_changes_nothing() {
     ] {
         run_fails(
             &args,
-            "schema version 99, newer than the 5 this build supports",
+            "schema version 99, newer than the 6 this build supports",
         );
         assert!(
             std::fs::read(&path).unwrap() == before,
@@ -897,13 +897,14 @@ fn write_as_layout_1(from: &Path, to: &Path, without_seq: &str) {
 }
 
 /// The tables of a redb file of the current layout (5), in name order.
-const LAYOUT_TABLES: [&str; 8] = [
+const LAYOUT_TABLES: [&str; 9] = [
     "due",
     "listing_counters",
     "listing_index",
     "live",
     "meta",
     "owners",
+    "tails",
     "tasks",
     "usage",
 ];
@@ -1029,7 +1030,7 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
     let stats = admin::stats(&Location::parse(purged.to_str().unwrap()))
         .await
         .unwrap();
-    assert_eq!((stats.schema_version, stats.tasks, stats.live), (5, 2, 2));
+    assert_eq!((stats.schema_version, stats.tasks, stats.live), (6, 2, 2));
     let report = admin::verify(&Location::parse(purged.to_str().unwrap()))
         .await
         .unwrap();
@@ -1064,7 +1065,7 @@ async fn a_layout_1_store_is_read_as_it_is_and_converted_by_a_server() {
     let stats = admin::stats(&Location::parse(path.to_str().unwrap()))
         .await
         .unwrap();
-    assert_eq!((stats.schema_version, stats.tasks, stats.live), (5, 2, 0));
+    assert_eq!((stats.schema_version, stats.tasks, stats.live), (6, 2, 0));
     let report = admin::verify(&Location::parse(path.to_str().unwrap()))
         .await
         .unwrap();

@@ -773,6 +773,7 @@ fn put(id: &str, seq: u64, live: bool) -> mcp_tasks::store::WriteOp {
     mcp_tasks::store::WriteOp::Put {
         id: id.to_owned(),
         bytes: vec![seq as u8],
+        constant_tail: 0,
         live,
         due_ms: None,
         seq: Some(seq),

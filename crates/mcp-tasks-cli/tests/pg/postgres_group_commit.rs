@@ -36,6 +36,7 @@ fn put(n: u32, seq: u64, expect: Expect) -> WriteOp {
     WriteOp::Put {
         id: r.id.as_str().to_owned(),
         bytes: persist::encode(&r).unwrap(),
+        constant_tail: 0,
         live: true,
         due_ms: None,
         seq: Some(seq),

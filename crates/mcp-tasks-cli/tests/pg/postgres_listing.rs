@@ -54,6 +54,7 @@ fn write(record: &TaskRecord) -> WriteOp {
     WriteOp::Put {
         id: record.id.as_str().to_owned(),
         bytes: persist::encode(record).unwrap(),
+        constant_tail: 0,
         live: !record.status.is_terminal(),
         due_ms: None,
         seq: Some(record.seq),

@@ -38,6 +38,7 @@ fn create(id: &str, bytes: Vec<u8>, principal: &str, created_ms: u64) -> WriteOp
     WriteOp::Put {
         id: id.to_owned(),
         bytes,
+        constant_tail: 0,
         live: false,
         due_ms: None,
         seq: Some(1),
@@ -107,6 +108,7 @@ async fn owners_are_indexed_counted_and_converted() {
     a.commit(vec![WriteOp::Put {
         id: id0.clone(),
         bytes: bytes0,
+        constant_tail: 0,
         live: false,
         due_ms: Some(1),
         seq: Some(2),

@@ -36,7 +36,12 @@
 //! (`TaskRecord::attempts`; a version 1 snapshot reads with 0); 3 = version 2 followed by the
 //! attempt each journaled step committed in (`TaskRecord::step_attempts`; versions 1 and 2
 //! read with none recorded); 4 = version 3 followed by the transition history
-//! (`TaskRecord::history`; versions 1 to 3 read with a reconstructed one, see below).
+//! (`TaskRecord::history`; versions 1 to 3 read with a reconstructed one, see below); 5 =
+//! version 4 with the arguments moved to the end: the snapshot's `arguments` field is empty,
+//! the envelope ends with the arguments' length, and their JSON text follows the envelope as
+//! the record's last bytes (a record cut short is an error, never other arguments). A task's
+//! arguments never change, so a store may keep those last bytes apart and write them once
+//! ([`encode_parts`] says how many they are; `WriteOp::Put`'s `constant_tail`).
 //!
 //! # The history of a record written before version 4
 //!
@@ -70,7 +75,7 @@ use crate::task::{
 
 /// The format version [`encode`] writes (variant index + 1 of the newest `Envelope`
 /// variant).
-pub const CURRENT_VERSION: u32 = 4;
+pub const CURRENT_VERSION: u32 = 5;
 
 /// Why a snapshot could not be encoded or decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -103,10 +108,13 @@ enum Envelope {
     V3(SnapshotV3),
     /// Format version 4 (variant index 3): version 3 plus the transition history.
     V4(SnapshotV4),
+    /// Format version 5 (variant index 4): version 4 with an empty `arguments` field, the
+    /// arguments' JSON text following the envelope.
+    V5(SnapshotV5),
 }
 
 /// Number of variants of `Envelope`; variant index `i < KNOWN_VARIANTS` is known.
-const KNOWN_VARIANTS: u32 = 4;
+const KNOWN_VARIANTS: u32 = 5;
 const _: () = assert!(KNOWN_VARIANTS == CURRENT_VERSION);
 
 /// Format version 1 of a task snapshot. **Frozen**: never change this type.
@@ -170,6 +178,15 @@ struct SnapshotV4 {
 }
 
 /// A status change of [`TaskRecord::history`], first stored in format version 4. **Frozen.**
+/// Format version 5 of a task snapshot: version 4 whose `arguments` is the empty string,
+/// then the length of the arguments' JSON text, which follows the envelope (the record's last
+/// bytes). **Frozen**.
+#[derive(Debug, Serialize, Deserialize)]
+struct SnapshotV5 {
+    base: SnapshotV4,
+    arguments_len: u64,
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 struct TransitionV1 {
     at_ms: u64,
@@ -202,6 +219,13 @@ enum OutcomeV1 {
 
 /// Encodes `record` as a snapshot of the [current format version](CURRENT_VERSION).
 pub fn encode(record: &TaskRecord) -> Result<Vec<u8>, PersistError> {
+    encode_parts(record).map(|(bytes, _)| bytes)
+}
+
+/// [`encode`], and how many of the bytes' last ones are the task's arguments: they are the
+/// same in every snapshot of the task (its arguments never change), so a store may keep them
+/// apart and write them once (`WriteOp::Put`'s `constant_tail`).
+pub fn encode_parts(record: &TaskRecord) -> Result<(Vec<u8>, usize), PersistError> {
     // Bytes that `decode` would refuse are never written.
     if let Some(step) = record
         .step_attempts
@@ -215,10 +239,12 @@ pub fn encode(record: &TaskRecord) -> Result<Vec<u8>, PersistError> {
     if let Err(problem) = check_history(&record.history) {
         return Err(PersistError::Encode(format!("history: {problem}")));
     }
+    let mut base = SnapshotV1::from_record(record)?;
+    let arguments = std::mem::take(&mut base.arguments);
     let snapshot = SnapshotV4 {
         base: SnapshotV3 {
             base: SnapshotV2 {
-                base: SnapshotV1::from_record(record)?,
+                base,
                 attempts: record.attempts,
             },
             step_attempts: record
@@ -229,7 +255,13 @@ pub fn encode(record: &TaskRecord) -> Result<Vec<u8>, PersistError> {
         },
         history: record.history.iter().map(TransitionV1::from).collect(),
     };
-    postcard::to_stdvec(&Envelope::V4(snapshot)).map_err(|e| PersistError::Encode(e.to_string()))
+    let mut bytes = postcard::to_stdvec(&Envelope::V5(SnapshotV5 {
+        base: snapshot,
+        arguments_len: arguments.len() as u64,
+    }))
+    .map_err(|e| PersistError::Encode(e.to_string()))?;
+    bytes.extend_from_slice(arguments.as_bytes());
+    Ok((bytes, arguments.len()))
 }
 
 /// Decodes a snapshot written by [`encode`] of this or any earlier format version.
@@ -237,7 +269,8 @@ pub fn decode(bytes: &[u8]) -> Result<TaskRecord, PersistError> {
     snapshot_version(bytes)?;
     let (envelope, rest) = postcard::take_from_bytes::<Envelope>(bytes)
         .map_err(|e| PersistError::Decode(e.to_string()))?;
-    if !rest.is_empty() {
+    // Only version 5 has bytes after the envelope: the arguments.
+    if !rest.is_empty() && !matches!(envelope, Envelope::V5(_)) {
         return Err(PersistError::Decode(format!(
             "{} unexpected trailing byte(s) after the snapshot",
             rest.len()
@@ -255,6 +288,33 @@ pub fn decode(bytes: &[u8]) -> Result<TaskRecord, PersistError> {
         // Written before the history was kept: reconstructed (see the module docs).
         Envelope::V3(v3) => (v3, None),
         Envelope::V4(SnapshotV4 { base, history }) => (base, Some(history)),
+        Envelope::V5(SnapshotV5 {
+            base: SnapshotV4 { mut base, history },
+            arguments_len,
+        }) => {
+            let arguments = &mut base.base.base.arguments;
+            if !arguments.is_empty() {
+                return Err(PersistError::InvalidField {
+                    field: "arguments",
+                    detail: "a version 5 snapshot keeps its arguments after the envelope, \
+                             not in it"
+                        .into(),
+                });
+            }
+            if rest.len() as u64 != arguments_len {
+                return Err(PersistError::Decode(format!(
+                    "the snapshot's arguments (its last bytes) are {} bytes, not {arguments_len}",
+                    rest.len()
+                )));
+            }
+            *arguments = std::str::from_utf8(rest)
+                .map_err(|_| PersistError::InvalidField {
+                    field: "arguments",
+                    detail: "not UTF-8 text".into(),
+                })?
+                .to_owned();
+            (base, Some(history))
+        }
     };
     let SnapshotV3 {
         base: SnapshotV2 { base, attempts },

@@ -6,7 +6,7 @@
 //! with `MCP_TASKS_BLESS=1`. When a new format version is added, the `v1_*` files keep
 //! proving that old bytes still decode to the same records (check (b)); check (a), that
 //! `encode` writes exactly these bytes, then moves to the new version's goldens (today
-//! `v4_*`; `v1_*` to `v3_*` are checked with (b) only).
+//! `v5_*`; `v1_*` to `v4_*` are checked with (b) only).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -149,9 +149,28 @@ fn cancelled() -> TaskRecord {
     r
 }
 
-/// The canonical records as the current format version stores them: version 3's (attempt
-/// counts, the attempt each journaled step committed in) with their transition histories.
+/// The canonical records as the current format version (5) stores them: the records of
+/// version 4 (version 5 only moved the arguments to the end of the bytes).
 fn canonical() -> Vec<(&'static str, TaskRecord)> {
+    canonical_v4()
+        .into_iter()
+        .map(|(name, record)| {
+            let name = match name {
+                "v4_working" => "v5_working",
+                "v4_input_required" => "v5_input_required",
+                "v4_completed" => "v5_completed",
+                "v4_failed" => "v5_failed",
+                "v4_cancelled" => "v5_cancelled",
+                other => unreachable!("{other}"),
+            };
+            (name, record)
+        })
+        .collect()
+}
+
+/// The canonical records of format version 4: version 3's (attempt counts, the attempt each
+/// journaled step committed in) with their transition histories.
+fn canonical_v4() -> Vec<(&'static str, TaskRecord)> {
     const STARTED: Option<&str> = Some("The operation is now in progress.");
     const WAITING: Option<&str> = Some("Waiting for your input.");
     let v4 =
@@ -298,7 +317,7 @@ fn describe(name: &str, record: &TaskRecord, bytes: &[u8]) -> Value {
         "golden": format!("{name}.bin"),
         "format_version": CURRENT_VERSION,
         "bytes": bytes.len(),
-        "note": "postcard Envelope::V4(SnapshotV4 { base: SnapshotV3 { base: SnapshotV2 { base: SnapshotV1, attempts }, step_attempts }, history }) (src/persist/mod.rs); JSON payloads are stored as JSON text",
+        "note": "postcard Envelope::V5(SnapshotV5 { base: SnapshotV4 { base: SnapshotV3 { base: SnapshotV2 { base: SnapshotV1 (arguments empty), attempts }, step_attempts }, history }, arguments_len }) followed by the arguments' JSON text (src/persist/mod.rs); JSON payloads are stored as JSON text",
         "record": {
             "id": record.id.as_str(),
             "owner": { "tenant": record.owner.tenant, "principal": record.owner.principal },
@@ -381,8 +400,15 @@ fn golden_files_v3() {
     check_frozen_goldens(3, canonical_v3().into());
 }
 
+/// Version 4 goldens decode with their attempt counter, step attempts and history (the
+/// arguments inside the envelope).
 #[test]
 fn golden_files_v4() {
+    check_frozen_goldens(4, canonical_v4());
+}
+
+#[test]
+fn golden_files_v5() {
     let dir = golden_dir();
     let bless = blessing();
     let mut missing = Vec::new();
@@ -419,7 +445,15 @@ fn golden_files_v4() {
              docs of src/persist/mod.rs), never by regenerating goldens.",
             bin.display()
         );
-        assert_eq!(snapshot_version(&golden), Ok(4));
+        assert_eq!(snapshot_version(&golden), Ok(5));
+        // The last bytes are the arguments' JSON text, as `encode_parts` says.
+        let (parts, tail) = encode_parts(&record).unwrap();
+        assert_eq!(parts, golden);
+        assert_eq!(
+            &golden[golden.len() - tail..],
+            serde_json::to_string(&record.arguments).unwrap().as_bytes(),
+            "{name}"
+        );
     }
     assert!(
         missing.is_empty(),
@@ -433,7 +467,7 @@ fn golden_files_v4() {
 fn canonical_records_round_trip() {
     for (name, record) in canonical() {
         let bytes = encode(&record).unwrap();
-        assert_eq!(bytes[0], 3, "{name}: V4 is variant index 3");
+        assert_eq!(bytes[0], 4, "{name}: V5 is variant index 4");
         assert_eq!(decode(&bytes).unwrap(), record, "{name}");
     }
 }
@@ -491,7 +525,7 @@ fn unknown_versions_are_reported_as_such() {
     let mut bytes = encode(&working()).unwrap();
     bytes[0] = 7;
     assert_eq!(decode(&bytes), Err(PersistError::UnknownVersion(8)));
-    assert_eq!(decode(&[4]), Err(PersistError::UnknownVersion(5)));
+    assert_eq!(decode(&[5]), Err(PersistError::UnknownVersion(6)));
     // A multi-byte varint tag (index 300).
     assert_eq!(
         decode(&[0xac, 0x02, 0, 0]),
@@ -523,13 +557,59 @@ fn every_truncation_is_an_error() {
 
 #[test]
 fn trailing_bytes_are_an_error() {
-    let mut bytes = encode(&working()).unwrap();
+    // Before version 5 nothing follows the envelope.
+    let mut bytes = v4_bytes(Vec::new());
     bytes.push(0);
     let err = decode(&bytes).unwrap_err();
     assert!(
         matches!(&err, PersistError::Decode(m) if m.contains("trailing")),
         "{err}"
     );
+    // In version 5 the arguments do, and nothing after them.
+    let mut bytes = encode(&working()).unwrap();
+    bytes.push(b' ');
+    let err = decode(&bytes).unwrap_err();
+    assert!(
+        matches!(&err, PersistError::Decode(m) if m.contains("arguments")),
+        "{err}"
+    );
+}
+
+/// A version 5 snapshot needs its arguments after the envelope (a store that kept them apart
+/// and lost them is caught, not read as empty), and only there.
+#[test]
+fn version_5_arguments_are_the_last_bytes_and_only_there() {
+    let record = working();
+    let (bytes, tail) = encode_parts(&record).unwrap();
+    let head = &bytes[..bytes.len() - tail];
+    let err = decode(head).unwrap_err();
+    assert!(
+        matches!(&err, PersistError::Decode(m) if m.contains("arguments")),
+        "{err}"
+    );
+    // The owner reads from the head alone.
+    assert_eq!(decode_owner(head), Ok(record.owner.clone()));
+    let mut inside = SnapshotV1::from_record(&record).unwrap();
+    inside.arguments = "{}".into();
+    let twice = SnapshotV5 {
+        base: SnapshotV4 {
+            base: SnapshotV3 {
+                base: SnapshotV2 {
+                    base: inside,
+                    attempts: 0,
+                },
+                step_attempts: Vec::new(),
+            },
+            history: Vec::new(),
+        },
+        arguments_len: 2,
+    };
+    let mut bytes = postcard::to_stdvec(&Envelope::V5(twice)).unwrap();
+    bytes.extend_from_slice(b"{}");
+    assert_eq!(invalid_field(&bytes), "arguments");
+    let mut bytes = head.to_vec();
+    bytes.extend_from_slice(&vec![0xff; tail]);
+    assert_eq!(invalid_field(&bytes), "arguments");
 }
 
 #[test]

@@ -156,6 +156,7 @@ async fn a_poisoned_record_does_not_stop_the_reaper() {
         .commit(vec![WriteOp::Put {
             id: poison.into(),
             bytes: vec![0xff, 0xff, 0xff, 0x07, 1, 2, 3],
+            constant_tail: 0,
             live: true,
             due_ms: Some(START_MS),
             seq: Some(1),

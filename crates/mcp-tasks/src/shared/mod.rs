@@ -63,7 +63,7 @@ impl Shared {
     /// A live task is due at its expiry (the reaper fails it); a finished one is due when its
     /// retention after expiry ends (the reaper deletes it).
     pub(crate) fn write_op(&self, record: &TaskRecord) -> Result<WriteOp, RuntimeError> {
-        let bytes = persist::encode(record)?;
+        let (bytes, constant_tail) = persist::encode_parts(record)?;
         let live = !record.status.is_terminal();
         let retention = self.config.expired_retention.as_millis();
         let due_ms = record.expires_at_ms().map(|at| {
@@ -85,6 +85,7 @@ impl Shared {
         Ok(WriteOp::Put {
             id: record.id.as_str().to_owned(),
             bytes,
+            constant_tail,
             live,
             due_ms,
             seq: Some(record.seq),

@@ -145,6 +145,8 @@ impl State {
             WriteOp::Put {
                 id,
                 bytes,
+                // Kept whole: memory holds one copy either way.
+                constant_tail: _,
                 live,
                 due_ms,
                 seq,
@@ -498,6 +500,7 @@ mod tests {
         WriteOp::Put {
             id: id.to_owned(),
             bytes: vec![seq as u8],
+            constant_tail: 0,
             live,
             due_ms: due,
             seq: Some(seq),
@@ -570,6 +573,7 @@ mod tests {
         let owned = |id: &str, owner: &str, created_ms: u64| WriteOp::Put {
             id: id.to_owned(),
             bytes: vec![0; 10],
+            constant_tail: 0,
             live: true,
             due_ms: None,
             seq: Some(1),

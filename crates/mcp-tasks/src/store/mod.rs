@@ -420,6 +420,12 @@ pub enum WriteOp {
         id: String,
         /// The encoded task record.
         bytes: Vec<u8>,
+        /// How many of `bytes`' last bytes are the same in every put of this id (a task's
+        /// arguments: `persist::encode_parts`); 0 = none. A store may keep them apart and
+        /// write them only when they are not stored yet: redb does for a tail of at least
+        /// 4 KiB (`store::redb`), PostgreSQL and the memory store keep records whole. The
+        /// writer guarantees they never change; a put with a different length replaces them.
+        constant_tail: usize,
         /// Whether the task is unfinished (indexed for rehydration at start).
         live: bool,
         /// When the reaper should look at the task (expiry), in ms since the epoch.

@@ -213,6 +213,8 @@ impl Inner {
         let WriteOp::Put {
             id,
             bytes,
+            // Kept whole: a row is rewritten by each update anyway.
+            constant_tail: _,
             live,
             due_ms,
             seq,

@@ -14,9 +14,9 @@ use redb::{
 
 use super::schema::{
     DUE, LISTING_COUNTERS, LISTING_INDEX, LIVE, ListingTables, META, META_SCHEMA_VERSION, OWNERS,
-    OwnerTables, RecordHeader, SCHEMA_VERSION, TASKS, USAGE, V1_DUE_BY_ID, V1_SEQ, V4_LISTING,
-    V4_LISTING_BY, V4_LISTING_COUNTS, V4_THROUGHPUT, create_private_file, old_due,
-    owner_of_snapshot, replace_due, stored_schema_version, upgrade_layout,
+    OwnerTables, RecordHeader, SCHEMA_VERSION, TAILS, TASKS, USAGE, V1_DUE_BY_ID, V1_SEQ,
+    V4_LISTING, V4_LISTING_BY, V4_LISTING_COUNTS, V4_THROUGHPUT, create_private_file, old_due,
+    owner_of_snapshot, record_bytes, replace_due, stored_schema_version, upgrade_layout,
 };
 use crate::store::META_BOOT_EPOCH;
 use crate::store::RedbStore;
@@ -322,6 +322,7 @@ impl RedbReader {
                     }};
                 }
                 add!(TASKS);
+                add!(TAILS);
                 add!(LIVE);
                 add!(DUE);
                 add!(META);
@@ -400,6 +401,14 @@ impl RedbReader {
                 .map(|e| e.map(|(id, _)| id.value().to_owned()).map_err(|e| err(&e)))
                 .collect::<Result<Vec<_>, _>>()?;
             orphans("live", ids)?;
+            if let Some(tails) = open_optional(path, txn, TAILS)? {
+                let ids = tails
+                    .iter()
+                    .map_err(|e| err(&e))?
+                    .map(|e| e.map(|(id, _)| id.value().to_owned()).map_err(|e| err(&e)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                orphans("tails", ids)?;
+            }
             let due = txn.open_table(DUE).map_err(|e| err(&e))?;
             if schema_version(path, txn)? < 2 {
                 let due_by_id = txn.open_table(V1_DUE_BY_ID).map_err(|e| err(&e))?;
@@ -572,6 +581,8 @@ fn open_optional<K: redb::Key + 'static, V: redb::Value + 'static>(
 /// the layout-1 index tables.
 struct Indexes {
     live: ReadOnlyTable<&'static str, ()>,
+    /// Layout 6: the records' tails kept apart.
+    tails: Option<ReadOnlyTable<&'static str, &'static [u8]>>,
     /// Layout 1: `due_by_id` and `seq`, when the file has them.
     v1: Option<(Option<IdTable>, Option<IdTable>)>,
 }
@@ -590,7 +601,8 @@ impl Indexes {
         } else {
             None
         };
-        Ok(Indexes { live, v1 })
+        let tails = open_optional(path, txn, TAILS)?;
+        Ok(Indexes { live, tails, v1 })
     }
 
     /// The row of `id` from its `tasks` value. A layout-2 record with a damaged header keeps
@@ -610,7 +622,11 @@ impl Indexes {
                 )
             }
             None => match RecordHeader::decode(value) {
-                Ok((header, snapshot)) => (snapshot.to_vec(), header.due_ms, header.seq),
+                Ok((header, _)) => (
+                    record_bytes(id, value, self.tails.as_ref()).map_err(err)?,
+                    header.due_ms,
+                    header.seq,
+                ),
                 Err(_) => (value.to_vec(), None, None),
             },
         };
@@ -659,6 +675,9 @@ fn copy_into(path: &Path, txn: &ReadTransaction, to: &Path) -> Result<(u64, u64)
             }
             if open_optional(path, txn, V1_SEQ)?.is_some() {
                 copy!(V1_SEQ, ignored);
+            }
+            if open_optional(path, txn, TAILS)?.is_some() {
+                copy!(TAILS, ignored);
             }
             let _ = ignored;
         }
@@ -740,6 +759,7 @@ pub(crate) async fn delete(path: &Path, ids: Vec<String>) -> Result<(), AdminErr
             let mut tasks = w.open_table(TASKS).map_err(|e| err(&e))?;
             let mut live = w.open_table(LIVE).map_err(|e| err(&e))?;
             let mut due = w.open_table(DUE).map_err(|e| err(&e))?;
+            let mut tails = w.open_table(TAILS).map_err(|e| err(&e))?;
             let mut owners = OwnerTables::open(&w).map_err(|e| err(&e))?;
             let mut listing = ListingTables::open(&w).map_err(|e| err(&e))?;
             for id in &ids {
@@ -749,6 +769,7 @@ pub(crate) async fn delete(path: &Path, ids: Vec<String>) -> Result<(), AdminErr
                         .account(id, value.value(), -1)
                         .map_err(|e| err(&e))?;
                     listing.forget(id, value.value()).map_err(|e| err(&e))?;
+                    tails.remove(id.as_str()).map_err(|e| err(&e))?;
                 }
                 let old = old_due(removed.as_ref().map(|v| v.value()));
                 live.remove(id.as_str()).map_err(|e| err(&e))?;
@@ -803,14 +824,17 @@ pub(crate) async fn load(path: &Path, dump: Dump) -> Result<(u64, u64), AdminErr
             let mut live = w.open_table(LIVE).map_err(|e| err(&e))?;
             let mut due = w.open_table(DUE).map_err(|e| err(&e))?;
             let mut meta = w.open_table(META).map_err(|e| err(&e))?;
+            let mut tails = w.open_table(TAILS).map_err(|e| err(&e))?;
             let mut owners = OwnerTables::open(&w).map_err(|e| err(&e))?;
             let mut listing = ListingTables::open(&w).map_err(|e| err(&e))?;
             for row in &dump.rows {
                 let id = row.id.as_str();
+                // Written whole (a migration does not know which bytes never change).
                 let value = RecordHeader {
                     seq: row.seq,
                     due_ms: row.due_ms,
                     owner: owner_of_snapshot(&row.bytes),
+                    tail: None,
                 }
                 .encode(&row.bytes);
                 let (same, old) = match tasks.get(id).map_err(|e| err(&e))? {
@@ -819,6 +843,9 @@ pub(crate) async fn load(path: &Path, dump: Dump) -> Result<(u64, u64), AdminErr
                         if !same {
                             owners.account(id, v.value(), -1).map_err(|e| err(&e))?;
                             listing.forget(id, v.value()).map_err(|e| err(&e))?;
+                            if RecordHeader::decode(v.value()).is_ok_and(|(h, _)| h.tail.is_some()) {
+                                tails.remove(id).map_err(|e| err(&e))?;
+                            }
                         }
                         (same, old_due(Some(v.value())))
                     }

@@ -1,13 +1,14 @@
 //! The redb backend: one file, one writer OS thread, group commit.
 //!
 //! It keeps opaque snapshot bytes keyed by task id and the index tables that the runtime
-//! maintains through [`WriteOp::Put`]. The tables of layout 5 (today's, recorded as
+//! maintains through [`WriteOp::Put`]. The tables of layout 6 (today's, recorded as
 //! `schema_version` in `meta`) are defined, with their key and value formats, in `schema.rs`:
 //! `tasks` (id → a record header — flags, sequence number, due time, and the owner entry —
 //! then the snapshot bytes), `live` (ids of non-terminal tasks, read at start to rehydrate),
 //! `due` (`(due_ms, id)` for the reaper), `meta` (schema version, boot epoch, ...), `owners`
 //! and `usage` (the owner index and the per-owner usage), `listing_index` and
-//! `listing_counters` (the operator console's listing). A newer layout is refused unchanged
+//! `listing_counters` (the operator console's listing), `tails` (a record's last bytes kept
+//! apart, below). A newer layout is refused unchanged
 //! with [`StoreError::SchemaTooNew`](crate::store::StoreError::SchemaTooNew) by a server and by the `store …` commands.
 //!
 //! The sequence number (for compare-and-set) and the due time live in the record's header, so
@@ -15,6 +16,16 @@
 //! reads the sequence number from the stored record's header (one lookup), and the old due
 //! entry comes from the same header: a commit's cost is set by the number of tables it
 //! touches.
+//!
+//! **Constant tails (layout 6).** A `Put` says how many of its bytes' last ones never change
+//! for that id (`constant_tail`: a task's arguments, `persist::encode_parts`). When they are
+//! at least `schema::TAIL_APART_MIN` (4 KiB), the record keeps its other bytes in `tasks`
+//! (its header's bit 3 gives the tail's length) and the tail goes to `tails`, written by the
+//! put that first stores it and never by the task's later transitions: a finished task with
+//! 1 MiB of arguments writes them once, not once per transition. Every read joins them, a put
+//! that keeps its bytes whole and a delete remove the tail, and the owner's usage counts it
+//! (`a_constant_tail_is_written_once_and_read_back_whole`). Smaller tails stay in the record,
+//! where they cost no pages of another table.
 //!
 //! **Owner index and usage (layout 3).** A `Put` may carry an [`OwnerEntry`](crate::store::OwnerEntry) (the owner's key,
 //! `store::owner_key`: the tenant's length, `:`, tenant, principal; and the creation time); the
@@ -44,7 +55,7 @@
 //! and the reverse of `due` in `due_by_id`; layout 2 had no owner index (a record's owner is
 //! read from its snapshot, `store::owner_of_snapshot`; a record that does not decode stays in
 //! nobody's index); layout 3 had no listing (read from each snapshot); layout 4 had the listing
-//! in four tables (copied). `store stats`, `list`, `show`, `verify` and `backup` read any layout
+//! in four tables (copied); layout 5 had no `tails` (created, nothing else changes). `store stats`, `list`, `show`, `verify` and `backup` read any layout
 //! as it is, and `store purge` and a `store migrate` into an existing file convert it in their
 //! own write transaction.
 //!

@@ -13,7 +13,7 @@ use std::ops::Bound;
 
 use super::schema::{
     BY_STATUS, BY_TOOL, DUE, LISTING_COUNTERS, LISTING_INDEX, LIVE, META, OWNERS, StoredListing,
-    TASKS, USAGE, bucket_key, created_key, snapshot_of, tasks_key,
+    TASKS, USAGE, bucket_key, created_key, open_tails, record_bytes, tasks_key,
 };
 use super::{DbState, RedbStore, panic_message, redb_cause};
 use crate::store::listing::{
@@ -60,11 +60,13 @@ impl RedbStore {
     pub async fn get_many(&self, ids: Vec<String>) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         self.read(move |txn| {
             let tasks = txn.open_table(TASKS)?;
+            let tails = open_tails(txn)?;
             ids.iter()
                 .map(|id| {
-                    Ok(tasks
-                        .get(id.as_str())?
-                        .map(|v| snapshot_of(v.value()).to_vec()))
+                    Ok(match tasks.get(id.as_str())? {
+                        Some(v) => Some(record_bytes(id, v.value(), tails.as_ref())?),
+                        None => None,
+                    })
                 })
                 .collect()
         })
@@ -84,12 +86,16 @@ impl RedbStore {
         self.read(|txn| {
             let live = txn.open_table(LIVE)?;
             let tasks = txn.open_table(TASKS)?;
+            let tails = open_tails(txn)?;
             let mut out = Vec::with_capacity(usize::try_from(live.len()?).unwrap_or(0));
             for entry in live.iter()? {
                 let (id, _) = entry?;
                 let id = id.value();
                 match tasks.get(id)? {
-                    Some(bytes) => out.push((id.to_owned(), snapshot_of(bytes.value()).to_vec())),
+                    Some(bytes) => out.push((
+                        id.to_owned(),
+                        record_bytes(id, bytes.value(), tails.as_ref())?,
+                    )),
                     None => tracing::warn!(id, "live index names a task that is not stored"),
                 }
             }
@@ -175,10 +181,15 @@ impl RedbStore {
     pub async fn tasks(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         self.read(|txn| {
             let tasks = txn.open_table(TASKS)?;
+            let tails = open_tails(txn)?;
             let mut out = Vec::with_capacity(usize::try_from(tasks.len()?).unwrap_or(0));
             for entry in tasks.iter()? {
                 let (id, bytes) = entry?;
-                out.push((id.value().to_owned(), snapshot_of(bytes.value()).to_vec()));
+                let id = id.value();
+                out.push((
+                    id.to_owned(),
+                    record_bytes(id, bytes.value(), tails.as_ref())?,
+                ));
             }
             Ok(out)
         })
@@ -214,6 +225,7 @@ impl RedbStore {
                 Err(e) => return Err(e.into()),
             };
             let tasks = txn.open_table(TASKS)?;
+            let tails = open_tails(txn)?;
             let (created, id) = match &after {
                 Some(a) => (a.created_ms, a.id.as_str()),
                 None => (0, ""),
@@ -233,7 +245,7 @@ impl RedbStore {
                 }
                 match tasks.get(id)? {
                     Some(value) => {
-                        let bytes = snapshot_of(value.value()).to_vec();
+                        let bytes = record_bytes(id, value.value(), tails.as_ref())?;
                         held = held.saturating_add(bytes.len());
                         out.push(OwnedRecord {
                             id: id.to_owned(),

@@ -25,7 +25,7 @@ use tokio::sync::oneshot;
 
 use super::RecordCache;
 use super::read::{ReadFailure, failed_read};
-use super::schema::{TASKS, snapshot_of};
+use super::schema::{TASKS, open_tails, record_bytes};
 use crate::store::StoreError;
 
 /// Reader threads per store.
@@ -96,6 +96,7 @@ fn serve(batch: Vec<PointRead>, records: &RecordCache, path: &std::path::Path) {
         let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<(), redb::Error> {
             let txn = db.begin_read()?;
             let tasks = txn.open_table(TASKS)?;
+            let tails = open_tails(&txn)?;
             for slot in pending.iter_mut() {
                 let Some(read) = slot.take() else { continue };
                 let found = match tasks.get(read.id.as_str()) {
@@ -106,11 +107,20 @@ fn serve(batch: Vec<PointRead>, records: &RecordCache, path: &std::path::Path) {
                         return Err(e.into());
                     }
                 };
-                let answer = found.map(|v| {
-                    let bytes = snapshot_of(v.value());
-                    records.fill(&read.id, bytes, read.epoch);
-                    bytes.to_vec()
-                });
+                let answer = match found {
+                    None => None,
+                    Some(v) => {
+                        let bytes = match record_bytes(&read.id, v.value(), tails.as_ref()) {
+                            Ok(bytes) => bytes,
+                            Err(e) => {
+                                *slot = Some(read);
+                                return Err(e.into());
+                            }
+                        };
+                        records.fill(&read.id, &bytes, read.epoch);
+                        Some(bytes)
+                    }
+                };
                 let _ = read.reply.send(Ok(answer));
             }
             Ok(())

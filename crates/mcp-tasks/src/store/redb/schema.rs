@@ -28,12 +28,23 @@ use crate::store::{BackendFactory, META_BOOT_EPOCH, OwnerEntry, StoreError, Usag
 /// | 17     | 8     | bit 2 only: creation time in ms since the Unix epoch, u64 little endian |
 /// | 25     | 4     | bit 2 only: length `n` of the owner key, u32 little endian          |
 /// | 29     | n     | bit 2 only: the owner key (`crate::store::owner_key`), UTF-8        |
-/// | …      | …     | the snapshot bytes (`crate::persist`)                               |
+/// | …      | 4     | bit 3 only (layout 6): length `t` of the snapshot's tail kept in [`TAILS`], u32 little endian |
+/// | …      | …     | the snapshot bytes (`crate::persist`); with bit 3, all but their last `t`, which are the [`TAILS`] value of the id |
 ///
 /// Other flag bits are reserved (zero). A value shorter than its header or with a reserved
 /// bit set is a damaged record: readers hand its bytes on whole, where they fail to decode as
 /// a snapshot, and the writer refuses to overwrite it conditionally.
 pub(crate) const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
+/// id → the last bytes of its snapshot, kept apart (layout 6) when a put says they never
+/// change (`WriteOp::Put::constant_tail`: a task's arguments) and they are at least
+/// [`TAIL_APART_MIN`] bytes: written by the put that first stores them, never rewritten by
+/// the task's later transitions (a finished task with 1 MiB of arguments wrote them once, not
+/// twice), removed with the record. The record's header says how long its tail is (bit 3); a
+/// record without the bit has none here.
+pub(crate) const TAILS: TableDefinition<&str, &[u8]> = TableDefinition::new("tails");
+/// The smallest constant tail kept in [`TAILS`]: smaller ones stay in the record, where they
+/// cost no pages of another table.
+pub(crate) const TAIL_APART_MIN: usize = 4096;
 /// ids of non-terminal tasks.
 pub(crate) const LIVE: TableDefinition<&str, ()> = TableDefinition::new("live");
 /// (due_ms, id) for the expiry reaper; an entry exists exactly for each stored task whose
@@ -45,7 +56,7 @@ pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta
 /// owner index that pages one owner's tasks without reading anyone else's.
 pub(crate) const OWNERS: TableDefinition<(&str, u64, &str), ()> = TableDefinition::new("owners");
 /// owner key → (stored tasks, stored bytes) of the records [`OWNERS`] holds, the bytes being
-/// each record's id plus its `tasks` value. Changed in the transaction that changes the
+/// each record's id plus its `tasks` value (plus its tail in [`TAILS`]). Changed in the transaction that changes the
 /// records, so it is exact after a crash; the disk quota reads it.
 pub(crate) const USAGE: TableDefinition<&str, (u64, u64)> = TableDefinition::new("usage");
 /// The listing index (layout 5): (index, value, created_ms, id) of every record whose header
@@ -118,14 +129,16 @@ pub(crate) const META_SCHEMA_VERSION: &str = "schema_version";
 /// the conversion reads each record's owner and creation time from its snapshot. Layout 3 → 4
 /// added the listing index (tables `listing`, `listing_by`, `listing_counts`, `throughput`),
 /// read from each record's snapshot. Layout 4 → 5 keeps the same entries in two tables,
-/// [`LISTING_INDEX`] and [`LISTING_COUNTERS`] (every transition wrote all four).
-pub(crate) const SCHEMA_VERSION: u64 = 5;
+/// [`LISTING_INDEX`] and [`LISTING_COUNTERS`] (every transition wrote all four). Layout 5 → 6
+/// adds [`TAILS`] and the header's bit 3; no record changes.
+pub(crate) const SCHEMA_VERSION: u64 = 6;
 
 /// The length of the fixed part of a [`RecordHeader`] in a `tasks` value.
 pub(crate) const RECORD_HEADER_LEN: usize = 17;
 const HAS_SEQ: u8 = 1;
 const HAS_DUE: u8 = 2;
 const HAS_OWNER: u8 = 4;
+const HAS_TAIL: u8 = 8;
 
 /// What a `tasks` value (layouts 2 and 3) holds beside the snapshot bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -138,16 +151,26 @@ pub(crate) struct RecordHeader {
     /// The task's owner and creation time (its [`OWNERS`] entry); `None` for a record of
     /// layout 2, or one whose snapshot did not decode when it was converted.
     pub(crate) owner: Option<OwnerEntry>,
+    /// The length of the snapshot's last bytes kept in [`TAILS`] (layout 6), if any.
+    pub(crate) tail: Option<u32>,
 }
 
 impl RecordHeader {
+    /// The bytes a record stands for: its `tasks` value and its tail in [`TAILS`] (the
+    /// owner's usage counts both). A damaged value counts as its length.
+    pub(crate) fn stored_len(value: &[u8]) -> usize {
+        let tail = Self::decode(value).map_or(0, |(h, _)| h.tail.unwrap_or(0) as usize);
+        value.len() + tail
+    }
+
     /// The `tasks` value of `snapshot` under this header.
     pub(crate) fn encode(&self, snapshot: &[u8]) -> Vec<u8> {
         let owner_len = self.owner.as_ref().map_or(0, |o| 12 + o.owner.len());
         let mut out = Vec::with_capacity(RECORD_HEADER_LEN + owner_len + snapshot.len());
         let flags = if self.seq.is_some() { HAS_SEQ } else { 0 }
             | if self.due_ms.is_some() { HAS_DUE } else { 0 }
-            | if self.owner.is_some() { HAS_OWNER } else { 0 };
+            | if self.owner.is_some() { HAS_OWNER } else { 0 }
+            | if self.tail.is_some() { HAS_TAIL } else { 0 };
         out.push(flags);
         out.extend_from_slice(&self.seq.unwrap_or(0).to_le_bytes());
         out.extend_from_slice(&self.due_ms.unwrap_or(0).to_le_bytes());
@@ -156,6 +179,9 @@ impl RecordHeader {
             let len = u32::try_from(owner.owner.len()).unwrap_or(u32::MAX);
             out.extend_from_slice(&len.to_le_bytes());
             out.extend_from_slice(&owner.owner.as_bytes()[..len as usize]);
+        }
+        if let Some(tail) = self.tail {
+            out.extend_from_slice(&tail.to_le_bytes());
         }
         out.extend_from_slice(snapshot);
         out
@@ -170,7 +196,7 @@ impl RecordHeader {
             ));
         };
         let flags = head[0];
-        if flags & !(HAS_SEQ | HAS_DUE | HAS_OWNER) != 0 {
+        if flags & !(HAS_SEQ | HAS_DUE | HAS_OWNER | HAS_TAIL) != 0 {
             return Err(format!("the record header has unknown flags {flags:#04x}"));
         }
         let field = |at: usize| {
@@ -201,10 +227,19 @@ impl RecordHeader {
         } else {
             (None, snapshot)
         };
+        let (tail, snapshot) = if flags & HAS_TAIL != 0 {
+            let Some((len, rest)) = snapshot.split_first_chunk::<4>() else {
+                return Err("the record header's tail length is cut short".to_owned());
+            };
+            (Some(u32::from_le_bytes(*len)), rest)
+        } else {
+            (None, snapshot)
+        };
         let header = RecordHeader {
             seq: (flags & HAS_SEQ != 0).then(|| field(1)),
             due_ms: (flags & HAS_DUE != 0).then(|| field(9)),
             owner,
+            tail,
         };
         Ok((header, snapshot))
     }
@@ -320,8 +355,9 @@ impl<'t> OwnerTables<'t> {
         Ok(())
     }
 
-    /// Replaces the record of `id` whose `tasks` value had the owner entry and length `old`
-    /// (`None`: not stored) by the value `new`, in the index and the usage. The common case —
+    /// Replaces the record of `id` whose `tasks` value had the owner entry and stored length
+    /// `old` ([`RecordHeader::stored_len`]; `None`: not stored) by the value `new`, in the
+    /// index and the usage. The common case —
     /// the same owner entry, another size — changes only the usage (every table a transaction
     /// writes costs its commit pages), and nothing when the size is the same.
     pub(crate) fn replace(
@@ -343,14 +379,15 @@ impl<'t> OwnerTables<'t> {
         let Some(owner) = new_owner else {
             return Ok(());
         };
-        if old_len == new.len() {
+        let new_len = RecordHeader::stored_len(new);
+        if old_len == new_len {
             return Ok(());
         }
         let tally = self.usage_of(&owner.owner)?;
         let (tasks, bytes) = tally.now.unwrap_or((0, 0));
         let bytes = bytes
             .saturating_sub(old_len as u64)
-            .saturating_add(new.len() as u64);
+            .saturating_add(new_len as u64);
         tally.now = Some((tasks.max(1), bytes));
         Ok(())
     }
@@ -367,7 +404,12 @@ impl<'t> OwnerTables<'t> {
         else {
             return Ok(());
         };
-        self.change(id, &owner, (id.len() + value.len()) as u64, sign)
+        self.change(
+            id,
+            &owner,
+            (id.len() + RecordHeader::stored_len(value)) as u64,
+            sign,
+        )
     }
 
     /// Adds (`sign` > 0) or removes the record of `id`, `size` bytes, of `owner`.
@@ -679,13 +721,46 @@ impl<'t> ListingTables<'t> {
     }
 }
 
-/// The snapshot bytes of a `tasks` value: after the header, or the whole value when the
-/// header is damaged (it then fails to decode as a snapshot, naming the task).
-pub(crate) fn snapshot_of(value: &[u8]) -> &[u8] {
-    match RecordHeader::decode(value) {
-        Ok((_, snapshot)) => snapshot,
-        Err(_) => value,
+/// [`TAILS`] of a read transaction; `None` in a file of a layout before 6 (read as it is by
+/// the administration), which keeps no tails.
+pub(crate) fn open_tails(
+    txn: &redb::ReadTransaction,
+) -> Result<Option<redb::ReadOnlyTable<&'static str, &'static [u8]>>, redb::TableError> {
+    match txn.open_table(TAILS) {
+        Ok(t) => Ok(Some(t)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e),
     }
+}
+
+/// The snapshot bytes of the `tasks` value `value` of `id` as they were put: after the
+/// header, followed by the tail kept in [`TAILS`] when the header says there is one. A
+/// damaged header hands the value on whole, and a tail the table lacks is left out: either
+/// then fails to decode as a snapshot, naming the task.
+pub(crate) fn record_bytes<T>(
+    id: &str,
+    value: &[u8],
+    tails: Option<&T>,
+) -> Result<Vec<u8>, redb::StorageError>
+where
+    T: ReadableTable<&'static str, &'static [u8]>,
+{
+    let Ok((header, snapshot)) = RecordHeader::decode(value) else {
+        return Ok(value.to_vec());
+    };
+    let Some(len) = header.tail else {
+        return Ok(snapshot.to_vec());
+    };
+    let mut out = Vec::with_capacity(snapshot.len() + len as usize);
+    out.extend_from_slice(snapshot);
+    match tails.map(|t| t.get(id)).transpose()?.flatten() {
+        Some(tail) => out.extend_from_slice(tail.value()),
+        None => tracing::error!(
+            id,
+            "a record's tail is not stored: the record will not decode"
+        ),
+    }
+    Ok(out)
 }
 
 /// Moves the [`DUE`] entry of `id` from `old` to `new` (nothing when they are equal).
@@ -868,6 +943,7 @@ pub(crate) fn upgrade_layout(txn: &WriteTransaction) -> Result<Option<u64>, Layo
         meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION.to_le_bytes().as_slice())?;
     }
     txn.open_table(TASKS)?;
+    txn.open_table(TAILS)?;
     txn.open_table(LIVE)?;
     txn.open_table(DUE)?;
     txn.open_table(OWNERS)?;
@@ -1062,6 +1138,7 @@ fn convert_v1(
                         None => None,
                     },
                     owner: None,
+                    tail: None,
                 };
                 tasks.insert(id.as_str(), header.encode(snapshot).as_slice())?;
                 converted += 1;

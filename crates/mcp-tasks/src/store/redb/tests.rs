@@ -7,13 +7,14 @@ use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use std::time::Instant;
 
 /// The tables of a store of the current layout (5), in name order.
-const LAYOUT_TABLES: [&str; 8] = [
+const LAYOUT_TABLES: [&str; 9] = [
     "due",
     "listing_counters",
     "listing_index",
     "live",
     "meta",
     "owners",
+    "tails",
     "tasks",
     "usage",
 ];
@@ -29,6 +30,7 @@ fn put(id: &str, bytes: &[u8], live: bool, due_ms: Option<u64>) -> WriteOp {
     WriteOp::Put {
         id: id.to_owned(),
         bytes: bytes.to_vec(),
+        constant_tail: 0,
         live,
         due_ms,
         seq: None,
@@ -660,6 +662,7 @@ fn cas(id: &str, bytes: &[u8], seq: u64, expect: Expect) -> WriteOp {
     WriteOp::Put {
         id: id.to_owned(),
         bytes: bytes.to_vec(),
+        constant_tail: 0,
         live: true,
         due_ms: None,
         seq: Some(seq),
@@ -1233,6 +1236,7 @@ fn owned_put(id: &str, bytes: Vec<u8>, owner: &str, created_ms: u64) -> WriteOp 
     WriteOp::Put {
         id: id.to_owned(),
         bytes,
+        constant_tail: 0,
         live: true,
         due_ms: None,
         seq: Some(1),
@@ -1301,6 +1305,7 @@ async fn the_owner_index_pages_one_owner_and_counts_its_bytes() {
         .commit(vec![WriteOp::Put {
             id: task_id(0),
             bytes: vec![1; 20],
+            constant_tail: 0,
             live: false,
             due_ms: Some(5),
             seq: Some(2),
@@ -1440,6 +1445,7 @@ fn listed(
     WriteOp::Put {
         id: id.to_owned(),
         bytes: format!("snapshot {id} {}", status.as_str()).into_bytes(),
+        constant_tail: 0,
         live: !status.is_terminal(),
         due_ms: None,
         seq: None,
@@ -1897,6 +1903,8 @@ async fn a_layout_4_store_keeps_its_listing_in_layout_5() {
             "live",
             "meta",
             "owners",
+            // Made by this build, which creates it; layout 4 had none.
+            "tails",
             "tasks",
             "throughput",
             "usage"
@@ -1928,4 +1936,167 @@ async fn a_layout_4_store_keeps_its_listing_in_layout_5() {
     assert_eq!(all.tasks.len(), 7);
     store.close().await;
     assert_eq!(table_names(&path), LAYOUT_TABLES.to_vec());
+}
+
+/// How many entries the file's table `name` holds (the file closed).
+fn table_len(path: &Path, name: &str) -> u64 {
+    let db = redb::Database::open(path).unwrap();
+    let r = db.begin_read().unwrap();
+    let table: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new(name);
+    r.open_table(table).unwrap().len().unwrap()
+}
+
+/// A constant tail of at least `TAIL_APART_MIN` bytes (a task's arguments) is written by the
+/// put that first stores it, not by the task's later puts; every read hands the record out
+/// whole; the owner's usage counts it; a put that keeps its bytes whole and a delete remove
+/// it; a dump and a backup carry it, a load and a purge of the administration remove it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_constant_tail_is_written_once_and_read_back_whole() {
+    let alice = crate::store::owner_key("acme", "alice");
+    let tail = noise(256 * 1024, 7);
+    let whole = |head: &[u8]| [head, tail.as_slice()].concat();
+    let tailed = |id: &str, head: &[u8], tail_len: usize| {
+        let mut op = owned_put(id, whole(head), &alice, 1);
+        if let WriteOp::Put { constant_tail, .. } = &mut op {
+            *constant_tail = tail_len;
+        }
+        op
+    };
+
+    // What the writes cost, on a counting backend.
+    let written = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&written);
+    let factory: crate::store::BackendFactory = Arc::new(move || {
+        Ok(Box::new(CountingBackend {
+            inner: redb::backends::InMemoryBackend::new(),
+            written: Arc::clone(&counted),
+            syncs: Arc::default(),
+        }) as Box<dyn redb::StorageBackend>)
+    });
+    let durable = StoreOptions {
+        durability: Durability::Immediate,
+        ..opts()
+    };
+    let store = RedbStore::open_with_backend_async(PathBuf::from("memory"), factory, durable)
+        .await
+        .unwrap();
+    let cost = |op: WriteOp| {
+        let store = &store;
+        let written = &written;
+        async move {
+            let before = written.load(Ordering::Relaxed);
+            store.commit(vec![op]).await.unwrap();
+            written.load(Ordering::Relaxed) - before
+        }
+    };
+    let created = cost(tailed("t", b"head-1", tail.len())).await;
+    let transition = cost(tailed("t", b"head-2", tail.len())).await;
+    let whole_transition = cost(tailed("u", b"head-1", 0)).await;
+    let whole_again = cost(tailed("u", b"head-2", 0)).await;
+    assert!(
+        created > tail.len() as u64,
+        "the creation wrote {created} bytes"
+    );
+    assert!(
+        transition < 64 * 1024,
+        "a transition rewrote the tail: {transition} bytes (whole: {whole_again})"
+    );
+    assert!(whole_transition > tail.len() as u64 && whole_again > tail.len() as u64);
+    assert_eq!(store.get("t").await.unwrap(), Some(whole(b"head-2")));
+    store.close().await;
+
+    // The same on a file: reads, usage, the tails table, the administration.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tails.redb");
+    let store = open_without_record_cache(&path).await;
+    store
+        .commit(vec![
+            tailed("t", b"head-1", tail.len()),
+            tailed("s", b"small", 100),
+        ])
+        .await
+        .unwrap();
+    store
+        .commit(vec![tailed("t", b"head-2", tail.len())])
+        .await
+        .unwrap();
+    let t = whole(b"head-2");
+    let s = whole(b"small");
+    assert_eq!(store.get("t").await.unwrap(), Some(t.clone()));
+    assert_eq!(
+        store.get_many(vec!["t".into(), "s".into()]).await.unwrap(),
+        vec![Some(t.clone()), Some(s.clone())]
+    );
+    assert_eq!(
+        store.live().await.unwrap(),
+        vec![("s".into(), s.clone()), ("t".into(), t.clone())]
+    );
+    assert_eq!(
+        store.tasks().await.unwrap(),
+        vec![("s".into(), s.clone()), ("t".into(), t.clone())]
+    );
+    let owned = store.owned(&alice, None, 10).await.unwrap();
+    assert_eq!(owned.iter().map(|r| &r.bytes).collect::<Vec<_>>(), [&s, &t]);
+    // Each record counts its id, its header and all its bytes, the tail once.
+    let usage = store.usage(&alice).await.unwrap();
+    let at_least = (1 + t.len() + 1 + s.len()) as u64;
+    assert!(
+        usage.tasks == 2 && usage.bytes >= at_least && usage.bytes < at_least + 200,
+        "{usage:?} for {at_least} bytes"
+    );
+    store.close().await;
+    assert_eq!(table_len(&path, "tails"), 1, "only the large tail is apart");
+
+    // The administration sees the whole record; a backup keeps the tail.
+    let reader = inspect::RedbReader::open(&path).await.unwrap();
+    let dump = reader.dump().await.unwrap();
+    let row = dump.rows.iter().find(|r| r.id == "t").unwrap();
+    assert_eq!(row.bytes, t);
+    let backup = dir.path().join("backup.redb");
+    reader.backup(&backup).await.unwrap();
+    drop(reader);
+    let copy = open(&backup).await;
+    assert_eq!(copy.get("t").await.unwrap(), Some(t.clone()));
+    copy.close().await;
+    // A load writes records whole: the tail goes.
+    inspect::load(&path, dump).await.unwrap();
+    assert_eq!(table_len(&path, "tails"), 0);
+    let store = open(&path).await;
+    assert_eq!(store.get("t").await.unwrap(), Some(t.clone()));
+    // Apart again, then a whole put, then apart, then a delete.
+    store
+        .commit(vec![tailed("t", b"head-3", tail.len())])
+        .await
+        .unwrap();
+    store.close().await;
+    assert_eq!(table_len(&path, "tails"), 1);
+    let store = open(&path).await;
+    store.commit(vec![tailed("t", b"head-4", 0)]).await.unwrap();
+    assert_eq!(store.get("t").await.unwrap(), Some(whole(b"head-4")));
+    store.close().await;
+    assert_eq!(table_len(&path, "tails"), 0, "a whole put removes the tail");
+    let store = open(&path).await;
+    store.commit(vec![del("t")]).await.unwrap();
+    let before = store.usage(&alice).await.unwrap();
+    store
+        .commit(vec![tailed("t", b"head-5", tail.len())])
+        .await
+        .unwrap();
+    assert!(store.usage(&alice).await.unwrap().bytes > before.bytes + tail.len() as u64);
+    store.commit(vec![del("t")]).await.unwrap();
+    assert_eq!(store.get("t").await.unwrap(), None);
+    assert_eq!(store.usage(&alice).await.unwrap(), before);
+    store
+        .commit(vec![tailed("t", b"head-6", tail.len())])
+        .await
+        .unwrap();
+    store.close().await;
+    assert_eq!(table_len(&path, "tails"), 1);
+    // The administration's purge removes it too.
+    inspect::delete(&path, vec!["t".into()]).await.unwrap();
+    assert_eq!(table_len(&path, "tails"), 0);
+    let store = open(&path).await;
+    assert_eq!(store.get("t").await.unwrap(), None);
+    assert_eq!(store.get("s").await.unwrap(), Some(s));
+    store.close().await;
 }

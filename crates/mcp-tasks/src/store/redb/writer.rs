@@ -12,8 +12,8 @@ use redb::{Database, ReadableTable, WriteTransaction};
 use tokio::sync::oneshot;
 
 use super::schema::{
-    DUE, LIVE, ListingTables, META, OldDue, OwnerTables, RecordHeader, SyncFailure, TASKS, Target,
-    old_due, replace_due,
+    DUE, LIVE, ListingTables, META, OldDue, OwnerTables, RecordHeader, SyncFailure, TAIL_APART_MIN,
+    TAILS, TASKS, Target, old_due, replace_due,
 };
 use super::{Counters, DbState, RecordCache, panic_message, redb_cause};
 use crate::store::listing::Listing;
@@ -315,6 +315,7 @@ fn apply_jobs_to(
 ) -> Result<Vec<Result<(), StoreError>>, redb::Error> {
     let mut tables = JobTables {
         tasks: txn.open_table(TASKS)?,
+        tails: txn.open_table(TAILS)?,
         live: txn.open_table(LIVE)?,
         due: txn.open_table(DUE)?,
         meta: txn.open_table(META)?,
@@ -343,6 +344,7 @@ fn apply_jobs_to(
 /// The tables one write transaction changes, open for the whole batch.
 struct JobTables<'t> {
     tasks: redb::Table<'t, &'static str, &'static [u8]>,
+    tails: redb::Table<'t, &'static str, &'static [u8]>,
     live: redb::Table<'t, &'static str, ()>,
     due: redb::Table<'t, (u64, &'static str), ()>,
     meta: redb::Table<'t, &'static str, &'static [u8]>,
@@ -384,6 +386,7 @@ impl JobTables<'_> {
             WriteOp::Put {
                 id,
                 bytes,
+                constant_tail,
                 live,
                 due_ms,
                 seq,
@@ -393,6 +396,7 @@ impl JobTables<'_> {
             } => self.put(
                 id.as_str(),
                 bytes,
+                *constant_tail,
                 *live,
                 *due_ms,
                 *seq,
@@ -418,13 +422,19 @@ impl JobTables<'_> {
         }
     }
 
-    /// A `Put`: the record with its header; `live`, `due`, the owner's tables and the
-    /// listing only where they change.
+    /// A `Put`: the record with its header; its constant tail, `live`, `due`, the owner's
+    /// tables and the listing only where they change.
+    ///
+    /// A constant tail of at least [`TAIL_APART_MIN`] bytes goes to [`TAILS`], written only
+    /// when the stored record has no tail of that length (the task's creation): its later
+    /// transitions rewrite the rest of the record alone. A put that keeps its bytes whole
+    /// removes a tail the record had.
     #[allow(clippy::too_many_arguments)]
     fn put(
         &mut self,
         id: &str,
         bytes: &[u8],
+        constant_tail: usize,
         is_live: bool,
         due_ms: Option<u64>,
         seq: Option<u64>,
@@ -433,23 +443,42 @@ impl JobTables<'_> {
     ) -> Result<(), redb::Error> {
         // The old due time and owner come from the header of the record this put replaces
         // (a put without an owner keeps the stored one).
-        let (old, previous) = {
+        let (old, previous, old_tail) = {
             let stored = self.tasks.get(id)?;
             let value = stored.as_ref().map(|v| v.value());
+            let header = value.and_then(|v| RecordHeader::decode(v).ok().map(|(h, _)| h));
             let previous = value.map(|v| {
-                let owner = RecordHeader::decode(v).ok().and_then(|(h, _)| h.owner);
-                (owner, v.len())
+                let owner = header.as_ref().and_then(|h| h.owner.clone());
+                (owner, RecordHeader::stored_len(v))
             });
-            (old_due(value), previous)
+            (old_due(value), previous, header.and_then(|h| h.tail))
         };
+        let tail = (constant_tail >= TAIL_APART_MIN && constant_tail <= bytes.len())
+            .then(|| u32::try_from(constant_tail).ok())
+            .flatten();
         let header = RecordHeader {
             seq,
             due_ms,
             owner: owner
                 .cloned()
                 .or_else(|| previous.as_ref().and_then(|(o, _)| o.clone())),
+            tail,
         };
-        let value = header.encode(bytes);
+        let value = match tail {
+            Some(len) => {
+                let (head, rest) = bytes.split_at(bytes.len() - len as usize);
+                if old_tail != Some(len) {
+                    self.tails.insert(id, rest)?;
+                }
+                header.encode(head)
+            }
+            None => {
+                if old_tail.is_some() {
+                    self.tails.remove(id)?;
+                }
+                header.encode(bytes)
+            }
+        };
         if let (Some(listing), Some(entry)) = (listing, &header.owner) {
             // A record keeps its owner entry for life; were it to change, the old entry goes.
             if let Some((Some(old), _)) = &previous
@@ -478,6 +507,9 @@ impl JobTables<'_> {
         if let Some(value) = &removed {
             self.owners.account(id, value.value(), -1)?;
             self.listing.forget(id, value.value())?;
+            if RecordHeader::decode(value.value()).is_ok_and(|(h, _)| h.tail.is_some()) {
+                self.tails.remove(id)?;
+            }
         }
         let old = old_due(removed.as_ref().map(|v| v.value()));
         if self.live.get(id)?.is_some() {
