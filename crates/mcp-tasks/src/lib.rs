@@ -15,19 +15,27 @@
 //! `gateway` module (feature `gateway`: upstream MCP servers' tools as durable tasks), the
 //! `otel` module (feature `otel`: OpenTelemetry export of the spans), the `console` module
 //! (feature `console`: the operator console), and the
-//! types re-exported here. Everything else is internal and layered bottom-up, each layer
-//! naming only the ones below it (checked by the workspace's `tests/it/layering.rs`):
+//! types re-exported here. Everything is layered bottom-up, each module naming only modules
+//! of the layers below its own (the workspace's `tests/it/layering.rs` reads this list and
+//! checks every `crate::` path of the library against it):
 //!
-//! - `wire`: JSON-RPC and MCP wire shapes, error codes; no IO.
-//! - `task`, `persist`, `store`: the domain, its snapshot format, the stores.
-//! - `tool`, `catalog`, `content`, `quota`, `limits`, `clock`, `auth`: what hosts provide.
-//! - `shared`: the state one runtime shares (store, tools, live tasks, config).
-//! - `actor`: task actors, the supervisor, listen subscribers.
-//! - `protocol`: the dispatcher, and the one mapping of internal errors to JSON-RPC errors.
-//! - `runtime`, then `legacy` (the `2025-11-25` adapter) and `era` (the one entry of both
-//!   protocol eras, which every transport calls), then `transport` and `client` on top, and
-//!   `gateway` above `client` (whose SSE reader it shares): a [`tool::ToolSource`] of upstream
-//!   tools that the runtime below knows only through that trait.
+//! 1. `wire` (JSON-RPC and MCP wire shapes, error codes; no IO), `clock`, `content`, `units`,
+//!    `failpoints`: the foundations.
+//! 2. `task` (the domain), `limits`.
+//! 3. `persist` (the snapshot format), `tool`, `quota`, `auth`, `telemetry`: what hosts
+//!    provide and configure.
+//! 4. `store` (the stores), `catalog`, `otel`.
+//! 5. `shared` (the state one runtime shares: store, tools, live tasks, config), `admin`
+//!    (the store's administration).
+//! 6. `actor`: task actors, the supervisor, listen subscribers.
+//! 7. `protocol`: the dispatcher, and the one mapping of internal errors to JSON-RPC errors.
+//! 8. `runtime`.
+//! 9. `legacy` (the `2025-11-25` adapter), `client`.
+//! 10. `era` (the one entry of both protocol eras, which every transport calls), `gateway`
+//!     (it shares the client's SSE reader: a [`tool::ToolSource`] of upstream tools that the
+//!     runtime below knows only through that trait).
+//! 11. `transport`.
+//! 12. `console`.
 //!
 //! # Features
 //!

@@ -349,3 +349,126 @@ fn cycles(graph: &Graph) -> Vec<BTreeSet<String>> {
     }
     s.out
 }
+
+/// The library's layers as its crate documentation lists them (`src/lib.rs`, the numbered
+/// list after "Everything is layered bottom-up"): each item's modules, bottom first.
+fn declared_layers() -> Vec<BTreeSet<String>> {
+    let lib = std::fs::read_to_string(crate_dir("mcp-tasks").join("src/lib.rs")).expect("lib.rs");
+    let mut layers: Vec<BTreeSet<String>> = Vec::new();
+    let mut in_list = false;
+    for line in lib.lines() {
+        let Some(doc) = line.strip_prefix("//!") else {
+            if in_list {
+                break;
+            }
+            continue;
+        };
+        let doc = doc.trim_start();
+        if doc.starts_with("types re-exported here. Everything is layered bottom-up") {
+            in_list = true;
+            continue;
+        }
+        if !in_list {
+            continue;
+        }
+        if doc.starts_with('#') {
+            break;
+        }
+        let numbered = doc
+            .split_once(". ")
+            .filter(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+        let text = match numbered {
+            Some((_, rest)) => {
+                layers.push(BTreeSet::new());
+                rest
+            }
+            None => doc,
+        };
+        let Some(layer) = layers.last_mut() else {
+            continue;
+        };
+        // Every backticked lowercase name is a module of this layer; other backticked text
+        // (a version, a path) is not a bare identifier.
+        for (i, part) in text.split('`').enumerate() {
+            if i % 2 == 1
+                && !part.is_empty()
+                && part.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+            {
+                layer.insert(part.to_owned());
+            }
+        }
+    }
+    layers
+}
+
+/// The edges of `graph` that do not go to a strictly lower layer of `layers`, and the modules
+/// no layer lists.
+fn layer_violations(graph: &Graph, layers: &[BTreeSet<String>]) -> Vec<String> {
+    let layer_of = |m: &str| layers.iter().position(|l| l.contains(m));
+    let mut out = Vec::new();
+    for (from, targets) in graph {
+        let Some(high) = layer_of(from) else {
+            out.push(format!("module `{from}` is in no layer"));
+            continue;
+        };
+        for (to, files) in targets {
+            match layer_of(to) {
+                None => out.push(format!("module `{to}` is in no layer")),
+                Some(low) if low >= high => out.push(format!(
+                    "{from} (layer {}) names {to} (layer {}) in {files:?}",
+                    high + 1,
+                    low + 1
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Every module of the library is in one layer of the crate documentation's list, and names
+/// only modules of lower layers: the order holds, not only the absence of cycles.
+#[test]
+fn modules_name_only_lower_layers() {
+    let layers = declared_layers();
+    assert!(
+        layers.len() >= 10,
+        "the layer list of src/lib.rs was not found or is too short: {layers:?}"
+    );
+    let mut seen = BTreeSet::new();
+    for layer in &layers {
+        for module in layer {
+            assert!(seen.insert(module), "`{module}` is listed in two layers");
+        }
+    }
+    let graph = graph_of(&crate_dir("mcp-tasks").join("src"));
+    let violations = layer_violations(&graph, &layers);
+    assert!(
+        violations.is_empty(),
+        "the library's modules break the layer order of src/lib.rs:\n{}",
+        violations.join("\n")
+    );
+}
+
+/// The order check sees an edge upwards, one within a layer and a module no layer lists.
+#[test]
+fn the_layer_check_sees_upward_edges() {
+    let mut graph = Graph::new();
+    add_edges(&mut graph, "a", "a.rs", "use crate::b::X;\n");
+    add_edges(&mut graph, "b", "b.rs", "use crate::c::Y;\n");
+    add_edges(&mut graph, "c", "c.rs", "use crate::d::Z;\n");
+    let layers = [
+        BTreeSet::from(["a".to_owned()]),
+        BTreeSet::from(["b".to_owned(), "c".to_owned()]),
+    ];
+    assert_eq!(
+        layer_violations(&graph, &layers),
+        [
+            "a (layer 1) names b (layer 2) in {\"a.rs\"}",
+            "b (layer 2) names c (layer 2) in {\"b.rs\"}",
+            "module `d` is in no layer",
+        ]
+    );
+}
