@@ -7,8 +7,10 @@
 //!   directly or through others, a module that names it back. Reads every `crate::` path in
 //!   the library's `src/` (test code and comments excluded), builds the graph of top-level
 //!   modules and fails on any strongly connected component bigger than one module, printing
-//!   where each edge of it comes from. The layers themselves are listed in the crate
-//!   documentation (`crates/mcp-tasks/src/lib.rs`).
+//!   where each edge of it comes from.
+//! - Layers: the crate documentation (`crates/mcp-tasks/src/lib.rs`) lists the library's
+//!   layers bottom-up; every top-level module is in exactly one, and names only modules of
+//!   lower layers (`modules_name_only_lower_layers`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
