@@ -17,7 +17,6 @@ use super::api::{scoped_query, store_error, visible_record};
 use super::guard::Caller;
 use super::viewer::{self, Viewer, error, may_act};
 use super::{AppState, ConsoleState};
-use crate::store::WriteOp;
 use crate::store::listing::{
     DEFAULT_LISTING_BUDGET, ListedStatus, ListingCursor, ListingFilter, MAX_LISTING_PAGE,
 };
@@ -266,11 +265,7 @@ pub(super) async fn purge(State(state): State<AppState>, caller: Caller, body: B
     }
     let mut purged = 0usize;
     for chunk in doomed.chunks(PURGE_COMMIT) {
-        let ops = chunk
-            .iter()
-            .map(|id| WriteOp::Delete { id: id.clone() })
-            .collect();
-        if let Err(e) = state.shared.store.commit(ops).await {
+        if let Err(e) = state.shared.delete(chunk.to_vec()).await {
             return store_error(e);
         }
         purged += chunk.len();

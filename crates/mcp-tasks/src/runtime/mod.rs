@@ -989,12 +989,14 @@ pub(crate) async fn reap_once(
     }
     let stored = shared.store.get_many(due.clone()).await?;
     let retention = u64::try_from(shared.config.expired_retention.as_millis()).unwrap_or(u64::MAX);
+    // Deleted through `Shared::delete`; `removals` drops stale or quarantined due entries.
+    let mut deletions = Vec::new();
     let mut removals = Vec::new();
     let mut expiries = Vec::new();
     for (raw, bytes) in due.into_iter().zip(stored) {
         let Ok(id) = crate::task::TaskId::parse(&raw) else {
             tracing::warn!(id = %raw, "the expiry index names an invalid task id; deleting it");
-            removals.push(WriteOp::Delete { id: raw });
+            deletions.push(raw);
             pass.deleted += 1;
             continue;
         };
@@ -1027,7 +1029,7 @@ pub(crate) async fn reap_once(
                 .expires_at_ms()
                 .is_some_and(|at| now >= at.saturating_add(retention))
             {
-                removals.push(WriteOp::Delete { id: raw });
+                deletions.push(raw);
                 pass.deleted += 1;
             }
         } else if record.is_expired(now) {
@@ -1039,6 +1041,7 @@ pub(crate) async fn reap_once(
         }
     }
     let deletions = async {
+        shared.delete(deletions).await?;
         if removals.is_empty() {
             return Ok(());
         }

@@ -98,6 +98,22 @@ impl Shared {
         })
     }
 
+    /// Deletes the stored tasks `ids` with their index entries, in one commit: the one way a
+    /// running runtime deletes tasks (the reaper's deletions, the console's purge; offline,
+    /// `store purge` deletes from the file). Callers delete finished tasks, which are never
+    /// written again (so no actor and no other node's lease is involved), and records too
+    /// damaged to be tasks; an id not stored is nothing to delete.
+    pub(crate) async fn delete(&self, ids: Vec<String>) -> Result<(), crate::store::StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let count = ids.len();
+        let ops = ids.into_iter().map(|id| WriteOp::Delete { id }).collect();
+        self.store.commit(ops).await?;
+        tracing::debug!(count, "deleted stored tasks");
+        Ok(())
+    }
+
     /// Commits `record` durably (group-committed with whatever else is queued).
     pub(crate) async fn commit(&self, record: &TaskRecord) -> Result<(), RuntimeError> {
         let op = self.write_op(record)?;
