@@ -41,6 +41,16 @@ fn rss_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The bytes process `pid` has caused to be written to storage (`write_bytes` of
+/// `/proc/PID/io`): the store's commits, page for page.
+fn written_bytes(pid: u32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+    io.lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 fn meta() -> Value {
     json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
@@ -520,6 +530,10 @@ struct DiskOutcome {
     file_bytes: u64,
     /// The server's peak resident set (`VmHWM`), KiB.
     hwm: u64,
+    /// The store file's growth per finished task over tasks 11 to 30 (after a warm-up of 10).
+    growth_per_task: u64,
+    /// The bytes the server wrote to storage per finished task over the same tasks.
+    written_per_task: u64,
 }
 
 /// The disk-quota scenario: one client creates finished tasks (`sleep_task` of 0 ms) with
@@ -533,12 +547,29 @@ async fn disk_quota(pad: usize) -> DiskOutcome {
         "_meta": meta() } });
     let started = Instant::now();
     let mut created = 0;
+    let (mut after_warm_up, mut after_twenty) = (0, 0);
+    let (mut written_warm_up, mut written_twenty) = (0, 0);
     let refused_by = loop {
         let response = post(&client, addr, &body).await;
         let status = response.status().as_u16();
         let reply: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
         match status {
-            200 => created += 1,
+            200 => {
+                created += 1;
+                // A `sleep_task` of 0 ms finishes at once; its completion is committed
+                // before its `tasks/get` reads `completed`, so wait for that.
+                if created == 10 || created == 30 {
+                    let id = reply["result"]["taskId"].as_str().unwrap().to_owned();
+                    wait_finished(&client, addr, &id).await;
+                    if created == 10 {
+                        after_warm_up = server.store_bytes();
+                        written_warm_up = written_bytes(server.child.id());
+                    } else {
+                        after_twenty = server.store_bytes();
+                        written_twenty = written_bytes(server.child.id());
+                    }
+                }
+            }
             429 if reply["error"]["data"]["quota"] == "createRate" => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -558,24 +589,48 @@ async fn disk_quota(pad: usize) -> DiskOutcome {
         seconds,
         file_bytes,
         hwm,
+        growth_per_task: after_twenty.saturating_sub(after_warm_up) / 20,
+        written_per_task: written_twenty.saturating_sub(written_warm_up) / 20,
     }
+}
+
+/// Polls `tasks/get` of `id` until the task is finished.
+async fn wait_finished(client: &reqwest::Client, addr: SocketAddr, id: &str) {
+    let body = json!({ "jsonrpc": "2.0", "id": 2, "method": "tasks/get",
+        "params": { "taskId": id, "_meta": meta() } });
+    for _ in 0..1000 {
+        let response = post(client, addr, &body).await;
+        let reply: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        if matches!(
+            reply["result"]["status"].as_str(),
+            Some("completed" | "failed" | "cancelled")
+        ) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("task {id} never finished");
 }
 
 /// Prints the disk-quota scenario's table.
 fn disk_quota_section(rt: &tokio::runtime::Runtime) {
     println!();
     println!(
-        "| pad (bytes) | finished tasks stored | refused by | seconds | store file | peak (VmHWM) |"
+        "| pad (bytes) | finished tasks stored | refused by | seconds | store file | file ÷ quota | file growth per task (11–30) | written per task (11–30) | peak (VmHWM) |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let pad = 1_000_000;
     let o = rt.block_on(disk_quota(pad));
+    const MIB: f64 = 1024.0 * 1024.0;
     println!(
-        "| {pad} | {} | {} | {:.1} | {:.1} MiB | {:.1} MiB |",
+        "| {pad} | {} | {} | {:.1} | {:.1} MiB | {:.2} (256 MiB) | {:.2} MiB | {:.2} MiB | {:.1} MiB |",
         o.created,
         o.refused_by,
         o.seconds,
-        o.file_bytes as f64 / (1024.0 * 1024.0),
+        o.file_bytes as f64 / MIB,
+        o.file_bytes as f64 / (256.0 * MIB),
+        o.growth_per_task as f64 / MIB,
+        o.written_per_task as f64 / MIB,
         o.hwm as f64 / 1024.0,
     );
 }
