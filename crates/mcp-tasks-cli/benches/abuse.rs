@@ -12,8 +12,10 @@
 //!
 //! The disk-quota scenario ([`disk_quota`]): tasks that finish at once, with 1,000,000-byte
 //! arguments, created at the allowed rate until `storedBytes` refuses them; it prints the
-//! tasks stored, the quota that refused them, the store file and the server's peak resident
-//! set (`VmHWM`). The legacy scenario prints the store file too.
+//! tasks stored, the quota that refused them, the store file (and its ratio to the 256 MiB
+//! quota), the file's growth and the bytes the server wrote to storage (`/proc/PID/io`) per
+//! finished task over tasks 11 to 30, and the server's peak resident set (`VmHWM`). The
+//! legacy scenario prints the store file too.
 //!
 //! Nothing here asserts a figure; `docs/BENCHMARKS.md` records them.
 
