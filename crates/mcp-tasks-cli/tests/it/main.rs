@@ -61,6 +61,7 @@ mod runtime;
 mod service;
 mod stdio;
 mod store_admin;
+mod store_conformance;
 mod store_quota;
 mod typed;
 mod wire_golden;

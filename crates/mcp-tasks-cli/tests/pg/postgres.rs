@@ -1032,3 +1032,15 @@ async fn orphans_are_claimed_in_id_order_past_a_cursor_each_once() {
     b.close().await;
     pg.drop().await;
 }
+
+/// The store conformance suite every backend runs (`support::store_conformance`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_conforms() {
+    let Some(pg) = pg::fresh().await else { return };
+    let store = Store::postgres(&pg.url, pg.options("a", Duration::from_secs(30)))
+        .await
+        .unwrap();
+    support::store_conformance::check(&store).await;
+    store.close().await;
+    pg.drop().await;
+}

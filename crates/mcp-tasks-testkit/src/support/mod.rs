@@ -8,14 +8,16 @@
 //! tests' upstream MCP servers ([`upstreams_dir`], [`python_upstream`]). The sub-modules: the
 //! store a suite runs on ([`backend`], with [`on_both_stores!`](crate::on_both_stores)),
 //! PostgreSQL for the tests (`pg`, feature `postgres`), requests to an embedded runtime
-//! ([`embedded`]) and the crash simulations' seeded driver, checker and simulated disk
-//! ([`sim`]; the workload they drive is [`crate::sim`]).
+//! ([`embedded`]), the crash simulations' seeded driver, checker and simulated disk
+//! ([`sim`]; the workload they drive is [`crate::sim`]), and the store conformance suite every
+//! backend runs ([`store_conformance`]).
 
 pub mod backend;
 pub mod embedded;
 #[cfg(feature = "postgres")]
 pub mod pg;
 pub mod sim;
+pub mod store_conformance;
 
 use std::net::SocketAddr;
 use std::time::Duration;
