@@ -279,7 +279,7 @@ async fn live_and_due_follow_the_puts(store: &Store, backend: &str) {
     );
     assert_eq!(
         store.due(2_500, 1).await.unwrap(),
-        [b.clone()],
+        std::slice::from_ref(&b),
         "{backend}: limit"
     );
     assert_eq!(store.next_due().await.unwrap(), Some(1_000), "{backend}");
@@ -301,7 +301,11 @@ async fn live_and_due_follow_the_puts(store: &Store, backend: &str) {
         .into_iter()
         .map(|(i, _)| i)
         .collect();
-    assert_eq!(live, [b.clone()], "{backend}: a finished task leaves live");
+    assert_eq!(
+        live,
+        std::slice::from_ref(&b),
+        "{backend}: a finished task leaves live"
+    );
     assert_eq!(
         store.due(10_000, 10).await.unwrap(),
         [c.clone(), a.clone()],
