@@ -177,7 +177,6 @@ struct SnapshotV4 {
     history: Vec<TransitionV1>,
 }
 
-/// A status change of [`TaskRecord::history`], first stored in format version 4. **Frozen.**
 /// Format version 5 of a task snapshot: version 4 whose `arguments` is the empty string,
 /// then the length of the arguments' JSON text, which follows the envelope (the record's last
 /// bytes). **Frozen**.
@@ -187,6 +186,7 @@ struct SnapshotV5 {
     arguments_len: u64,
 }
 
+/// A status change of [`TaskRecord::history`], first stored in format version 4. **Frozen.**
 #[derive(Debug, Serialize, Deserialize)]
 struct TransitionV1 {
     at_ms: u64,

@@ -56,8 +56,8 @@ pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta
 /// owner index that pages one owner's tasks without reading anyone else's.
 pub(crate) const OWNERS: TableDefinition<(&str, u64, &str), ()> = TableDefinition::new("owners");
 /// owner key → (stored tasks, stored bytes) of the records [`OWNERS`] holds, the bytes being
-/// each record's id plus its `tasks` value (plus its tail in [`TAILS`]). Changed in the transaction that changes the
-/// records, so it is exact after a crash; the disk quota reads it.
+/// each record's id plus its `tasks` value (plus its tail in [`TAILS`]). Changed in the
+/// transaction that changes the records, so it is exact after a crash; the disk quota reads it.
 pub(crate) const USAGE: TableDefinition<&str, (u64, u64)> = TableDefinition::new("usage");
 /// The listing index (layout 5): (index, value, created_ms, id) of every record whose header
 /// names an owner, in three indexes of one table (a transaction pays its commit pages per
@@ -357,9 +357,9 @@ impl<'t> OwnerTables<'t> {
 
     /// Replaces the record of `id` whose `tasks` value had the owner entry and stored length
     /// `old` ([`RecordHeader::stored_len`]; `None`: not stored) by the value `new`, in the
-    /// index and the usage. The common case —
-    /// the same owner entry, another size — changes only the usage (every table a transaction
-    /// writes costs its commit pages), and nothing when the size is the same.
+    /// index and the usage. The common case — the same owner entry, another size — changes
+    /// only the usage (every table a transaction writes costs its commit pages), and nothing
+    /// when the size is the same.
     pub(crate) fn replace(
         &mut self,
         id: &str,
