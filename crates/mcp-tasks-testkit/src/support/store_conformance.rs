@@ -57,6 +57,23 @@ fn put(
     }
 }
 
+/// The ids of the live index.
+async fn live_ids(store: &Store) -> Vec<String> {
+    let live = store.live().await.unwrap();
+    live.into_iter().map(|(id, _)| id).collect()
+}
+
+/// Deletes `ids` in one commit.
+async fn delete(store: &Store, ids: &[&str]) {
+    let ops = ids
+        .iter()
+        .map(|id| WriteOp::Delete {
+            id: (*id).to_owned(),
+        })
+        .collect();
+    store.commit(ops).await.unwrap();
+}
+
 /// The first put of a live task.
 fn create(id: &str, bytes: &[u8], owner: &str, created_ms: u64) -> WriteOp {
     put(
@@ -107,10 +124,7 @@ async fn records_read_back_as_put(store: &Store, backend: &str) {
         .await
         .unwrap();
     assert_eq!(store.get(&b).await.unwrap(), None, "{backend}: deleted");
-    store
-        .commit(vec![WriteOp::Delete { id: a.clone() }])
-        .await
-        .unwrap();
+    delete(store, &[&a]).await;
 }
 
 async fn conditional_puts_refuse_a_stale_writer(store: &Store, backend: &str) {
@@ -151,10 +165,7 @@ async fn conditional_puts_refuse_a_stale_writer(store: &Store, backend: &str) {
         Some(&b"v2"[..]),
         "{backend}: the refused puts changed nothing"
     );
-    store
-        .commit(vec![WriteOp::Delete { id: t.clone() }])
-        .await
-        .unwrap();
+    delete(store, &[&t]).await;
 }
 
 async fn constant_tails_read_back_whole(store: &Store, backend: &str) {
@@ -238,10 +249,7 @@ async fn constant_tails_read_back_whole(store: &Store, backend: &str) {
         store.get(&t).await.unwrap(),
         b"apart again",
     );
-    store
-        .commit(vec![WriteOp::Delete { id: t.clone() }])
-        .await
-        .unwrap();
+    delete(store, &[&t]).await;
     assert_eq!(store.get(&t).await.unwrap(), None, "{backend}");
 }
 
@@ -264,13 +272,7 @@ async fn live_and_due_follow_the_puts(store: &Store, backend: &str) {
         ])
         .await
         .unwrap();
-    let live: Vec<String> = store
-        .live()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|(i, _)| i)
-        .collect();
+    let live = live_ids(store).await;
     assert_eq!(live, [a.clone(), b.clone()], "{backend}: live, by id");
     assert_eq!(
         store.due(2_500, 10).await.unwrap(),
@@ -294,13 +296,7 @@ async fn live_and_due_follow_the_puts(store: &Store, backend: &str) {
         ])
         .await
         .unwrap();
-    let live: Vec<String> = store
-        .live()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|(i, _)| i)
-        .collect();
+    let live = live_ids(store).await;
     assert_eq!(
         live,
         std::slice::from_ref(&b),
@@ -311,14 +307,7 @@ async fn live_and_due_follow_the_puts(store: &Store, backend: &str) {
         [c.clone(), a.clone()],
         "{backend}: due after the changes"
     );
-    store
-        .commit(vec![
-            WriteOp::Delete { id: a },
-            WriteOp::Delete { id: b },
-            WriteOp::Delete { id: c },
-        ])
-        .await
-        .unwrap();
+    delete(store, &[&a, &b, &c]).await;
     assert!(store.live().await.unwrap().is_empty(), "{backend}");
     assert!(
         store.due(u64::MAX, 10).await.unwrap().is_empty(),
@@ -395,20 +384,13 @@ async fn owners_and_usage_follow_the_records(store: &Store, backend: &str) {
         usage.bytes + 10_000,
         "{backend}: a record 10,000 bytes larger"
     );
-    store
-        .commit(vec![WriteOp::Delete { id: ids[0].clone() }])
-        .await
-        .unwrap();
+    delete(store, &[&ids[0]]).await;
     let after = store.usage(&carol).await.unwrap();
     assert_eq!(after.tasks, 4, "{backend}");
     assert!(after.bytes < usage.bytes, "{backend}: {after:?}");
     assert_eq!(store.usage(&dave).await.unwrap().tasks, 1, "{backend}");
-    let mut ops: Vec<WriteOp> = ids[1..]
-        .iter()
-        .map(|i| WriteOp::Delete { id: i.clone() })
-        .collect();
-    ops.push(WriteOp::Delete { id: id(0x5ff) });
-    store.commit(ops).await.unwrap();
+    let dave_task = id(0x5ff);
+    delete(store, &[&ids[1], &ids[2], &ids[3], &ids[4], &dave_task]).await;
     assert_eq!(
         store.usage(&carol).await.unwrap().tasks,
         0,

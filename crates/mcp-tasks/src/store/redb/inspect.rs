@@ -395,19 +395,9 @@ impl RedbReader {
                 Ok(())
             };
             let live = txn.open_table(LIVE).map_err(|e| err(&e))?;
-            let ids = live
-                .iter()
-                .map_err(|e| err(&e))?
-                .map(|e| e.map(|(id, _)| id.value().to_owned()).map_err(|e| err(&e)))
-                .collect::<Result<Vec<_>, _>>()?;
-            orphans("live", ids)?;
+            orphans("live", ids_of(path, &live)?)?;
             if let Some(tails) = open_optional(path, txn, TAILS)? {
-                let ids = tails
-                    .iter()
-                    .map_err(|e| err(&e))?
-                    .map(|e| e.map(|(id, _)| id.value().to_owned()).map_err(|e| err(&e)))
-                    .collect::<Result<Vec<_>, _>>()?;
-                orphans("tails", ids)?;
+                orphans("tails", ids_of(path, &tails)?)?;
             }
             let due = txn.open_table(DUE).map_err(|e| err(&e))?;
             if schema_version(path, txn)? < 2 {
@@ -565,6 +555,19 @@ impl Inspector for RedbReader {
 
 /// A table that a store may lack (`seq` and `due_by_id` exist only in layout 1; a layout-1
 /// file written before sequence numbers were kept has no `seq`).
+/// Every key of a table keyed by task id.
+fn ids_of<V: redb::Value + 'static>(
+    path: &Path,
+    table: &ReadOnlyTable<&'static str, V>,
+) -> Result<Vec<String>, AdminError> {
+    let err = |e: &dyn std::fmt::Display| redb_err(path, e);
+    table
+        .iter()
+        .map_err(|e| err(&e))?
+        .map(|e| e.map(|(id, _)| id.value().to_owned()).map_err(|e| err(&e)))
+        .collect()
+}
+
 fn open_optional<K: redb::Key + 'static, V: redb::Value + 'static>(
     path: &Path,
     txn: &ReadTransaction,
