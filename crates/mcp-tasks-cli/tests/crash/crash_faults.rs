@@ -18,7 +18,7 @@ use mcp_tasks_testkit::sim::{JobSpec, SideEffect, SideEffects, StrictClock, TOOL
 use serde_json::{Value, json};
 use sim::checker::{Allow, Ev, History, check};
 use sim::disk::{Fault, SimDisk};
-use sim::driver::{Alive, Conn, Driver, DriverConfig, InProc, request};
+use sim::driver::{Conn, Driver, DriverConfig, InProc, request};
 use sim::power::{self, MemLog};
 use sim::{Rng, env_u64, seeds};
 
@@ -157,10 +157,7 @@ async fn fault_seed(seed: u64) -> FaultRun {
             inner: InProc(rt.handle()),
             errors: errors.clone(),
         };
-        let alive: Alive = {
-            let d = disk.clone();
-            Arc::new(move || !d.crashed())
-        };
+        let alive = disk.alive();
         if last {
             driver.run(&conn, epoch, 10, &alive).await;
             driver

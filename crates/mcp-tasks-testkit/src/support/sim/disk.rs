@@ -147,6 +147,13 @@ impl SimDisk {
         self.lock().crashed
     }
 
+    /// The driver's [`Alive`](super::driver::Alive) of a server on this disk: alive until
+    /// the power goes.
+    pub fn alive(&self) -> super::driver::Alive {
+        let disk = self.clone();
+        std::sync::Arc::new(move || !disk.crashed())
+    }
+
     /// Power off now (if not crashed already).
     pub fn crash_now(&self) {
         let mut s = self.lock();

@@ -22,23 +22,6 @@ pub struct Http {
     pub addr: SocketAddr,
 }
 
-fn headers_for(body: &Value) -> Vec<(String, String)> {
-    let method = body["method"].as_str().unwrap_or_default();
-    let mut h = vec![
-        ("MCP-Protocol-Version".to_owned(), "2026-07-28".to_owned()),
-        ("Mcp-Method".to_owned(), method.to_owned()),
-    ];
-    let name = match method {
-        "tools/call" => body["params"]["name"].as_str(),
-        "tasks/get" | "tasks/update" | "tasks/cancel" => body["params"]["taskId"].as_str(),
-        _ => None,
-    };
-    if let Some(name) = name {
-        h.push(("Mcp-Name".to_owned(), name.to_owned()));
-    }
-    h
-}
-
 struct Response {
     status: u16,
     headers: Vec<(String, String)>,
@@ -103,7 +86,7 @@ async fn post(addr: SocketAddr, body: &Value) -> Result<Response, String> {
         "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n",
         bytes.len()
     );
-    for (n, v) in headers_for(body) {
+    for (n, v) in crate::support::headers_for(body, None) {
         head.push_str(&format!("{n}: {v}\r\n"));
     }
     head.push_str("\r\n");

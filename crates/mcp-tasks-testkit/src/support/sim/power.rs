@@ -14,7 +14,7 @@ use mcp_tasks::{Runtime, RuntimeConfig};
 use super::Rng;
 use super::checker::{Allow, Ev, History, Report, check};
 use super::disk::SimDisk;
-use super::driver::{Alive, Driver, DriverConfig, InProc};
+use super::driver::{Driver, DriverConfig, InProc};
 use crate::sim::{SideEffect, SideEffects, StrictClock};
 
 /// Where the power goes in an incarnation (besides the end of its actions).
@@ -258,10 +258,7 @@ pub async fn run_seed_with(
                     disk.set_lying_syncs(true);
                 }
                 let conn = InProc(rt.handle());
-                let alive: Alive = {
-                    let d = disk.clone();
-                    Arc::new(move || !d.crashed())
-                };
+                let alive = disk.alive();
                 driver.run(&conn, epoch, ACTIONS, &alive).await;
                 if last {
                     driver

@@ -15,8 +15,8 @@ use redb::{
 use super::schema::{
     DUE, LISTING_COUNTERS, LISTING_INDEX, LIVE, ListingTables, META, META_SCHEMA_VERSION, OWNERS,
     OwnerTables, RecordHeader, SCHEMA_VERSION, TAILS, TASKS, USAGE, V1_DUE_BY_ID, V1_SEQ,
-    V4_LISTING, V4_LISTING_BY, V4_LISTING_COUNTS, V4_THROUGHPUT, create_private_file, old_due,
-    owner_of_snapshot, record_bytes, replace_due, stored_schema_version, upgrade_layout,
+    V4_LISTING, V4_LISTING_BY, V4_LISTING_COUNTS, V4_THROUGHPUT, create_private_file, forget_tail,
+    old_due, owner_of_snapshot, record_bytes, replace_due, stored_schema_version, upgrade_layout,
 };
 use crate::store::META_BOOT_EPOCH;
 use crate::store::RedbStore;
@@ -553,8 +553,6 @@ impl Inspector for RedbReader {
     }
 }
 
-/// A table that a store may lack (`seq` and `due_by_id` exist only in layout 1; a layout-1
-/// file written before sequence numbers were kept has no `seq`).
 /// Every key of a table keyed by task id.
 fn ids_of<V: redb::Value + 'static>(
     path: &Path,
@@ -568,6 +566,8 @@ fn ids_of<V: redb::Value + 'static>(
         .collect()
 }
 
+/// A table that a store may lack (`seq` and `due_by_id` exist only in layout 1; a layout-1
+/// file written before sequence numbers were kept has no `seq`; `tails` only from layout 6).
 fn open_optional<K: redb::Key + 'static, V: redb::Value + 'static>(
     path: &Path,
     txn: &ReadTransaction,
@@ -772,7 +772,7 @@ pub(crate) async fn delete(path: &Path, ids: Vec<String>) -> Result<(), AdminErr
                         .account(id, value.value(), -1)
                         .map_err(|e| err(&e))?;
                     listing.forget(id, value.value()).map_err(|e| err(&e))?;
-                    tails.remove(id.as_str()).map_err(|e| err(&e))?;
+                    forget_tail(&mut tails, id, value.value()).map_err(|e| err(&e))?;
                 }
                 let old = old_due(removed.as_ref().map(|v| v.value()));
                 live.remove(id.as_str()).map_err(|e| err(&e))?;
@@ -846,9 +846,7 @@ pub(crate) async fn load(path: &Path, dump: Dump) -> Result<(u64, u64), AdminErr
                         if !same {
                             owners.account(id, v.value(), -1).map_err(|e| err(&e))?;
                             listing.forget(id, v.value()).map_err(|e| err(&e))?;
-                            if RecordHeader::decode(v.value()).is_ok_and(|(h, _)| h.tail.is_some()) {
-                                tails.remove(id).map_err(|e| err(&e))?;
-                            }
+                            forget_tail(&mut tails, id, v.value()).map_err(|e| err(&e))?;
                         }
                         (same, old_due(Some(v.value())))
                     }

@@ -156,11 +156,10 @@ pub(crate) struct RecordHeader {
 }
 
 impl RecordHeader {
-    /// The bytes a record stands for: its `tasks` value and its tail in [`TAILS`] (the
-    /// owner's usage counts both). A damaged value counts as its length.
-    pub(crate) fn stored_len(value: &[u8]) -> usize {
-        let tail = Self::decode(value).map_or(0, |(h, _)| h.tail.unwrap_or(0) as usize);
-        value.len() + tail
+    /// The bytes of the record's tail in [`TAILS`] (0 without one): a record stands for its
+    /// `tasks` value plus these, and the owner's usage counts both.
+    pub(crate) fn tail_len(&self) -> usize {
+        self.tail.map_or(0, |t| t as usize)
     }
 
     /// The `tasks` value of `snapshot` under this header.
@@ -356,17 +355,20 @@ impl<'t> OwnerTables<'t> {
     }
 
     /// Replaces the record of `id` whose `tasks` value had the owner entry and stored length
-    /// `old` ([`RecordHeader::stored_len`]; `None`: not stored) by the value `new`, in the
-    /// index and the usage. The common case — the same owner entry, another size — changes
-    /// only the usage (every table a transaction writes costs its commit pages), and nothing
-    /// when the size is the same.
+    /// `old` (its tail included, [`RecordHeader::tail_len`]; `None`: not stored) by the value
+    /// `new`, in the index and the usage. The common case — the same owner entry, another
+    /// size — changes only the usage (every table a transaction writes costs its commit
+    /// pages), and nothing when the size is the same.
     pub(crate) fn replace(
         &mut self,
         id: &str,
         old: Option<(Option<OwnerEntry>, usize)>,
         new: &[u8],
     ) -> Result<(), redb::Error> {
-        let new_owner = RecordHeader::decode(new).ok().and_then(|(h, _)| h.owner);
+        let (new_owner, new_len) = match RecordHeader::decode(new) {
+            Ok((header, _)) => (header.owner.clone(), new.len() + header.tail_len()),
+            Err(_) => (None, new.len()),
+        };
         let Some((old_owner, old_len)) = old else {
             return self.account(id, new, 1);
         };
@@ -379,7 +381,6 @@ impl<'t> OwnerTables<'t> {
         let Some(owner) = new_owner else {
             return Ok(());
         };
-        let new_len = RecordHeader::stored_len(new);
         if old_len == new_len {
             return Ok(());
         }
@@ -395,21 +396,14 @@ impl<'t> OwnerTables<'t> {
     /// Adds (`sign` > 0) or removes the `tasks` value `value` of `id` to or from its owner's
     /// index entry and usage; nothing for a record without an owner or a damaged one.
     pub(crate) fn account(&mut self, id: &str, value: &[u8], sign: i8) -> Result<(), redb::Error> {
-        let Ok((
-            RecordHeader {
-                owner: Some(owner), ..
-            },
-            _,
-        )) = RecordHeader::decode(value)
-        else {
+        let Ok((header, _)) = RecordHeader::decode(value) else {
             return Ok(());
         };
-        self.change(
-            id,
-            &owner,
-            (id.len() + RecordHeader::stored_len(value)) as u64,
-            sign,
-        )
+        let Some(owner) = &header.owner else {
+            return Ok(());
+        };
+        let size = id.len() + value.len() + header.tail_len();
+        self.change(id, owner, size as u64, sign)
     }
 
     /// Adds (`sign` > 0) or removes the record of `id`, `size` bytes, of `owner`.
@@ -748,19 +742,34 @@ where
     let Ok((header, snapshot)) = RecordHeader::decode(value) else {
         return Ok(value.to_vec());
     };
-    let Some(len) = header.tail else {
+    if header.tail.is_none() {
         return Ok(snapshot.to_vec());
-    };
-    let mut out = Vec::with_capacity(snapshot.len() + len as usize);
-    out.extend_from_slice(snapshot);
-    match tails.map(|t| t.get(id)).transpose()?.flatten() {
-        Some(tail) => out.extend_from_slice(tail.value()),
-        None => tracing::error!(
-            id,
-            "a record's tail is not stored: the record will not decode"
-        ),
     }
-    Ok(out)
+    // Sized by what is stored, never by the header's length (a damaged header cannot ask
+    // for gigabytes); a tail of another length fails to decode, naming the task.
+    match tails.map(|t| t.get(id)).transpose()?.flatten() {
+        Some(tail) => Ok([snapshot, tail.value()].concat()),
+        None => {
+            tracing::error!(
+                id,
+                "a record's tail is not stored: the record will not decode"
+            );
+            Ok(snapshot.to_vec())
+        }
+    }
+}
+
+/// Removes from [`TAILS`] the tail of the record of `id` whose `tasks` value was `value`,
+/// when its header names one: what every deletion or whole rewrite of a record does.
+pub(crate) fn forget_tail(
+    tails: &mut redb::Table<&str, &[u8]>,
+    id: &str,
+    value: &[u8],
+) -> Result<(), redb::StorageError> {
+    if RecordHeader::decode(value).is_ok_and(|(h, _)| h.tail.is_some()) {
+        tails.remove(id)?;
+    }
+    Ok(())
 }
 
 /// Moves the [`DUE`] entry of `id` from `old` to `new` (nothing when they are equal).

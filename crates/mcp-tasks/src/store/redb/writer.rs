@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 
 use super::schema::{
     DUE, LIVE, ListingTables, META, OldDue, OwnerTables, RecordHeader, SyncFailure, TAIL_APART_MIN,
-    TAILS, TASKS, Target, old_due, replace_due,
+    TAILS, TASKS, Target, forget_tail, old_due, replace_due,
 };
 use super::{Counters, DbState, RecordCache, panic_message, redb_cause};
 use crate::store::listing::Listing;
@@ -449,7 +449,10 @@ impl JobTables<'_> {
             let header = value.and_then(|v| RecordHeader::decode(v).ok().map(|(h, _)| h));
             let previous = value.map(|v| {
                 let owner = header.as_ref().and_then(|h| h.owner.clone());
-                (owner, RecordHeader::stored_len(v))
+                (
+                    owner,
+                    v.len() + header.as_ref().map_or(0, RecordHeader::tail_len),
+                )
             });
             (old_due(value), previous, header.and_then(|h| h.tail))
         };
@@ -507,9 +510,7 @@ impl JobTables<'_> {
         if let Some(value) = &removed {
             self.owners.account(id, value.value(), -1)?;
             self.listing.forget(id, value.value())?;
-            if RecordHeader::decode(value.value()).is_ok_and(|(h, _)| h.tail.is_some()) {
-                self.tails.remove(id)?;
-            }
+            forget_tail(&mut self.tails, id, value.value())?;
         }
         let old = old_due(removed.as_ref().map(|v| v.value()));
         if self.live.get(id)?.is_some() {
