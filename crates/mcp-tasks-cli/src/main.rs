@@ -859,6 +859,7 @@ async fn store_builder(args: &ServeArgs) -> Result<(RuntimeBuilder, Option<Strin
             lease_ttl: args.lease_ttl,
             poll_interval: args.replica_poll,
             unsafe_skip_fencing: args.unsafe_skip_fencing,
+            indexer: std::sync::Arc::new(mcp_tasks::TaskIndexer),
             ..Default::default()
         };
         let store = mcp_tasks::store::Store::postgres(&args.store, options)

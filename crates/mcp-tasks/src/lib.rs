@@ -11,7 +11,8 @@
 //! resources with their [`content`], the [`transport`]s (Streamable HTTP and stdio),
 //! `auth` (feature `http`), per-owner [`quota`]s, the [`clock`], the syntax of durations and sizes
 //! ([`units`]), the [`store`] backends (and the
-//! [`store::TaskStore`] trait for a host's own), the `client` module (feature `client`), the
+//! [`store::TaskStore`] trait for a host's own: the `mcp-tasks-store` crate, re-exported,
+//! which names nothing of this library and so sits below every layer), the `client` module (feature `client`), the
 //! `gateway` module (feature `gateway`: upstream MCP servers' tools as durable tasks), the
 //! `otel` module (feature `otel`: OpenTelemetry export of the spans), the `console` module
 //! (feature `console`: the operator console), and the
@@ -24,7 +25,7 @@
 //! 2. `task` (the domain), `limits`.
 //! 3. `persist` (the snapshot format), `tool`, `quota`, `auth`, `telemetry`: what hosts
 //!    provide and configure.
-//! 4. `store` (the stores), `catalog`, `otel`.
+//! 4. `catalog`, `otel`.
 //! 5. `shared` (the state one runtime shares: store, tools, live tasks, config), `admin`
 //!    (the store's administration).
 //! 6. `actor`: task actors, the supervisor, listen subscribers.
@@ -104,7 +105,7 @@ pub mod internals {
 
     /// What the listing index keeps of a record (benches that fill a store directly).
     pub fn listing_of(record: &crate::task::TaskRecord) -> crate::store::listing::Listing {
-        crate::store::listing_of(record)
+        crate::persist::listing_of(record)
     }
 
     /// Faults a test injects into one replica's PostgreSQL store.
@@ -162,13 +163,17 @@ pub mod legacy;
 #[cfg(feature = "otel")]
 pub mod otel;
 pub mod quota;
-pub mod store;
+/// Where tasks are persisted: the `mcp-tasks-store` crate, re-exported so that its paths
+/// (`mcp_tasks::store::Store`, `mcp_tasks::store::RedbStore`, …) are the library's.
+#[doc(inline)]
+pub use mcp_tasks_store as store;
 pub mod telemetry;
 pub mod tool;
 pub mod transport;
 pub mod units;
 
 pub use limits::Limits;
+pub use persist::TaskIndexer;
 pub use protocol::{Dispatched, MessageStream, Reply, RequestContext, RoutingHeaders};
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeHandle, StartError};
 pub use shared::{RuntimeConfig, RuntimeError};

@@ -48,10 +48,9 @@ pub const PARKED_TASKS: &str = "mcp_tasks_parked_tasks";
 pub const PASSIVATIONS: &str = "mcp_tasks_passivations_total";
 /// `mcp_tasks_task_transitions_total`.
 pub const TASK_TRANSITIONS: &str = "mcp_tasks_task_transitions_total";
-/// `mcp_tasks_store_commit_duration_seconds`.
-pub const STORE_COMMIT_DURATION: &str = "mcp_tasks_store_commit_duration_seconds";
-/// `mcp_tasks_store_commit_batch_ops`.
-pub const STORE_COMMIT_BATCH_OPS: &str = "mcp_tasks_store_commit_batch_ops";
+/// `mcp_tasks_store_commit_duration_seconds` and `mcp_tasks_store_commit_batch_ops`, which
+/// the store records itself.
+pub use crate::store::telemetry::{STORE_COMMIT_BATCH_OPS, STORE_COMMIT_DURATION};
 /// `mcp_tasks_recovery_duration_seconds`.
 pub const RECOVERY_DURATION: &str = "mcp_tasks_recovery_duration_seconds";
 /// `mcp_tasks_recovered_tasks`.
@@ -276,13 +275,6 @@ pub(crate) fn refused_by_quota(quota: &'static str) {
 /// A committed status change (or a creation) to `to`.
 pub(crate) fn transition(to: TaskStatus) {
     counter!(TASK_TRANSITIONS, "to" => to.as_str()).increment(1);
-}
-
-/// One group commit of `ops` operations.
-#[cfg(any(feature = "redb", feature = "postgres"))]
-pub(crate) fn commit(elapsed: Duration, ops: usize) {
-    histogram!(STORE_COMMIT_DURATION).record(elapsed.as_secs_f64());
-    histogram!(STORE_COMMIT_BATCH_OPS).record(ops as f64);
 }
 
 /// The start-up rehydration finished.

@@ -1,8 +1,10 @@
 //! The workspace's layers, checked from the sources.
 //!
-//! - Crates: the library (`crates/mcp-tasks`) names neither the command line nor the test kit,
-//!   in its code or its manifest; the test kit does not name the command line; the command
-//!   line's own code uses the library's public API only (never `mcp_tasks::internals`).
+//! - Crates: the store (`crates/mcp-tasks-store`) names no other crate of the workspace, in
+//!   its code or its manifest (it knows nothing of tasks); the library (`crates/mcp-tasks`)
+//!   names neither the command line nor the test kit; the test kit does not name the command
+//!   line; the command line's own code uses the library's public API only (never
+//!   `mcp_tasks::internals`).
 //! - Modules: the library's modules form layers without cycles: a module never names,
 //!   directly or through others, a module that names it back. Reads every `crate::` path in
 //!   the library's `src/` (test code and comments excluded), builds the graph of top-level
@@ -51,6 +53,15 @@ fn mentions(name: &str, needle: &str) -> Vec<String> {
 
 #[test]
 fn crates_depend_downwards_only() {
+    let store = normal_dependencies("mcp-tasks-store");
+    assert!(
+        !store.contains("mcp-tasks"),
+        "the store depends on another crate of the workspace:\n{store}"
+    );
+    for needle in ["mcp_tasks::", "mcp_tasks_cli", "mcp_tasks_testkit"] {
+        let found = mentions("mcp-tasks-store", needle);
+        assert!(found.is_empty(), "the store names {needle}: {found:?}");
+    }
     let library = normal_dependencies("mcp-tasks");
     assert!(
         !library.contains("mcp-tasks-cli") && !library.contains("mcp-tasks-testkit"),
@@ -82,6 +93,8 @@ fn crates_depend_downwards_only() {
 #[test]
 fn the_crate_checks_see_names() {
     assert!(normal_dependencies("mcp-tasks").contains("ractor"));
+    assert!(normal_dependencies("mcp-tasks").contains("mcp-tasks-store"));
+    assert!(normal_dependencies("mcp-tasks-store").contains("redb"));
     assert!(!mentions("mcp-tasks-testkit", "mcp_tasks::").is_empty());
     assert!(!normal_dependencies("mcp-tasks-cli").contains("[dev-dependencies]"));
 }

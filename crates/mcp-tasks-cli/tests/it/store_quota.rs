@@ -24,9 +24,12 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use mcp_tasks::auth::{self, Identity};
 use mcp_tasks::quota::Quotas;
+use mcp_tasks::store::listing::{
+    ListingCount, ListingCursor, ListingFilter, ListingPage, ThroughputBucket,
+};
 use mcp_tasks::store::{
-    Durability, OwnedCursor, OwnedRecord, RedbStore, Store, StoreFuture, StoreOptions, StoreStats,
-    TaskStore, Usage, WriteOp,
+    Durability, Index, OwnedCursor, OwnedRecord, RedbStore, Store, StoreFuture, StoreOptions,
+    StoreStats, TaskStore, Usage, WriteOp,
 };
 use mcp_tasks::tool::{CallToolResult, TaskPolicy, Tool, ToolDescriptor, tool_fn};
 use mcp_tasks::transport::http::{self, HttpConfig};
@@ -126,25 +129,8 @@ impl TaskStore for Counting {
     fn counts(&self) -> StoreFuture<'_, (u64, u64)> {
         TaskStore::counts(&self.inner)
     }
-    fn owned<'a>(
-        &'a self,
-        owner: &'a str,
-        after: Option<OwnedCursor>,
-        limit: usize,
-    ) -> StoreFuture<'a, Vec<OwnedRecord>> {
-        Box::pin(async move {
-            let got = TaskStore::owned(&self.inner, owner, after, limit).await?;
-            for r in &got {
-                self.reads.count(r.bytes.len());
-            }
-            Ok(got)
-        })
-    }
-    fn usage<'a>(&'a self, owner: &'a str) -> StoreFuture<'a, Usage> {
-        TaskStore::usage(&self.inner, owner)
-    }
-    fn usage_by_owner(&self) -> StoreFuture<'_, Vec<(String, Usage)>> {
-        TaskStore::usage_by_owner(&self.inner)
+    fn index(&self) -> Option<&dyn Index> {
+        Some(self)
     }
     fn stats(&self) -> StoreStats {
         TaskStore::stats(&self.inner)
@@ -163,6 +149,45 @@ impl TaskStore for Counting {
     }
     fn close(&self) -> BoxFuture<'_, ()> {
         TaskStore::close(&self.inner)
+    }
+}
+
+/// Its indexes are the redb store's; only the records of owner pages are counted.
+impl Index for Counting {
+    fn owned<'a>(
+        &'a self,
+        owner: &'a str,
+        after: Option<OwnedCursor>,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<OwnedRecord>> {
+        Box::pin(async move {
+            let got = Index::owned(&self.inner, owner, after, limit).await?;
+            for r in &got {
+                self.reads.count(r.bytes.len());
+            }
+            Ok(got)
+        })
+    }
+    fn usage<'a>(&'a self, owner: &'a str) -> StoreFuture<'a, Usage> {
+        Index::usage(&self.inner, owner)
+    }
+    fn usage_by_owner(&self) -> StoreFuture<'_, Vec<(String, Usage)>> {
+        Index::usage_by_owner(&self.inner)
+    }
+    fn listing<'a>(
+        &'a self,
+        filter: &'a ListingFilter,
+        after: Option<ListingCursor>,
+        limit: usize,
+        budget: usize,
+    ) -> StoreFuture<'a, ListingPage> {
+        Index::listing(&self.inner, filter, after, limit, budget)
+    }
+    fn listing_counts(&self) -> StoreFuture<'_, Vec<ListingCount>> {
+        Index::listing_counts(&self.inner)
+    }
+    fn throughput(&self, since_ms: u64) -> StoreFuture<'_, Vec<ThroughputBucket>> {
+        Index::throughput(&self.inner, since_ms)
     }
 }
 

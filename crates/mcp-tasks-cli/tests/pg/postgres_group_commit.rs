@@ -1,4 +1,4 @@
-//! Group commit on PostgreSQL (`store/postgres/group.rs`): the one-`Put` commits waiting at
+//! Group commit on PostgreSQL (`mcp-tasks-store/src/postgres/group.rs`): the one-`Put` commits waiting at
 //! once share a transaction, and each keeps the outcome it would have had alone — a refused
 //! one is refused without taking the others with it, and a row locked by another transaction
 //! holds the others back briefly, not for the session's lock bound; a `COMMIT` that waits for

@@ -8,13 +8,14 @@
 
 use crate::pg;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use mcp_tasks::internals::persist;
 use mcp_tasks::internals::task::{Owner, TaskId, TaskRecord};
 use mcp_tasks::store::{
-    Expect, MAX_PAGE_BYTES, MemoryStore, OwnedCursor, OwnerEntry, PostgresStore, RedbStore,
-    StoreOptions, TaskStore, Usage, WriteOp, owner_key,
+    Expect, Index, MAX_PAGE_BYTES, MemoryStore, OwnedCursor, OwnerEntry, PostgresOptions,
+    PostgresStore, RedbStore, StoreError, StoreOptions, TaskStore, Usage, WriteOp, owner_key,
 };
 use serde_json::json;
 
@@ -165,9 +166,30 @@ async fn owners_are_indexed_counted_and_converted() {
         )
         .await
         .unwrap();
-    let c = PostgresStore::open(&pg.url, pg.options("c", ttl))
+    // Without an indexer (the store's default) it is refused, and left at version 2: the
+    // conversion reads the records.
+    let err = PostgresStore::open(&pg.url, pg.options("c", ttl))
         .await
-        .unwrap();
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::NeedsIndexer { what, .. } if what == "schema version 2"),
+        "{err:?}"
+    );
+    let version: i64 = client
+        .query_one("SELECT max(version) FROM mcp_schema", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, 2);
+    let c = PostgresStore::open(
+        &pg.url,
+        PostgresOptions {
+            indexer: Arc::new(mcp_tasks::TaskIndexer),
+            ..pg.options("c", ttl)
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(c.usage(&alice).await.unwrap(), usage);
     assert_eq!(c.owned(&alice, None, 100).await.unwrap().len(), 11);
     assert_eq!(c.usage(&owner_key("acme", "bob")).await.unwrap().tasks, 12);
@@ -202,7 +224,12 @@ async fn owned_pages(store: &dyn TaskStore) -> Vec<Vec<(String, usize)>> {
     let mut pages = Vec::new();
     let mut after = None;
     for _ in 0..20 {
-        let page = store.owned(&alice, after.clone(), 100).await.unwrap();
+        let page = store
+            .index()
+            .expect("the store keeps indexes")
+            .owned(&alice, after.clone(), 100)
+            .await
+            .unwrap();
         let Some(last) = page.last() else {
             return pages;
         };

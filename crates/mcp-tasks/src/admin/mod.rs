@@ -63,7 +63,7 @@ pub(crate) use crate::store::inspect::{Inspector, Row, SCAN_BATCH};
 /// serves it (the registered backend that claims it; see `store::kinds`).
 #[derive(Clone)]
 pub struct Location {
-    kind: &'static dyn StoreKind,
+    kind: std::sync::Arc<dyn StoreKind>,
     text: String,
 }
 
@@ -73,7 +73,7 @@ impl Location {
     /// every command on it then says which cargo feature it needs.
     pub fn parse(s: &str) -> Location {
         Location {
-            kind: crate::store::kind_of(s),
+            kind: crate::store::kind_of(s, &crate::persist::task_indexer()),
             text: s.to_owned(),
         }
     }
@@ -98,8 +98,8 @@ impl Location {
         &self.text
     }
 
-    fn store_kind(&self) -> &'static dyn StoreKind {
-        self.kind
+    fn store_kind(&self) -> &dyn StoreKind {
+        &*self.kind
     }
 }
 

@@ -334,7 +334,7 @@ async fn read_rows(state: &ConsoleState, ids: BTreeSet<String>) -> Batch {
                 id: record.id.as_str().to_owned(),
                 owner: owner_key(&record.owner.tenant, &record.owner.principal),
                 created_ms: record.created_at_ms,
-                listing: crate::store::listing_of(&record),
+                listing: crate::persist::listing_of(&record),
             };
             (task, crate::shared::tool_error(&record))
         })

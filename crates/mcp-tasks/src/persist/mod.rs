@@ -62,6 +62,9 @@
 //! and malformed task ids all become a [`PersistError`].
 
 pub mod command;
+mod index;
+
+pub use index::{TaskIndexer, listing_of, task_indexer};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -257,7 +257,10 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Sets the store options (durability, group commit, open checks).
+    /// Sets the store options (durability, group commit, open checks). Their
+    /// [`StoreOptions::indexer`] may stay the default: a store the runtime opens indexes old
+    /// records with [`crate::persist::TaskIndexer`] unless the options name an indexer that
+    /// reads records.
     pub fn store_options(mut self, options: StoreOptions) -> Self {
         self.store_options = options;
         self
@@ -311,13 +314,20 @@ impl RuntimeBuilder {
         }
         let tools = ToolRegistry::new(fixed, self.sources);
         #[cfg(feature = "redb")]
+        let store_options = {
+            let mut options = self.store_options;
+            if !options.indexer.reads_records() {
+                options.indexer = crate::persist::task_indexer();
+            }
+            options
+        };
+        #[cfg(feature = "redb")]
         let store = match (self.store, self.backend) {
             (Some(store), _) => store,
             (None, Some(factory)) => {
-                Store::open_with_backend_async(self.path.clone(), factory, self.store_options)
-                    .await?
+                Store::open_with_backend_async(self.path.clone(), factory, store_options).await?
             }
-            (None, None) => Store::open_async(self.path.clone(), self.store_options).await?,
+            (None, None) => Store::open_async(self.path.clone(), store_options).await?,
         };
         #[cfg(not(feature = "redb"))]
         let store = match self.store {

@@ -56,7 +56,7 @@ impl Changes {
             id: record.id.as_str().to_owned(),
             owner: Arc::new(record.owner.clone()),
             created_ms: record.created_at_ms,
-            listing: crate::store::listing_of(record),
+            listing: crate::persist::listing_of(record),
             is_error: tool_error(record),
         });
     }

@@ -94,7 +94,7 @@ impl Shared {
                 owner: crate::store::owner_key(&record.owner.tenant, &record.owner.principal),
                 created_ms: record.created_at_ms,
             }),
-            listing: Some(crate::store::listing_of(record)),
+            listing: Some(crate::persist::listing_of(record)),
         })
     }
 
