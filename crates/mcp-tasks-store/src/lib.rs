@@ -558,7 +558,7 @@ pub trait TaskStore: Send + Sync + 'static {
     /// commands (a running server's admin socket answers through it). `None` (the default)
     /// for a store the commands reach by other means (a database they connect to) or not at
     /// all (memory).
-    fn inspector(&self) -> Option<Box<dyn inspect::Inspector>> {
+    fn inspector(&self) -> Option<&dyn inspect::Inspector> {
         None
     }
 }

@@ -553,6 +553,52 @@ impl Inspector for RedbReader {
     }
 }
 
+/// A running server's store read for its admin socket ([`crate::TaskStore::inspector`]):
+/// each request through a reader of the open database (the server's reader threads and
+/// transactions), so reads see exactly what the server committed.
+impl Inspector for RedbStore {
+    fn scan(&self, after: Option<String>, limit: usize) -> InspectFuture<'_, Vec<Row>> {
+        let reader = self.reader();
+        Box::pin(async move { reader.scan(after, limit).await })
+    }
+
+    fn row<'a>(&'a self, id: &'a str) -> InspectFuture<'a, Option<Row>> {
+        let reader = self.reader();
+        Box::pin(async move { reader.row(id).await })
+    }
+
+    fn index_problems(&self) -> InspectFuture<'_, Vec<String>> {
+        let reader = self.reader();
+        Box::pin(async move { reader.index_problems().await })
+    }
+
+    fn facts(&self, now_ms: u64) -> InspectFuture<'_, StatsReport> {
+        let reader = self.reader();
+        Box::pin(async move { reader.facts(now_ms).await })
+    }
+
+    fn usage_by_owner(&self) -> InspectFuture<'_, Option<Vec<(String, crate::Usage)>>> {
+        let reader = self.reader();
+        Box::pin(async move { reader.usage_by_owner().await })
+    }
+
+    fn socket_file(&self) -> Option<PathBuf> {
+        Some(self.path().to_owned())
+    }
+
+    fn backup<'a>(&'a self, to: &'a Path) -> InspectFuture<'a, BackupReport> {
+        let reader = self.reader();
+        Box::pin(async move { reader.backup(to).await })
+    }
+}
+
+impl RedbStore {
+    /// A reader of this open store, for one admin request.
+    fn reader(&self) -> RedbReader {
+        RedbReader::server(self.clone(), self.path().to_owned())
+    }
+}
+
 /// Every key of a table keyed by task id.
 fn ids_of<V: redb::Value + 'static>(
     path: &Path,

@@ -491,11 +491,8 @@ pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl crate::TaskStore for RedbStore {
-    fn inspector(&self) -> Option<Box<dyn crate::inspect::Inspector>> {
-        Some(Box::new(inspect::RedbReader::server(
-            self.clone(),
-            self.path().to_owned(),
-        )))
+    fn inspector(&self) -> Option<&dyn crate::inspect::Inspector> {
+        Some(self)
     }
 
     fn describe(&self) -> String {

@@ -1,20 +1,20 @@
 //! `store list`: a page of summaries, filtered.
 
 use super::{
-    AdminError, DEFAULT_LIST_LIMIT, Filter, ListPage, Location, MAX_LIST_LIMIT, Reader, SCAN_BATCH,
-    TaskSummary, decode, now_ms, open_reader, socket,
+    AdminError, DEFAULT_LIST_LIMIT, Filter, Inspector, ListPage, Location, MAX_LIST_LIMIT,
+    SCAN_BATCH, TaskSummary, decode, now_ms, open_reader, socket,
 };
 
 /// `store list`.
 pub async fn list(location: &Location, filter: &Filter) -> Result<ListPage, AdminError> {
     match open_reader(location).await? {
-        Some(reader) => list_of(&reader, filter, now_ms()).await,
+        Some(reader) => list_of(&*reader, filter, now_ms()).await,
         None => socket::ask(location, socket::Request::List(filter.clone())).await,
     }
 }
 
 pub(crate) async fn list_of(
-    reader: &Reader,
+    reader: &dyn Inspector,
     filter: &Filter,
     now_ms: u64,
 ) -> Result<ListPage, AdminError> {

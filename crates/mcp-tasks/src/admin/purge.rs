@@ -1,7 +1,7 @@
 //! `store purge`: removing the tasks a filter selects.
 
 use super::{
-    AdminError, Filter, Location, PurgeReport, Reader, SCAN_BATCH, TaskSummary, decode, now_ms,
+    AdminError, Filter, Inspector, Location, PurgeReport, SCAN_BATCH, TaskSummary, decode, now_ms,
     open_reader, socket,
 };
 
@@ -26,7 +26,7 @@ pub async fn purge(
             .await?
     };
     let report = PurgeReport {
-        tasks: select(&reader, filter, now).await?,
+        tasks: select(&*reader, filter, now).await?,
         dry_run,
     };
     drop(reader);
@@ -40,7 +40,7 @@ pub async fn purge(
 
 /// Every task `filter` selects (its `limit` caps them; `after` starts the scan).
 pub(crate) async fn select(
-    reader: &Reader,
+    reader: &dyn Inspector,
     filter: &Filter,
     now_ms: u64,
 ) -> Result<Vec<TaskSummary>, AdminError> {

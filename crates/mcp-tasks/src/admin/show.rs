@@ -1,17 +1,19 @@
 //! `store show`: one task in full.
 
-use super::{AdminError, Location, Reader, TaskDetail, TaskSummary, decode, open_reader, socket};
+use super::{
+    AdminError, Inspector, Location, TaskDetail, TaskSummary, decode, open_reader, socket,
+};
 use crate::persist;
 
 /// `store show`.
 pub async fn show(location: &Location, id: &str) -> Result<TaskDetail, AdminError> {
     match open_reader(location).await? {
-        Some(reader) => show_of(&reader, id).await,
+        Some(reader) => show_of(&*reader, id).await,
         None => socket::ask(location, socket::Request::Show(id.to_owned())).await,
     }
 }
 
-pub(crate) async fn show_of(reader: &Reader, id: &str) -> Result<TaskDetail, AdminError> {
+pub(crate) async fn show_of(reader: &dyn Inspector, id: &str) -> Result<TaskDetail, AdminError> {
     crate::task::TaskId::parse(id).map_err(|e| AdminError::Invalid(format!("{id}: {e}")))?;
     let row = reader
         .row(id)

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
-use super::{AdminError, Filter, Location, Reader};
+use super::{AdminError, Filter, Inspector, Location};
 use crate::store::Store;
 
 /// Longest request line accepted (a filter is small).
@@ -177,10 +177,14 @@ pub(crate) fn bind(store: Store, store_path: &Path) -> Result<AdminSocket, Admin
                     continue;
                 }
             };
-            let Some(reader) = store.backend().inspector() else {
+            if store.backend().inspector().is_none() {
                 continue;
-            };
+            }
+            let store = store.clone();
             tokio::spawn(async move {
+                let Some(reader) = store.backend().inspector() else {
+                    return;
+                };
                 if let Err(e) = serve_one(stream, reader).await {
                     tracing::debug!(error = %e, "admin socket connection failed");
                 }
@@ -249,7 +253,7 @@ pub(crate) fn bind(_store: Store, store_path: &Path) -> Result<AdminSocket, Admi
 }
 
 #[cfg(unix)]
-async fn serve_one(stream: tokio::net::UnixStream, reader: Reader) -> std::io::Result<()> {
+async fn serve_one(stream: tokio::net::UnixStream, reader: &dyn Inspector) -> std::io::Result<()> {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
@@ -257,7 +261,7 @@ async fn serve_one(stream: tokio::net::UnixStream, reader: Reader) -> std::io::R
         .read_line(&mut line)
         .await?;
     let response = match serde_json::from_str::<Request>(&line) {
-        Ok(request) => answer(&reader, request).await,
+        Ok(request) => answer(reader, request).await,
         Err(e) => Response::Error(format!("unreadable request: {e}")),
     };
     let mut out = serde_json::to_vec(&response).unwrap_or_else(|e| {
@@ -268,7 +272,7 @@ async fn serve_one(stream: tokio::net::UnixStream, reader: Reader) -> std::io::R
     write.shutdown().await
 }
 
-async fn answer(reader: &Reader, request: Request) -> Response {
+async fn answer(reader: &dyn Inspector, request: Request) -> Response {
     let now = super::now_ms();
     let result = match request {
         Request::Stats => super::stats_of(reader, now).await.map(|mut r| {

@@ -1,7 +1,7 @@
 //! `store stats` and `store stats --by-owner`: counts from the records, facts from the backend, usage from its counters.
 
 use super::{
-    AdminError, Location, OldestLive, OwnerUsage, OwnerUsageReport, Reader, SCAN_BATCH,
+    AdminError, Inspector, Location, OldestLive, OwnerUsage, OwnerUsageReport, SCAN_BATCH,
     StatsReport, decode, now_ms, open_reader, socket,
 };
 use crate::persist;
@@ -9,12 +9,15 @@ use crate::persist;
 /// `store stats`.
 pub async fn stats(location: &Location) -> Result<StatsReport, AdminError> {
     match open_reader(location).await? {
-        Some(reader) => stats_of(&reader, now_ms()).await,
+        Some(reader) => stats_of(&*reader, now_ms()).await,
         None => socket::ask(location, socket::Request::Stats).await,
     }
 }
 
-pub(crate) async fn stats_of(reader: &Reader, now_ms: u64) -> Result<StatsReport, AdminError> {
+pub(crate) async fn stats_of(
+    reader: &dyn Inspector,
+    now_ms: u64,
+) -> Result<StatsReport, AdminError> {
     let mut report = reader.facts(now_ms).await?;
     let mut after = None;
     loop {
@@ -68,12 +71,12 @@ pub(crate) async fn stats_of(reader: &Reader, now_ms: u64) -> Result<StatsReport
 /// `store stats --by-owner`.
 pub async fn usage_by_owner(location: &Location) -> Result<OwnerUsageReport, AdminError> {
     match open_reader(location).await? {
-        Some(reader) => usage_of(&reader).await,
+        Some(reader) => usage_of(&*reader).await,
         None => socket::ask(location, socket::Request::UsageByOwner).await,
     }
 }
 
-pub(crate) async fn usage_of(reader: &Reader) -> Result<OwnerUsageReport, AdminError> {
+pub(crate) async fn usage_of(reader: &dyn Inspector) -> Result<OwnerUsageReport, AdminError> {
     let facts = reader.facts(now_ms()).await?;
     let usage = reader.usage_by_owner().await?;
     let Some(usage) = usage else {

@@ -1,7 +1,7 @@
 //! `store verify`: every record decoded, the indexes checked and, on a redb file no server holds, the page checksums.
 
 use super::{
-    AdminError, Location, Reader, SCAN_BATCH, VerifyReport, decode, held, open_reader, socket,
+    AdminError, Inspector, Location, SCAN_BATCH, VerifyReport, decode, held, open_reader, socket,
 };
 
 /// `store verify`: decodes every record and checks the indexes; on a redb file no server
@@ -13,7 +13,7 @@ pub async fn verify(location: &Location) -> Result<VerifyReport, AdminError> {
         }
         Err(e) => return Err(e),
         Ok(Some(crate::store::inspect::PageCheck { reader, problem })) => {
-            let mut report = verify_of(&reader).await?;
+            let mut report = verify_of(&*reader).await?;
             report.pages_checked = true;
             report.pages_problem = problem;
             return Ok(report);
@@ -21,13 +21,13 @@ pub async fn verify(location: &Location) -> Result<VerifyReport, AdminError> {
         Ok(None) => {}
     }
     match open_reader(location).await? {
-        Some(reader) => verify_of(&reader).await,
+        Some(reader) => verify_of(&*reader).await,
         None => Err(held(location)),
     }
 }
 
 /// Decodes every record (the index checks are the backend's).
-pub(crate) async fn verify_of(reader: &Reader) -> Result<VerifyReport, AdminError> {
+pub(crate) async fn verify_of(reader: &dyn Inspector) -> Result<VerifyReport, AdminError> {
     let mut report = VerifyReport::default();
     let mut after = None;
     loop {

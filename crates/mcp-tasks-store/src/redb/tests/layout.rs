@@ -1,5 +1,6 @@
 //! Files of older table layouts, converted by the first writable open (or refused).
 
+use super::listing::{counters_of, listed};
 use super::*;
 
 /// One task of a layout-1 file: (id, snapshot bytes, seq, live, due_ms).
