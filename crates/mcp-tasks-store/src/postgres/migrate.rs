@@ -422,23 +422,25 @@ pub(super) async fn migrate(
             supported: SCHEMA_VERSION,
         });
     }
+    // Migrations 3 and 6 read the rows stored before them: without an indexer such a database
+    // is refused here, before any migration runs.
+    if current > 0 && current < 6 && !indexer.reads_records() {
+        let stored: bool = tx
+            .query_one("SELECT EXISTS (SELECT 1 FROM mcp_tasks)", &[])
+            .await
+            .map_err(|e| err(pg_detail(&e)))?
+            .get(0);
+        if stored {
+            return Err(StoreError::NeedsIndexer {
+                store: label.to_owned(),
+                what: format!("schema version {current}"),
+            });
+        }
+    }
     for (i, sql) in MIGRATIONS.iter().enumerate() {
         let version = i as i64 + 1;
         if version <= current {
             continue;
-        }
-        if (version == 3 || version == 6) && current > 0 && !indexer.reads_records() {
-            let stored: bool = tx
-                .query_one("SELECT EXISTS (SELECT 1 FROM mcp_tasks)", &[])
-                .await
-                .map_err(|e| err(pg_detail(&e)))?
-                .get(0);
-            if stored {
-                return Err(StoreError::NeedsIndexer {
-                    store: label.to_owned(),
-                    what: format!("schema version {current}"),
-                });
-            }
         }
         tx.batch_execute(sql)
             .await

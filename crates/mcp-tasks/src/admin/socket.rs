@@ -177,9 +177,7 @@ pub(crate) fn bind(store: Store, store_path: &Path) -> Result<AdminSocket, Admin
                     continue;
                 }
             };
-            if store.backend().inspector().is_none() {
-                continue;
-            }
+            // The socket is bound only for a store that has an inspector (`serve_store`).
             let store = store.clone();
             tokio::spawn(async move {
                 let Some(reader) = store.backend().inspector() else {

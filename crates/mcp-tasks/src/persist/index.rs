@@ -15,11 +15,7 @@ pub struct TaskIndexer;
 
 impl Indexer for TaskIndexer {
     fn owner(&self, record: &[u8]) -> Option<OwnerEntry> {
-        let record = super::decode(record).ok()?;
-        Some(OwnerEntry {
-            owner: owner_key(&record.owner.tenant, &record.owner.principal),
-            created_ms: record.created_at_ms,
-        })
+        Some(owner_entry_of(&super::decode(record).ok()?))
     }
 
     fn listing(&self, record: &[u8]) -> Option<Listing> {
@@ -30,6 +26,14 @@ impl Indexer for TaskIndexer {
 /// The [`TaskIndexer`] as the stores take it.
 pub fn task_indexer() -> std::sync::Arc<dyn Indexer> {
     std::sync::Arc::new(TaskIndexer)
+}
+
+/// What the owner index keeps of `record`.
+pub fn owner_entry_of(record: &TaskRecord) -> OwnerEntry {
+    OwnerEntry {
+        owner: owner_key(&record.owner.tenant, &record.owner.principal),
+        created_ms: record.created_at_ms,
+    }
 }
 
 /// What the listing index keeps of `record`.

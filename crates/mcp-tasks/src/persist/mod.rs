@@ -64,7 +64,7 @@
 pub mod command;
 mod index;
 
-pub use index::{TaskIndexer, listing_of, task_indexer};
+pub use index::{TaskIndexer, listing_of, owner_entry_of, task_indexer};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -90,10 +90,7 @@ impl Shared {
             due_ms,
             seq: Some(record.seq),
             expect,
-            owner: Some(crate::store::OwnerEntry {
-                owner: crate::store::owner_key(&record.owner.tenant, &record.owner.principal),
-                created_ms: record.created_at_ms,
-            }),
+            owner: Some(crate::persist::owner_entry_of(record)),
             listing: Some(crate::persist::listing_of(record)),
         })
     }
