@@ -8,6 +8,7 @@
 //! | `store::group_commit`      | inside a group commit: ops applied, commit not started (`return` fails the batch) |
 //! | `create::after_commit`     | `tools/call`: the new task is committed, the handle not yet sent |
 //! | `task::after_commit`       | task actor: a transition is committed, not yet swapped, replied or published |
+//! | `task::after_failed_commit` | task actor: a transition's commit failed with a store error (outcome unknown), the actor not yet failed |
 //! | `step::before_commit`      | `ToolContext::step`: the step ran, its value is not committed  |
 //! | `supervisor::rehydrate`    | start-up rehydration, before each live task's actor is spawned |
 //! | `break::reply_before_commit` | breaker (`return`): a task actor publishes a transition before committing it |

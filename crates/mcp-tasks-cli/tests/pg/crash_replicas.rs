@@ -93,12 +93,23 @@ fn spawn(store: &str, node: &str, effects: &Path, unfenced: bool, flow: bool) ->
     }
     let mut child = cmd.spawn().expect("start mcp-tasks serve");
     let stderr = child.stderr.take().unwrap();
+    // Every line of the replica's log, appended to `<node>.log` beside the side-effect log
+    // (kept when the check fails).
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(effects.with_file_name(format!("{node}.log")))
+        .ok();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut tx = Some(tx);
         let mut head = Vec::new();
         for line in BufReader::new(stderr).lines() {
             let Ok(line) = line else { break };
+            if let Some(file) = log.as_mut() {
+                use std::io::Write;
+                let _ = writeln!(file, "{line}");
+            }
             if let Some(rest) = line.split("listening on http://").nth(1)
                 && let Some(addr) = rest.strip_suffix("/mcp")
                 && let Some(tx) = tx.take()
@@ -397,8 +408,9 @@ async fn replicas_killed_and_paused_past_their_lease_keep_every_invariant() {
     );
     assert!(
         report.is_clean(),
-        "seed {seed:#x} (replay with MCP_TASKS_SEED={seed:#x}): {}",
-        report.summary(20)
+        "seed {seed:#x} (replay with MCP_TASKS_SEED={seed:#x}): {}; {}",
+        report.summary(20),
+        keep_logs(dir)
     );
     pg.drop().await;
 }
@@ -491,7 +503,14 @@ async fn replicas_and_postgres_restarts_keep_every_invariant() {
     assert!(f.db_restarts > 0 || cycles < 4, "PostgreSQL was restarted");
     assert!(
         report.is_clean(),
-        "seed {seed:#x} (replay with MCP_TASKS_SEED={seed:#x}): {}",
-        report.summary(20)
+        "seed {seed:#x} (replay with MCP_TASKS_SEED={seed:#x}): {}; {}",
+        report.summary(20),
+        keep_logs(dir)
     );
+}
+
+/// Keeps a failed run's folder (each replica's log, `<node>.log`, and the side-effect log)
+/// and says where it is.
+fn keep_logs(dir: tempfile::TempDir) -> String {
+    format!("the replicas' logs are kept in {}", dir.keep().display())
 }

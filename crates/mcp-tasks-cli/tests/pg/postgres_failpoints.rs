@@ -328,3 +328,85 @@ async fn the_lease_holder_never_answers_older_than_the_store() {
     b.shutdown().await;
     pg.drop().await;
 }
+
+/// The lease holder's snapshot after a commit whose outcome is unknown. Node a holds a task
+/// waiting for `k0` and answers reads from memory. The commit of the answer to `k0` reaches
+/// the database, but its acknowledgement is lost (the store's test hook reports it failed):
+/// the store is ahead of a's actor, which fails and is replaced from the store by the
+/// supervisor — at once here, seconds later when the supervisor is busy restarting tasks
+/// through a database outage (as in the replica crash suite); the failpoint
+/// `task::after_failed_commit` holds the actor in that window. A read on a must not answer
+/// the actor's older snapshot then (`k0` pending after b showed it answered): the snapshot
+/// of an actor whose commit failed is never served from memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_holder_whose_commit_ack_was_lost_never_answers_its_older_snapshot() {
+    if !crate::support::own_process(
+        "postgres_failpoints::a_lease_holder_whose_commit_ack_was_lost_never_answers_its_older_snapshot",
+    )
+    .await
+    {
+        return;
+    }
+    let Some(pg) = pg::fresh().await else { return };
+    let scenario = FailScenario::setup();
+    let ttl = Duration::from_secs(3);
+    let (a, a_store) = node(&pg, "a", ttl).await;
+    let (b, _b_store) = node(&pg, "b", ttl).await;
+    let task = create(&a, "two_questions", json!({})).await;
+    wait_status(&a, &task, "input_required").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !a_store.reads_from_memory(&task) {
+        assert!(
+            Instant::now() < deadline,
+            "a's lease never became valid for reads"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    fail::cfg("task::after_failed_commit", "1*sleep(1500)").unwrap();
+    mcp_tasks::internals::pg_faults::lose_commit_acks(&a_store, 1);
+    let answering = {
+        let a = a.handle();
+        let task = task.clone();
+        tokio::spawn(async move {
+            let msg = support::embedded::req(1, "tasks/update", answer(&task, "k0"), true);
+            a.handle_json(msg, &mcp_tasks::Owner::anonymous()).await
+        })
+    };
+    let waits_for_k0 = |r: &Value| r["result"]["inputRequests"].get("k0").is_some();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = get(&b, &task).await;
+        if !waits_for_k0(&r) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "b never saw the commit: {r}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let on_a = get(&a, &task).await;
+    assert!(
+        !waits_for_k0(&on_a),
+        "a answered its actor's snapshot from before a commit that the store holds: {on_a}"
+    );
+    fail::remove("task::after_failed_commit");
+    // Either answer is right: the lost acknowledgement's error, or the acknowledgement of the
+    // retry that found the answer in the store.
+    let answered = answering.await.unwrap().expect("an answer");
+    assert!(
+        answered.get("result").is_some() || answered["error"]["code"] == -32603,
+        "{answered}"
+    );
+    // The actor is replaced from the store: the task goes on to its second question.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = get(&a, &task).await;
+        if r["result"]["inputRequests"].get("k1").is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a never asked k1: {r}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    scenario.teardown();
+    a.shutdown().await;
+    b.shutdown().await;
+    pg.drop().await;
+}

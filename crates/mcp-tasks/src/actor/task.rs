@@ -106,8 +106,9 @@ pub(crate) struct TaskState {
     lapse_charge: Option<u32>,
     /// Flow control: free, running with a slot, or queued.
     hold: Hold,
-    /// Set while a commit of the task is in flight ([`LiveTask::committing`]).
-    committing: Arc<std::sync::atomic::AtomicBool>,
+    /// Set while the store may hold a newer record than the published one
+    /// ([`LiveTask::unsettled`]).
+    unsettled: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl TaskActor {
@@ -145,12 +146,18 @@ impl TaskActor {
         }
         // Readers served from memory (the lease holder on a shared store) wait while this is
         // set: the store may hold `next` before this actor publishes it.
-        state.committing.store(true, Ordering::SeqCst);
+        state.unsettled.store(true, Ordering::SeqCst);
         let committed = self.shared.commit(&next).await;
-        if committed.is_err() {
-            state.committing.store(false, Ordering::SeqCst);
-        }
         if let Err(e) = committed {
+            // A store error leaves the outcome unknown (the transaction may have committed
+            // although its acknowledgement was lost): the flag stays set, so that no reader is
+            // served this actor's older snapshot while the supervisor replaces it from the
+            // store (it fails below). Any other error wrote nothing.
+            if !matches!(e, RuntimeError::Store(_)) {
+                state.unsettled.store(false, Ordering::SeqCst);
+            }
+            #[cfg(feature = "failpoints")]
+            fail::fail_point!("task::after_failed_commit");
             if matches!(e, RuntimeError::Store(StoreError::Fenced { .. })) {
                 // Another node took the task over: this actor stops without touching the
                 // record again, and its tool is dropped where it is.
@@ -169,7 +176,7 @@ impl TaskActor {
         state.gauge.set(next.status);
         state.record = next.clone();
         state.publisher.send_replace(next.clone());
-        state.committing.store(false, Ordering::SeqCst);
+        state.unsettled.store(false, Ordering::SeqCst);
         self.arm_passivation(myself, &next, Duration::ZERO);
         if next.status.is_terminal() {
             tracing::debug!(task = %next.id, status = next.status.as_str(), "task finished");
@@ -208,6 +215,9 @@ impl TaskActor {
         {
             Ok(()) => Ok(false),
             Err(e) => {
+                // The record moved under this actor (or the lease went): its snapshot is no
+                // longer served from memory while the supervisor replaces it.
+                state.unsettled.store(true, Ordering::SeqCst);
                 if matches!(e, StoreError::Fenced { .. }) {
                     tracing::warn!(task = %record.id,
                         "this node lost the task's lease (found by an acknowledgement that writes nothing): its actor stops without writing");
@@ -581,7 +591,7 @@ impl Actor for TaskActor {
         (record, start, creation): Self::Arguments,
     ) -> Result<TaskState, ActorProcessingErr> {
         let (publisher, snapshots) = watch::channel(record.clone());
-        let committing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let unsettled = Arc::new(std::sync::atomic::AtomicBool::new(false));
         // A task whose creation is in flight is registered for commands (they wait in the
         // mailbox) but not for readers until its commit is acknowledged.
         self.shared.live.insert(
@@ -589,14 +599,14 @@ impl Actor for TaskActor {
             LiveTask {
                 actor: myself.clone(),
                 snapshots,
-                committing: committing.clone(),
+                unsettled: unsettled.clone(),
             },
             creation.is_none(),
         );
         let hold = self.enter_flow(&record);
         Ok(TaskState {
             hold,
-            committing,
+            unsettled,
             gauge: TaskGauge::new(record.status),
             record,
             publisher,

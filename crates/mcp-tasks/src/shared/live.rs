@@ -43,10 +43,13 @@ pub(crate) enum TaskMsg {
 pub(crate) struct LiveTask {
     pub(crate) actor: ActorRef<TaskMsg>,
     pub(crate) snapshots: watch::Receiver<Arc<TaskRecord>>,
-    /// Set by the actor before it sends a commit of the task, cleared once the commit's
-    /// outcome is known (and its snapshot published): while it is set, the store may hold a
-    /// newer record than `snapshots` (see [`LiveTasks::settled_snapshot`]).
-    pub(crate) committing: Arc<std::sync::atomic::AtomicBool>,
+    /// Set by the actor before it sends a commit of the task, cleared once the commit is
+    /// acknowledged and its snapshot published: while it is set, the store may hold a newer
+    /// record than `snapshots` (see [`LiveTasks::settled_snapshot`]). Never cleared again
+    /// after a commit that failed with the store's error (its outcome unknown) or an
+    /// acknowledgement the store refused (the record moved): that actor is about to fail and
+    /// be replaced from the store, and its snapshot must not be served meanwhile.
+    pub(crate) unsettled: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The live tasks of one runtime, by id, with a count per owner (for the live-task quota).
@@ -249,22 +252,23 @@ impl LiveTasks {
 
     /// The committed snapshot of live task `id` when no commit of it is in flight, waiting
     /// (up to `bound`) for one in flight to end; `None` when the task has no committed actor
-    /// here or the commit did not end within `bound`.
+    /// here, the commit did not end within `bound`, or it failed (the actor is being replaced
+    /// from the store, which may hold the record it tried to write).
     pub(crate) async fn settled_snapshot(
         &self,
         id: &TaskId,
         bound: std::time::Duration,
     ) -> Option<Arc<TaskRecord>> {
         use std::sync::atomic::Ordering;
-        let (mut snapshots, committing) = {
+        let (mut snapshots, unsettled) = {
             let map = self.lock();
             let task = map.tasks.get(id).and_then(Entry::committed)?;
-            (task.snapshots.clone(), task.committing.clone())
+            (task.snapshots.clone(), task.unsettled.clone())
         };
         let deadline = tokio::time::Instant::now() + bound;
         loop {
             snapshots.borrow_and_update();
-            if !committing.load(Ordering::SeqCst) {
+            if !unsettled.load(Ordering::SeqCst) {
                 return Some(snapshots.borrow().clone());
             }
             // A commit in flight: its snapshot is published before the flag clears.
