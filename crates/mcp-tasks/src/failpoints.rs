@@ -10,6 +10,7 @@
 //! | `task::after_commit`       | task actor: a transition is committed, not yet swapped, replied or published |
 //! | `task::after_failed_commit` | task actor: a transition's commit failed with a store error (outcome unknown), the actor not yet failed |
 //! | `step::before_commit`      | `ToolContext::step`: the step ran, its value is not committed  |
+//! | `runtime::before_claimed` | replicas: orphans claimed, not yet handed to the supervisor (`return(MS)` pauses that long, asynchronously) |
 //! | `supervisor::rehydrate`    | start-up rehydration, before each live task's actor is spawned |
 //! | `break::reply_before_commit` | breaker (`return`): a task actor publishes a transition before committing it |
 //! | `break::skip_step_journal` | breaker (`return`): `step` ignores recorded results and runs again |

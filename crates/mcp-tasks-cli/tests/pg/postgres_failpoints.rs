@@ -410,3 +410,73 @@ async fn a_lease_holder_whose_commit_ack_was_lost_never_answers_its_older_snapsh
     b.shutdown().await;
     pg.drop().await;
 }
+
+/// A claim's record handed to the supervisor after a request started the task here. Node b
+/// runs a task waiting for `k0` and stops renewing its lease; node a claims the task as an
+/// orphan, and the failpoint `runtime::before_claimed` holds the claimed record before it
+/// reaches a's supervisor. Meanwhile the answer to `k0` reaches a, which holds the lease now:
+/// it starts an actor from the row, which commits the answer and asks `k1`. When the claimed
+/// record (still waiting for `k0`) arrives, it must not replace that actor: before, a ran the
+/// task from the older record and answered reads with `k0` pending after acknowledging it
+/// (the `UpdateNotVisible` of the replica crash suite); now the actor is stopped and waited
+/// for, and the task runs from the row read after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_handed_over_late_never_replaces_a_newer_actor() {
+    if !crate::support::own_process(
+        "postgres_failpoints::a_claim_handed_over_late_never_replaces_a_newer_actor",
+    )
+    .await
+    {
+        return;
+    }
+    let Some(pg) = pg::fresh().await else { return };
+    let scenario = FailScenario::setup();
+    let ttl = Duration::from_millis(900);
+    let (a, a_store) = node(&pg, "a", ttl).await;
+    let (b, b_store) = node(&pg, "b", ttl).await;
+    let task = create(&b, "two_questions", json!({})).await;
+    wait_status(&b, &task, "input_required").await;
+    fail::cfg("runtime::before_claimed", "1*return(2500)").unwrap();
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&b_store, true);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !a_store.holds(&task) {
+        assert!(Instant::now() < deadline, "a never claimed b's task");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Claimed, the record not yet handed over (the failpoint holds it for 2.5 s).
+    let r = call(&a, "tasks/update", answer(&task, "k0")).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let waits_for = |r: &Value, key: &str| r["result"]["inputRequests"].get(key).is_some();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = get(&a, &task).await;
+        if waits_for(&r, "k1") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a never asked k1: {r}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The claimed record arrives: reads on a never go back to `k0` pending.
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        let r = get(&a, &task).await;
+        assert!(
+            !waits_for(&r, "k0"),
+            "a went back to the claimed record, older than the answer it acknowledged: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    fail::remove("runtime::before_claimed");
+    let r = call(&a, "tasks/update", answer(&task, "k1")).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let done = wait_status(&a, &task, "completed").await;
+    assert_eq!(
+        done["result"]["content"][0]["text"],
+        r#"k0 {"action":"accept","content":{"ok":true}}; k1 {"action":"accept","content":{"ok":true}}"#
+    );
+    mcp_tasks::internals::pg_faults::pause_heartbeat(&b_store, false);
+    scenario.teardown();
+    a.shutdown().await;
+    b.shutdown().await;
+    pg.drop().await;
+}

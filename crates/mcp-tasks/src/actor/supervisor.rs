@@ -79,6 +79,10 @@ pub(crate) struct SupervisorState {
 const LAPSED: &str =
     "the node running it stopped without releasing it (a crash, a kill, or a pause past its lease)";
 
+/// How long a claim waits for an actor of the task already running here to stop (its
+/// message in progress, a commit at most, ends first); past it the actor is killed.
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
 impl Supervisor {
     /// Spawns the actor of a stored task; `false` if the task is terminal or already has one.
     async fn spawn_task(
@@ -133,10 +137,32 @@ impl Supervisor {
     ) -> Result<(), RuntimeError> {
         let store = &self.shared.store;
         let take_over = store.is_shared() && (steal || !store.holds(id.as_str()));
+        let was_claimed = claimed.is_some();
+        let mut claimed = claimed;
         match self.shared.live.actor_of(id) {
+            // Just claimed, and an actor runs here: one left from a lease this node lost, or
+            // one a request started after the claim (the claim's record is handed over after
+            // it committed, and a request may have found the task held meanwhile). Either may
+            // have committed after the claim read the record, so the claimed bytes may be
+            // older than the row: the actor is stopped and waited for (a commit it has in
+            // flight lands or fails first), and the task runs from the row read afterwards.
+            // Test: `postgres_failpoints.rs::a_claim_handed_over_late_never_replaces_a_newer_actor`.
+            Some(running) if claimed.is_some() => {
+                self.shared.live.remove_if(id, running.actor.get_id());
+                let stopped = running
+                    .actor
+                    .stop_and_wait(Some("claimed anew".into()), Some(STOP_WAIT))
+                    .await;
+                if stopped.is_err() {
+                    tracing::warn!(task = %id, "the task's actor did not stop in time after a claim; killed");
+                    running.actor.kill();
+                }
+                claimed = None;
+            }
             // An actor left from a lease this node lost: it stops, the task is claimed anew
-            // (or was just claimed) and runs from the stored record.
-            Some(stale) if take_over || claimed.is_some() => {
+            // and runs from the claimed record (the claim fences any write the old actor
+            // still makes).
+            Some(stale) if take_over => {
                 stale.actor.stop(Some("lease lost".into()));
                 self.shared.live.remove_if(id, stale.actor.get_id());
             }
@@ -151,7 +177,7 @@ impl Supervisor {
         // Claimed from a node that stopped without releasing it: that run ended badly, and
         // counts against the task's budget whichever node runs it next (cluster-wide, as the
         // count is in the record), unless that node turns out to have been paused.
-        let lapsed = claimed.is_some() && store.took_from_lapsed(id.as_str());
+        let lapsed = was_claimed && store.took_from_lapsed(id.as_str());
         if lapsed {
             count = true;
             cause.get_or_insert_with(|| LAPSED.to_owned());

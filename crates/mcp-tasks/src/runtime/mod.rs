@@ -827,6 +827,19 @@ async fn take_over(
             if let Some((last, _)) = claimed.iter().max_by(|a, b| a.0.cmp(&b.0)) {
                 after.clone_from(last);
             }
+            #[cfg(feature = "failpoints")]
+            if !claimed.is_empty() {
+                // `return(MS)`: an asynchronous pause (a blocking one would stall this
+                // worker's other tasks too, the request the test sends meanwhile among them).
+                let pause: Option<u64> = (|| {
+                    fail::fail_point!("runtime::before_claimed", |ms| ms
+                        .and_then(|ms| ms.parse().ok()));
+                    None
+                })();
+                if let Some(ms) = pause {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+            }
             let mut claimed = claimed;
             if shared.flow.active() {
                 // Flow control: a dead replica's tasks enter the queue oldest first, as at a
