@@ -4,7 +4,7 @@
 //! ```sh
 //! cargo bench --bench scale                                       # 1M stored, 10k live
 //! cargo bench --bench scale -- --stored 100000 --live 1000 --secs 5
-//! cargo bench --bench scale -- --cache-size 64MiB                 # passed to serve
+//! cargo bench --bench scale -- --cache-size 64MiB                 # passed to serve (default 8MiB)
 //! cargo bench --bench scale -- --quick-repair                     # passed to serve
 //! cargo bench --bench scale -- --only parked --parked 100000      # tasks waiting for input
 //! cargo bench --bench scale -- --only returned --returned 20000   # memory given back

@@ -129,7 +129,7 @@ struct ServeArgs {
     /// With a redb store: memory for redb's page cache (a size: bytes, or with a unit such as
     /// KiB, MiB, GiB, KB, MB). The server's memory does not grow with the stored tasks beyond it; reads of
     /// older tasks then go to the operating system's page cache.
-    #[arg(long, env = "MCP_TASKS_CACHE_SIZE", value_name = "SIZE", default_value = "64MiB", value_parser = units::parse_size_usize)]
+    #[arg(long, env = "MCP_TASKS_CACHE_SIZE", value_name = "SIZE", default_value = "8MiB", value_parser = units::parse_size_usize)]
     cache_size: usize,
     /// With a redb store: memory for the record cache, the snapshots of recently read tasks
     /// (bytes, or with a unit), so that a task polled again is answered without a read of the

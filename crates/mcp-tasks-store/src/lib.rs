@@ -134,8 +134,11 @@ pub enum Durability {
     None,
 }
 
-/// The default of [`StoreOptions::cache_size`]: 64 MiB.
-pub const DEFAULT_CACHE_SIZE: usize = 64 * 1024 * 1024;
+/// The default of [`StoreOptions::cache_size`]: 8 MiB. A small cache keeps what an idle
+/// server holds small (it fills with the pages that writes leave behind); a store read at
+/// random across many stored tasks gains from a larger one (docs/BENCHMARKS.md, "redb's page
+/// cache: memory against reads").
+pub const DEFAULT_CACHE_SIZE: usize = 8 * 1024 * 1024;
 
 /// The default of [`StoreOptions::record_cache_size`]: 8 MiB.
 pub const DEFAULT_RECORD_CACHE_SIZE: usize = 8 * 1024 * 1024;
@@ -155,7 +158,7 @@ pub struct StoreOptions {
     pub verify_on_open: bool,
     /// Bytes of redb's page cache (redb store only): pages read or written stay in memory
     /// up to this size, so the server's memory does not grow with the stored tasks beyond
-    /// it; reads past it go to the operating system's page cache. Default 64 MiB
+    /// it; reads past it go to the operating system's page cache. Default 8 MiB
     /// ([`DEFAULT_CACHE_SIZE`]).
     pub cache_size: usize,
     /// Bytes of the record cache (redb store only): the snapshots of recently read tasks, so
