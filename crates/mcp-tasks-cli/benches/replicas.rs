@@ -12,6 +12,9 @@
 //! - `--max-replicas N`: measure 1 to N replicas (default 3)
 //! - `--group-commit on|off|both`: PostgreSQL's group commit (`PostgresOptions::group_commit`,
 //!   default `on`); `both` measures each replica count with it and then without it
+//! - `--groups-in-flight N[,N…]`: how many group commits may be in flight at once
+//!   (`PostgresOptions::groups_in_flight`, default 4); each value is measured in turn, side
+//!   by side
 //! - `--max-running TOOL=N` (repeatable): flow control. Every configuration is then measured
 //!   twice, side by side: without a limit, then with these limits (`sleep_task=64` is never
 //!   full with 16 clients: the cost of entering and leaving flow control, not of waiting;
@@ -48,6 +51,8 @@ struct Args {
     without_triggers: Vec<String>,
     /// The `PostgresOptions::group_commit` settings to measure, in order.
     group_commit: Vec<bool>,
+    /// The `PostgresOptions::groups_in_flight` settings to measure, in order.
+    groups_in_flight: Vec<usize>,
     /// `--max-running` values: when any, each configuration is measured without and with.
     max_running: Vec<String>,
 }
@@ -61,6 +66,7 @@ fn parse_args() -> Args {
         max_replicas: 3,
         without_triggers: Vec::new(),
         group_commit: vec![true],
+        groups_in_flight: vec![PostgresOptions::default().groups_in_flight],
         max_running: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -71,6 +77,15 @@ fn parse_args() -> Args {
             "--clients" => args.clients = value().parse().expect("--clients N"),
             "--server" => args.server = value(),
             "--max-replicas" => args.max_replicas = value().parse().expect("--max-replicas N"),
+            "--groups-in-flight" => {
+                args.groups_in_flight = value()
+                    .split(',')
+                    .map(|n| match n.trim().parse::<usize>() {
+                        Ok(n) if n > 0 => n,
+                        _ => panic!("--groups-in-flight N[,N…] (positive), not {n:?}"),
+                    })
+                    .collect();
+            }
             "--group-commit" => {
                 args.group_commit = match value().as_str() {
                     "on" => vec![true],
@@ -95,7 +110,7 @@ fn parse_args() -> Args {
             "--bench" => {}
             other => {
                 eprintln!(
-                    "unknown option {other}\nusage: cargo bench --bench replicas -- [--secs N] [--clients N] [--server URL] [--max-replicas N] [--group-commit on|off|both] [--max-running TOOL=N]... [--without-trigger NAME]..."
+                    "unknown option {other}\nusage: cargo bench --bench replicas -- [--secs N] [--clients N] [--server URL] [--max-replicas N] [--group-commit on|off|both] [--groups-in-flight N[,N…]] [--max-running TOOL=N]... [--without-trigger NAME]..."
                 );
                 std::process::exit(2);
             }
@@ -329,10 +344,16 @@ async fn main() {
             args.without_triggers.join(", ")
         );
     }
-    let configurations: Vec<(usize, bool)> = (1..=args.max_replicas)
-        .flat_map(|n| args.group_commit.iter().map(move |g| (n, *g)))
+    let in_flight = &args.groups_in_flight;
+    let configurations: Vec<(usize, bool, usize)> = (1..=args.max_replicas)
+        .flat_map(|n| {
+            args.group_commit.iter().flat_map(move |g| {
+                let flights: Vec<usize> = if *g { in_flight.clone() } else { vec![1] };
+                flights.into_iter().map(move |f| (n, *g, f))
+            })
+        })
         .collect();
-    for ((n, group_commit), (label, limits)) in configurations
+    for ((n, group_commit, groups_in_flight), (label, limits)) in configurations
         .iter()
         .flat_map(|c| flows.iter().map(move |f| (*c, f)))
     {
@@ -349,6 +370,7 @@ async fn main() {
                 node_id: Some(node.clone()),
                 schema: Some(schema.clone()),
                 group_commit,
+                groups_in_flight,
                 ..PostgresOptions::default()
             };
             let store = Store::postgres(&format!("{}/mcp_tasks_test", args.server), options)
@@ -375,10 +397,12 @@ async fn main() {
             }
         }
         let (l, g, live) = measure(&replicas, &args).await;
-        let grouping = if group_commit {
-            ""
+        let grouping = if !group_commit {
+            ", one transaction per commit".to_owned()
+        } else if args.groups_in_flight.len() > 1 {
+            format!(", {groups_in_flight} group(s) in flight")
         } else {
-            ", one transaction per commit"
+            String::new()
         };
         println!("| PostgreSQL, {n} replica(s){grouping}{label} | {l:.0} | {g:.0} | {live:.0} |");
         shutdown(replicas).await;

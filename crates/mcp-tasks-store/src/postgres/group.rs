@@ -71,7 +71,11 @@ impl Inner {
     ) -> Result<Applied, PgFailure> {
         let queue = self.group.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(group_committer(Arc::downgrade(self), rx));
+            tokio::spawn(group_committer(
+                Arc::downgrade(self),
+                rx,
+                self.groups_in_flight,
+            ));
             tx
         });
         let (done, answer) = oneshot::channel();
@@ -224,9 +228,20 @@ enum Grouped {
 }
 
 /// Takes the commits waiting at once, up to [`GROUP_MAX`], and commits them together, until
-/// the store is dropped.
-async fn group_committer(inner: Weak<Inner>, mut queue: mpsc::UnboundedReceiver<GroupJob>) {
+/// the store is dropped; up to `in_flight` groups at a time. A group waits for a free slot
+/// before it takes the queue, so that the commits queued while every slot was busy join it.
+/// The commits of one task are never in two groups at once: its actor waits for each commit
+/// before it makes the next.
+async fn group_committer(
+    inner: Weak<Inner>,
+    mut queue: mpsc::UnboundedReceiver<GroupJob>,
+    in_flight: usize,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(in_flight.max(1)));
     while let Some(first) = queue.recv().await {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let mut jobs = vec![first];
         while jobs.len() < GROUP_MAX
             && let Ok(job) = queue.try_recv()
@@ -239,6 +254,14 @@ async fn group_committer(inner: Weak<Inner>, mut queue: mpsc::UnboundedReceiver<
             }
             return;
         };
-        inner.commit_group(jobs).await;
+        if in_flight <= 1 {
+            inner.commit_group(jobs).await;
+            drop(slot);
+        } else {
+            tokio::spawn(async move {
+                inner.commit_group(jobs).await;
+                drop(slot);
+            });
+        }
     }
 }

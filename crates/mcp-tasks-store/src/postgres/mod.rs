@@ -76,6 +76,8 @@
 //! so a row a frozen peer holds delays the others by that, not by the session's lock bound;
 //! `COMMIT` itself waits under the session's bound (PostgreSQL serialises notifying commits with
 //! a lock on its notification queue: under load a 50 ms bound there failed creations).
+//! Up to `PostgresOptions::groups_in_flight` groups (4) are in flight at once, so the WAL
+//! flushes of consecutive groups overlap.
 //! Tests: `crates/mcp-tasks-cli/tests/pg/postgres_group_commit.rs`.
 //!
 //! **Administration** (`inspect.rs`): one plain connection for the `store …` commands (schema
@@ -139,6 +141,12 @@ pub struct PostgresOptions {
     /// written in one transaction, each keeping its own outcome (see docs/BENCHMARKS.md,
     /// "PostgreSQL beside redb"). `false`: one transaction per commit. Default `true`.
     pub group_commit: bool,
+    /// How many group commits may be in flight at once (with [`PostgresOptions::group_commit`]):
+    /// the next group is formed and sent while earlier ones wait for their `COMMIT`, so the
+    /// database's WAL flushes of several groups overlap. 1: one group at a time, each formed of
+    /// what queued while the previous one committed. Default 4 (docs/BENCHMARKS.md, "Group
+    /// commits in flight").
+    pub groups_in_flight: usize,
     /// **Test only.** Writes of a task are unconditional (no owner, epoch or sequence-number
     /// check: like a job queue that completes a job by its id), so a replica that lost a
     /// lease overwrites the new owner's work. The replica crash suite uses it to show that
@@ -161,6 +169,7 @@ impl Default for PostgresOptions {
             schema: None,
             poll_interval: Duration::from_secs(1),
             group_commit: true,
+            groups_in_flight: 4,
             unsafe_skip_fencing: false,
             indexer: Arc::new(crate::NoIndexer),
         }
@@ -181,6 +190,8 @@ struct Inner {
     skip_fencing: bool,
     /// [`PostgresOptions::group_commit`].
     group_commit: bool,
+    /// [`PostgresOptions::groups_in_flight`] (at least 1).
+    groups_in_flight: usize,
     /// The lease epoch this node holds, per task it runs.
     held: Mutex<HashMap<String, i64>>,
     closed: AtomicBool,
@@ -560,6 +571,7 @@ impl PostgresStore {
             boot_epoch,
             skip_fencing: options.unsafe_skip_fencing,
             group_commit: options.group_commit,
+            groups_in_flight: options.groups_in_flight.max(1),
             held: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             commits: AtomicU64::new(0),
