@@ -58,6 +58,59 @@ async fn node(pg: &pg::Pg, name: &str, ttl: Duration) -> (Runtime, Arc<PostgresS
     (rt, store)
 }
 
+/// Whether the task `r` (a `tasks/get` answer) waits for input `key`.
+fn waits_for(r: &Value, key: &str) -> bool {
+    r["result"]["inputRequests"].get(key).is_some()
+}
+
+/// Nodes a and b (lease TTL 3 s), a task on a waiting for `k0`, and a's lease valid for
+/// reads from memory.
+async fn a_reads_a_waiting_task_from_memory(
+    pg: &pg::Pg,
+) -> (Runtime, Arc<PostgresStore>, Runtime, String) {
+    let ttl = Duration::from_secs(3);
+    let (a, a_store) = node(pg, "a", ttl).await;
+    let (b, _b_store) = node(pg, "b", ttl).await;
+    let task = create(&a, "two_questions", json!({})).await;
+    wait_status(&a, &task, "input_required").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !a_store.reads_from_memory(&task) {
+        assert!(
+            Instant::now() < deadline,
+            "a's lease never became valid for reads"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (a, a_store, b, task)
+}
+
+/// Sends the answer to `key` of `task` to `node` in the background.
+fn answer_in_background(
+    node: &Runtime,
+    task: &str,
+    key: &str,
+) -> tokio::task::JoinHandle<Option<Value>> {
+    let node = node.handle();
+    let msg = support::embedded::req(1, "tasks/update", answer(task, key), true);
+    tokio::spawn(async move { node.handle_json(msg, &mcp_tasks::Owner::anonymous()).await })
+}
+
+/// Waits until a read on `node` shows `key` of `task` answered.
+async fn wait_until_read_answered(node: &Runtime, task: &str, key: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = get(node, task).await;
+        if !waits_for(&r, key) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the answer to {key} was never read: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// X3b of the scale-out review (the `LostUpdate`), in process and exact. Node a runs a task
 /// waiting for `k0`; node b takes its lease (as its claim does once a's lease lapsed), and
 /// the answer to `k0` goes through b, which then asks for `k1`. a's actor, left from the lease
@@ -282,43 +335,15 @@ async fn the_lease_holder_never_answers_older_than_the_store() {
     }
     let Some(pg) = pg::fresh().await else { return };
     let scenario = FailScenario::setup();
-    let ttl = Duration::from_secs(3);
-    let (a, a_store) = node(&pg, "a", ttl).await;
-    let (b, _b_store) = node(&pg, "b", ttl).await;
-    let task = create(&a, "two_questions", json!({})).await;
-    wait_status(&a, &task, "input_required").await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !a_store.reads_from_memory(&task) {
-        assert!(
-            Instant::now() < deadline,
-            "a's lease never became valid for reads"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (a, _a_store, b, task) = a_reads_a_waiting_task_from_memory(&pg).await;
     fail::cfg("task::after_commit", "1*sleep(1500)").unwrap();
-    let answering = {
-        let a = a.handle();
-        let task = task.clone();
-        tokio::spawn(async move {
-            let msg = support::embedded::req(1, "tasks/update", answer(&task, "k0"), true);
-            a.handle_json(msg, &mcp_tasks::Owner::anonymous()).await
-        })
-    };
+    let answering = answer_in_background(&a, &task, "k0");
     // The store has the answer's commit (k0 no longer pending) while a's actor is held
     // after it, before it publishes.
-    let waits_for_k0 = |r: &Value| r["result"]["inputRequests"].get("k0").is_some();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = get(&b, &task).await;
-        if !waits_for_k0(&r) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "b never saw the commit: {r}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_read_answered(&b, &task, "k0").await;
     let on_a = get(&a, &task).await;
     assert!(
-        !waits_for_k0(&on_a),
+        !waits_for(&on_a, "k0"),
         "a answered an older state than the store's: {on_a}"
     );
     fail::remove("task::after_commit");
@@ -349,42 +374,14 @@ async fn a_lease_holder_whose_commit_ack_was_lost_never_answers_its_older_snapsh
     }
     let Some(pg) = pg::fresh().await else { return };
     let scenario = FailScenario::setup();
-    let ttl = Duration::from_secs(3);
-    let (a, a_store) = node(&pg, "a", ttl).await;
-    let (b, _b_store) = node(&pg, "b", ttl).await;
-    let task = create(&a, "two_questions", json!({})).await;
-    wait_status(&a, &task, "input_required").await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !a_store.reads_from_memory(&task) {
-        assert!(
-            Instant::now() < deadline,
-            "a's lease never became valid for reads"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (a, a_store, b, task) = a_reads_a_waiting_task_from_memory(&pg).await;
     fail::cfg("task::after_failed_commit", "1*sleep(1500)").unwrap();
     mcp_tasks::internals::pg_faults::lose_commit_acks(&a_store, 1);
-    let answering = {
-        let a = a.handle();
-        let task = task.clone();
-        tokio::spawn(async move {
-            let msg = support::embedded::req(1, "tasks/update", answer(&task, "k0"), true);
-            a.handle_json(msg, &mcp_tasks::Owner::anonymous()).await
-        })
-    };
-    let waits_for_k0 = |r: &Value| r["result"]["inputRequests"].get("k0").is_some();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = get(&b, &task).await;
-        if !waits_for_k0(&r) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "b never saw the commit: {r}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let answering = answer_in_background(&a, &task, "k0");
+    wait_until_read_answered(&b, &task, "k0").await;
     let on_a = get(&a, &task).await;
     assert!(
-        !waits_for_k0(&on_a),
+        !waits_for(&on_a, "k0"),
         "a answered its actor's snapshot from before a commit that the store holds: {on_a}"
     );
     fail::remove("task::after_failed_commit");
@@ -399,7 +396,7 @@ async fn a_lease_holder_whose_commit_ack_was_lost_never_answers_its_older_snapsh
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let r = get(&a, &task).await;
-        if r["result"]["inputRequests"].get("k1").is_some() {
+        if waits_for(&r, "k1") {
             break;
         }
         assert!(Instant::now() < deadline, "a never asked k1: {r}");
@@ -446,7 +443,6 @@ async fn a_claim_handed_over_late_never_replaces_a_newer_actor() {
     // Claimed, the record not yet handed over (the failpoint holds it for 2.5 s).
     let r = call(&a, "tasks/update", answer(&task, "k0")).await;
     assert!(r.get("result").is_some(), "{r}");
-    let waits_for = |r: &Value, key: &str| r["result"]["inputRequests"].get(key).is_some();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let r = get(&a, &task).await;
