@@ -16,6 +16,7 @@ use mcp_tasks::tool::{CallToolResult, InputRequest, TaskPolicy, ToolDescriptor, 
 use mcp_tasks::{Runtime, RuntimeConfig};
 use serde_json::{Value, json};
 use support::embedded::{call, create, get, wait_status};
+use support::eventually;
 
 /// `two_questions`: asks for `k0`, then for `k1`, then completes with both answers.
 fn two_questions() -> Arc<dyn mcp_tasks::tool::Tool> {
@@ -73,14 +74,12 @@ async fn a_reads_a_waiting_task_from_memory(
     let (b, _b_store) = node(pg, "b", ttl).await;
     let task = create(&a, "two_questions", json!({})).await;
     wait_status(&a, &task, "input_required").await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !a_store.reads_from_memory(&task) {
-        assert!(
-            Instant::now() < deadline,
-            "a's lease never became valid for reads"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        "a's lease valid for reads",
+        Duration::from_secs(10),
+        async || a_store.reads_from_memory(&task),
+    )
+    .await;
     (a, a_store, b, task)
 }
 
@@ -97,18 +96,12 @@ fn answer_in_background(
 
 /// Waits until a read on `node` shows `key` of `task` answered.
 async fn wait_until_read_answered(node: &Runtime, task: &str, key: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = get(node, task).await;
-        if !waits_for(&r, key) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the answer to {key} was never read: {r}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        &format!("a read shows the answer to {key}"),
+        Duration::from_secs(10),
+        async || !waits_for(&get(node, task).await, key),
+    )
+    .await;
 }
 
 /// X3b of the scale-out review (the `LostUpdate`), in process and exact. Node a runs a task
@@ -393,15 +386,10 @@ async fn a_lease_holder_whose_commit_ack_was_lost_never_answers_its_older_snapsh
         "{answered}"
     );
     // The actor is replaced from the store: the task goes on to its second question.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let r = get(&a, &task).await;
-        if waits_for(&r, "k1") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "a never asked k1: {r}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("a asks k1", Duration::from_secs(20), async || {
+        waits_for(&get(&a, &task).await, "k1")
+    })
+    .await;
     scenario.teardown();
     a.shutdown().await;
     b.shutdown().await;
@@ -435,23 +423,17 @@ async fn a_claim_handed_over_late_never_replaces_a_newer_actor() {
     wait_status(&b, &task, "input_required").await;
     fail::cfg("runtime::before_claimed", "1*return(2500)").unwrap();
     mcp_tasks::internals::pg_faults::pause_heartbeat(&b_store, true);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !a_store.holds(&task) {
-        assert!(Instant::now() < deadline, "a never claimed b's task");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("a claims b's task", Duration::from_secs(20), async || {
+        a_store.holds(&task)
+    })
+    .await;
     // Claimed, the record not yet handed over (the failpoint holds it for 2.5 s).
     let r = call(&a, "tasks/update", answer(&task, "k0")).await;
     assert!(r.get("result").is_some(), "{r}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = get(&a, &task).await;
-        if waits_for(&r, "k1") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "a never asked k1: {r}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("a asks k1", Duration::from_secs(10), async || {
+        waits_for(&get(&a, &task).await, "k1")
+    })
+    .await;
     // The claimed record arrives: reads on a never go back to `k0` pending.
     let until = Instant::now() + Duration::from_secs(4);
     while Instant::now() < until {

@@ -17,6 +17,7 @@ use mcp_tasks::tool::{CallToolResult, InputRequest, TaskPolicy, ToolDescriptor, 
 use mcp_tasks::{Owner, Runtime, RuntimeBuilder, RuntimeConfig};
 use serde_json::{Value, json};
 use support::embedded::{call, create, get, req, wait_status};
+use support::eventually;
 
 /// `two_questions`: asks for `k0`, then for `k1`, then completes with both answers.
 fn two_questions() -> Arc<dyn mcp_tasks::tool::Tool> {
@@ -102,15 +103,6 @@ async fn next_state(stream: &mut mcp_tasks::MessageStream, bound: Duration) -> O
         if message["method"] == "notifications/tasks" {
             return Some(message["params"].clone());
         }
-    }
-}
-
-/// Waits (bounded) until `done` holds.
-async fn eventually(what: &str, bound: Duration, mut done: impl AsyncFnMut() -> bool) {
-    let started = Instant::now();
-    while !done().await {
-        assert!(started.elapsed() < bound, "{what}: not within {bound:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

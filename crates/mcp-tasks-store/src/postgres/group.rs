@@ -254,14 +254,11 @@ async fn group_committer(
             }
             return;
         };
-        if in_flight <= 1 {
+        // The slot goes with the group: with one slot, the next group forms only once this
+        // one is committed.
+        tokio::spawn(async move {
             inner.commit_group(jobs).await;
             drop(slot);
-        } else {
-            tokio::spawn(async move {
-                inner.commit_group(jobs).await;
-                drop(slot);
-            });
-        }
+        });
     }
 }

@@ -220,6 +220,15 @@ pub fn token_entry(token: &str, tenant: &str, principal: &str, scopes: &[&str]) 
     )
 }
 
+/// Waits (bounded) until `done` holds, looking every 20 ms; fails naming `what` past `bound`.
+pub async fn eventually(what: &str, bound: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while !done().await {
+        assert!(started.elapsed() < bound, "{what}: not within {bound:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Runs the calling test alone in a child process of its test executable, for a test that
 /// needs the process to itself (it installs a process-wide `metrics` recorder and counts
 /// exactly): the integration tests share one executable, and the other tests running beside
