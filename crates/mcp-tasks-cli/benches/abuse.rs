@@ -12,9 +12,11 @@
 //!
 //! The disk-quota scenario ([`disk_quota`]): tasks that finish at once, with 1,000,000-byte
 //! arguments, created at the allowed rate until `storedBytes` refuses them; it prints the
-//! tasks stored, the quota that refused them, the store file (and its ratio to the 256 MiB
-//! quota), the file's growth and the bytes the server wrote to storage (`/proc/PID/io`) per
-//! finished task over tasks 11 to 30, and the server's peak resident set (`VmHWM`). The
+//! tasks stored, the quota that refused them, the store file's length and the disk it takes
+//! (its allocated blocks: redb grows its file with `ftruncate`, so the part not yet written
+//! takes none), each with its ratio to the 256 MiB quota, the growth of both and the bytes
+//! the server wrote to storage (`/proc/PID/io`) per finished task over tasks 11 to 30, and
+//! the server's peak resident set (`VmHWM`). The
 //! legacy scenario prints the store file too.
 //!
 //! Nothing here asserts a figure; `docs/BENCHMARKS.md` records them.
@@ -90,6 +92,15 @@ impl Server {
     fn store_bytes(&self) -> u64 {
         std::fs::metadata(self._dir.path().join("abuse.redb"))
             .map(|m| m.len())
+            .unwrap_or(0)
+    }
+
+    /// The disk the store file takes, bytes: its allocated blocks (`st_blocks`), which a
+    /// file grown by `ftruncate` and not yet written does not have (redb grows its file so).
+    fn store_disk_bytes(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(self._dir.path().join("abuse.redb"))
+            .map(|m| m.blocks() * 512)
             .unwrap_or(0)
     }
 }
@@ -530,10 +541,14 @@ struct DiskOutcome {
     refused_by: String,
     seconds: f64,
     file_bytes: u64,
+    /// The disk the store file takes at the end (its allocated blocks).
+    disk_bytes: u64,
     /// The server's peak resident set (`VmHWM`), KiB.
     hwm: u64,
     /// The store file's growth per finished task over tasks 11 to 30 (after a warm-up of 10).
     growth_per_task: u64,
+    /// The growth of the disk it takes per finished task over the same tasks.
+    disk_growth_per_task: u64,
     /// The bytes the server wrote to storage per finished task over the same tasks.
     written_per_task: u64,
 }
@@ -550,6 +565,7 @@ async fn disk_quota(pad: usize) -> DiskOutcome {
     let started = Instant::now();
     let mut created = 0;
     let (mut after_warm_up, mut after_twenty) = (0, 0);
+    let (mut disk_warm_up, mut disk_twenty) = (0, 0);
     let (mut written_warm_up, mut written_twenty) = (0, 0);
     let refused_by = loop {
         let response = post(&client, addr, &body).await;
@@ -565,9 +581,11 @@ async fn disk_quota(pad: usize) -> DiskOutcome {
                     wait_finished(&client, addr, &id).await;
                     if created == 10 {
                         after_warm_up = server.store_bytes();
+                        disk_warm_up = server.store_disk_bytes();
                         written_warm_up = written_bytes(server.child.id());
                     } else {
                         after_twenty = server.store_bytes();
+                        disk_twenty = server.store_disk_bytes();
                         written_twenty = written_bytes(server.child.id());
                     }
                 }
@@ -584,14 +602,17 @@ async fn disk_quota(pad: usize) -> DiskOutcome {
     };
     let seconds = started.elapsed().as_secs_f64();
     let file_bytes = server.store_bytes();
+    let disk_bytes = server.store_disk_bytes();
     let hwm = rss_kib(server.child.id(), "VmHWM:");
     DiskOutcome {
         created,
         refused_by,
         seconds,
         file_bytes,
+        disk_bytes,
         hwm,
         growth_per_task: after_twenty.saturating_sub(after_warm_up) / 20,
+        disk_growth_per_task: disk_twenty.saturating_sub(disk_warm_up) / 20,
         written_per_task: written_twenty.saturating_sub(written_warm_up) / 20,
     }
 }
@@ -618,20 +639,23 @@ async fn wait_finished(client: &reqwest::Client, addr: SocketAddr, id: &str) {
 fn disk_quota_section(rt: &tokio::runtime::Runtime) {
     println!();
     println!(
-        "| pad (bytes) | finished tasks stored | refused by | seconds | store file | file ÷ quota | file growth per task (11–30) | written per task (11–30) | peak (VmHWM) |"
+        "| pad (bytes) | finished tasks stored | refused by | seconds | store file | file ÷ quota | disk it takes (÷ quota) | file growth per task (11–30) | disk growth per task (11–30) | written per task (11–30) | peak (VmHWM) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let pad = 1_000_000;
     let o = rt.block_on(disk_quota(pad));
     const MIB: f64 = 1024.0 * 1024.0;
     println!(
-        "| {pad} | {} | {} | {:.1} | {:.1} MiB | {:.2} (256 MiB) | {:.2} MiB | {:.2} MiB | {:.1} MiB |",
+        "| {pad} | {} | {} | {:.1} | {:.1} MiB | {:.2} (256 MiB) | {:.1} MiB ({:.2}) | {:.2} MiB | {:.2} MiB | {:.2} MiB | {:.1} MiB |",
         o.created,
         o.refused_by,
         o.seconds,
         o.file_bytes as f64 / MIB,
         o.file_bytes as f64 / (256.0 * MIB),
+        o.disk_bytes as f64 / MIB,
+        o.disk_bytes as f64 / (256.0 * MIB),
         o.growth_per_task as f64 / MIB,
+        o.disk_growth_per_task as f64 / MIB,
         o.written_per_task as f64 / MIB,
         o.hwm as f64 / 1024.0,
     );

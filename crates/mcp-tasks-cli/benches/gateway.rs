@@ -13,7 +13,8 @@
 //! Options (after `--`): `--bursts N` (bursts measured after the first, default 10; the
 //! median is printed), `--calls N` (calls in a burst, default 20), `--file-kib N` (the size of
 //! the file read, default 16), `--processes N` (the gateway's `--upstream-processes`, default
-//! its own default).
+//! its own default), `--memory` (the gateway's tasks on `--store memory` instead of a redb
+//! file: what the task machinery costs without its commits).
 //!
 //! Each burst is `--calls` requests sent at once and timed until the last answer:
 //!
@@ -23,10 +24,15 @@
 //!   (passed through), one connection per call;
 //! - *gateway, as tasks*: `tools/call` from a client with the Tasks extension (a durable task
 //!   on a redb file with the default durability), then `tasks/get` every 5 ms until it is
-//!   terminal.
+//!   terminal;
+//! - *gateway, as tasks, listened*: the same tasks followed as a client that does not poll
+//!   does (`TaskHandle::watch`: `subscriptions/listen`, the terminal state pushed as it is
+//!   committed).
 //!
-//! The first burst of the gateway (which starts its processes) is printed apart; the
-//! processes the gateway started are counted from its log (`upstream process started`).
+//! The first burst of each path is printed apart; then the bench waits 2 s (a process the
+//! gateway started in the background during it finishes starting) and runs five unmeasured
+//! bursts (the new processes warm up) before the measured ones. The processes the gateway
+//! started are counted from its log (`upstream process started`).
 //! Nothing here asserts speed.
 
 use std::io::{BufRead, BufReader, Write};
@@ -37,14 +43,14 @@ use std::time::{Duration, Instant};
 use mcp_tasks::client::{CallOutcome, Client, RetryPolicy};
 use serde_json::{Value, json};
 
-const USAGE: &str =
-    "usage: cargo bench --bench gateway -- [--bursts N] [--calls N] [--file-kib N] [--processes N]";
+const USAGE: &str = "usage: cargo bench --bench gateway -- [--bursts N] [--calls N] [--file-kib N] [--processes N] [--memory]";
 
 struct Args {
     bursts: usize,
     calls: usize,
     file_kib: usize,
     processes: Option<usize>,
+    memory: bool,
 }
 
 fn parse_args() -> Args {
@@ -53,6 +59,7 @@ fn parse_args() -> Args {
         calls: 20,
         file_kib: 16,
         processes: None,
+        memory: false,
     };
     let mut it = std::env::args().skip(1);
     let fail = |msg: String| -> ! {
@@ -72,6 +79,7 @@ fn parse_args() -> Args {
             "--calls" => args.calls = num("--calls", it.next()),
             "--file-kib" => args.file_kib = num("--file-kib", it.next()),
             "--processes" => args.processes = Some(num("--processes", it.next())),
+            "--memory" => args.memory = true,
             other => fail(format!("unknown argument `{other}`")),
         }
     }
@@ -200,16 +208,26 @@ impl Drop for Gateway {
 }
 
 impl Gateway {
-    fn start(dir: &Path, launcher: &Path, root: &Path, processes: Option<usize>) -> Self {
+    fn start(
+        dir: &Path,
+        launcher: &Path,
+        root: &Path,
+        processes: Option<usize>,
+        memory: bool,
+    ) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
         let log = dir.join("gateway.log");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-tasks"));
-        cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--store"])
-            .arg(dir.join("gw.redb"))
-            .args(["--no-admin-socket", "--no-quotas", "--upstream-command"])
+        cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--store"]);
+        if memory {
+            cmd.arg("memory");
+        } else {
+            cmd.arg(dir.join("gw.redb"));
+        }
+        cmd.args(["--no-admin-socket", "--no-quotas", "--upstream-command"])
             .arg(format!(
                 "fs={} {}",
                 shlex::try_quote(&launcher.display().to_string()).expect("a path"),
@@ -315,6 +333,43 @@ async fn task_call(client: &Client, path: &str) {
     }
 }
 
+/// One call as a task, followed with `subscriptions/listen` until terminal.
+async fn listened_task_call(client: &Client, path: &str) {
+    use futures::StreamExt;
+    let CallOutcome::Task(task) = client
+        .call_tool("read_text_file", json!({ "path": path }))
+        .await
+        .expect("tools/call")
+    else {
+        panic!("not a task")
+    };
+    let mut watch = task.watch();
+    while let Some(t) = watch.next().await {
+        let t = t.expect("watch");
+        if t.is_terminal() {
+            assert_eq!(t.status, mcp_tasks::TaskStatus::Completed, "{t:?}");
+            return;
+        }
+    }
+    panic!("the watch ended before the task did");
+}
+
+async fn listened_task_burst(clients: &[Client], path: &str) -> Duration {
+    let started = Instant::now();
+    futures::future::join_all(clients.iter().map(|c| listened_task_call(c, path))).await;
+    started.elapsed()
+}
+
+/// Bursts run after the first and before the measured ones: a process the pool started in
+/// the background during the first burst is warm by then (Node compiles a server's code on
+/// its first calls).
+const WARM_UP: usize = 5;
+
+/// After a first burst: time for the processes it had started to finish starting.
+async fn settle() {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+}
+
 async fn sync_burst(http: &reqwest::Client, url: &str, path: &str, calls: usize) -> Duration {
     let started = Instant::now();
     futures::future::join_all((0..calls).map(|_| sync_call(http, url, path))).await;
@@ -364,10 +419,14 @@ async fn main() {
     );
 
     // Through the gateway, synchronous.
-    let gw = Gateway::start(dir.path(), &launcher, &root, args.processes);
+    let gw = Gateway::start(dir.path(), &launcher, &root, args.processes, args.memory);
     wait_listed(&gw.url).await;
     let http = reqwest::Client::new();
     let first = sync_burst(&http, &gw.url, &path, args.calls).await;
+    settle().await;
+    for _ in 0..WARM_UP {
+        sync_burst(&http, &gw.url, &path, args.calls).await;
+    }
     let mut times = Vec::new();
     for _ in 0..args.bursts {
         times.push(sync_burst(&http, &gw.url, &path, args.calls).await);
@@ -382,21 +441,47 @@ async fn main() {
     );
 
     // Through the gateway, as tasks (the same gateway, its processes started).
+    let kind = if args.memory { "in-memory" } else { "durable" };
     let mut clients = Vec::new();
     for _ in 0..args.calls {
         clients.push(client(&gw.url).await);
     }
     let first = task_burst(&clients, &path).await;
+    settle().await;
+    for _ in 0..WARM_UP {
+        task_burst(&clients, &path).await;
+    }
     let mut times = Vec::new();
     for _ in 0..args.bursts {
         times.push(task_burst(&clients, &path).await);
     }
     let task_median = median(times);
     println!(
-        "gateway, as durable tasks ({} processes): first {}, median {} ({:.2}× direct)",
+        "gateway, as {} tasks ({} processes): first {}, median {} ({:.2}× direct)",
+        kind,
         gw.processes(),
         ms(first),
         ms(task_median),
         task_median.as_secs_f64() / direct_median.as_secs_f64()
+    );
+
+    // The same, followed with subscriptions/listen instead of polls.
+    let first = listened_task_burst(&clients, &path).await;
+    settle().await;
+    for _ in 0..WARM_UP {
+        listened_task_burst(&clients, &path).await;
+    }
+    let mut times = Vec::new();
+    for _ in 0..args.bursts {
+        times.push(listened_task_burst(&clients, &path).await);
+    }
+    let listened_median = median(times);
+    println!(
+        "gateway, as {} tasks, listened ({} processes): first {}, median {} ({:.2}× direct)",
+        kind,
+        gw.processes(),
+        ms(first),
+        ms(listened_median),
+        listened_median.as_secs_f64() / direct_median.as_secs_f64()
     );
 }

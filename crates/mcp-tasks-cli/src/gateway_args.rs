@@ -56,8 +56,9 @@ pub(crate) struct GatewayArgs {
     pub(crate) timeout: Duration,
     /// How many processes each stdio upstream may run at once: one per call in flight (stdio
     /// cannot say which call a server's request is about). A call that finds every running
-    /// process busy waits up to 250 ms for one to be free before it starts another; past the
-    /// limit it waits for one (calls waiting for a client's answer hold theirs).
+    /// process busy waits about as long as a call takes (2–250 ms) for one to be free, then
+    /// has another started in the background and takes whichever comes first; past the limit
+    /// it waits for one (calls waiting for a client's answer hold theirs).
     #[arg(long = "upstream-processes", env = "MCP_TASKS_UPSTREAM_PROCESSES", value_name = "N", default_value_t = mcp_tasks::gateway::DEFAULT_MAX_PROCESSES)]
     pub(crate) processes: usize,
     /// The most tools one upstream may list. A larger list is refused and logged, and the

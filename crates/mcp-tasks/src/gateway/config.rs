@@ -267,9 +267,10 @@ impl Upstream {
 
     /// How many processes a stdio upstream may run at once (default
     /// [`DEFAULT_MAX_PROCESSES`]): one per call in flight, since stdio cannot say which call
-    /// a server's request is about. A call that finds every running process busy waits up to
-    /// 250 ms for one to be free before it starts another; past the limit it waits for one —
-    /// calls waiting for a client's answer hold theirs. Ignored for an HTTP upstream.
+    /// a server's request is about. A call that finds every running process busy waits about
+    /// as long as this upstream's calls take (2–250 ms) for one to be free, then has another
+    /// started in the background and takes whichever comes first; past the limit it waits
+    /// for one — calls waiting for a client's answer hold theirs. Ignored for an HTTP upstream.
     pub fn max_processes(mut self, max: usize) -> Self {
         self.max_processes = max;
         self

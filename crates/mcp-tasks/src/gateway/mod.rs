@@ -56,6 +56,7 @@ mod config;
 mod error;
 mod http;
 mod link;
+mod pool;
 mod rounds;
 mod stdio;
 mod tool;

@@ -4,13 +4,15 @@
 //! stdio carries no link between a server's request and the call it is about: an
 //! `elicitation/create` on stdout could belong to any call in flight on that process, and
 //! guessing could show one client's question to another. So a [`StdioPool`] gives each call
-//! a process of its own: the first process lists the tools and takes a call when it is free;
-//! a call that finds every process busy waits up to [`BURST_WAIT`] for one to be free (a
-//! burst of short calls reuses a few processes rather than starting one each), then starts
-//! another one (up to `Upstream::max_processes`; more wait for one to be free), and a process
-//! beyond the first that stays idle for [`IDLE_PROCESS`] is stopped. (An upstream that keeps state in its process between calls
-//! sees calls spread over several processes.) Should a request still arrive with no call or
-//! with several in flight, it is refused with an error saying why.
+//! a process of its own, shared by the rule of `pool.rs`: the first process lists the tools
+//! and takes a call when it is free; a call that finds every process busy waits about a
+//! call's time for one to be free, then has another started in the background (up to
+//! `Upstream::max_processes`) and takes whichever comes first, so a burst of short calls is
+//! served by the running processes while the pool grows for the next one; a process beyond
+//! the first that stays idle for [`IDLE_PROCESS`] is stopped. (An upstream that keeps state in
+//! its process between calls sees calls spread over several processes.) Should a request
+//! still arrive with no call or with several in flight, it is refused with an error saying
+//! why.
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -26,6 +28,7 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 use super::config::Upstream;
 use super::error::UpstreamError;
 use super::link::{self, CallError, CallSpec, Inbound, Link, Reply};
+use super::pool::{Pool, Taken};
 use crate::wire::error::RpcError;
 
 /// The variables of the gateway's environment a stdio upstream gets (besides its own,
@@ -36,10 +39,6 @@ pub(crate) const INHERITED: &[&str] = &[
 
 /// How long a process beyond the first may stay idle before it is stopped.
 pub(crate) const IDLE_PROCESS: Duration = Duration::from_secs(60);
-
-/// How long a call that finds every process busy waits for one to be free before it starts
-/// another process.
-pub(crate) const BURST_WAIT: Duration = Duration::from_millis(250);
 
 /// Longest line read from an upstream's stdout (a larger message closes the connection).
 const MAX_LINE: usize = 64 * 1024 * 1024;
@@ -443,7 +442,8 @@ impl Link for StdioLink {
     }
 }
 
-/// The processes of one stdio upstream, one call in flight on each.
+/// The processes of one stdio upstream, one call in flight on each (the sharing rule is
+/// [`Pool`]'s).
 pub(crate) struct StdioPool {
     config: Upstream,
     program: String,
@@ -451,66 +451,13 @@ pub(crate) struct StdioPool {
     refresh: Arc<Notify>,
     /// The first process: lists the tools; its exit ends the pool's connection.
     first: Arc<StdioLink>,
-    /// Processes with no call in flight.
-    idle: Idle<Arc<StdioLink>>,
-    /// Permits for processes: one per call in flight (on a process of its own).
-    permits: Arc<tokio::sync::Semaphore>,
+    /// Every running process, the first among them.
+    processes: Arc<Pool<Arc<StdioLink>>>,
 }
 
-/// The idle members of a pool, with when each became idle, and a signal to a call waiting
-/// for one.
-pub(crate) struct Idle<T> {
-    list: Mutex<Vec<(T, tokio::time::Instant)>>,
-    freed: Notify,
-}
-
-impl<T> Idle<T> {
-    pub(crate) fn new() -> Self {
-        Self {
-            list: Mutex::new(Vec::new()),
-            freed: Notify::new(),
-        }
-    }
-
-    /// The member that became idle last and is still `usable` (the others found on the way
-    /// are dropped).
-    pub(crate) fn pop(&self, usable: impl Fn(&T) -> bool) -> Option<T> {
-        let mut list = lock(&self.list);
-        while let Some((member, _)) = list.pop() {
-            if usable(&member) {
-                return Some(member);
-            }
-        }
-        None
-    }
-
-    /// Puts `member` back and wakes one call waiting for it.
-    pub(crate) fn push(&self, member: T) {
-        lock(&self.list).push((member, tokio::time::Instant::now()));
-        self.freed.notify_one();
-    }
-
-    /// An idle member, waiting up to `within` for one to be put back.
-    pub(crate) async fn wait(&self, within: Duration, usable: impl Fn(&T) -> bool) -> Option<T> {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            let freed = self.freed.notified();
-            tokio::pin!(freed);
-            freed.as_mut().enable();
-            if let Some(member) = self.pop(&usable) {
-                return Some(member);
-            }
-            tokio::select! {
-                () = freed => {}
-                () = tokio::time::sleep_until(deadline) => return self.pop(&usable),
-            }
-        }
-    }
-
-    /// Keeps only the members `keep(member, idle since)` says to.
-    fn retain(&self, keep: impl Fn(&T, tokio::time::Instant) -> bool) {
-        lock(&self.list).retain(|(member, since)| keep(member, *since));
-    }
+/// A process that exited is no longer given a call.
+fn usable(link: &Arc<StdioLink>) -> bool {
+    !*link.closed.borrow()
 }
 
 impl StdioPool {
@@ -527,51 +474,32 @@ impl StdioPool {
             args: args.to_vec(),
             refresh,
             first: first.clone(),
-            idle: {
-                let idle = Idle::new();
-                idle.push(first);
-                idle
-            },
-            permits: Arc::new(tokio::sync::Semaphore::new(config.max_processes)),
+            processes: Arc::new(Pool::new(first, config.max_processes)),
         });
         tokio::spawn(reap(Arc::downgrade(&pool)));
         Ok(pool)
     }
 
-    /// A process with no call in flight: an idle one, one that frees within [`BURST_WAIT`],
-    /// or a new one. Waits while the upstream's limit of processes is in use.
-    async fn take(
-        &self,
-    ) -> Result<(Arc<StdioLink>, tokio::sync::OwnedSemaphorePermit), UpstreamError> {
-        if self.permits.available_permits() == 0 {
+    /// A process with no call in flight: an idle one, one that frees, or a new one (see
+    /// [`Pool::take`]). Waits while the upstream's limit of processes is in use.
+    async fn take(&self) -> Result<Taken<Arc<StdioLink>>, UpstreamError> {
+        if self.processes.saturated() {
             tracing::info!(upstream = %self.config.name, limit = self.config.max_processes, "every upstream process is busy and no more may start; the call waits for one");
         }
-        let permit = self
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| self.first.gone())?;
-        // A process that exited while idle is dropped.
-        let usable = |link: &Arc<StdioLink>| !*link.closed.borrow();
-        if let Some(link) = self.idle.wait(BURST_WAIT, usable).await {
-            return Ok((link, permit));
-        }
-        tracing::info!(upstream = %self.config.name, "every upstream process is busy; starting another");
-        let link = StdioLink::connect(
-            &self.config,
-            &self.program,
-            &self.args,
+        let (config, program, args, refresh) = (
+            self.config.clone(),
+            self.program.clone(),
+            self.args.clone(),
             self.refresh.clone(),
-        )
-        .await?;
-        Ok((link, permit))
-    }
-
-    fn give_back(&self, link: Arc<StdioLink>) {
-        if !*link.closed.borrow() {
-            self.idle.push(link);
-        }
+        );
+        let start =
+            move || async move { StdioLink::connect(&config, &program, &args, refresh).await };
+        let (name, processes) = (&self.config.name, &self.processes);
+        processes
+            .take(usable, start, || {
+                tracing::info!(upstream = %name, processes = processes.members(), "every upstream process is busy; starting another");
+            })
+            .await
     }
 }
 
@@ -595,7 +523,7 @@ async fn reap(pool: Weak<StdioPool>) {
         tokio::time::sleep(IDLE_PROCESS / 4).await;
         let Some(pool) = pool.upgrade() else { return };
         let now = tokio::time::Instant::now();
-        pool.idle.retain(|link, since| {
+        pool.processes.retain(|link, since| {
             Arc::ptr_eq(link, &pool.first) || now.duration_since(since) < IDLE_PROCESS
         });
     }
@@ -612,11 +540,11 @@ impl Link for StdioPool {
     fn call<'a>(&'a self, spec: CallSpec<'a>) -> BoxFuture<'a, Result<Value, CallError>> {
         Box::pin(async move {
             // No process to take: nothing was sent.
-            let (link, permit) = self.take().await.map_err(not_sent)?;
-            let outcome = link::session_call(&*link, spec).await;
-            // Back before the permit: a call that gets the permit finds the process idle.
-            self.give_back(link);
-            drop(permit);
+            let taken = self.take().await.map_err(not_sent)?;
+            let began = tokio::time::Instant::now();
+            let outcome = link::session_call(&*taken.member, spec).await;
+            self.processes.record(began.elapsed());
+            self.processes.give_back(taken, usable);
             outcome
         })
     }
@@ -645,47 +573,5 @@ mod tests {
         assert_eq!(e, "its command `server` was not found (no such file)");
         let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
         assert!(cannot_start("./x", &denied).contains("`x` could not start: permission denied"));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_busy_pool_waits_briefly_and_reuses_the_member_that_frees() {
-        let idle = Arc::new(Idle::new());
-        // Every member busy; one frees after 100 ms: the call takes it then, not a new one.
-        let freeing = idle.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            freeing.push(7_u32);
-        });
-        let started = tokio::time::Instant::now();
-        assert_eq!(idle.wait(BURST_WAIT, |_| true).await, Some(7));
-        assert_eq!(started.elapsed(), Duration::from_millis(100));
-        // None frees: the call gives up waiting after BURST_WAIT (and starts another).
-        let started = tokio::time::Instant::now();
-        assert_eq!(idle.wait(BURST_WAIT, |_| true).await, None);
-        assert_eq!(started.elapsed(), BURST_WAIT);
-        // An idle member is taken at once; one that cannot be used is dropped on the way.
-        idle.push(1);
-        idle.push(2);
-        let started = tokio::time::Instant::now();
-        assert_eq!(idle.wait(BURST_WAIT, |m| *m != 2).await, Some(1));
-        assert_eq!(started.elapsed(), Duration::ZERO);
-        assert_eq!(idle.pop(|_| true), None, "2 was dropped");
-        // Two waiters, one member freed: one gets it at once, the other after its wait.
-        let a = tokio::spawn({
-            let idle = idle.clone();
-            async move { idle.wait(BURST_WAIT, |_| true).await }
-        });
-        let b = tokio::spawn({
-            let idle = idle.clone();
-            async move { idle.wait(BURST_WAIT, |_| true).await }
-        });
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        idle.push(9);
-        let (a, b) = (a.await.unwrap(), b.await.unwrap());
-        assert_eq!(
-            [a, b].iter().filter(|m| **m == Some(9)).count(),
-            1,
-            "{a:?} {b:?}"
-        );
     }
 }
