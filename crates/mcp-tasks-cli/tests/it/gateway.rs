@@ -1151,13 +1151,30 @@ async fn a_burst_of_calls_on_a_stdio_upstream_starts_at_most_the_default_process
         assert_eq!(done.status, TaskStatus::Completed, "{done:?}");
         assert_eq!(text(&done.result.unwrap()), format!("Echo: m{i}"));
     }
+    // A second burst: the calls of the first told the pool how long a call takes, so these
+    // wait about that long for a busy process and then have more started (in the
+    // background, while the running one serves them).
+    let again = futures::future::join_all(
+        (0..20).map(|i| start_task(&client, "echo", json!({ "message": format!("n{i}") }))),
+    )
+    .await;
+    for task in &again {
+        let done = wait_for(task, "echo", terminal).await;
+        assert_eq!(done.status, TaskStatus::Completed, "{done:?}");
+    }
+    crate::support::eventually(
+        "the pool grows past its first process",
+        Duration::from_secs(30),
+        async || gw.log().matches("upstream process started").count() >= 2,
+    )
+    .await;
     // The gateway logs each process it starts: the first, and at most 3 more (the default
     // --upstream-processes is 4), however many calls came at once.
     let log = gw.log();
     let started = log.matches("upstream process started").count();
     assert!(
-        (1..=mcp_tasks::gateway::DEFAULT_MAX_PROCESSES).contains(&started),
-        "{started} processes for 20 calls:\n{log}"
+        (2..=mcp_tasks::gateway::DEFAULT_MAX_PROCESSES).contains(&started),
+        "{started} processes for 40 calls:\n{log}"
     );
     assert_eq!(mcp_tasks::gateway::DEFAULT_MAX_PROCESSES, 4);
     // The console's page of a task says which upstream it went to.
