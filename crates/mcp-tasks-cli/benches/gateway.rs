@@ -314,8 +314,8 @@ async fn sync_call(http: &reqwest::Client, url: &str, path: &str) {
     );
 }
 
-/// One call as a task, polled every 5 ms until terminal.
-async fn task_call(client: &Client, path: &str) {
+/// `tools/call` of `read_text_file` as a task: its handle.
+async fn start_task(client: &Client, path: &str) -> mcp_tasks::client::TaskHandle {
     let CallOutcome::Task(task) = client
         .call_tool("read_text_file", json!({ "path": path }))
         .await
@@ -323,6 +323,12 @@ async fn task_call(client: &Client, path: &str) {
     else {
         panic!("not a task")
     };
+    task
+}
+
+/// One call as a task, polled every 5 ms until terminal.
+async fn task_call(client: &Client, path: &str) {
+    let task = start_task(client, path).await;
     loop {
         let t = task.get().await.expect("tasks/get");
         if t.is_terminal() {
@@ -336,14 +342,7 @@ async fn task_call(client: &Client, path: &str) {
 /// One call as a task, followed with `subscriptions/listen` until terminal.
 async fn listened_task_call(client: &Client, path: &str) {
     use futures::StreamExt;
-    let CallOutcome::Task(task) = client
-        .call_tool("read_text_file", json!({ "path": path }))
-        .await
-        .expect("tools/call")
-    else {
-        panic!("not a task")
-    };
-    let mut watch = task.watch();
+    let mut watch = start_task(client, path).await.watch();
     while let Some(t) = watch.next().await {
         let t = t.expect("watch");
         if t.is_terminal() {
@@ -422,23 +421,16 @@ async fn main() {
     let gw = Gateway::start(dir.path(), &launcher, &root, args.processes, args.memory);
     wait_listed(&gw.url).await;
     let http = reqwest::Client::new();
-    let first = sync_burst(&http, &gw.url, &path, args.calls).await;
-    settle().await;
-    for _ in 0..WARM_UP {
-        sync_burst(&http, &gw.url, &path, args.calls).await;
-    }
-    let mut times = Vec::new();
-    for _ in 0..args.bursts {
-        times.push(sync_burst(&http, &gw.url, &path, args.calls).await);
-    }
-    let sync_median = median(times);
-    println!(
-        "gateway, synchronous ({} processes):    first {}, median {} ({:.2}× direct)",
-        gw.processes(),
-        ms(first),
-        ms(sync_median),
-        sync_median.as_secs_f64() / direct_median.as_secs_f64()
-    );
+    let report = Report {
+        gw: &gw,
+        bursts: args.bursts,
+        direct: direct_median,
+    };
+    report
+        .path("synchronous", || {
+            sync_burst(&http, &gw.url, &path, args.calls)
+        })
+        .await;
 
     // Through the gateway, as tasks (the same gateway, its processes started).
     let kind = if args.memory { "in-memory" } else { "durable" };
@@ -446,42 +438,43 @@ async fn main() {
     for _ in 0..args.calls {
         clients.push(client(&gw.url).await);
     }
-    let first = task_burst(&clients, &path).await;
-    settle().await;
-    for _ in 0..WARM_UP {
-        task_burst(&clients, &path).await;
-    }
-    let mut times = Vec::new();
-    for _ in 0..args.bursts {
-        times.push(task_burst(&clients, &path).await);
-    }
-    let task_median = median(times);
-    println!(
-        "gateway, as {} tasks ({} processes): first {}, median {} ({:.2}× direct)",
-        kind,
-        gw.processes(),
-        ms(first),
-        ms(task_median),
-        task_median.as_secs_f64() / direct_median.as_secs_f64()
-    );
-
+    report
+        .path(&format!("as {kind} tasks"), || task_burst(&clients, &path))
+        .await;
     // The same, followed with subscriptions/listen instead of polls.
-    let first = listened_task_burst(&clients, &path).await;
-    settle().await;
-    for _ in 0..WARM_UP {
-        listened_task_burst(&clients, &path).await;
+    report
+        .path(&format!("as {kind} tasks, listened"), || {
+            listened_task_burst(&clients, &path)
+        })
+        .await;
+}
+
+/// How one path through the gateway is measured and printed.
+struct Report<'a> {
+    gw: &'a Gateway,
+    bursts: usize,
+    direct: Duration,
+}
+
+impl Report<'_> {
+    /// The first burst (printed apart), a pause, the warm-up, then the measured bursts.
+    async fn path<F: Future<Output = Duration>>(&self, name: &str, burst: impl Fn() -> F) {
+        let first = burst().await;
+        settle().await;
+        for _ in 0..WARM_UP {
+            burst().await;
+        }
+        let mut times = Vec::new();
+        for _ in 0..self.bursts {
+            times.push(burst().await);
+        }
+        let median = median(times);
+        println!(
+            "gateway, {name} ({} processes): first {}, median {} ({:.2}× direct)",
+            self.gw.processes(),
+            ms(first),
+            ms(median),
+            median.as_secs_f64() / self.direct.as_secs_f64()
+        );
     }
-    let mut times = Vec::new();
-    for _ in 0..args.bursts {
-        times.push(listened_task_burst(&clients, &path).await);
-    }
-    let listened_median = median(times);
-    println!(
-        "gateway, as {} tasks, listened ({} processes): first {}, median {} ({:.2}× direct)",
-        kind,
-        gw.processes(),
-        ms(first),
-        ms(listened_median),
-        listened_median.as_secs_f64() / direct_median.as_secs_f64()
-    );
 }

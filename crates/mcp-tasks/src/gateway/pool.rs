@@ -282,17 +282,33 @@ mod tests {
         }
     }
 
+    /// `pool.take` of any usable member, told of nothing.
+    async fn take(
+        pool: &Arc<Pool<u32>>,
+        start: impl FnOnce() -> futures::future::BoxFuture<'static, Result<u32, String>>,
+    ) -> Result<Taken<u32>, String> {
+        pool.take(|_| true, start, || {}).await
+    }
+
+    /// Gives `taken` back after `ms` milliseconds.
+    fn free_after(
+        pool: &Arc<Pool<u32>>,
+        taken: Taken<u32>,
+        ms: u64,
+    ) -> tokio::task::JoinHandle<()> {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            pool.give_back(taken, |_| true);
+        })
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_idle_member_is_taken_at_once_and_given_back() {
         let pool = pool(4);
         let starts = Arc::new(AtomicUsize::new(0));
         let started = tokio::time::Instant::now();
-        let t = pool
-            .take(
-                |_| true,
-                starter(&starts, Duration::from_secs(1), false),
-                || {},
-            )
+        let t = take(&pool, starter(&starts, Duration::from_secs(1), false))
             .await
             .unwrap();
         assert_eq!((t.member, started.elapsed()), (0, Duration::ZERO));
@@ -306,24 +322,12 @@ mod tests {
         let starts = Arc::new(AtomicUsize::new(0));
         // No call measured yet: a waiting call is patient for BURST_WAIT.
         assert_eq!(pool.patience(), BURST_WAIT);
-        let busy = pool
-            .take(|_| true, starter(&starts, Duration::ZERO, false), || {})
+        let busy = take(&pool, starter(&starts, Duration::ZERO, false))
             .await
             .unwrap();
-        let freeing = {
-            let pool = pool.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                pool.give_back(busy, |_| true);
-            })
-        };
+        let freeing = free_after(&pool, busy, 100);
         let started = tokio::time::Instant::now();
-        let t = pool
-            .take(
-                |_| true,
-                starter(&starts, Duration::from_secs(1), false),
-                || {},
-            )
+        let t = take(&pool, starter(&starts, Duration::from_secs(1), false))
             .await
             .unwrap();
         freeing.await.unwrap();
@@ -393,7 +397,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(300)).await;
         // The next burst finds four members idle and takes them at once.
         let taken: Vec<_> = futures::future::join_all(
-            (0..4).map(|_| pool.take(|_| true, starter(&starts, Duration::ZERO, false), || {})),
+            (0..4).map(|_| take(&pool, starter(&starts, Duration::ZERO, false))),
         )
         .await
         .into_iter()
@@ -415,8 +419,7 @@ mod tests {
         let pool = pool(2);
         pool.record(Duration::from_millis(1));
         let starts = Arc::new(AtomicUsize::new(0));
-        let busy = pool
-            .take(|_| true, starter(&starts, Duration::ZERO, false), || {})
+        let busy = take(&pool, starter(&starts, Duration::ZERO, false))
             .await
             .unwrap();
         let started = tokio::time::Instant::now();
@@ -445,35 +448,18 @@ mod tests {
         let pool = pool(2);
         pool.record(Duration::from_millis(1));
         let starts = Arc::new(AtomicUsize::new(0));
-        let busy = pool
-            .take(|_| true, starter(&starts, Duration::ZERO, false), || {})
+        let busy = take(&pool, starter(&starts, Duration::ZERO, false))
             .await
             .unwrap();
-        let e = pool
-            .take(
-                |_| true,
-                starter(&starts, Duration::from_millis(5), true),
-                || {},
-            )
+        let e = take(&pool, starter(&starts, Duration::from_millis(5), true))
             .await
             .err()
             .expect("nothing freed");
         assert_eq!(e, "start 1 failed");
         assert_eq!(pool.members(), 1, "the failed start is not counted");
         // A member freed while the start failed: the call takes it instead.
-        let freeing = {
-            let pool = pool.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(3)).await;
-                pool.give_back(busy, |_| true);
-            })
-        };
-        let t = pool
-            .take(
-                |_| true,
-                starter(&starts, Duration::from_millis(5), true),
-                || {},
-            )
+        let freeing = free_after(&pool, busy, 3);
+        let t = take(&pool, starter(&starts, Duration::from_millis(5), true))
             .await
             .unwrap();
         freeing.await.unwrap();
@@ -484,8 +470,7 @@ mod tests {
     async fn members_that_died_or_idled_are_no_longer_counted() {
         let pool = pool(3);
         let starts = Arc::new(AtomicUsize::new(0));
-        let t = pool
-            .take(|_| true, starter(&starts, Duration::ZERO, false), || {})
+        let t = take(&pool, starter(&starts, Duration::ZERO, false))
             .await
             .unwrap();
         // A member that died during its call is not put back.
