@@ -73,8 +73,9 @@ impl<T> Idle<T> {
 /// Up to `max` members, one call in flight on each.
 pub(crate) struct Pool<T> {
     idle: Idle<T>,
-    /// Members running or starting.
-    members: AtomicUsize,
+    /// Members running or starting (shared with each [`Taken`], which counts its member out
+    /// when it is dropped without being given back).
+    members: Arc<AtomicUsize>,
     max: usize,
     /// One per call holding a member.
     permits: Arc<Semaphore>,
@@ -82,10 +83,27 @@ pub(crate) struct Pool<T> {
     call_micros: AtomicU64,
 }
 
-/// A member taken for one call, and the permit that counts it.
+/// A member taken for one call, and the permit that counts it. Dropped without
+/// [`Pool::give_back`] (a call whose future was dropped mid-call: its member's state is
+/// unknown), the member leaves the pool, which may then start another in its place.
 pub(crate) struct Taken<T> {
-    pub(crate) member: T,
+    member: Option<T>,
+    members: Arc<AtomicUsize>,
     _permit: OwnedSemaphorePermit,
+}
+
+impl<T> Taken<T> {
+    pub(crate) fn member(&self) -> &T {
+        self.member.as_ref().expect("taken until given back")
+    }
+}
+
+impl<T> Drop for Taken<T> {
+    fn drop(&mut self) {
+        if self.member.take().is_some() {
+            self.members.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl<T: Send + 'static> Pool<T> {
@@ -96,7 +114,7 @@ impl<T: Send + 'static> Pool<T> {
         idle.push(first);
         Self {
             idle,
-            members: AtomicUsize::new(1),
+            members: Arc::new(AtomicUsize::new(1)),
             max,
             permits: Arc::new(Semaphore::new(max)),
             call_micros: AtomicU64::new(0),
@@ -164,10 +182,7 @@ impl<T: Send + 'static> Pool<T> {
             tokio::pin!(freed);
             freed.as_mut().enable();
             if let Some(member) = self.pop(&usable) {
-                return Ok(Taken {
-                    member,
-                    _permit: permit,
-                });
+                return Ok(self.taken(member, permit));
             }
             // While this call may still ask for a new member, it waits a call's time; after it
             // asked, or while the pool is at its bound, it waits for whichever comes
@@ -183,10 +198,7 @@ impl<T: Send + 'static> Pool<T> {
                     starting = None;
                     if let Ok(Err(e)) = outcome {
                         return match self.pop(&usable) {
-                            Some(member) => Ok(Taken {
-                                member,
-                                _permit: permit,
-                            }),
+                            Some(member) => Ok(self.taken(member, permit)),
                             None => Err(e),
                         };
                     }
@@ -217,6 +229,14 @@ impl<T: Send + 'static> Pool<T> {
         }
     }
 
+    fn taken(&self, member: T, permit: OwnedSemaphorePermit) -> Taken<T> {
+        Taken {
+            member: Some(member),
+            members: self.members.clone(),
+            _permit: permit,
+        }
+    }
+
     /// One more member, if fewer than `max` run or start.
     fn reserve(&self) -> bool {
         self.members
@@ -233,14 +253,16 @@ impl<T: Send + 'static> Pool<T> {
     }
 
     /// The member of a finished call back, or gone when it is no longer `usable`.
-    pub(crate) fn give_back(&self, taken: Taken<T>, usable: impl Fn(&T) -> bool) {
-        let Taken { member, _permit } = taken;
+    pub(crate) fn give_back(&self, mut taken: Taken<T>, usable: impl Fn(&T) -> bool) {
+        let member = taken.member.take().expect("taken until given back");
         if usable(&member) {
-            // Back before the permit: a call that gets the permit finds the member idle.
+            // Back before the permit (dropped with `taken` below): a call that gets the
+            // permit finds the member idle.
             self.idle.push(member);
         } else {
             self.members.fetch_sub(1, Ordering::AcqRel);
         }
+        drop(taken);
     }
 
     /// Stops the idle members `keep(member, idle since)` does not keep.
@@ -311,7 +333,7 @@ mod tests {
         let t = take(&pool, starter(&starts, Duration::from_secs(1), false))
             .await
             .unwrap();
-        assert_eq!((t.member, started.elapsed()), (0, Duration::ZERO));
+        assert_eq!((*t.member(), started.elapsed()), (0, Duration::ZERO));
         pool.give_back(t, |_| true);
         assert_eq!((pool.members(), starts.load(Ordering::SeqCst)), (1, 0));
     }
@@ -331,7 +353,7 @@ mod tests {
             .await
             .unwrap();
         freeing.await.unwrap();
-        assert_eq!(t.member, 0);
+        assert_eq!(*t.member(), 0);
         assert_eq!(started.elapsed(), Duration::from_millis(100));
         assert_eq!(
             starts.load(Ordering::SeqCst),
@@ -377,7 +399,7 @@ mod tests {
                 tokio::spawn(async move {
                     let t = pool.take(|_| true, start, || {}).await.unwrap();
                     tokio::time::sleep(Duration::from_millis(1)).await;
-                    let member = t.member;
+                    let member = *t.member();
                     pool.give_back(t, |_| true);
                     member
                 })
@@ -403,7 +425,7 @@ mod tests {
         .into_iter()
         .map(Result::unwrap)
         .collect();
-        let mut members: Vec<u32> = taken.iter().map(|t| t.member).collect();
+        let mut members: Vec<u32> = taken.iter().map(|t| *t.member()).collect();
         members.sort_unstable();
         assert_eq!(members, [0, 1, 2, 3]);
         assert_eq!(started.elapsed(), Duration::from_millis(320));
@@ -437,7 +459,7 @@ mod tests {
             )
             .await
             .unwrap();
-        assert_eq!(t.member, 1);
+        assert_eq!(*t.member(), 1);
         assert_eq!(started.elapsed(), MIN_PATIENCE + Duration::from_millis(50));
         assert_eq!(told.load(Ordering::SeqCst), 1);
         drop(busy);
@@ -463,7 +485,25 @@ mod tests {
             .await
             .unwrap();
         freeing.await.unwrap();
-        assert_eq!(t.member, 0);
+        assert_eq!(*t.member(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_member_dropped_mid_call_leaves_room_for_another() {
+        let pool = pool(1);
+        pool.record(Duration::from_millis(1));
+        let starts = Arc::new(AtomicUsize::new(0));
+        let t = take(&pool, starter(&starts, Duration::ZERO, false))
+            .await
+            .unwrap();
+        // The call's future is dropped with its member: not given back, no longer counted.
+        drop(t);
+        assert_eq!(pool.members(), 0);
+        // So the next call may start one, though the bound is one.
+        let t = take(&pool, starter(&starts, Duration::from_millis(1), false))
+            .await
+            .unwrap();
+        assert_eq!((*t.member(), pool.members()), (1, 1));
     }
 
     #[tokio::test(start_paused = true)]
@@ -488,7 +528,7 @@ mod tests {
             )
             .await
             .unwrap();
-        assert_eq!(t.member, 1);
+        assert_eq!(*t.member(), 1);
         assert_eq!(pool.members(), 1);
         pool.give_back(t, |_| true);
         pool.retain(|_, _| false);

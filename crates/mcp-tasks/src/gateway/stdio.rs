@@ -542,7 +542,7 @@ impl Link for StdioPool {
             // No process to take: nothing was sent.
             let taken = self.take().await.map_err(not_sent)?;
             let began = tokio::time::Instant::now();
-            let outcome = link::session_call(&*taken.member, spec).await;
+            let outcome = link::session_call(&**taken.member(), spec).await;
             self.processes.record(began.elapsed());
             self.processes.give_back(taken, usable);
             outcome
