@@ -13,7 +13,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use mcp_tasks::TaskStatus;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use crate::gateway::{
     Gateway, free_port, raw_call, readyz, start_task, terminal, wait_for, wait_log, wait_port,
@@ -733,6 +733,80 @@ async fn a_tool_list_over_its_bounds_is_refused_and_relisting_is_rate_limited() 
     // Within both: listed.
     change(3, 10).await;
     wait_tools(&client, &["fine", "extra_2"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateways_own_tool_list_comes_in_bounded_pages() {
+    // An upstream listing 600 tools (within its bounds): the gateway's `tools/list` answers
+    // them in pages of at most 256, each naming the next, and a client that follows
+    // `nextCursor` gets every tool once.
+    let up = hostile().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &["--upstream".into(), format!("bad={}", up.url)],
+    );
+    let client = gw.client().await;
+    wait_tools(&client, &["fine", "changed"]).await;
+    up.seen.extra.store(600, Ordering::Relaxed);
+    let task = start_task(&client, "changed", json!({})).await;
+    let done = wait_for(&task, "changed", terminal).await;
+    assert_eq!(done.status, TaskStatus::Completed, "{done:?}");
+    crate::support::eventually(
+        "all 600 tools listed",
+        Duration::from_secs(30),
+        async || {
+            client
+                .list_tools()
+                .await
+                .is_ok_and(|tools| tools.iter().any(|t| t.name == "extra_599"))
+        },
+    )
+    .await;
+    let mut pages = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut params = Map::new();
+        if let Some(c) = &cursor {
+            params.insert("cursor".into(), json!(c));
+        }
+        let page = client.request("tools/list", params).await.unwrap();
+        let tools = page["tools"].as_array().cloned().unwrap_or_default();
+        assert!(
+            (1..=256).contains(&tools.len()),
+            "{} tools in a page",
+            tools.len()
+        );
+        pages.push(tools);
+        match page.get("nextCursor").and_then(Value::as_str) {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+        assert!(pages.len() < 10, "the pages never end");
+    }
+    let names: Vec<String> = pages
+        .iter()
+        .flatten()
+        .filter_map(|t| t["name"].as_str().map(str::to_owned))
+        .collect();
+    let unique: std::collections::BTreeSet<&String> = names.iter().collect();
+    assert_eq!(unique.len(), names.len(), "a tool came twice");
+    assert!(
+        names.len() > 600 && pages.len() == 3,
+        "{} tools in {} pages",
+        names.len(),
+        pages.len()
+    );
+    // A cursor the gateway did not give is refused, saying why.
+    let bad = client
+        .request("tools/list", {
+            let mut p = Map::new();
+            p.insert("cursor".into(), json!("page-2"));
+            p
+        })
+        .await
+        .unwrap_err();
+    assert!(format!("{bad}").contains("invalid cursor"), "{bad}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

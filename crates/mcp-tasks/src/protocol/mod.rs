@@ -10,6 +10,7 @@
 mod catalog;
 mod errors;
 mod listen;
+mod pages;
 mod tasks;
 mod tools;
 
@@ -439,7 +440,8 @@ impl Dispatcher {
                 hints,
             ),
             methods::TOOLS_LIST => {
-                single_page(params)?;
+                let cursor = ListParams::parse(params)?.cursor;
+                let (tools, next) = pages::tools_page(shared.tools.list(), cursor.as_deref())?;
                 // Tools a source changes (a gateway's upstream appearing) are not cached
                 // for as long as a fixed set.
                 let hints = if shared.tools.changes() {
@@ -450,7 +452,11 @@ impl Dispatcher {
                 } else {
                     hints
                 };
-                results::list(server, "tools", shared.tools.list(), hints)
+                let mut list = results::list(server, "tools", tools, hints);
+                if let (Some(next), Some(fields)) = (next, list.as_object_mut()) {
+                    fields.insert("nextCursor".into(), Value::String(next));
+                }
+                list
             }
             methods::TOOLS_CALL => return self.call_tool(id, params, &meta, ctx).await,
             methods::TASKS_GET | methods::TASKS_UPDATE | methods::TASKS_CANCEL => {
@@ -575,7 +581,7 @@ fn check_param_headers(
     Ok(())
 }
 
-/// Lists have one page: a cursor is never valid.
+/// Lists but `tools/list` have one page: a cursor is never valid.
 fn single_page(params: Option<&Map<String, Value>>) -> Result<(), RpcError> {
     if ListParams::parse(params)?.cursor.is_some() {
         return Err(RpcError::invalid_params(
