@@ -36,8 +36,10 @@ pub(crate) fn tools_page(
                 .iter()
                 .position(|t| name_of(t) == Some(after.as_str()))
                 .ok_or_else(|| {
+                    // The name comes from the client's cursor: quoted at most in part.
+                    let shown: String = after.chars().take(128).collect();
                     RpcError::invalid_params(format!(
-                        "invalid cursor: the tool it goes on after, `{after}`, is no longer listed; list again from the start"
+                        "invalid cursor: the tool it goes on after, `{shown}`, is no longer listed; list again from the start"
                     ))
                 })?;
             at + 1
@@ -182,5 +184,8 @@ mod tests {
             "{}",
             e.message
         );
+        // A forged cursor naming a long tool is quoted in part only.
+        let e = tools_page(tools(3), Some(&encode(&"n".repeat(10_000)))).unwrap_err();
+        assert!(e.message.len() < 300, "{} bytes", e.message.len());
     }
 }
