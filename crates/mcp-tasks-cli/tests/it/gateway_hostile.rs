@@ -59,6 +59,18 @@ struct Hostile {
     seen: Arc<Seen>,
 }
 
+/// The hostile upstream, and a gateway with default flags in front of it as upstream `bad`
+/// (its store in the returned directory).
+async fn gateway_in_front() -> (Hostile, tempfile::TempDir, Gateway) {
+    let up = hostile().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &dir.path().join("gw.redb"),
+        &["--upstream".into(), format!("bad={}", up.url)],
+    );
+    (up, dir, gw)
+}
+
 async fn hostile() -> Hostile {
     let seen = Arc::new(Seen::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -504,12 +516,7 @@ fn peak_memory(gw: &Gateway) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flooding_upstream_fails_its_call_by_name_and_costs_bounded_memory() {
-    let up = hostile().await;
-    let dir = tempfile::tempdir().unwrap();
-    let gw = Gateway::start(
-        &dir.path().join("gw.redb"),
-        &["--upstream".into(), format!("bad={}", up.url)],
-    );
+    let (up, _dir, gw) = gateway_in_front().await;
     let client = gw.client().await;
     wait_tools(&client, &["fine", "huge_line", "data_lines"]).await;
     for tool in ["huge_line", "data_lines"] {
@@ -740,12 +747,7 @@ async fn the_gateways_own_tool_list_comes_in_bounded_pages() {
     // An upstream listing 600 tools (within its bounds): the gateway's `tools/list` answers
     // them in pages of at most 256, each naming the next, and a client that follows
     // `nextCursor` gets every tool once.
-    let up = hostile().await;
-    let dir = tempfile::tempdir().unwrap();
-    let gw = Gateway::start(
-        &dir.path().join("gw.redb"),
-        &["--upstream".into(), format!("bad={}", up.url)],
-    );
+    let (up, _dir, gw) = gateway_in_front().await;
     let client = gw.client().await;
     wait_tools(&client, &["fine", "changed"]).await;
     up.seen.extra.store(600, Ordering::Relaxed);

@@ -285,6 +285,14 @@ mod tests {
         Arc::new(Pool::new(0, max))
     }
 
+    /// A pool whose calls took 1 ms (so its patience is [`MIN_PATIENCE`]), and a count of its
+    /// starts.
+    fn measured_pool(max: usize) -> (Arc<Pool<u32>>, Arc<AtomicUsize>) {
+        let pool = pool(max);
+        pool.record(Duration::from_millis(1));
+        (pool, Arc::new(AtomicUsize::new(0)))
+    }
+
     fn starter(
         starts: &Arc<AtomicUsize>,
         takes: Duration,
@@ -388,9 +396,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_burst_grows_the_pool_in_the_background_up_to_its_bound() {
-        let pool = pool(4);
-        pool.record(Duration::from_millis(1));
-        let starts = Arc::new(AtomicUsize::new(0));
+        let (pool, starts) = measured_pool(4);
         // 20 calls at once, each holding its member for 1 ms; a start takes 200 ms.
         let calls: Vec<_> = (0..20)
             .map(|_| {
@@ -438,9 +444,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_call_that_waits_takes_the_new_member_when_it_comes_first() {
-        let pool = pool(2);
-        pool.record(Duration::from_millis(1));
-        let starts = Arc::new(AtomicUsize::new(0));
+        let (pool, starts) = measured_pool(2);
         let busy = take(&pool, starter(&starts, Duration::ZERO, false))
             .await
             .unwrap();
@@ -467,9 +471,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_start_is_the_callers_error_unless_a_member_freed() {
-        let pool = pool(2);
-        pool.record(Duration::from_millis(1));
-        let starts = Arc::new(AtomicUsize::new(0));
+        let (pool, starts) = measured_pool(2);
         let busy = take(&pool, starter(&starts, Duration::ZERO, false))
             .await
             .unwrap();
@@ -490,9 +492,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_member_dropped_mid_call_leaves_room_for_another() {
-        let pool = pool(1);
-        pool.record(Duration::from_millis(1));
-        let starts = Arc::new(AtomicUsize::new(0));
+        let (pool, starts) = measured_pool(1);
         let t = take(&pool, starter(&starts, Duration::ZERO, false))
             .await
             .unwrap();

@@ -486,14 +486,16 @@ impl StdioPool {
         if self.processes.saturated() {
             tracing::info!(upstream = %self.config.name, limit = self.config.max_processes, "every upstream process is busy and no more may start; the call waits for one");
         }
-        let (config, program, args, refresh) = (
-            self.config.clone(),
-            self.program.clone(),
-            self.args.clone(),
-            self.refresh.clone(),
-        );
-        let start =
-            move || async move { StdioLink::connect(&config, &program, &args, refresh).await };
+        // Called only when a process is to start: a call that finds one idle copies nothing.
+        let start = || {
+            let (config, program, args, refresh) = (
+                self.config.clone(),
+                self.program.clone(),
+                self.args.clone(),
+                self.refresh.clone(),
+            );
+            async move { StdioLink::connect(&config, &program, &args, refresh).await }
+        };
         let (name, processes) = (&self.config.name, &self.processes);
         processes
             .take(usable, start, || {
